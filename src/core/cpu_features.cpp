@@ -1,0 +1,52 @@
+#include "core/cpu_features.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#if defined(__aarch64__) && defined(__linux__)
+#include <asm/hwcap.h>
+#include <sys/auxv.h>
+#endif
+
+namespace bmoe {
+namespace {
+
+CpuFeatures detect() {
+  CpuFeatures f;
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  f.avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+           __builtin_cpu_supports("f16c");
+#elif defined(__aarch64__)
+  f.neon = true;
+#if defined(__linux__)
+  const unsigned long hw = getauxval(AT_HWCAP);
+  const unsigned long hw2 = getauxval(AT_HWCAP2);
+  f.dotprod = (hw & HWCAP_ASIMDDP) != 0;
+  f.fp16 = (hw & HWCAP_FPHP) != 0 && (hw & HWCAP_ASIMDHP) != 0;
+#ifdef HWCAP2_I8MM
+  f.i8mm = (hw2 & HWCAP2_I8MM) != 0;
+#endif
+  (void)hw2;
+#endif
+#endif
+  const char* force = std::getenv("BMOE_ISA");
+  if (force != nullptr && std::strcmp(force, "scalar") == 0) f = CpuFeatures{};
+  return f;
+}
+
+}  // namespace
+
+const CpuFeatures& cpu_features() {
+  static const CpuFeatures features = detect();
+  return features;
+}
+
+std::string active_isa_name() {
+  const CpuFeatures& f = cpu_features();
+  if (f.avx2) return "avx2";
+  if (f.neon) return f.dotprod ? (f.i8mm ? "neon-i8mm" : "neon-dotprod") : "neon";
+  return "scalar";
+}
+
+}  // namespace bmoe

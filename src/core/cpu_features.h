@@ -1,0 +1,23 @@
+// Which SIMD paths this CPU can run, detected once at runtime, so one binary runs anywhere.
+#pragma once
+
+#include <string>
+
+namespace bmoe {
+
+struct CpuFeatures {
+  bool avx2 = false;  // x86: AVX2 + FMA + F16C together (the "haswell" level our kernels need)
+  bool neon = false;  // arm64: Advanced SIMD (always present on arm64)
+  bool dotprod = false;
+  bool i8mm = false;
+  bool fp16 = false;
+};
+
+// Detected features, possibly narrowed by the BMOE_ISA environment variable
+// (BMOE_ISA=scalar forces the reference kernels; useful for tests and debugging).
+const CpuFeatures& cpu_features();
+
+// Name of the kernel path in use: "avx2", "neon-dotprod", "scalar", ...
+std::string active_isa_name();
+
+}  // namespace bmoe

@@ -1,0 +1,36 @@
+// Read-only memory mapping of a whole file (RAII).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace bmoe {
+
+class MappedFile {
+ public:
+  MappedFile() = default;
+  // Maps `path` read-only. Throws bmoe::Error naming the file on failure.
+  explicit MappedFile(const std::string& path);
+  ~MappedFile();
+  MappedFile(MappedFile&& other) noexcept;
+  MappedFile& operator=(MappedFile&& other) noexcept;
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+
+  const uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+
+  // Tells the kernel that [offset, offset+length) will not be needed soon (page cache hint).
+  void advise_dontneed(size_t offset, size_t length) const;
+  void advise_willneed(size_t offset, size_t length) const;
+
+ private:
+  void release();
+  std::string path_;
+  const uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+}  // namespace bmoe

@@ -1,0 +1,137 @@
+// Runtime selection of kernel sets per weight type.
+#include <array>
+
+#include "core/cpu_features.h"
+#include "core/error.h"
+#include "quant/blocks.h"
+#include "quant/quant.h"
+#include "quant/ref_kernels.h"
+#include "quant/simd_kernels.h"
+
+namespace bmoe {
+namespace {
+
+constexpr size_t kTypeSlots = 64;  // type ids are < 64
+
+struct KernelTable {
+  std::array<TypeKernels, kTypeSlots> by_type{};
+  std::array<bool, kTypeSlots> present{};
+  void add(TensorType t, TensorType act, DequantizeFn dq, DotFn dot) {
+    by_type[static_cast<size_t>(t)] = {act, dq, dot};
+    present[static_cast<size_t>(t)] = true;
+  }
+  const TypeKernels* find(TensorType t) const {
+    const auto i = static_cast<size_t>(t);
+    return i < kTypeSlots && present[i] ? &by_type[i] : nullptr;
+  }
+};
+
+KernelTable scalar_table() {
+  KernelTable t;
+  t.add(TensorType::F32, TensorType::F32, ref::dequantize_f32, ref::dot_f32);
+  t.add(TensorType::F16, TensorType::F16, ref::dequantize_f16, ref::dot_f16);
+  t.add(TensorType::BF16, TensorType::BF16, ref::dequantize_bf16, ref::dot_bf16);
+  t.add(TensorType::Q4_0, TensorType::Q8_0, ref::dequantize_q4_0, ref::dot_q4_0);
+  t.add(TensorType::Q8_0, TensorType::Q8_0, ref::dequantize_q8_0, ref::dot_q8_0);
+  t.add(TensorType::MXFP4, TensorType::Q8_0, ref::dequantize_mxfp4, ref::dot_mxfp4);
+  t.add(TensorType::Q4_K, TensorType::Q8_K, ref::dequantize_q4_K, ref::dot_q4_K);
+  t.add(TensorType::Q5_K, TensorType::Q8_K, ref::dequantize_q5_K, ref::dot_q5_K);
+  t.add(TensorType::Q6_K, TensorType::Q8_K, ref::dequantize_q6_K, ref::dot_q6_K);
+  return t;
+}
+
+#if defined(__x86_64__)
+KernelTable avx2_table() {
+  KernelTable t = scalar_table();
+  t.add(TensorType::F32, TensorType::F32, ref::dequantize_f32, avx2::dot_f32);
+  t.add(TensorType::F16, TensorType::F16, ref::dequantize_f16, avx2::dot_f16);
+  t.add(TensorType::BF16, TensorType::BF16, ref::dequantize_bf16, avx2::dot_bf16);
+  t.add(TensorType::Q4_0, TensorType::Q8_0, ref::dequantize_q4_0, avx2::dot_q4_0);
+  t.add(TensorType::Q8_0, TensorType::Q8_0, ref::dequantize_q8_0, avx2::dot_q8_0);
+  t.add(TensorType::MXFP4, TensorType::Q8_0, ref::dequantize_mxfp4, avx2::dot_mxfp4);
+  t.add(TensorType::Q4_K, TensorType::Q8_K, ref::dequantize_q4_K, avx2::dot_q4_K);
+  t.add(TensorType::Q5_K, TensorType::Q8_K, ref::dequantize_q5_K, avx2::dot_q5_K);
+  t.add(TensorType::Q6_K, TensorType::Q8_K, ref::dequantize_q6_K, avx2::dot_q6_K);
+  return t;
+}
+#endif
+
+#if defined(__aarch64__)
+KernelTable neon_table() {
+  KernelTable t = scalar_table();
+  t.add(TensorType::F32, TensorType::F32, ref::dequantize_f32, neon::dot_f32);
+  t.add(TensorType::F16, TensorType::F16, ref::dequantize_f16, neon::dot_f16);
+  t.add(TensorType::Q4_0, TensorType::Q8_0, ref::dequantize_q4_0, neon::dot_q4_0);
+  t.add(TensorType::Q8_0, TensorType::Q8_0, ref::dequantize_q8_0, neon::dot_q8_0);
+  t.add(TensorType::MXFP4, TensorType::Q8_0, ref::dequantize_mxfp4, neon::dot_mxfp4);
+  t.add(TensorType::Q4_K, TensorType::Q8_K, ref::dequantize_q4_K, neon::dot_q4_K);
+  t.add(TensorType::Q5_K, TensorType::Q8_K, ref::dequantize_q5_K, neon::dot_q5_K);
+  t.add(TensorType::Q6_K, TensorType::Q8_K, ref::dequantize_q6_K, neon::dot_q6_K);
+  return t;
+}
+#endif
+
+const KernelTable* table_for(Isa isa) {
+  static const KernelTable scalar = scalar_table();
+#if defined(__x86_64__)
+  static const KernelTable avx2 = avx2_table();
+  if (isa == Isa::Avx2) return &avx2;
+#endif
+#if defined(__aarch64__)
+  static const KernelTable neon = neon_table();
+  if (isa == Isa::Neon) return &neon;
+#endif
+  return isa == Isa::Scalar ? &scalar : nullptr;
+}
+
+}  // namespace
+
+Isa active_isa() {
+  static const Isa isa = [] {
+    const CpuFeatures& f = cpu_features();
+    if (f.avx2) return Isa::Avx2;
+    if (f.neon && f.dotprod) return Isa::Neon;
+    return Isa::Scalar;
+  }();
+  return isa;
+}
+
+const TypeKernels* kernels_for_isa(TensorType weights, Isa isa) {
+  const KernelTable* table = table_for(isa);
+  return table ? table->find(weights) : nullptr;
+}
+
+const TypeKernels& kernels(TensorType weights) {
+  const TypeKernels* k = kernels_for_isa(weights, active_isa());
+  if (k == nullptr) fail("tensor type {} is not supported for computation", type_name(weights));
+  return *k;
+}
+
+size_t activation_bytes(TensorType format, int64_t n) { return row_bytes(format, n); }
+
+void quantize_activations(TensorType format, const float* src, void* dst, int64_t n) {
+  switch (format) {
+    case TensorType::F32: ref::quantize_f32(src, dst, n); return;
+    case TensorType::F16:
+#if defined(__x86_64__)
+      if (active_isa() == Isa::Avx2) {
+        avx2::quantize_f16(src, dst, n);
+        return;
+      }
+#endif
+      ref::quantize_f16(src, dst, n);
+      return;
+    case TensorType::BF16: ref::quantize_bf16(src, dst, n); return;
+    case TensorType::Q8_0: ref::quantize_q8_0(src, dst, n); return;
+    case TensorType::Q8_K: ref::quantize_q8_K(src, dst, n); return;
+    default: fail("internal: {} is not an activation format", type_name(format));
+  }
+}
+
+void dequantize_row(TensorType type, const void* src, float* dst, int64_t n) {
+  const TypeKernels* k = kernels_for_isa(type, Isa::Scalar);
+  if (k == nullptr) fail("cannot dequantize tensor type {}", type_name(type));
+  k->dequantize(src, dst, n);
+}
+
+}  // namespace bmoe

@@ -1,0 +1,57 @@
+// Quantized kernels: dequantize rows, convert activations, and dot products, for every
+// weight type bmoe computes with. One scalar reference implementation is always built; an
+// AVX2/FMA/F16C one (x86-64) and a NEON one (arm64) are selected at runtime.
+//
+// Dot products follow llama.cpp's scheme so the results match it: the activation vector is
+// converted once into the weight type's "activation format" (Q8_K for K-quants, Q8_0 for
+// Q4_0/Q8_0/MXFP4, F16 for F16, BF16 for BF16, F32 for F32), then each weight row is dotted
+// with it using integer arithmetic inside blocks and f32 across blocks.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "quant/types.h"
+
+namespace bmoe {
+
+using DequantizeFn = void (*)(const void* src, float* dst, int64_t n);
+using QuantizeFn = void (*)(const float* src, void* dst, int64_t n);
+using DotFn = float (*)(const void* weights, const void* activations, int64_t n);
+
+// The kernel set for one weight type on one ISA.
+struct TypeKernels {
+  TensorType activation_type = TensorType::F32;  // format the activations must be in
+  DequantizeFn dequantize = nullptr;
+  DotFn dot = nullptr;
+};
+
+enum class Isa { Scalar, Avx2, Neon };
+
+// Kernels for `weights` on the best ISA this CPU supports (or the forced one).
+const TypeKernels& kernels(TensorType weights);
+// Kernels for a specific ISA; nullptr when that ISA is not compiled in or lacks the type.
+const TypeKernels* kernels_for_isa(TensorType weights, Isa isa);
+Isa active_isa();
+
+// Converts n floats into activation format `format` (F32, F16, BF16, Q8_0 or Q8_K).
+void quantize_activations(TensorType format, const float* src, void* dst, int64_t n);
+size_t activation_bytes(TensorType format, int64_t n);
+
+// Weight quantizers (float -> blocks) for the model writer and tests. Not tuned for quality
+// like llama.cpp's, but they produce valid blocks whose error is bounded by the format.
+void quantize_weights(TensorType type, const float* src, void* dst, int64_t n);
+bool can_quantize_weights(TensorType type);
+
+// Dequantizes with the scalar reference (used where speed does not matter).
+void dequantize_row(TensorType type, const void* src, float* dst, int64_t n);
+
+// Scalar references, exposed for the SIMD implementations' tests.
+namespace ref {
+void quantize_q8_0(const float* src, void* dst, int64_t n);
+void quantize_q8_K(const float* src, void* dst, int64_t n);
+void quantize_f16(const float* src, void* dst, int64_t n);
+void quantize_bf16(const float* src, void* dst, int64_t n);
+}  // namespace ref
+
+}  // namespace bmoe

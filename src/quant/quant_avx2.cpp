@@ -1,0 +1,305 @@
+// AVX2 + FMA + F16C dot products (x86-64). Compiled for that target function by function, so
+// the rest of the binary stays baseline x86-64 and the dispatcher picks these at runtime.
+// Integer sums inside blocks are exact, so results equal the scalar reference up to f32
+// summation order across blocks.
+#if defined(__x86_64__)
+
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "quant/blocks.h"
+#include "quant/simd_kernels.h"
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+
+namespace bmoe::avx2 {
+namespace {
+
+inline float hsum(__m256 v) {
+  __m128 lo = _mm256_castps256_ps128(v);
+  const __m128 hi = _mm256_extractf128_ps(v, 1);
+  lo = _mm_add_ps(lo, hi);
+  __m128 shuf = _mm_movehdup_ps(lo);
+  __m128 sums = _mm_add_ps(lo, shuf);
+  shuf = _mm_movehl_ps(shuf, sums);
+  sums = _mm_add_ss(sums, shuf);
+  return _mm_cvtss_f32(sums);
+}
+
+inline int hsum_i32(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm_cvtsi128_si32(s);
+}
+
+// Sum of products of 32 signed bytes, as 8 int32 lanes. maddubs needs an unsigned left
+// operand, so move x's sign onto y: |x| * (y * sign(x)).
+inline __m256i dot_i8_pairs(__m256i x, __m256i y) {
+  const __m256i ax = _mm256_sign_epi8(x, x);
+  const __m256i sy = _mm256_sign_epi8(y, x);
+  const __m256i dot16 = _mm256_maddubs_epi16(ax, sy);
+  return _mm256_madd_epi16(dot16, _mm256_set1_epi16(1));
+}
+
+// 32 nibbles of 16 bytes: low nibbles in the first 16 lanes, high nibbles in the last 16.
+inline __m256i unpack_nibbles(const uint8_t* p) {
+  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m256i both = _mm256_set_m128i(_mm_srli_epi16(bytes, 4), bytes);
+  return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
+}
+
+inline float f16(uint16_t h) { return _cvtsh_ss(h); }
+
+inline __m256 load_f16x8(const uint16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+inline __m256 load_bf16x8(const uint16_t* p) {
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+
+}  // namespace
+
+float dot_f32(const void* w, const void* a, int64_t n) {
+  const auto* x = static_cast<const float*>(w);
+  const auto* y = static_cast<const float*>(a);
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  __m256 acc2 = _mm256_setzero_ps(), acc3 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8), _mm256_loadu_ps(y + i + 8), acc1);
+    acc2 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 16), _mm256_loadu_ps(y + i + 16), acc2);
+    acc3 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 24), _mm256_loadu_ps(y + i + 24), acc3);
+  }
+  for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i), acc0);
+  float sum = hsum(_mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3)));
+  for (; i < n; ++i) sum += x[i] * y[i];
+  return sum;
+}
+
+float dot_f16(const void* w, const void* a, int64_t n) {
+  const auto* x = static_cast<const uint16_t*>(w);
+  const auto* y = static_cast<const uint16_t*>(a);
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    acc0 = _mm256_fmadd_ps(load_f16x8(x + i), load_f16x8(y + i), acc0);
+    acc1 = _mm256_fmadd_ps(load_f16x8(x + i + 8), load_f16x8(y + i + 8), acc1);
+  }
+  for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(load_f16x8(x + i), load_f16x8(y + i), acc0);
+  float sum = hsum(_mm256_add_ps(acc0, acc1));
+  for (; i < n; ++i) sum += f16(x[i]) * f16(y[i]);
+  return sum;
+}
+
+float dot_bf16(const void* w, const void* a, int64_t n) {
+  const auto* x = static_cast<const uint16_t*>(w);
+  const auto* y = static_cast<const uint16_t*>(a);
+  __m256 acc = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(load_bf16x8(x + i), load_bf16x8(y + i), acc);
+  float sum = hsum(acc);
+  for (; i < n; ++i) sum += bf16_to_fp32(x[i]) * bf16_to_fp32(y[i]);
+  return sum;
+}
+
+float dot_q8_0(const void* w, const void* a, int64_t n) {
+  const auto* x = static_cast<const BlockQ8_0*>(w);
+  const auto* y = static_cast<const BlockQ8_0*>(a);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t b = 0; b < n / kQK; ++b) {
+    const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qs));
+    const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[b].qs));
+    const __m256 d = _mm256_set1_ps(f16(x[b].d) * f16(y[b].d));
+    acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_i8_pairs(qx, qy)), acc);
+  }
+  return hsum(acc);
+}
+
+float dot_q4_0(const void* w, const void* a, int64_t n) {
+  const auto* x = static_cast<const BlockQ4_0*>(w);
+  const auto* y = static_cast<const BlockQ8_0*>(a);
+  __m256 acc = _mm256_setzero_ps();
+  const __m256i eight = _mm256_set1_epi8(8);
+  for (int64_t b = 0; b < n / kQK; ++b) {
+    const __m256i qx = _mm256_sub_epi8(unpack_nibbles(x[b].qs), eight);
+    const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[b].qs));
+    const __m256 d = _mm256_set1_ps(f16(x[b].d) * f16(y[b].d));
+    acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_i8_pairs(qx, qy)), acc);
+  }
+  return hsum(acc);
+}
+
+float dot_mxfp4(const void* w, const void* a, int64_t n) {
+  const auto* x = static_cast<const BlockMXFP4*>(w);
+  const auto* y = static_cast<const BlockQ8_0*>(a);
+  const __m128i table128 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kMxfp4Values));
+  const __m256i table = _mm256_set_m128i(table128, table128);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t b = 0; b < n / kQK; ++b) {
+    const __m256i qx = _mm256_shuffle_epi8(table, unpack_nibbles(x[b].qs));
+    const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[b].qs));
+    const __m256 d = _mm256_set1_ps(e8m0_to_fp32_half(x[b].e) * f16(y[b].d));
+    acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_i8_pairs(qx, qy)), acc);
+  }
+  return hsum(acc);
+}
+
+namespace {
+
+// Unpacks a K-quant block's eight 6-bit scales and mins into two 8 x int16 vectors.
+inline void k_scales_mins(const uint8_t* packed, __m128i& scales16, __m128i& mins16) {
+  alignas(16) int16_t sc[8], m[8];
+  for (int j = 0; j < 8; ++j) {
+    uint8_t s, mn;
+    k_scale_min(j, packed, s, mn);
+    sc[j] = s;
+    m[j] = mn;
+  }
+  scales16 = _mm_load_si128(reinterpret_cast<const __m128i*>(sc));
+  mins16 = _mm_load_si128(reinterpret_cast<const __m128i*>(m));
+}
+
+// sum_j min_j * (bsums[2j] + bsums[2j+1])
+inline int k_min_term(__m128i mins16, const int16_t* bsums) {
+  const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bsums));
+  const __m256i pair_sums = _mm256_madd_epi16(b, _mm256_set1_epi16(1));  // 8 x int32
+  const __m128i packed = _mm_packs_epi32(_mm256_castsi256_si128(pair_sums),
+                                         _mm256_extracti128_si256(pair_sums, 1));
+  const __m128i prod = _mm_madd_epi16(packed, mins16);
+  __m128i s = _mm_add_epi32(prod, _mm_shuffle_epi32(prod, _MM_SHUFFLE(1, 0, 3, 2)));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm_cvtsi128_si32(s);
+}
+
+// Weighted sum of two 32-element sub-blocks: scale0 * <lo, q8a> + scale1 * <hi, q8b>,
+// where lo/hi hold unsigned quants (< 128).
+inline __m256i k_pair(__m256i lo, __m256i hi, const int8_t* q8, int16_t scale0, int16_t scale1) {
+  const __m256i y0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q8));
+  const __m256i y1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q8 + 32));
+  const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, y0), _mm256_set1_epi16(scale0));
+  const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, y1), _mm256_set1_epi16(scale1));
+  return _mm256_add_epi32(p0, p1);
+}
+
+}  // namespace
+
+float dot_q4_K(const void* w, const void* a, int64_t n) {
+  const auto* x = static_cast<const BlockQ4_K*>(w);
+  const auto* y = static_cast<const BlockQ8_K*>(a);
+  const __m256i low_mask = _mm256_set1_epi8(0x0F);
+  __m256 acc = _mm256_setzero_ps();
+  float acc_min = 0.0f;
+  for (int64_t b = 0; b < n / kQK_K; ++b) {
+    __m128i scales16, mins16;
+    k_scales_mins(x[b].scales, scales16, mins16);
+    alignas(16) int16_t sc[8];
+    _mm_store_si128(reinterpret_cast<__m128i*>(sc), scales16);
+    __m256i isum = _mm256_setzero_si256();
+    for (int chunk = 0; chunk < 4; ++chunk) {
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qs + 32 * chunk));
+      const __m256i lo = _mm256_and_si256(q, low_mask);
+      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low_mask);
+      isum = _mm256_add_epi32(isum, k_pair(lo, hi, y[b].qs + 64 * chunk, sc[2 * chunk], sc[2 * chunk + 1]));
+    }
+    const float d = y[b].d * f16(x[b].d);
+    const float dmin = y[b].d * f16(x[b].dmin);
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(isum), acc);
+    acc_min += dmin * static_cast<float>(k_min_term(mins16, y[b].bsums));
+  }
+  return hsum(acc) - acc_min;
+}
+
+float dot_q5_K(const void* w, const void* a, int64_t n) {
+  const auto* x = static_cast<const BlockQ5_K*>(w);
+  const auto* y = static_cast<const BlockQ8_K*>(a);
+  const __m256i low_mask = _mm256_set1_epi8(0x0F);
+  const __m256i sixteen = _mm256_set1_epi8(16);
+  __m256 acc = _mm256_setzero_ps();
+  float acc_min = 0.0f;
+  for (int64_t b = 0; b < n / kQK_K; ++b) {
+    __m128i scales16, mins16;
+    k_scales_mins(x[b].scales, scales16, mins16);
+    alignas(16) int16_t sc[8];
+    _mm_store_si128(reinterpret_cast<__m128i*>(sc), scales16);
+    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qh));
+    __m256i isum = _mm256_setzero_si256();
+    for (int chunk = 0; chunk < 4; ++chunk) {
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qs + 32 * chunk));
+      const __m256i bit0 = _mm256_set1_epi8(static_cast<char>(1u << (2 * chunk)));
+      const __m256i bit1 = _mm256_set1_epi8(static_cast<char>(2u << (2 * chunk)));
+      // 16 where the fifth bit is set: compare the masked bit against itself.
+      const __m256i h0 = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bit0), bit0), sixteen);
+      const __m256i h1 = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bit1), bit1), sixteen);
+      const __m256i lo = _mm256_or_si256(_mm256_and_si256(q, low_mask), h0);
+      const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), low_mask), h1);
+      isum = _mm256_add_epi32(isum, k_pair(lo, hi, y[b].qs + 64 * chunk, sc[2 * chunk], sc[2 * chunk + 1]));
+    }
+    const float d = y[b].d * f16(x[b].d);
+    const float dmin = y[b].d * f16(x[b].dmin);
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(isum), acc);
+    acc_min += dmin * static_cast<float>(k_min_term(mins16, y[b].bsums));
+  }
+  return hsum(acc) - acc_min;
+}
+
+float dot_q6_K(const void* w, const void* a, int64_t n) {
+  const auto* x = static_cast<const BlockQ6_K*>(w);
+  const auto* y = static_cast<const BlockQ8_K*>(a);
+  const __m256i low_mask = _mm256_set1_epi8(0x0F);
+  const __m256i two_bits = _mm256_set1_epi8(0x03);
+  const __m256i offset32 = _mm256_set1_epi8(32);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t b = 0; b < n / kQK_K; ++b) {
+    __m256i isum = _mm256_setzero_si256();
+    for (int half = 0; half < 2; ++half) {
+      const uint8_t* ql = x[b].ql + 64 * half;
+      const __m256i l0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql));
+      const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32));
+      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qh + 32 * half));
+      const int8_t* sc = x[b].scales + 8 * half;
+      const int8_t* q8 = y[b].qs + 128 * half;
+      const __m256i parts[4] = {
+          _mm256_or_si256(_mm256_and_si256(l0, low_mask), _mm256_slli_epi16(_mm256_and_si256(h, two_bits), 4)),
+          _mm256_or_si256(_mm256_and_si256(l1, low_mask),
+                          _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), two_bits), 4)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low_mask),
+                          _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), two_bits), 4)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low_mask),
+                          _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), two_bits), 4)),
+      };
+      for (int part = 0; part < 4; ++part) {
+        const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q8 + 32 * part));
+        // (q - 32) * y = q*y - 32*y, both through maddubs (q and 32 are unsigned).
+        const __m256i prod = _mm256_sub_epi16(_mm256_maddubs_epi16(parts[part], qy),
+                                              _mm256_maddubs_epi16(offset32, qy));
+        const __m256i scales = _mm256_set_m128i(_mm_set1_epi16(sc[2 * part + 1]), _mm_set1_epi16(sc[2 * part]));
+        isum = _mm256_add_epi32(isum, _mm256_madd_epi16(prod, scales));
+      }
+    }
+    const float d = f16(x[b].d) * y[b].d;
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(isum), acc);
+  }
+  return hsum(acc);
+}
+
+void quantize_f16(const float* src, void* dst, int64_t n) {
+  auto* h = static_cast<uint16_t*>(dst);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i packed = _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(h + i), packed);
+  }
+  for (; i < n; ++i) h[i] = fp32_to_fp16(src[i]);
+}
+
+}  // namespace bmoe::avx2
+
+#pragma GCC pop_options
+
+#endif  // __x86_64__

@@ -1,0 +1,29 @@
+// Declarations of the SIMD kernel sets (internal to src/quant). Each mirrors the scalar
+// reference in ref_kernels.h.
+#pragma once
+
+#include <cstdint>
+
+namespace bmoe::avx2 {
+float dot_f32(const void* w, const void* a, int64_t n);
+float dot_f16(const void* w, const void* a, int64_t n);
+float dot_bf16(const void* w, const void* a, int64_t n);
+float dot_q4_0(const void* w, const void* a, int64_t n);
+float dot_q8_0(const void* w, const void* a, int64_t n);
+float dot_mxfp4(const void* w, const void* a, int64_t n);
+float dot_q4_K(const void* w, const void* a, int64_t n);
+float dot_q5_K(const void* w, const void* a, int64_t n);
+float dot_q6_K(const void* w, const void* a, int64_t n);
+void quantize_f16(const float* src, void* dst, int64_t n);
+}  // namespace bmoe::avx2
+
+namespace bmoe::neon {
+float dot_f32(const void* w, const void* a, int64_t n);
+float dot_f16(const void* w, const void* a, int64_t n);
+float dot_q4_0(const void* w, const void* a, int64_t n);
+float dot_q8_0(const void* w, const void* a, int64_t n);
+float dot_mxfp4(const void* w, const void* a, int64_t n);
+float dot_q4_K(const void* w, const void* a, int64_t n);
+float dot_q5_K(const void* w, const void* a, int64_t n);
+float dot_q6_K(const void* w, const void* a, int64_t n);
+}  // namespace bmoe::neon

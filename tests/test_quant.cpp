@@ -1,0 +1,355 @@
+// Kernel tests: block layouts, activation quantization, and every dot product against a
+// double-precision reference computed from the dequantized operands, on the scalar and the
+// SIMD paths, including edge values (zeros, extremes, random raw bytes).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "core/fp16.h"
+#include "core/rng.h"
+#include "quant/blocks.h"
+#include "quant/quant.h"
+#include "quant/ref_kernels.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace bmoe {
+namespace {
+
+const TensorType kWeightTypes[] = {TensorType::F32,  TensorType::F16,  TensorType::BF16,
+                                   TensorType::Q4_0, TensorType::Q8_0, TensorType::MXFP4,
+                                   TensorType::Q4_K, TensorType::Q5_K, TensorType::Q6_K};
+
+std::vector<float> random_floats(Rng& rng, int64_t n, double scale) {
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = static_cast<float>(rng.normal() * scale);
+  return v;
+}
+
+std::vector<uint8_t> quantize(TensorType t, const std::vector<float>& x) {
+  std::vector<uint8_t> out(row_bytes(t, static_cast<int64_t>(x.size())));
+  quantize_weights(t, x.data(), out.data(), static_cast<int64_t>(x.size()));
+  return out;
+}
+
+std::vector<float> dequantize(TensorType t, const void* data, int64_t n) {
+  std::vector<float> out(static_cast<size_t>(n));
+  dequantize_row(t, data, out.data(), n);
+  return out;
+}
+
+// Random raw bytes are valid blocks for every format once the f16 scales are finite.
+std::vector<uint8_t> random_raw_blocks(Rng& rng, TensorType t, int64_t n) {
+  std::vector<uint8_t> bytes(row_bytes(t, n));
+  for (uint8_t& b : bytes) b = static_cast<uint8_t>(rng.next());
+  const TypeInfo& info = type_info(t);
+  auto set_f16 = [&](size_t offset) {
+    const uint16_t h = fp32_to_fp16(static_cast<float>(rng.uniform() * 0.01));
+    std::memcpy(&bytes[offset], &h, 2);
+  };
+  for (size_t b = 0; b < bytes.size() / info.block_bytes; ++b) {
+    const size_t base = b * info.block_bytes;
+    switch (t) {
+      case TensorType::Q4_0:
+      case TensorType::Q8_0: set_f16(base); break;
+      case TensorType::Q4_K:
+      case TensorType::Q5_K: set_f16(base); set_f16(base + 2); break;
+      case TensorType::Q6_K: set_f16(base + 208); break;
+      case TensorType::MXFP4: bytes[base] = static_cast<uint8_t>(110 + rng.below(20)); break;
+      default: break;
+    }
+  }
+  if (t == TensorType::F32) {
+    for (int64_t i = 0; i < n; ++i) {
+      const float v = static_cast<float>(rng.normal());
+      std::memcpy(&bytes[static_cast<size_t>(i) * 4], &v, 4);
+    }
+  } else if (t == TensorType::F16 || t == TensorType::BF16) {
+    for (int64_t i = 0; i < n; ++i) {
+      const float v = static_cast<float>(rng.normal());
+      const uint16_t h = t == TensorType::F16 ? fp32_to_fp16(v) : fp32_to_bf16(v);
+      std::memcpy(&bytes[static_cast<size_t>(i) * 2], &h, 2);
+    }
+  }
+  return bytes;
+}
+
+double reference_dot(TensorType w_type, const void* w, const std::vector<float>& act, int64_t n) {
+  const TensorType a_type = kernels(w_type).activation_type;
+  std::vector<uint8_t> qa(activation_bytes(a_type, n));
+  quantize_activations(a_type, act.data(), qa.data(), n);
+  std::vector<float> a_deq(static_cast<size_t>(n));
+  if (a_type == TensorType::Q8_K) {
+    const auto* blocks = reinterpret_cast<const BlockQ8_K*>(qa.data());
+    for (int64_t i = 0; i < n; ++i) a_deq[i] = blocks[i / 256].d * blocks[i / 256].qs[i % 256];
+  } else {
+    a_deq = dequantize(a_type, qa.data(), n);
+  }
+  const std::vector<float> w_deq = dequantize(w_type, w, n);
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(w_deq[i]) * a_deq[i];
+  return sum;
+}
+
+double dot_with(const TypeKernels& k, const void* w, const std::vector<float>& act, int64_t n) {
+  std::vector<uint8_t> qa(activation_bytes(k.activation_type, n));
+  quantize_activations(k.activation_type, act.data(), qa.data(), n);
+  return k.dot(w, qa.data(), n);
+}
+
+double magnitude(TensorType w_type, const void* w, const std::vector<float>& act, int64_t n) {
+  const std::vector<float> w_deq = dequantize(w_type, w, n);
+  double m = 0.0;
+  for (int64_t i = 0; i < n; ++i) m += std::fabs(static_cast<double>(w_deq[i]) * act[i]);
+  return m;
+}
+
+std::vector<Isa> available_isas() {
+  std::vector<Isa> isas = {Isa::Scalar};
+  if (active_isa() != Isa::Scalar) isas.push_back(active_isa());
+  return isas;
+}
+
+TEST(Fp16, RoundTripsEveryHalf) {
+  for (uint32_t h = 0; h < 65536; ++h) {
+    const float f = fp16_to_fp32(static_cast<uint16_t>(h));
+    if (std::isnan(f)) continue;
+    EXPECT_EQ(fp32_to_fp16(f), h) << "half 0x" << std::hex << h;
+  }
+}
+
+TEST(Fp16, RoundsToNearestEven) {
+  EXPECT_EQ(fp32_to_fp16(1.0f), 0x3C00);
+  EXPECT_EQ(fp32_to_fp16(65504.0f), 0x7BFF);
+  EXPECT_EQ(fp32_to_fp16(65520.0f), 0x7C00);  // halfway to the next: rounds to inf
+  EXPECT_EQ(fp32_to_fp16(1.0f + 0x1p-11f), 0x3C00);  // exact tie, even stays
+  EXPECT_EQ(fp32_to_fp16(1.0f + 3 * 0x1p-11f), 0x3C02);  // tie rounds up to even
+  EXPECT_EQ(fp32_to_fp16(0x1p-25f), 0x0000);  // half the smallest subnormal: ties to 0
+  EXPECT_EQ(fp32_to_fp16(0x1.8p-25f), 0x0001);
+  EXPECT_EQ(fp32_to_fp16(-0.0f), 0x8000);
+}
+
+#if defined(__x86_64__)
+__attribute__((target("f16c"))) uint16_t hardware_fp16(float f) {
+  return static_cast<uint16_t>(_cvtss_sh(f, 0));
+}
+
+TEST(Fp16, MatchesF16cOnRandomBits) {
+  if (active_isa() != Isa::Avx2) GTEST_SKIP() << "no F16C";
+  Rng rng(7);
+  for (int i = 0; i < 2000000; ++i) {
+    const float f = bits_float(static_cast<uint32_t>(rng.next()));
+    if (std::isnan(f)) continue;
+    ASSERT_EQ(fp32_to_fp16(f), hardware_fp16(f)) << f;
+  }
+}
+#endif
+
+TEST(Bf16, RoundsToNearestEven) {
+  EXPECT_EQ(fp32_to_bf16(1.0f), 0x3F80);
+  EXPECT_EQ(bf16_to_fp32(0x3F80), 1.0f);
+  EXPECT_EQ(fp32_to_bf16(bits_float(0x3F808000u)), 0x3F80);  // tie, even
+  EXPECT_EQ(fp32_to_bf16(bits_float(0x3F818000u)), 0x3F82);  // tie, odd -> up
+}
+
+TEST(Layout, BlockSizesMatchTypeTable) {
+  EXPECT_EQ(type_info(TensorType::Q4_K).block_bytes, sizeof(BlockQ4_K));
+  EXPECT_EQ(type_info(TensorType::Q5_K).block_bytes, sizeof(BlockQ5_K));
+  EXPECT_EQ(type_info(TensorType::Q6_K).block_bytes, sizeof(BlockQ6_K));
+  EXPECT_EQ(type_info(TensorType::Q8_0).block_bytes, sizeof(BlockQ8_0));
+  EXPECT_EQ(type_info(TensorType::Q4_0).block_bytes, sizeof(BlockQ4_0));
+  EXPECT_EQ(type_info(TensorType::MXFP4).block_bytes, sizeof(BlockMXFP4));
+}
+
+TEST(Layout, Q4_0KnownBlock) {
+  BlockQ4_0 b{};
+  b.d = fp32_to_fp16(0.5f);
+  for (int j = 0; j < 16; ++j) b.qs[j] = static_cast<uint8_t>(j | ((15 - j) << 4));
+  const auto y = dequantize(TensorType::Q4_0, &b, 32);
+  for (int j = 0; j < 16; ++j) {
+    EXPECT_FLOAT_EQ(y[j], (j - 8) * 0.5f);
+    EXPECT_FLOAT_EQ(y[j + 16], (7 - j) * 0.5f);
+  }
+}
+
+TEST(Layout, Q4_KScaleUnpacking) {
+  // Sub-block j's scale = j + 1, min = 2j; element value = d*sc*q - dmin*m with q = 3.
+  uint8_t sc[8], m[8];
+  for (int j = 0; j < 8; ++j) {
+    sc[j] = static_cast<uint8_t>(j + 1 + 40 * (j >= 4));
+    m[j] = static_cast<uint8_t>(2 * j + 20 * (j >= 4));
+  }
+  BlockQ4_K b{};
+  b.d = fp32_to_fp16(1.0f);
+  b.dmin = fp32_to_fp16(0.25f);
+  for (int j = 0; j < 4; ++j) {
+    b.scales[j] = static_cast<uint8_t>((sc[j] & 63) | ((sc[j + 4] >> 4) << 6));
+    b.scales[j + 4] = static_cast<uint8_t>((m[j] & 63) | ((m[j + 4] >> 4) << 6));
+    b.scales[j + 8] = static_cast<uint8_t>((sc[j + 4] & 0xF) | ((m[j + 4] & 0xF) << 4));
+  }
+  std::memset(b.qs, 0x33, sizeof b.qs);
+  const auto y = dequantize(TensorType::Q4_K, &b, 256);
+  for (int j = 0; j < 8; ++j) {
+    EXPECT_FLOAT_EQ(y[32 * j + 5], sc[j] * 3.0f - 0.25f * m[j]) << "sub-block " << j;
+  }
+}
+
+TEST(Layout, Mxfp4ExponentScale) {
+  EXPECT_FLOAT_EQ(e8m0_to_fp32_half(127), 0.5f);
+  EXPECT_FLOAT_EQ(e8m0_to_fp32_half(128), 1.0f);
+  EXPECT_FLOAT_EQ(e8m0_to_fp32_half(1), std::ldexp(1.0f, -127));
+  EXPECT_FLOAT_EQ(e8m0_to_fp32_half(0), std::ldexp(1.0f, -128));
+}
+
+TEST(Activations, Q8_KMatchesDefinition) {
+  Rng rng(3);
+  auto x = random_floats(rng, 512, 2.0);
+  x[17] = -9.0f;  // the largest magnitude is negative: scale comes from the signed max
+  BlockQ8_K q[2];
+  ref::quantize_q8_K(x.data(), q, 512);
+  EXPECT_FLOAT_EQ(q[0].d, 1.0f / (-127.0f / -9.0f));
+  EXPECT_EQ(q[0].qs[17], -127);
+  for (int g = 0; g < 16; ++g) {
+    int sum = 0;
+    for (int i = 0; i < 16; ++i) sum += q[1].qs[16 * g + i];
+    EXPECT_EQ(q[1].bsums[g], sum);
+  }
+  for (int i = 0; i < 256; ++i) EXPECT_NEAR(q[0].qs[i] * q[0].d, x[i], std::fabs(q[0].d) * 0.5001);
+}
+
+TEST(Activations, Q8_KAllZeroBlock) {
+  std::vector<float> x(256, 0.0f);
+  BlockQ8_K q;
+  std::memset(&q, 0x55, sizeof q);
+  ref::quantize_q8_K(x.data(), &q, 256);
+  EXPECT_EQ(q.d, 0.0f);
+  for (int i = 0; i < 256; ++i) EXPECT_EQ(q.qs[i], 0);
+  for (int g = 0; g < 16; ++g) EXPECT_EQ(q.bsums[g], 0);
+}
+
+TEST(Activations, Q8_0RoundsHalfToEven) {
+  std::vector<float> x(32, 0.0f);
+  x[0] = 127.0f;  // multiplier 1.0 exactly
+  x[1] = 2.5f;
+  x[2] = 3.5f;
+  x[3] = -2.5f;
+  BlockQ8_0 q;
+  ref::quantize_q8_0(x.data(), &q, 32);
+  EXPECT_EQ(q.qs[0], 127);
+  EXPECT_EQ(q.qs[1], 2);
+  EXPECT_EQ(q.qs[2], 4);
+  EXPECT_EQ(q.qs[3], -2);
+  EXPECT_EQ(fp16_to_fp32(q.d), fp16_to_fp32(fp32_to_fp16(1.0f)));
+}
+
+TEST(WeightQuantizers, ErrorIsBoundedByFormat) {
+  Rng rng(11);
+  const auto x = random_floats(rng, 4096, 1.0);
+  struct Bound {
+    TensorType type;
+    double rms;
+  } bounds[] = {{TensorType::F16, 1e-3}, {TensorType::BF16, 5e-3}, {TensorType::Q8_0, 0.01},
+                {TensorType::Q6_K, 0.04}, {TensorType::Q5_K, 0.08}, {TensorType::Q4_K, 0.16},
+                {TensorType::Q4_0, 0.16}, {TensorType::MXFP4, 0.3}};
+  for (const Bound& b : bounds) {
+    const auto q = quantize(b.type, x);
+    const auto y = dequantize(b.type, q.data(), 4096);
+    double err = 0.0;
+    for (size_t i = 0; i < x.size(); ++i) err += (x[i] - y[i]) * (x[i] - y[i]);
+    const double rms = std::sqrt(err / x.size());
+    EXPECT_LT(rms, b.rms) << type_name(b.type);
+    EXPECT_GT(rms, 0.0) << type_name(b.type) << " should be lossy";
+  }
+}
+
+class DotTest : public ::testing::TestWithParam<TensorType> {};
+
+TEST_P(DotTest, QuantizedWeightsMatchDoubleReference) {
+  const TensorType t = GetParam();
+  Rng rng(static_cast<uint64_t>(t) + 100);
+  for (int64_t n : {256, 1024, 2048, 4096}) {
+    const auto w = quantize(t, random_floats(rng, n, 0.05));
+    const auto act = random_floats(rng, n, 1.0);
+    const double want = reference_dot(t, w.data(), act, n);
+    const double tol = 1e-5 * magnitude(t, w.data(), act, n) + 1e-6;
+    for (Isa isa : available_isas()) {
+      const TypeKernels* k = kernels_for_isa(t, isa);
+      ASSERT_NE(k, nullptr);
+      EXPECT_NEAR(dot_with(*k, w.data(), act, n), want, tol)
+          << type_name(t) << " n=" << n << " isa=" << static_cast<int>(isa);
+    }
+  }
+}
+
+TEST_P(DotTest, RandomRawBlocksAndSimdAgree) {
+  const TensorType t = GetParam();
+  Rng rng(static_cast<uint64_t>(t) + 200);
+  for (int trial = 0; trial < 50; ++trial) {
+    const int64_t n = 256 * (1 + static_cast<int64_t>(rng.below(8)));
+    const auto w = random_raw_blocks(rng, t, n);
+    auto act = random_floats(rng, n, trial % 2 ? 1.0 : 100.0);
+    if (trial % 7 == 0) std::fill(act.begin(), act.begin() + 256, 0.0f);  // all-zero block
+    if (trial % 5 == 0) act[3] = -1e4f;                                   // one huge outlier
+    const double want = reference_dot(t, w.data(), act, n);
+    const double tol = 1e-5 * magnitude(t, w.data(), act, n) + 1e-6;
+    for (Isa isa : available_isas()) {
+      EXPECT_NEAR(dot_with(*kernels_for_isa(t, isa), w.data(), act, n), want, tol)
+          << type_name(t) << " trial " << trial << " isa=" << static_cast<int>(isa);
+    }
+  }
+}
+
+TEST_P(DotTest, ExtremeQuantsDoNotOverflow) {
+  // All quants at their maximum and activations at +-127: the largest integer sums possible.
+  const TensorType t = GetParam();
+  const int64_t n = 256;
+  std::vector<uint8_t> w(row_bytes(t, n), 0xFF);
+  Rng rng(5);
+  if (t == TensorType::F32 || t == TensorType::F16 || t == TensorType::BF16) {
+    w = quantize(t, std::vector<float>(n, 3.0f));
+  }
+  // Keep the scales finite and small.
+  const TypeInfo& info = type_info(t);
+  for (size_t b = 0; b < w.size() / info.block_bytes && info.block_size > 1; ++b) {
+    const uint16_t h = fp32_to_fp16(0.001f);
+    const size_t base = b * info.block_bytes;
+    if (t == TensorType::Q6_K) std::memcpy(&w[base + 208], &h, 2);
+    else if (t == TensorType::MXFP4) w[base] = 120;
+    else {
+      std::memcpy(&w[base], &h, 2);
+      if (t == TensorType::Q4_K || t == TensorType::Q5_K) std::memcpy(&w[base + 2], &h, 2);
+    }
+  }
+  for (float sign : {1.0f, -1.0f}) {
+    std::vector<float> act(n, 127.0f * sign);
+    const double want = reference_dot(t, w.data(), act, n);
+    for (Isa isa : available_isas()) {
+      EXPECT_NEAR(dot_with(*kernels_for_isa(t, isa), w.data(), act, n), want, 1e-4 * std::fabs(want) + 1e-4)
+          << type_name(t);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTypes, DotTest, ::testing::ValuesIn(kWeightTypes),
+                         [](const auto& info) { return std::string(type_name(info.param)); });
+
+TEST(Dispatch, UsesSimdWhenAvailable) {
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && !std::getenv("BMOE_ISA")) {
+    EXPECT_EQ(active_isa(), Isa::Avx2);
+    EXPECT_NE(kernels(TensorType::Q4_K).dot, kernels_for_isa(TensorType::Q4_K, Isa::Scalar)->dot);
+  }
+#endif
+  EXPECT_EQ(kernels(TensorType::Q4_K).activation_type, TensorType::Q8_K);
+  EXPECT_EQ(kernels(TensorType::Q4_0).activation_type, TensorType::Q8_0);
+  EXPECT_EQ(kernels(TensorType::MXFP4).activation_type, TensorType::Q8_0);
+  EXPECT_EQ(kernels(TensorType::F16).activation_type, TensorType::F16);
+}
+
+}  // namespace
+}  // namespace bmoe
