@@ -1,0 +1,180 @@
+#include "engine/loader.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/error.h"
+#include "core/progress.h"
+#include "model/arch.h"
+#include "moe/resident_experts.h"
+#include "quant/quant.h"
+
+namespace bmoe {
+
+LoadedModel::~LoadedModel() {
+  transformer.reset();
+  experts.reset();
+  for (uint8_t* p : anon_blocks) std::free(p);
+}
+
+namespace {
+
+std::string dims_text(const std::vector<int64_t>& dims) {
+  std::string s = "[";
+  for (size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
+  return s + "]";
+}
+
+// Trailing 1s are not stored in GGUF shapes; compare with them stripped.
+bool same_shape(std::vector<int64_t> a, std::vector<int64_t> b) {
+  while (a.size() > 1 && a.back() == 1) a.pop_back();
+  while (b.size() > 1 && b.back() == 1) b.pop_back();
+  return a == b;
+}
+
+class GgufArchLoader : public ArchLoader {
+ public:
+  GgufArchLoader(LoadedModel& model, const LoadOptions& options, const std::string& arch)
+      : m_(model), gguf_(*model.gguf), options_(options), arch_(arch) {}
+
+  std::string key(const std::string& k) const { return k.starts_with('.') ? arch_ + k : k; }
+
+  int64_t get_int(const std::string& k) override { return gguf_.get_int(key(k)); }
+  int64_t get_int_or(const std::string& k, int64_t fallback) override { return gguf_.get_int_or(key(k), fallback); }
+  double get_float(const std::string& k) override { return gguf_.get_float(key(k)); }
+  double get_float_or(const std::string& k, double fallback) override { return gguf_.get_float_or(key(k), fallback); }
+  std::string get_string_or(const std::string& k, const std::string& fallback) override {
+    return gguf_.get_string_or(key(k), fallback);
+  }
+  std::vector<int64_t> get_per_layer_int(const std::string& k, int n_layer, std::optional<int64_t> fallback) override {
+    return gguf_.get_per_layer_int(key(k), n_layer, fallback);
+  }
+  bool has_tensor(const std::string& name) override { return gguf_.find_tensor(name) != nullptr; }
+  int64_t tensor_dim(const std::string& name, int dim) override {
+    const TensorInfo& t = gguf_.tensor(name);
+    return dim < static_cast<int>(t.dims.size()) ? t.dims[static_cast<size_t>(dim)] : 1;
+  }
+
+  Weight matrix(const std::string& name, std::vector<int64_t> dims) override {
+    const TensorInfo& t = checked(name, dims);
+    if (!kernels_for_isa(t.type, Isa::Scalar)) {
+      fail("{}: tensor '{}' has type {}, which bmoe cannot compute with", gguf_.primary().path, name, type_name(t.type));
+    }
+    Weight w;
+    w.type = t.type;
+    w.cols = t.dims[0];
+    w.rows = t.rows();
+    w.row_stride = row_bytes(t.type, w.cols);
+    w.data = dense_data(t);
+    return w;
+  }
+
+  Weight optional_matrix(const std::string& name, std::vector<int64_t> dims) override {
+    return has_tensor(name) ? matrix(name, std::move(dims)) : Weight{};
+  }
+
+  Vector vector(const std::string& name, std::vector<int64_t> dims) override {
+    const TensorInfo& t = checked(name, dims);
+    if (!kernels_for_isa(t.type, Isa::Scalar)) fail("{}: tensor '{}' has unsupported type {}", gguf_.primary().path, name, type_name(t.type));
+    Vector v(static_cast<size_t>(t.elements()));
+    const uint8_t* src = dense_data(t);
+    dequantize_row(t.type, src, v.data(), t.elements());
+    return v;
+  }
+
+  Vector optional_vector(const std::string& name, std::vector<int64_t> dims) override {
+    return has_tensor(name) ? vector(name, std::move(dims)) : Vector{};
+  }
+
+  int expert_matrix(int layer, const std::string& name, std::vector<int64_t> dims) override {
+    const TensorInfo& t = checked(name, dims);
+    if (!kernels_for_isa(t.type, Isa::Scalar)) fail("{}: tensor '{}' has unsupported type {}", gguf_.primary().path, name, type_name(t.type));
+    auto& layers = m_.expert_layout.layers;
+    if (layers.size() <= static_cast<size_t>(layer)) layers.resize(static_cast<size_t>(layer) + 1);
+    ExpertLayerLayout& l = layers[static_cast<size_t>(layer)];
+    const int64_t n_expert = t.dims.size() > 2 ? t.dims[2] : 1;
+    if (l.n_expert != 0 && l.n_expert != n_expert) fail("{}: '{}' has {} experts, other tensors of layer {} have {}", gguf_.primary().path, name, n_expert, layer, l.n_expert);
+    l.n_expert = static_cast<int>(n_expert);
+    ExpertMatrixLayout mat;
+    mat.file = t.shard;
+    mat.offset = t.file_offset;
+    mat.expert_stride = t.nbytes / static_cast<uint64_t>(n_expert);
+    mat.bytes = mat.expert_stride;
+    mat.type = t.type;
+    mat.cols = t.dims[0];
+    mat.rows = t.dims[1];
+    l.matrices.push_back(mat);
+    return static_cast<int>(l.matrices.size()) - 1;
+  }
+
+ private:
+  const TensorInfo& checked(const std::string& name, const std::vector<int64_t>& dims) {
+    const TensorInfo* t = gguf_.find_tensor(name);
+    if (t == nullptr) fail("{}: missing tensor '{}' (required by {})", gguf_.primary().path, name, arch_);
+    if (!same_shape(t->dims, dims)) {
+      fail("{}: tensor '{}' has shape {}, expected {}", gguf_.primary().path, name, dims_text(t->dims), dims_text(dims));
+    }
+    return *t;
+  }
+
+  const uint8_t* dense_data(const TensorInfo& t) {
+    m_.dense_bytes += t.nbytes;
+    if (!m_.maps.empty()) return m_.maps[static_cast<size_t>(t.shard)].data() + t.file_offset;
+    fail("internal: no storage for dense tensor '{}'", t.name);
+  }
+
+  LoadedModel& m_;
+  const GgufModel& gguf_;
+  const LoadOptions& options_;
+  std::string arch_;
+};
+
+}  // namespace
+
+std::unique_ptr<LoadedModel> load_model(const std::string& path, const LoadOptions& options) {
+  auto model = std::make_unique<LoadedModel>();
+  model->gguf = GgufModel::open(path);
+  const GgufModel& gguf = *model->gguf;
+  model->arch = gguf.get_string("general.architecture");
+  const Architecture* arch = find_architecture(model->arch);
+  if (arch == nullptr) {
+    std::string known;
+    for (const Architecture& a : architectures()) known += (known.empty() ? "" : ", ") + std::string(a.name);
+    fail("{}: unsupported architecture '{}' (supported: {})", path, model->arch, known);
+  }
+  for (const GgufShard& s : gguf.shards()) model->expert_layout.files.push_back(s.path);
+
+  if (!options.stream_experts) {
+    for (const GgufShard& s : gguf.shards()) model->maps.emplace_back(s.path);
+  }
+
+  ModelConfig config;
+  ModelWeights weights;
+  GgufArchLoader loader(*model, options, model->arch);
+  arch->load(loader, config, weights);
+  config.arch = model->arch;
+  config.name = gguf.get_string_or("general.name", "");
+  if (options.n_expert_used > 0) {
+    if (options.n_expert_used > config.n_expert) {
+      fail("--n-expert-used {} exceeds the model's {} experts", options.n_expert_used, config.n_expert);
+    }
+    config.n_expert_used = options.n_expert_used;
+  }
+
+  model->tokenizer = std::make_unique<Tokenizer>(Vocabulary::from_gguf(gguf));
+  if (model->tokenizer->vocab_size() < config.n_vocab) {
+    fail("{}: vocabulary has {} tokens but the embeddings have {} rows", path, model->tokenizer->vocab_size(), config.n_vocab);
+  }
+
+  if (!options.stream_experts) {
+    std::vector<const MappedFile*> maps;
+    for (const MappedFile& m : model->maps) maps.push_back(&m);
+    model->experts = std::make_unique<ResidentExperts>(model->expert_layout, maps);
+  }
+  model->transformer = std::make_unique<Transformer>(std::move(config), std::move(weights), model->experts.get());
+  return model;
+}
+
+}  // namespace bmoe

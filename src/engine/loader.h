@@ -1,0 +1,49 @@
+// Loads a GGUF model into a runnable Transformer: picks the architecture, binds dense weights
+// (mapped, or read into anonymous memory when streaming) and builds the expert source.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/mapped_file.h"
+#include "gguf/gguf.h"
+#include "model/transformer.h"
+#include "moe/expert_source.h"
+#include "text/tokenizer.h"
+
+namespace bmoe {
+
+enum class DenseWeights { Anon, Mmap };
+
+struct LoadOptions {
+  bool stream_experts = false;        // --moe-stream
+  DenseWeights dense = DenseWeights::Anon;
+  bool odirect = true;
+  int n_expert_used = 0;              // override top-k (0: the model's)
+  bool verbose = true;                // progress on stderr
+};
+
+// Owns everything a loaded model needs; dense weights and experts point into its storage.
+struct LoadedModel {
+  std::unique_ptr<GgufModel> gguf;
+  std::vector<MappedFile> maps;          // whole-file maps (resident mode)
+  std::vector<MappedFile> range_maps;    // per-tensor maps (stream + dense mmap)
+  std::vector<uint8_t*> anon_blocks;     // anonymous dense storage (stream + dense anon)
+  size_t anon_bytes = 0;
+  uint64_t dense_bytes = 0;
+  ExpertLayout expert_layout;
+  std::unique_ptr<ExpertSource> experts;
+  std::unique_ptr<Transformer> transformer;
+  std::unique_ptr<Tokenizer> tokenizer;
+  std::string arch;
+
+  ~LoadedModel();
+};
+
+std::unique_ptr<LoadedModel> load_model(const std::string& path, const LoadOptions& options);
+
+// For streaming: replaces the expert source once the store is configured (cache, lanes).
+void set_expert_source(LoadedModel& model, std::unique_ptr<ExpertSource> source);
+
+}  // namespace bmoe

@@ -1,0 +1,61 @@
+#include "engine/session.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "core/timer.h"
+
+namespace bmoe {
+
+Session::Session(LoadedModel& model, ThreadPool& pool, int n_ctx, int n_batch, SamplerConfig sampler)
+    : model_(model), pool_(pool), state_(*model.transformer, pool, n_ctx), n_batch_(std::max(1, n_batch)),
+      sampler_(sampler) {}
+
+std::vector<int32_t> Session::tokenize(const std::string& text, bool parse_special) const {
+  return model_.tokenizer->encode(text, parse_special, model_.tokenizer->vocab().add_bos);
+}
+
+PrefillRecord Session::prefill(const std::vector<int32_t>& tokens) {
+  if (tokens.empty()) fail("the prompt is empty");
+  Stopwatch timer;
+  for (size_t i = 0; i < tokens.size(); i += static_cast<size_t>(n_batch_)) {
+    const int n = static_cast<int>(std::min<size_t>(static_cast<size_t>(n_batch_), tokens.size() - i));
+    logits_ = &state_.eval(tokens.data() + i, n);
+  }
+  return {static_cast<int>(tokens.size()), timer.seconds()};
+}
+
+int32_t Session::sample() {
+  if (logits_ == nullptr) fail("internal: sample() before prefill()");
+  return sampler_.sample(logits_->data(), model_.transformer->config().n_vocab);
+}
+
+const TokenRecord& Session::accept(int32_t token) {
+  const ExpertStats before = model_.experts->stats();
+  Stopwatch timer;
+  logits_ = &state_.eval(&token, 1);
+  const double wall = timer.seconds();
+  const ExpertStats after = model_.experts->stats();
+  TokenRecord r;
+  r.index = static_cast<int>(records_.size());
+  r.token = token;
+  r.wall_ms = wall * 1e3;
+  r.stall_ms = (after.stall_seconds - before.stall_seconds) * 1e3;
+  r.io_ms = (after.io_busy_seconds - before.io_busy_seconds) * 1e3;
+  r.compute_ms = std::max(0.0, r.wall_ms - r.stall_ms);
+  r.routed = after.requests - before.requests;
+  r.hits = after.hits - before.hits;
+  r.misses = after.misses - before.misses;
+  r.bytes_read = after.bytes_read - before.bytes_read;
+  r.cache_used = after.cache_used_bytes;
+  records_.push_back(r);
+  return records_.back();
+}
+
+void Session::reset() {
+  state_.truncate(0);
+  logits_ = nullptr;
+  records_.clear();
+}
+
+}  // namespace bmoe

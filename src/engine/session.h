@@ -1,0 +1,64 @@
+// A generation session: one model, one sequence, its KV cache and per-token telemetry.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/thread_pool.h"
+#include "engine/loader.h"
+#include "model/transformer.h"
+#include "text/sampler.h"
+
+namespace bmoe {
+
+// What one decode step cost (the --csv row).
+struct TokenRecord {
+  int index = 0;
+  int32_t token = -1;
+  double wall_ms = 0;
+  double compute_ms = 0;
+  double io_ms = 0;     // lane busy time spent reading for this token
+  double stall_ms = 0;  // time compute waited on reads
+  uint64_t routed = 0;  // expert lookups
+  uint64_t hits = 0;
+  uint64_t misses = 0;
+  uint64_t bytes_read = 0;
+  uint64_t cache_used = 0;
+};
+
+struct PrefillRecord {
+  int tokens = 0;
+  double seconds = 0;
+};
+
+class Session {
+ public:
+  Session(LoadedModel& model, ThreadPool& pool, int n_ctx, int n_batch, SamplerConfig sampler);
+
+  std::vector<int32_t> tokenize(const std::string& text, bool parse_special) const;
+  // Feeds tokens (batched by n_batch); afterwards next_token() samples from the last logits.
+  PrefillRecord prefill(const std::vector<int32_t>& tokens);
+  // Samples the next token from the current logits (does not feed it).
+  int32_t sample();
+  // Feeds one generated token and records its cost.
+  const TokenRecord& accept(int32_t token);
+  const std::vector<float>& logits() const { return *logits_; }
+
+  InferenceState& state() { return state_; }
+  const std::vector<TokenRecord>& records() const { return records_; }
+  LoadedModel& model() { return model_; }
+  void reset();
+
+ private:
+  LoadedModel& model_;
+  ThreadPool& pool_;
+  InferenceState state_;
+  int n_batch_;
+  Sampler sampler_;
+  const std::vector<float>* logits_ = nullptr;
+  std::vector<TokenRecord> records_;
+};
+
+}  // namespace bmoe

@@ -1,0 +1,58 @@
+// How an architecture describes itself: it reads hyperparameters and binds tensors through
+// ArchLoader, which the engine implements on top of a GGUF file. Architecture code names
+// tensors and checks shapes; it never sees files, offsets or mappings.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+#include "model/transformer.h"
+
+namespace bmoe {
+
+class ArchLoader {
+ public:
+  virtual ~ArchLoader() = default;
+  // Metadata, looked up as "<arch>.<key>" when `key` starts with '.', else verbatim.
+  virtual int64_t get_int(const std::string& key) = 0;
+  virtual int64_t get_int_or(const std::string& key, int64_t fallback) = 0;
+  virtual double get_float(const std::string& key) = 0;
+  virtual double get_float_or(const std::string& key, double fallback) = 0;
+  virtual std::string get_string_or(const std::string& key, const std::string& fallback) = 0;
+  virtual std::vector<int64_t> get_per_layer_int(const std::string& key, int n_layer,
+                                                 std::optional<int64_t> fallback) = 0;
+  virtual bool has_tensor(const std::string& name) = 0;
+  // Size of dimension `dim` of a tensor (throws when the tensor is missing).
+  virtual int64_t tensor_dim(const std::string& name, int dim) = 0;
+
+  // A dense matrix [dims[1] rows x dims[0] cols]; throws naming it when missing or mis-shaped.
+  virtual Weight matrix(const std::string& name, std::vector<int64_t> dims) = 0;
+  virtual Weight optional_matrix(const std::string& name, std::vector<int64_t> dims) = 0;
+  // A vector (or any small tensor) converted to f32; empty when optional and absent.
+  virtual Vector vector(const std::string& name, std::vector<int64_t> dims) = 0;
+  virtual Vector optional_vector(const std::string& name, std::vector<int64_t> dims) = 0;
+  // A stacked expert tensor [dims[0] cols, dims[1] rows, dims[2] experts]; returns the index of
+  // this matrix among the layer's expert matrices (its "role").
+  virtual int expert_matrix(int layer, const std::string& name, std::vector<int64_t> dims) = 0;
+};
+
+struct Architecture {
+  const char* name;
+  const char* description;
+  // Fills config and weights; throws bmoe::Error on missing keys or tensors.
+  void (*load)(ArchLoader& loader, ModelConfig& config, ModelWeights& weights);
+};
+
+// Every architecture compiled in, and lookup by GGUF general.architecture.
+const std::vector<Architecture>& architectures();
+const Architecture* find_architecture(const std::string& name);
+
+// Reads the keys most MoE families share (block count, sizes, heads, rope, experts).
+void load_common_hparams(ArchLoader& loader, ModelConfig& c);
+// Binds tensors most families share: embeddings, output norm, output (tied if absent).
+void load_common_io(ArchLoader& loader, const ModelConfig& c, ModelWeights& w);
+
+}  // namespace bmoe

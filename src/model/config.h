@@ -1,0 +1,70 @@
+// Hyperparameters of a MoE decoder, filled by each architecture from its GGUF keys.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace bmoe {
+
+enum class RopeStyle { Normal, NeoX };  // adjacent pairs vs. split halves
+
+// How router logits become expert weights.
+enum class Gating {
+  SoftmaxTopK,      // softmax over all experts, pick top-k of the probabilities
+  TopKSoftmax,      // pick top-k logits, softmax over the k (gpt-oss)
+  SigmoidTopK,
+};
+
+enum class ExpertActivation { SwiGLU, SwiGLU_OAI, GeGLU };
+
+struct RopeConfig {
+  float freq_base = 10000.0f;
+  float freq_scale = 1.0f;
+  int n_rot = 0;  // rotated dimensions per head
+  RopeStyle style = RopeStyle::NeoX;
+  // YaRN
+  float ext_factor = 0.0f;
+  float attn_factor = 1.0f;
+  float beta_fast = 32.0f;
+  float beta_slow = 1.0f;
+  int n_ctx_orig = 0;
+};
+
+struct ModelConfig {
+  std::string arch;
+  std::string name;
+  int n_layer = 0;
+  int n_embd = 0;
+  int n_head = 0;
+  int n_head_kv = 0;
+  int head_dim = 0;    // key/query head size
+  int head_dim_v = 0;  // value head size
+  int n_vocab = 0;
+  int n_ctx_train = 0;
+  float norm_eps = 1e-6f;
+
+  int n_expert = 0;
+  int n_expert_used = 0;
+  int n_ff_exp = 0;
+  bool norm_topk = true;            // renormalise the k selected weights to sum to 1
+  float expert_weights_scale = 0.0f;  // 0 or 1: none
+  Gating gating = Gating::SoftmaxTopK;
+  ExpertActivation activation = ExpertActivation::SwiGLU;
+
+  RopeConfig rope;
+  float attn_scale = 0.0f;  // 0: 1/sqrt(head_dim)
+  float attn_softcap = 0.0f;
+  float final_softcap = 0.0f;
+
+  bool qk_norm_per_head = false;  // RMS-norm q and k per head (qwen3)
+  bool qk_norm_full = false;      // RMS-norm q and k over all heads (olmoe)
+
+  std::vector<int> sliding_window;  // per layer; 0 = full attention
+
+  int64_t kv_bytes_per_token() const {
+    return static_cast<int64_t>(n_layer) * n_head_kv * (head_dim + head_dim_v) * 2;  // f16 K and V
+  }
+};
+
+}  // namespace bmoe

@@ -1,0 +1,86 @@
+#include "model/matmul.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "quant/quant.h"
+
+namespace bmoe {
+
+void ActivationBuffer::convert(TensorType weight_type, const float* x, int64_t n, int64_t cols,
+                               int64_t stride, ThreadPool* pool) {
+  format_ = kernels(weight_type).activation_type;
+  row_bytes_ = activation_bytes(format_, cols);
+  rows_ = n;
+  const size_t needed = row_bytes_ * static_cast<size_t>(n);
+  if (data_.size() < needed) data_.resize(needed);
+  auto convert_rows = [&](int64_t begin, int64_t end, int) {
+    for (int64_t i = begin; i < end; ++i) {
+      quantize_activations(format_, x + i * stride, data_.data() + static_cast<size_t>(i) * row_bytes_, cols);
+    }
+  };
+  if (pool != nullptr && n >= 8) pool->parallel_for(n, std::max<int64_t>(1, n / (pool->size() * 4)), convert_rows);
+  else convert_rows(0, n, 0);
+}
+
+namespace {
+
+struct Chunk {
+  const MatmulJob* job;
+  int64_t row_begin;
+  int64_t row_end;
+};
+
+// Rows per chunk: enough chunks to balance the pool, few enough to keep overhead low.
+int64_t rows_per_chunk(int64_t total_rows, int threads, int64_t n) {
+  const int64_t target_chunks = static_cast<int64_t>(threads) * 8;
+  int64_t rows = std::max<int64_t>(1, total_rows / target_chunks);
+  if (n > 1) rows = std::min<int64_t>(rows, 64);  // batches: keep a chunk's rows hot in cache
+  return std::max<int64_t>(rows, 4);
+}
+
+void run_chunk(const Chunk& c) {
+  const MatmulJob& job = *c.job;
+  const Weight& w = *job.weight;
+  const DotFn dot = kernels(w.type).dot;
+  const int64_t cols = w.cols;
+  for (int64_t r = c.row_begin; r < c.row_end; ++r) {
+    const uint8_t* wrow = w.row(r);
+    for (int64_t i = 0; i < job.n; ++i) {
+      const int64_t in = job.input_rows ? job.input_rows[i] : i;
+      job.output[i * job.output_stride + r] = dot(wrow, job.input->row(in), cols);
+    }
+  }
+}
+
+}  // namespace
+
+void run_matmuls(ThreadPool& pool, std::span<const MatmulJob> jobs) {
+  int64_t total_rows = 0;
+  int64_t max_n = 1;
+  for (const MatmulJob& j : jobs) {
+    if (j.input->format() != kernels(j.weight->type).activation_type) {
+      fail("internal: matmul input is {} but {} weights need {}", type_name(j.input->format()),
+           type_name(j.weight->type), type_name(kernels(j.weight->type).activation_type));
+    }
+    total_rows += j.weight->rows;
+    max_n = std::max(max_n, j.n);
+  }
+  const int64_t step = rows_per_chunk(total_rows, pool.size(), max_n);
+  thread_local std::vector<Chunk> chunks;
+  chunks.clear();
+  for (const MatmulJob& j : jobs) {
+    for (int64_t r = 0; r < j.weight->rows; r += step) chunks.push_back({&j, r, std::min(j.weight->rows, r + step)});
+  }
+  const std::vector<Chunk>& work = chunks;
+  pool.run(static_cast<int64_t>(work.size()), [&](int64_t t, int) { run_chunk(work[static_cast<size_t>(t)]); });
+}
+
+void matmul(ThreadPool& pool, const Weight& w, const float* x, int64_t n, float* y,
+            ActivationBuffer& scratch) {
+  scratch.convert(w.type, x, n, w.cols, w.cols, &pool);
+  const MatmulJob job{&w, &scratch, n, nullptr, y, w.rows};
+  run_matmuls(pool, std::span<const MatmulJob>(&job, 1));
+}
+
+}  // namespace bmoe

@@ -1,0 +1,36 @@
+// Elementwise and row operations of the decoder, written to round like ggml's CPU backend
+// (so results match llama.cpp): RMSNorm sums squares in double, RoPE angles are built by
+// repeated multiplication in float, softmax sums in double.
+#pragma once
+
+#include <cstdint>
+
+#include "model/config.h"
+
+namespace bmoe::ops {
+
+// y = x / rms(x) (* weight when given). x and y may alias.
+void rms_norm(const float* x, const float* weight, float* y, int64_t n, float eps);
+
+// Rotates `n_heads` heads of `head_dim` floats in place for position `pos`.
+void rope(float* x, int n_heads, int head_dim, int pos, const RopeConfig& rope);
+
+// In-place softmax over n values.
+void softmax(float* x, int64_t n);
+
+inline float silu(float x) { return x / (1.0f + __builtin_expf(-x)); }
+
+// out[i] = silu(gate[i]) * up[i]
+void swiglu(const float* gate, const float* up, float* out, int64_t n);
+// gpt-oss variant: clamped gate/up, x * sigmoid(alpha x) * (up + 1)
+void swiglu_oai(const float* gate, const float* up, float* out, int64_t n, float alpha, float limit);
+void geglu(const float* gate, const float* up, float* out, int64_t n);
+
+void add(float* y, const float* x, int64_t n);  // y += x
+void scale(float* y, float s, int64_t n);       // y *= s
+
+// YaRN correction dimensions (ggml_rope_yarn_corr_dims).
+void yarn_corr_dims(int n_dims, int n_ctx_orig, float freq_base, float beta_fast, float beta_slow,
+                    float dims[2]);
+
+}  // namespace bmoe::ops

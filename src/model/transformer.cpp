@@ -1,0 +1,417 @@
+#include "model/transformer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <numeric>
+
+#include "core/error.h"
+#include "model/ops.h"
+#include "quant/quant.h"
+
+namespace bmoe {
+
+Transformer::Transformer(ModelConfig config, ModelWeights weights, ExpertSource* experts)
+    : config_(std::move(config)), weights_(std::move(weights)), experts_(experts) {}
+
+InferenceState::InferenceState(Transformer& model, ThreadPool& pool, int n_ctx)
+    : model_(model), cfg_(model.config_), pool_(pool) {
+  if (n_ctx <= 0) fail("context size must be positive");
+  cache_.init(cfg_.n_layer, n_ctx, cfg_.n_head_kv, cfg_.head_dim, cfg_.head_dim_v);
+}
+
+void InferenceState::truncate(int n) { n_past_ = std::clamp(n, 0, n_past_); }
+
+namespace {
+
+// Converts `x` once per activation format needed in a block; several weights share it.
+class Activations {
+ public:
+  const ActivationBuffer& get(ThreadPool& pool, TensorType weight_type, const float* x, int64_t n,
+                              int64_t cols) {
+    const TensorType format = kernels(weight_type).activation_type;
+    for (Entry& e : entries_) {
+      if (e.source == x && e.buffer.format() == format && e.buffer.rows() == n) return e.buffer;
+    }
+    entries_.emplace_back();
+    entries_.back().source = x;
+    entries_.back().buffer.convert(weight_type, x, n, cols, cols, &pool);
+    return entries_.back().buffer;
+  }
+  void clear() { entries_.clear(); }
+
+ private:
+  struct Entry {
+    const float* source = nullptr;
+    ActivationBuffer buffer;
+  };
+  std::vector<Entry> entries_;
+};
+
+void add_bias(float* rows, const Vector& bias, int64_t n, int64_t width) {
+  if (bias.empty()) return;
+  for (int64_t i = 0; i < n; ++i) ops::add(rows + i * width, bias.data(), width);
+}
+
+// Indices of the k largest values, largest first (ties: lower index first).
+void top_k(const float* values, int n, int k, std::vector<int32_t>& out) {
+  out.resize(static_cast<size_t>(n));
+  std::iota(out.begin(), out.end(), 0);
+  std::partial_sort(out.begin(), out.begin() + k, out.end(), [&](int32_t a, int32_t b) {
+    return values[a] > values[b] || (values[a] == values[b] && a < b);
+  });
+  out.resize(static_cast<size_t>(k));
+}
+
+}  // namespace
+
+const std::vector<float>& InferenceState::eval(const int32_t* tokens, int n, bool all_logits) {
+  if (n <= 0) fail("eval: no tokens");
+  if (n_past_ + n > cache_.capacity()) {
+    fail("context is full: {} tokens do not fit in a context of {} (raise -c)", n_past_ + n, cache_.capacity());
+  }
+  const int E = cfg_.n_embd;
+  const ModelWeights& w = model_.weights_;
+  x_.resize(static_cast<size_t>(n) * E);
+  positions_.resize(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    if (tokens[i] < 0 || tokens[i] >= w.tok_embd.rows) fail("token id {} is outside the vocabulary", tokens[i]);
+    positions_[static_cast<size_t>(i)] = n_past_ + i;
+    dequantize_row(w.tok_embd.type, w.tok_embd.row(tokens[i]), x_.data() + static_cast<size_t>(i) * E, E);
+    if (w.embd_scale != 1.0f) ops::scale(x_.data() + static_cast<size_t>(i) * E, w.embd_scale, E);
+  }
+  for (int l = 0; l < cfg_.n_layer; ++l) {
+    attention_block(l, n);
+    ffn_block(l, n);
+  }
+  n_past_ += n;
+
+  // Output head on the rows the caller wants.
+  const int first = all_logits ? 0 : n - 1;
+  const int rows = n - first;
+  h_.resize(static_cast<size_t>(rows) * E);
+  for (int i = 0; i < rows; ++i) {
+    ops::rms_norm(x_.data() + static_cast<size_t>(first + i) * E, w.output_norm.data(),
+                  h_.data() + static_cast<size_t>(i) * E, E, cfg_.norm_eps);
+  }
+  logits_.resize(static_cast<size_t>(rows) * w.output.rows);
+  matmul(pool_, w.output, h_.data(), rows, logits_.data(), act_a_);
+  if (cfg_.final_softcap > 0.0f) {
+    for (float& v : logits_) v = cfg_.final_softcap * std::tanh(v / cfg_.final_softcap);
+  }
+  return logits_;
+}
+
+void InferenceState::attention_block(int layer, int n) {
+  const LayerWeights& L = model_.weights_.layers[static_cast<size_t>(layer)];
+  const int E = cfg_.n_embd, H = cfg_.n_head, HKV = cfg_.n_head_kv;
+  const int dk = cfg_.head_dim, dv = cfg_.head_dim_v;
+  const int64_t q_width = static_cast<int64_t>(H) * dk, k_width = static_cast<int64_t>(HKV) * dk,
+                v_width = static_cast<int64_t>(HKV) * dv, attn_width = static_cast<int64_t>(H) * dv;
+  h_.resize(static_cast<size_t>(n) * E);
+  for (int i = 0; i < n; ++i) {
+    ops::rms_norm(x_.data() + static_cast<size_t>(i) * E, L.attn_norm.data(), h_.data() + static_cast<size_t>(i) * E,
+                  E, cfg_.norm_eps);
+  }
+  q_.resize(static_cast<size_t>(n * q_width));
+  k_.resize(static_cast<size_t>(n * k_width));
+  v_.resize(static_cast<size_t>(n * v_width));
+  Activations acts;
+  const MatmulJob jobs[] = {
+      {&L.wq, &acts.get(pool_, L.wq.type, h_.data(), n, E), n, nullptr, q_.data(), q_width},
+      {&L.wk, &acts.get(pool_, L.wk.type, h_.data(), n, E), n, nullptr, k_.data(), k_width},
+      {&L.wv, &acts.get(pool_, L.wv.type, h_.data(), n, E), n, nullptr, v_.data(), v_width},
+  };
+  run_matmuls(pool_, jobs);
+  add_bias(q_.data(), L.bq, n, q_width);
+  add_bias(k_.data(), L.bk, n, k_width);
+  add_bias(v_.data(), L.bv, n, v_width);
+
+  for (int i = 0; i < n; ++i) {
+    float* q = q_.data() + static_cast<size_t>(i) * q_width;
+    float* k = k_.data() + static_cast<size_t>(i) * k_width;
+    if (cfg_.qk_norm_per_head) {
+      for (int h = 0; h < H; ++h) ops::rms_norm(q + h * dk, L.q_norm.data(), q + h * dk, dk, cfg_.norm_eps);
+      for (int h = 0; h < HKV; ++h) ops::rms_norm(k + h * dk, L.k_norm.data(), k + h * dk, dk, cfg_.norm_eps);
+    } else if (cfg_.qk_norm_full) {
+      ops::rms_norm(q, L.q_norm.data(), q, q_width, cfg_.norm_eps);
+      ops::rms_norm(k, L.k_norm.data(), k, k_width, cfg_.norm_eps);
+    }
+    ops::rope(q, H, dk, positions_[static_cast<size_t>(i)], cfg_.rope);
+    ops::rope(k, HKV, dk, positions_[static_cast<size_t>(i)], cfg_.rope);
+    cache_.store(layer, positions_[static_cast<size_t>(i)], k, v_.data() + static_cast<size_t>(i) * v_width);
+  }
+
+  AttentionParams p;
+  p.n_head = H;
+  p.n_head_kv = HKV;
+  p.head_dim_k = dk;
+  p.head_dim_v = dv;
+  p.scale = cfg_.attn_scale > 0.0f ? cfg_.attn_scale : 1.0f / std::sqrt(static_cast<float>(dk));
+  p.softcap = cfg_.attn_softcap;
+  p.sliding_window = cfg_.sliding_window.empty() ? 0 : cfg_.sliding_window[static_cast<size_t>(layer)];
+  p.sinks = L.attn_sinks.empty() ? nullptr : L.attn_sinks.data();
+  attn_.resize(static_cast<size_t>(n * attn_width));
+  attention(pool_, cache_, layer, p, q_.data(), positions_.data(), n, attn_.data());
+
+  proj_.resize(static_cast<size_t>(n) * E);
+  matmul(pool_, L.wo, attn_.data(), n, proj_.data(), act_a_);
+  add_bias(proj_.data(), L.bo, n, E);
+  for (int i = 0; i < n; ++i) {
+    float* row = proj_.data() + static_cast<size_t>(i) * E;
+    if (!L.post_attn_norm.empty()) ops::rms_norm(row, L.post_attn_norm.data(), row, E, cfg_.norm_eps);
+    ops::add(x_.data() + static_cast<size_t>(i) * E, row, E);
+  }
+}
+
+void InferenceState::ffn_block(int layer, int n) {
+  const LayerWeights& L = model_.weights_.layers[static_cast<size_t>(layer)];
+  const int E = cfg_.n_embd;
+  h_.resize(static_cast<size_t>(n) * E);
+  for (int i = 0; i < n; ++i) {
+    ops::rms_norm(x_.data() + static_cast<size_t>(i) * E, L.ffn_norm.data(), h_.data() + static_cast<size_t>(i) * E,
+                  E, cfg_.norm_eps);
+  }
+  ffn_out_.assign(static_cast<size_t>(n) * E, 0.0f);
+  if (L.has_experts) {
+    routed_experts(layer, n, h_.data(), ffn_out_.data());
+    if (L.shexp_up.present()) {
+      std::vector<float> shared(static_cast<size_t>(n) * E);
+      dense_ffn(L.shexp_gate, L.shexp_up, L.shexp_down, n, h_.data(), shared.data());
+      std::vector<float> gate(static_cast<size_t>(n) * L.shexp_router.rows);
+      matmul(pool_, L.shexp_router, h_.data(), n, gate.data(), act_b_);
+      for (int i = 0; i < n; ++i) {
+        const float g = 1.0f / (1.0f + std::exp(-gate[static_cast<size_t>(i) * L.shexp_router.rows]));
+        float* out = ffn_out_.data() + static_cast<size_t>(i) * E;
+        const float* s = shared.data() + static_cast<size_t>(i) * E;
+        for (int d = 0; d < E; ++d) out[d] += s[d] * g;
+      }
+    }
+  } else {
+    dense_ffn(L.ffn_gate, L.ffn_up, L.ffn_down, n, h_.data(), ffn_out_.data());
+  }
+  for (int i = 0; i < n; ++i) {
+    float* row = ffn_out_.data() + static_cast<size_t>(i) * E;
+    if (!L.post_ffn_norm.empty()) ops::rms_norm(row, L.post_ffn_norm.data(), row, E, cfg_.norm_eps);
+    ops::add(x_.data() + static_cast<size_t>(i) * E, row, E);
+  }
+}
+
+void InferenceState::dense_ffn(const Weight& gate, const Weight& up, const Weight& down, int n,
+                               const float* h, float* out) {
+  const int E = cfg_.n_embd;
+  const int64_t F = up.rows;
+  std::vector<float> g(static_cast<size_t>(n * F)), u(static_cast<size_t>(n * F)), a(static_cast<size_t>(n * F));
+  Activations acts;
+  const MatmulJob jobs[] = {
+      {&gate, &acts.get(pool_, gate.type, h, n, E), n, nullptr, g.data(), F},
+      {&up, &acts.get(pool_, up.type, h, n, E), n, nullptr, u.data(), F},
+  };
+  run_matmuls(pool_, jobs);
+  ops::swiglu(g.data(), u.data(), a.data(), n * F);
+  matmul(pool_, down, a.data(), n, out, act_c_);
+}
+
+void InferenceState::select_experts(int layer, int n) {
+  const LayerWeights& L = model_.weights_.layers[static_cast<size_t>(layer)];
+  const int NE = cfg_.n_expert;
+  const int k = cfg_.n_expert_used;
+  route_ids_.resize(static_cast<size_t>(n));
+  route_weights_.resize(static_cast<size_t>(n));
+  std::vector<float> probs(static_cast<size_t>(NE));
+  for (int i = 0; i < n; ++i) {
+    float* logits = router_logits_.data() + static_cast<size_t>(i) * NE;
+    if (!L.router_bias.empty()) ops::add(logits, L.router_bias.data(), NE);
+    std::vector<int32_t>& ids = route_ids_[static_cast<size_t>(i)];
+    std::vector<float>& wts = route_weights_[static_cast<size_t>(i)];
+    switch (cfg_.gating) {
+      case Gating::SoftmaxTopK:
+      case Gating::SigmoidTopK: {
+        std::copy(logits, logits + NE, probs.begin());
+        if (cfg_.gating == Gating::SoftmaxTopK) ops::softmax(probs.data(), NE);
+        else for (float& p : probs) p = 1.0f / (1.0f + std::exp(-p));
+        top_k(probs.data(), NE, k, ids);
+        wts.resize(static_cast<size_t>(k));
+        for (int s = 0; s < k; ++s) wts[static_cast<size_t>(s)] = probs[static_cast<size_t>(ids[static_cast<size_t>(s)])];
+        break;
+      }
+      case Gating::TopKSoftmax: {
+        top_k(logits, NE, k, ids);
+        wts.resize(static_cast<size_t>(k));
+        for (int s = 0; s < k; ++s) wts[static_cast<size_t>(s)] = logits[ids[static_cast<size_t>(s)]];
+        ops::softmax(wts.data(), k);
+        break;
+      }
+    }
+    if (cfg_.norm_topk) {
+      float sum = 0.0f;
+      for (float v : wts) sum += v;
+      sum = std::max(sum, 6.103515625e-5f);  // as llama.cpp clamps (smallest normal f16)
+      for (float& v : wts) v /= sum;
+    }
+    if (cfg_.expert_weights_scale != 0.0f && cfg_.expert_weights_scale != 1.0f) {
+      for (float& v : wts) v *= cfg_.expert_weights_scale;
+    }
+    if (route_hook_) {
+      RouteEvent ev;
+      ev.layer = layer;
+      ev.position = positions_[static_cast<size_t>(i)];
+      ev.prefill = n > 1;
+      ev.logits = logits;
+      ev.n_expert = NE;
+      ev.experts = &ids;
+      ev.weights = &wts;
+      route_hook_(ev);
+    }
+  }
+}
+
+void InferenceState::routed_experts(int layer, int n, const float* h, float* out) {
+  const LayerWeights& L = model_.weights_.layers[static_cast<size_t>(layer)];
+  const int E = cfg_.n_embd;
+  router_logits_.resize(static_cast<size_t>(n) * cfg_.n_expert);
+  matmul(pool_, L.router, h, n, router_logits_.data(), act_b_);
+  select_experts(layer, n);
+
+  // Group (token, slot) pairs by expert, experts in order of first use.
+  struct Use {
+    int32_t token;
+    int32_t slot;
+  };
+  std::vector<int32_t> unique;
+  std::vector<float> weight_sums;
+  std::map<int32_t, size_t> index_of;
+  std::vector<std::vector<Use>> uses;
+  int max_slots = 0;
+  for (int i = 0; i < n; ++i) {
+    const auto& ids = route_ids_[static_cast<size_t>(i)];
+    max_slots = std::max(max_slots, static_cast<int>(ids.size()));
+    for (size_t s = 0; s < ids.size(); ++s) {
+      auto [it, inserted] = index_of.emplace(ids[s], unique.size());
+      if (inserted) {
+        unique.push_back(ids[s]);
+        weight_sums.push_back(0.0f);
+        uses.emplace_back();
+      }
+      uses[it->second].push_back({i, static_cast<int32_t>(s)});
+      weight_sums[it->second] += route_weights_[static_cast<size_t>(i)][s];
+    }
+  }
+  std::vector<float> slot_out(static_cast<size_t>(n) * max_slots * E, 0.0f);
+
+  ExpertSource& source = *model_.experts_;
+  source.begin_layer(layer, unique, weight_sums);
+  Activations acts;
+  std::vector<int> ready;
+  while (true) {
+    ready.clear();
+    if (source.take_ready(ready) == 0) break;
+    // Gate and up projections of every ready expert in one parallel pass.
+    struct Work {
+      int index;
+      std::vector<Weight> m;
+      std::vector<int32_t> rows;  // token rows of h
+      size_t offset;              // first row in the group buffers
+    };
+    std::vector<Work> group;
+    size_t total_rows = 0;
+    for (int idx : ready) {
+      Work wk{idx, {}, {}, total_rows};
+      const auto mats = source.matrices(idx);
+      wk.m.assign(mats.begin(), mats.end());
+      for (const Use& u : uses[static_cast<size_t>(idx)]) wk.rows.push_back(u.token);
+      total_rows += wk.rows.size();
+      group.push_back(std::move(wk));
+    }
+    const ExpertRoles& R = L.roles;
+    const Weight& first_up = group[0].m[static_cast<size_t>(R.gate_up >= 0 ? R.gate_up : R.up)];
+    const int64_t F = R.gate_up >= 0 ? first_up.rows / 2 : first_up.rows;
+    std::vector<float> gate_buf(total_rows * F), up_buf(total_rows * F), act(total_rows * F);
+    std::vector<MatmulJob> jobs;
+    for (const Work& wk : group) {
+      const int64_t m = static_cast<int64_t>(wk.rows.size());
+      if (R.gate_up >= 0) {
+        // Fused rows: the first F outputs are the gate, the next F the up projection.
+        const Weight& gu = wk.m[static_cast<size_t>(R.gate_up)];
+        const auto& in = acts.get(pool_, gu.type, h, n, E);
+        jobs.push_back({&wk.m[static_cast<size_t>(R.gate_up)], &in, m, wk.rows.data(), nullptr, 0});
+      } else {
+        const Weight& g = wk.m[static_cast<size_t>(R.gate)];
+        const Weight& u = wk.m[static_cast<size_t>(R.up)];
+        jobs.push_back({&g, &acts.get(pool_, g.type, h, n, E), m, wk.rows.data(), gate_buf.data() + wk.offset * F, F});
+        jobs.push_back({&u, &acts.get(pool_, u.type, h, n, E), m, wk.rows.data(), up_buf.data() + wk.offset * F, F});
+      }
+    }
+    std::vector<float> fused;
+    if (R.gate_up >= 0) {
+      fused.resize(total_rows * 2 * F);
+      for (size_t j = 0; j < jobs.size(); ++j) {
+        jobs[j].output = fused.data() + group[j].offset * 2 * F;
+        jobs[j].output_stride = 2 * F;
+      }
+    }
+    run_matmuls(pool_, jobs);
+    if (R.gate_up >= 0) {
+      for (size_t r = 0; r < total_rows; ++r) {
+        std::copy_n(fused.data() + r * 2 * F, F, gate_buf.data() + r * F);
+        std::copy_n(fused.data() + r * 2 * F + F, F, up_buf.data() + r * F);
+      }
+    }
+    // Biases (gpt-oss) and the activation.
+    for (const Work& wk : group) {
+      const int32_t expert = unique[static_cast<size_t>(wk.index)];
+      for (size_t j = 0; j < wk.rows.size(); ++j) {
+        float* g = gate_buf.data() + (wk.offset + j) * F;
+        float* u = up_buf.data() + (wk.offset + j) * F;
+        if (!L.exp_gate_bias.empty()) ops::add(g, L.exp_gate_bias.data() + static_cast<size_t>(expert) * F, F);
+        if (!L.exp_up_bias.empty()) ops::add(u, L.exp_up_bias.data() + static_cast<size_t>(expert) * F, F);
+        float* a = act.data() + (wk.offset + j) * F;
+        switch (cfg_.activation) {
+          case ExpertActivation::SwiGLU: ops::swiglu(g, u, a, F); break;
+          case ExpertActivation::SwiGLU_OAI: ops::swiglu_oai(g, u, a, F, 1.702f, 7.0f); break;
+          case ExpertActivation::GeGLU: ops::geglu(g, u, a, F); break;
+        }
+      }
+    }
+    // Down projections of the group, then weight each (token, slot) result.
+    const Weight& first_down = group[0].m[static_cast<size_t>(R.down)];
+    ActivationBuffer down_in;
+    down_in.convert(first_down.type, act.data(), static_cast<int64_t>(total_rows), F, F, &pool_);
+    std::vector<float> down_buf(total_rows * E);
+    std::vector<std::vector<int32_t>> down_rows(group.size());
+    jobs.clear();
+    for (size_t gi = 0; gi < group.size(); ++gi) {
+      const Work& wk = group[gi];
+      const Weight& d = wk.m[static_cast<size_t>(R.down)];
+      if (d.type != first_down.type) fail("internal: experts of one layer use different down types");
+      down_rows[gi].resize(wk.rows.size());
+      std::iota(down_rows[gi].begin(), down_rows[gi].end(), static_cast<int32_t>(wk.offset));
+      jobs.push_back({&d, &down_in, static_cast<int64_t>(wk.rows.size()), down_rows[gi].data(),
+                      down_buf.data() + wk.offset * E, E});
+    }
+    run_matmuls(pool_, jobs);
+    for (const Work& wk : group) {
+      const int32_t expert = unique[static_cast<size_t>(wk.index)];
+      const auto& u = uses[static_cast<size_t>(wk.index)];
+      for (size_t j = 0; j < u.size(); ++j) {
+        float* d = down_buf.data() + (wk.offset + j) * E;
+        if (!L.exp_down_bias.empty()) ops::add(d, L.exp_down_bias.data() + static_cast<size_t>(expert) * E, E);
+        const float wt = route_weights_[static_cast<size_t>(u[j].token)][static_cast<size_t>(u[j].slot)];
+        float* dst = slot_out.data() + (static_cast<size_t>(u[j].token) * max_slots + u[j].slot) * E;
+        for (int e = 0; e < E; ++e) dst[e] = d[e] * wt;
+      }
+    }
+  }
+  source.end_layer();
+
+  // Sum the slots in slot order, as llama.cpp adds them.
+  for (int i = 0; i < n; ++i) {
+    float* dst = out + static_cast<size_t>(i) * E;
+    const size_t k = route_ids_[static_cast<size_t>(i)].size();
+    const float* first = slot_out.data() + static_cast<size_t>(i) * max_slots * E;
+    std::copy_n(first, E, dst);
+    for (size_t s = 1; s < k; ++s) ops::add(dst, first + s * E, E);
+  }
+}
+
+}  // namespace bmoe

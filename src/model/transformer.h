@@ -1,0 +1,124 @@
+// The decoder shared by every MoE family: attention with a KV cache, then a routed-expert FFN
+// (optionally with a shared expert or dense FFN layers). Architecture files fill the weights
+// and the config; this file holds the forward pass.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "core/thread_pool.h"
+#include "model/attention.h"
+#include "model/config.h"
+#include "model/matmul.h"
+#include "model/weight.h"
+#include "moe/expert_source.h"
+
+namespace bmoe {
+
+// Roles of the matrices an ExpertSource returns for one expert.
+struct ExpertRoles {
+  int gate = -1;
+  int up = -1;
+  int gate_up = -1;  // fused [gate; up] rows (gemma4)
+  int down = -1;
+};
+
+struct LayerWeights {
+  Vector attn_norm;
+  Weight wq, wk, wv, wo;
+  Vector bq, bk, bv, bo;
+  Vector q_norm, k_norm;
+  Vector attn_sinks;
+  Vector post_attn_norm;  // applied to the attention output before the residual (gemma)
+
+  Vector ffn_norm;
+  Vector post_ffn_norm;
+  // Routed experts.
+  bool has_experts = false;
+  Weight router;       // [n_expert rows x n_embd]
+  Vector router_bias;  // per expert, added to the logits
+  Vector exp_gate_bias, exp_up_bias, exp_down_bias;  // [n_expert * n] (gpt-oss)
+  ExpertRoles roles;
+  // Shared expert (qwen2moe) with its sigmoid gate, or a dense FFN (non-MoE layers).
+  Weight shexp_gate, shexp_up, shexp_down, shexp_router;
+  Weight ffn_gate, ffn_up, ffn_down;
+};
+
+struct ModelWeights {
+  Weight tok_embd;
+  float embd_scale = 1.0f;
+  Vector output_norm;
+  Weight output;
+  std::vector<LayerWeights> layers;
+};
+
+// Observes (and may replace) each routing decision: used for route traces and replay.
+struct RouteEvent {
+  int layer = 0;
+  int position = 0;     // token position in the sequence
+  bool prefill = false;
+  const float* logits = nullptr;  // router logits, n_expert values
+  int n_expert = 0;
+  std::vector<int32_t>* experts;  // selected ids, slot order
+  std::vector<float>* weights;    // their weights, same order
+};
+using RouteHook = std::function<void(RouteEvent&)>;
+
+class Transformer {
+ public:
+  Transformer(ModelConfig config, ModelWeights weights, ExpertSource* experts);
+
+  const ModelConfig& config() const { return config_; }
+  ExpertSource& experts() { return *experts_; }
+  const ModelWeights& weights() const { return weights_; }
+
+ private:
+  friend class InferenceState;
+  ModelConfig config_;
+  ModelWeights weights_;
+  ExpertSource* experts_;
+};
+
+// Per-sequence state: KV cache, position, scratch buffers.
+class InferenceState {
+ public:
+  InferenceState(Transformer& model, ThreadPool& pool, int n_ctx);
+
+  // Runs tokens at positions [n_past, n_past + n). Returns logits of the last token, or of
+  // every token when all_logits (row i = token i).
+  const std::vector<float>& eval(const int32_t* tokens, int n, bool all_logits = false);
+
+  int n_past() const { return n_past_; }
+  int n_ctx() const { return cache_.capacity(); }
+  // Forgets positions >= n (prefix reuse keeps the cache rows below n).
+  void truncate(int n);
+  void set_route_hook(RouteHook hook) { route_hook_ = std::move(hook); }
+  size_t kv_bytes() const { return cache_.bytes(); }
+
+ private:
+  void attention_block(int layer, int n);
+  void ffn_block(int layer, int n);
+  void routed_experts(int layer, int n, const float* h, float* out);
+  void dense_ffn(const Weight& gate, const Weight& up, const Weight& down, int n, const float* h, float* out);
+  void select_experts(int layer, int n);
+
+  Transformer& model_;
+  const ModelConfig& cfg_;
+  ThreadPool& pool_;
+  KvCache cache_;
+  int n_past_ = 0;
+  RouteHook route_hook_;
+
+  // Scratch, sized for the current batch.
+  std::vector<float> x_, h_, q_, k_, v_, attn_, proj_, ffn_out_, logits_;
+  std::vector<int> positions_;
+  ActivationBuffer act_a_, act_b_, act_c_;
+  // Routing of the current layer: per token, its experts and weights in slot order.
+  std::vector<std::vector<int32_t>> route_ids_;
+  std::vector<std::vector<float>> route_weights_;
+  std::vector<float> router_logits_;
+};
+
+}  // namespace bmoe

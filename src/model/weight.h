@@ -1,0 +1,34 @@
+// A view of one weight matrix in memory: `rows` rows of `cols` elements, each row a run of
+// quantized blocks. The model code only ever sees these views, never files.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "quant/types.h"
+
+namespace bmoe {
+
+struct Weight {
+  TensorType type = TensorType::F32;
+  int64_t cols = 0;  // elements per row (ggml ne0)
+  int64_t rows = 0;
+  const uint8_t* data = nullptr;
+  size_t row_stride = 0;  // bytes between rows
+
+  bool present() const { return data != nullptr; }
+  const uint8_t* row(int64_t r) const { return data + static_cast<size_t>(r) * row_stride; }
+  // Rows [first, first+count) as their own matrix (e.g. one expert of a stacked tensor).
+  Weight slice_rows(int64_t first, int64_t count) const {
+    Weight w = *this;
+    w.data = row(first);
+    w.rows = count;
+    return w;
+  }
+};
+
+// Small vectors (norm weights, biases) are kept as f32 copies, whatever their file type.
+using Vector = std::vector<float>;
+
+}  // namespace bmoe

@@ -1,0 +1,82 @@
+// Where routed experts' weights come from. The model asks, layer by layer, for the experts its
+// router picked; a source hands back their matrices when they are in memory. The resident
+// source points into the mapped file; the streaming source reads them from flash into a
+// bounded cache. Neither knows what a "gate" or an architecture is: an expert is a list of
+// matrices (in the order the layout gives them) identified by (layer, expert).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "model/weight.h"
+
+namespace bmoe {
+
+// Where one stacked expert matrix lives in a file: expert e's rows start at
+// offset + e * expert_stride and take `bytes` bytes.
+struct ExpertMatrixLayout {
+  int file = 0;  // index into ExpertLayout::files
+  uint64_t offset = 0;
+  uint64_t expert_stride = 0;
+  uint64_t bytes = 0;
+  TensorType type = TensorType::F32;
+  int64_t rows = 0;
+  int64_t cols = 0;
+};
+
+struct ExpertLayerLayout {
+  int n_expert = 0;
+  std::vector<ExpertMatrixLayout> matrices;  // e.g. {gate, up, down} or {gate_up, down}
+  uint64_t expert_bytes() const {
+    uint64_t total = 0;
+    for (const auto& m : matrices) total += m.bytes;
+    return total;
+  }
+};
+
+struct ExpertLayout {
+  std::vector<std::string> files;
+  std::vector<ExpertLayerLayout> layers;  // empty entries for layers without experts
+  uint64_t total_bytes() const;
+  // Sum over layers of top_k x expert bytes: what one token touches (the LRU "cycle").
+  uint64_t token_cycle_bytes(int top_k) const;
+};
+
+// Counters every source keeps (cumulative since creation).
+struct ExpertStats {
+  uint64_t requests = 0;     // expert lookups (one per unique expert per layer visit)
+  uint64_t hits = 0;         // served from memory without reading
+  uint64_t misses = 0;       // had to be read
+  uint64_t bytes_read = 0;
+  uint64_t evictions = 0;
+  double io_busy_seconds = 0;  // sum of read time over lanes
+  double stall_seconds = 0;    // time compute waited for reads
+  uint64_t cache_used_bytes = 0;
+  uint64_t cache_budget_bytes = 0;
+};
+
+class ExpertSource {
+ public:
+  virtual ~ExpertSource() = default;
+
+  // The router of `layer` picked `experts` (unique ids); fetching may start now. `weights`
+  // holds each expert's summed router weight (for policies that care), same order.
+  virtual void begin_layer(int layer, std::span<const int32_t> experts, std::span<const float> weights) = 0;
+  // Appends to `ready` the indices (into begin_layer's list) of experts now in memory that
+  // were not handed out before, blocking until there is at least one. Returns how many were
+  // appended; 0 once every expert has been handed out. Order may differ from the list's.
+  virtual int take_ready(std::vector<int>& ready) = 0;
+  // The matrices of the expert at `index`; valid until end_layer().
+  virtual std::span<const Weight> matrices(int index) = 0;
+  virtual void end_layer() = 0;
+
+  // Optional: a hint of experts likely needed soon (prefetch); must not change results.
+  virtual void hint(int layer, std::span<const int32_t> experts) {}
+
+  virtual ExpertStats stats() const = 0;
+  virtual std::string describe() const = 0;
+};
+
+}  // namespace bmoe

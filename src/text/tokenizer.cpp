@@ -1,0 +1,295 @@
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include "text/tokenizer.h"
+
+#include <pcre2.h>
+
+#include <algorithm>
+#include <climits>
+
+#include "core/error.h"
+#include "gguf/gguf.h"
+#include "text/utf8.h"
+
+namespace bmoe {
+
+// ------------------------------------------------------------------ pre-tokenizer regexes
+
+std::vector<std::string> pre_tokenizer_regexes(const std::string& pre) {
+  // The patterns as the models' tokenizer.json files define them.
+  static const std::string kGpt2 =
+      R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S))";
+  static const std::string kQwen2 =
+      R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+  static const std::string kLlama3 =
+      R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+  static const std::string kGpt4o =
+      R"([^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+  if (pre == "qwen2" || pre == "deepseek-r1-qwen") return {kQwen2};
+  if (pre == "llama3" || pre == "llama-bpe" || pre == "smaug-bpe") return {kLlama3};
+  if (pre == "gpt-4o") return {kGpt4o};
+  if (pre == "default" || pre == "gpt2" || pre == "olmo" || pre == "mpt") return {kGpt2};
+  return {};
+}
+
+struct Tokenizer::Regex {
+  pcre2_code* code = nullptr;
+  explicit Regex(const std::string& pattern) {
+    int error = 0;
+    PCRE2_SIZE offset = 0;
+    code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.c_str()), pattern.size(),
+                         PCRE2_UTF | PCRE2_UCP | PCRE2_NO_UTF_CHECK, &error, &offset, nullptr);
+    if (code == nullptr) {
+      PCRE2_UCHAR message[256];
+      pcre2_get_error_message(error, message, sizeof message);
+      fail("pre-tokenizer regex does not compile at {}: {}", offset, reinterpret_cast<char*>(message));
+    }
+    pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);  // optional speed-up; falls back silently
+  }
+  ~Regex() { pcre2_code_free(code); }
+  Regex(const Regex&) = delete;
+  Regex& operator=(const Regex&) = delete;
+
+  // Splits `text` into matches and the unmatched gaps between them ("isolated" behaviour).
+  void split(std::string_view text, std::vector<std::string_view>& out) const {
+    pcre2_match_data* match = pcre2_match_data_create_from_pattern(code, nullptr);
+    size_t start = 0, last_end = 0;
+    while (start < text.size()) {
+      const int rc = pcre2_match(code, reinterpret_cast<PCRE2_SPTR>(text.data()), text.size(), start,
+                                 PCRE2_NO_UTF_CHECK, match, nullptr);
+      if (rc < 0) break;
+      const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(match);
+      size_t begin = ov[0], end = ov[1];
+      if (end == begin) {  // empty match: step one codepoint
+        start = begin + static_cast<size_t>(utf8_sequence_length(static_cast<uint8_t>(text[begin])));
+        continue;
+      }
+      if (begin > last_end) out.push_back(text.substr(last_end, begin - last_end));
+      out.push_back(text.substr(begin, end - begin));
+      last_end = start = end;
+    }
+    if (last_end < text.size()) out.push_back(text.substr(last_end));
+    pcre2_match_data_free(match);
+  }
+};
+
+// ------------------------------------------------------------------ vocabulary
+
+Vocabulary Vocabulary::from_gguf(const GgufModel& model) {
+  Vocabulary v;
+  v.model = model.get_string("tokenizer.ggml.model");
+  v.pre = model.get_string_or("tokenizer.ggml.pre", "default");
+  v.tokens = model.get_string_array("tokenizer.ggml.tokens");
+  if (model.find("tokenizer.ggml.token_type")) {
+    for (int64_t t : model.get_int_array("tokenizer.ggml.token_type")) v.types.push_back(static_cast<TokenType>(t));
+  }
+  if (v.types.empty()) v.types.assign(v.tokens.size(), TokenType::Normal);
+  if (v.types.size() != v.tokens.size()) {
+    fail("{}: tokenizer.ggml.token_type has {} entries for {} tokens", model.primary().path,
+         v.types.size(), v.tokens.size());
+  }
+  if (model.find("tokenizer.ggml.merges")) v.merges = model.get_string_array("tokenizer.ggml.merges");
+  const auto n = static_cast<int64_t>(v.tokens.size());
+  auto id = [&](const char* key) -> int32_t {
+    const int64_t value = model.get_int_or(key, -1);
+    if (value >= n) fail("{}: {} = {} is outside the vocabulary", model.primary().path, key, value);
+    return static_cast<int32_t>(value);
+  };
+  v.bos = id("tokenizer.ggml.bos_token_id");
+  v.eos = id("tokenizer.ggml.eos_token_id");
+  v.eot = id("tokenizer.ggml.eot_token_id");
+  v.pad = id("tokenizer.ggml.padding_token_id");
+  v.add_bos = model.get_bool_or("tokenizer.ggml.add_bos_token", false);
+  v.chat_template = model.get_string_or("tokenizer.chat_template", "");
+  return v;
+}
+
+// ------------------------------------------------------------------ tokenizer
+
+namespace {
+
+// GPT-2's reversible byte -> printable codepoint table.
+void build_byte_table(uint32_t table[256]) {
+  bool direct[256] = {};
+  for (int b = '!'; b <= '~'; ++b) direct[b] = true;
+  for (int b = 0xA1; b <= 0xAC; ++b) direct[b] = true;
+  for (int b = 0xAE; b <= 0xFF; ++b) direct[b] = true;
+  uint32_t next = 256;
+  for (int b = 0; b < 256; ++b) table[b] = direct[b] ? static_cast<uint32_t>(b) : next++;
+}
+
+bool is_end_marker(const std::string& text) {
+  static const char* kMarkers[] = {"<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>",
+                                   "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>", "<turn|>"};
+  for (const char* m : kMarkers) {
+    if (text == m) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+Tokenizer::Tokenizer(Vocabulary vocab) : vocab_(std::move(vocab)) {
+  if (vocab_.model != "gpt2") {
+    fail("tokenizer model '{}' is not supported (bmoe supports byte-level BPE 'gpt2')", vocab_.model);
+  }
+  const auto regexes = pre_tokenizer_regexes(vocab_.pre);
+  if (regexes.empty()) fail("pre-tokenizer '{}' is not supported", vocab_.pre);
+  for (const auto& r : regexes) pre_tokenizers_.push_back(std::make_unique<Regex>(r));
+
+  token_ids_.reserve(vocab_.tokens.size());
+  for (size_t i = 0; i < vocab_.tokens.size(); ++i) token_ids_.emplace(vocab_.tokens[i], static_cast<int32_t>(i));
+  merge_ranks_.reserve(vocab_.merges.size());
+  for (size_t i = 0; i < vocab_.merges.size(); ++i) merge_ranks_.emplace(vocab_.merges[i], static_cast<int32_t>(i));
+
+  build_byte_table(byte_to_unicode_);
+  for (int b = 0; b < 256; ++b) {
+    unicode_to_byte_[byte_to_unicode_[b]] = static_cast<uint8_t>(b);
+    std::string s;
+    append_utf8(s, byte_to_unicode_[b]);
+    const auto it = token_ids_.find(s);
+    byte_tokens_[b] = it == token_ids_.end() ? -1 : it->second;
+  }
+
+  for (size_t i = 0; i < vocab_.tokens.size(); ++i) {
+    const TokenType t = vocab_.types[i];
+    if ((t == TokenType::Control || t == TokenType::UserDefined || t == TokenType::Unknown) &&
+        !vocab_.tokens[i].empty()) {
+      special_tokens_.push_back(static_cast<int32_t>(i));
+    }
+    if (t == TokenType::Control && is_end_marker(vocab_.tokens[i])) end_of_generation_.push_back(static_cast<int32_t>(i));
+  }
+  std::stable_sort(special_tokens_.begin(), special_tokens_.end(), [&](int32_t a, int32_t b) {
+    return vocab_.tokens[static_cast<size_t>(a)].size() > vocab_.tokens[static_cast<size_t>(b)].size();
+  });
+  for (int32_t id : {vocab_.eos, vocab_.eot}) {
+    if (id >= 0) end_of_generation_.push_back(id);
+  }
+}
+
+Tokenizer::~Tokenizer() = default;
+
+int32_t Tokenizer::find_token(std::string_view text) const {
+  const auto it = token_ids_.find(std::string(text));
+  return it == token_ids_.end() ? -1 : it->second;
+}
+
+bool Tokenizer::is_end_of_generation(int32_t id) const {
+  return std::find(end_of_generation_.begin(), end_of_generation_.end(), id) != end_of_generation_.end();
+}
+
+std::vector<int32_t> Tokenizer::encode(std::string_view text, bool parse_special, bool add_bos) const {
+  // Fragments are either raw text or an already-decided token id.
+  struct Fragment {
+    int32_t token;  // -1 for raw text
+    std::string_view text;
+  };
+  std::vector<Fragment> fragments = {{-1, text}};
+  for (int32_t id : special_tokens_) {
+    if (!parse_special && vocab_.types[static_cast<size_t>(id)] != TokenType::UserDefined) continue;
+    const std::string& needle = vocab_.tokens[static_cast<size_t>(id)];
+    std::vector<Fragment> next;
+    next.reserve(fragments.size());
+    for (const Fragment& f : fragments) {
+      if (f.token >= 0) {
+        next.push_back(f);
+        continue;
+      }
+      std::string_view rest = f.text;
+      for (size_t pos; (pos = rest.find(needle)) != std::string_view::npos;) {
+        if (pos > 0) next.push_back({-1, rest.substr(0, pos)});
+        next.push_back({id, {}});
+        rest = rest.substr(pos + needle.size());
+      }
+      if (!rest.empty()) next.push_back({-1, rest});
+    }
+    fragments = std::move(next);
+  }
+
+  std::vector<int32_t> out;
+  if (add_bos && vocab_.bos >= 0) out.push_back(vocab_.bos);
+  for (const Fragment& f : fragments) {
+    if (f.token >= 0) out.push_back(f.token);
+    else encode_text(f.text, out);
+  }
+  return out;
+}
+
+void Tokenizer::encode_text(std::string_view text, std::vector<int32_t>& out) const {
+  std::vector<std::string_view> pieces = {text};
+  for (const auto& regex : pre_tokenizers_) {
+    std::vector<std::string_view> split;
+    for (std::string_view p : pieces) regex->split(p, split);
+    pieces = std::move(split);
+  }
+  std::string word;
+  for (std::string_view piece : pieces) {
+    word.clear();
+    for (unsigned char c : piece) append_utf8(word, byte_to_unicode_[c]);
+    bpe_word(word, out);
+  }
+}
+
+// Merges adjacent symbols by rank, lowest first, leftmost on ties.
+void Tokenizer::bpe_word(const std::string& word, std::vector<int32_t>& out) const {
+  std::vector<std::string> symbols;
+  for (size_t i = 0; i < word.size();) {
+    const size_t n = static_cast<size_t>(utf8_sequence_length(static_cast<uint8_t>(word[i])));
+    symbols.push_back(word.substr(i, n));
+    i += n;
+  }
+  std::string key;
+  while (symbols.size() > 1) {
+    int32_t best_rank = INT32_MAX;
+    size_t best = 0;
+    for (size_t i = 0; i + 1 < symbols.size(); ++i) {
+      key.assign(symbols[i]).append(" ").append(symbols[i + 1]);
+      const auto it = merge_ranks_.find(key);
+      if (it != merge_ranks_.end() && it->second < best_rank) {
+        best_rank = it->second;
+        best = i;
+      }
+    }
+    if (best_rank == INT32_MAX) break;
+    symbols[best] += symbols[best + 1];
+    symbols.erase(symbols.begin() + static_cast<std::ptrdiff_t>(best) + 1);
+  }
+  for (const std::string& s : symbols) {
+    const auto it = token_ids_.find(s);
+    if (it != token_ids_.end()) {
+      out.push_back(it->second);
+      continue;
+    }
+    // Not in the vocabulary: fall back to one token per byte.
+    for (uint32_t cp : utf8_codepoints(s)) {
+      const auto byte = unicode_to_byte_.find(cp);
+      if (byte != unicode_to_byte_.end() && byte_tokens_[byte->second] >= 0) out.push_back(byte_tokens_[byte->second]);
+    }
+  }
+}
+
+std::string Tokenizer::token_bytes(int32_t id, bool with_special) const {
+  if (id < 0 || id >= vocab_size()) return {};
+  const std::string& text = vocab_.tokens[static_cast<size_t>(id)];
+  switch (vocab_.types[static_cast<size_t>(id)]) {
+    case TokenType::Control:
+    case TokenType::Unknown:
+    case TokenType::Unused: return with_special ? text : std::string();
+    case TokenType::UserDefined: return text;
+    default: break;
+  }
+  std::string bytes;
+  for (uint32_t cp : utf8_codepoints(text)) {
+    const auto it = unicode_to_byte_.find(cp);
+    if (it != unicode_to_byte_.end()) bytes += static_cast<char>(it->second);
+    else append_utf8(bytes, cp);
+  }
+  return bytes;
+}
+
+std::string Tokenizer::decode(const std::vector<int32_t>& ids, bool with_special) const {
+  std::string out;
+  for (int32_t id : ids) out += token_bytes(id, with_special);
+  return out;
+}
+
+}  // namespace bmoe

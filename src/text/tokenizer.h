@@ -1,0 +1,86 @@
+// Tokenizers built from a GGUF's tokenizer.ggml.* keys.
+//
+// Byte-level BPE ("gpt2" model): special and user-defined tokens are split out first (longest
+// first, as llama.cpp does), the rest is pre-tokenized with the model's regex (PCRE2, UTF+UCP)
+// and each piece is mapped to byte-level unicode and merged by rank.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+namespace bmoe {
+
+class GgufModel;
+
+// GGUF token types.
+enum class TokenType : int32_t {
+  Undefined = 0,
+  Normal = 1,
+  Unknown = 2,
+  Control = 3,
+  UserDefined = 4,
+  Unused = 5,
+  Byte = 6,
+};
+
+struct Vocabulary {
+  std::string model = "gpt2";  // tokenizer.ggml.model
+  std::string pre = "default";  // tokenizer.ggml.pre
+  std::vector<std::string> tokens;
+  std::vector<TokenType> types;
+  std::vector<std::string> merges;  // "left right"
+  int32_t bos = -1;
+  int32_t eos = -1;
+  int32_t eot = -1;
+  int32_t pad = -1;
+  bool add_bos = false;
+  std::string chat_template;
+
+  static Vocabulary from_gguf(const GgufModel& model);
+};
+
+class Tokenizer {
+ public:
+  explicit Tokenizer(Vocabulary vocab);
+  ~Tokenizer();
+  Tokenizer(const Tokenizer&) = delete;
+  Tokenizer& operator=(const Tokenizer&) = delete;
+
+  // Tokenizes text. With parse_special, control tokens written in the text ("<|im_start|>")
+  // become their ids; user-defined tokens are always recognised (as llama.cpp does).
+  std::vector<int32_t> encode(std::string_view text, bool parse_special, bool add_bos) const;
+
+  // The bytes a token stands for. Control tokens give "" unless with_special.
+  std::string token_bytes(int32_t id, bool with_special = false) const;
+  std::string decode(const std::vector<int32_t>& ids, bool with_special = false) const;
+
+  // End-of-generation tokens: eos, eot, and control tokens named like an end marker.
+  bool is_end_of_generation(int32_t id) const;
+  int32_t find_token(std::string_view text) const;  // -1 when absent
+  int32_t vocab_size() const { return static_cast<int32_t>(vocab_.tokens.size()); }
+  const Vocabulary& vocab() const { return vocab_; }
+
+ private:
+  struct Regex;
+  void encode_text(std::string_view text, std::vector<int32_t>& out) const;
+  void bpe_word(const std::string& word, std::vector<int32_t>& out) const;
+
+  Vocabulary vocab_;
+  std::unordered_map<std::string, int32_t> token_ids_;
+  std::unordered_map<std::string, int32_t> merge_ranks_;
+  std::vector<int32_t> special_tokens_;  // split out before pre-tokenizing, longest first
+  std::vector<int32_t> end_of_generation_;
+  std::vector<std::unique_ptr<Regex>> pre_tokenizers_;
+  int32_t byte_tokens_[256];
+  uint32_t byte_to_unicode_[256];
+  std::unordered_map<uint32_t, uint8_t> unicode_to_byte_;
+};
+
+// The pre-tokenizer regexes for a tokenizer.ggml.pre name (empty list when unknown).
+std::vector<std::string> pre_tokenizer_regexes(const std::string& pre);
+
+}  // namespace bmoe
