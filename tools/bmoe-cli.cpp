@@ -45,6 +45,8 @@ struct CliOptions {
   bool show_special = false;
   bool list_archs = false;
   int n_expert_used = 0;
+  std::string dump_logits;
+  std::string kv_type = "f16";
 };
 
 void add_flags(CLI::App& app, CliOptions& o) {
@@ -70,6 +72,8 @@ void add_flags(CLI::App& app, CliOptions& o) {
   app.add_flag("--json", o.json, "print a JSON result (prompt ids, generated ids, text) instead of streaming text");
   app.add_flag("--tokenize", o.tokenize_only, "print the prompt's token ids as JSON and exit");
   app.add_option("--n-expert-used", o.n_expert_used, "override the model's top-k experts per token (lossy)")->check(CLI::Range(1, 1024));
+  app.add_option("--kv-type", o.kv_type, "KV cache element type: f16 or f32")->capture_default_str()->check(CLI::IsMember({"f16", "f32"}));
+  app.add_option("--dump-logits", o.dump_logits, "write the logits after the prompt (f32, binary) to a file");
   app.add_flag("--list-archs", o.list_archs, "list the architectures compiled in and exit");
 }
 
@@ -133,7 +137,7 @@ int run(const CliOptions& o) {
 
   ThreadPool pool(threads);
   SamplerConfig sampler{o.temperature, o.top_k, o.top_p, o.seed};
-  Session session(*model, pool, o.ctx_size, o.batch_size, sampler);
+  Session session(*model, pool, o.ctx_size, o.batch_size, sampler, o.kv_type == "f32" ? KvType::F32 : KvType::F16);
   const std::vector<int32_t> prompt_ids = session.tokenize(prompt, true);
   if (o.tokenize_only) {
     fmt::print("{}\n", json_ids(prompt_ids));
@@ -146,6 +150,12 @@ int run(const CliOptions& o) {
   const PrefillRecord pre = session.prefill(prompt_ids);
   fmt::print(stderr, "prompt: {} tokens, {:.3f} s, {:.2f} tok/s\n", pre.tokens, pre.seconds, pre.tokens / std::max(pre.seconds, 1e-9));
 
+  if (!o.dump_logits.empty()) {
+    std::ofstream dump(o.dump_logits, std::ios::binary);
+    dump.write(reinterpret_cast<const char*>(session.logits().data()),
+               static_cast<std::streamsize>(cfg.n_vocab * sizeof(float)));
+    if (!dump) fail("cannot write {}", o.dump_logits);
+  }
   std::vector<int32_t> generated;
   Utf8Stream out;
   const int limit = o.n_predict < 0 ? o.ctx_size - static_cast<int>(prompt_ids.size()) : o.n_predict;

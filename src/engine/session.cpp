@@ -7,8 +7,9 @@
 
 namespace bmoe {
 
-Session::Session(LoadedModel& model, ThreadPool& pool, int n_ctx, int n_batch, SamplerConfig sampler)
-    : model_(model), pool_(pool), state_(*model.transformer, pool, n_ctx), n_batch_(std::max(1, n_batch)),
+Session::Session(LoadedModel& model, ThreadPool& pool, int n_ctx, int n_batch, SamplerConfig sampler,
+                 KvType kv_type)
+    : model_(model), pool_(pool), state_(*model.transformer, pool, n_ctx, kv_type), n_batch_(std::max(1, n_batch)),
       sampler_(sampler) {}
 
 std::vector<int32_t> Session::tokenize(const std::string& text, bool parse_special) const {

@@ -35,7 +35,8 @@ struct PrefillRecord {
 
 class Session {
  public:
-  Session(LoadedModel& model, ThreadPool& pool, int n_ctx, int n_batch, SamplerConfig sampler);
+  Session(LoadedModel& model, ThreadPool& pool, int n_ctx, int n_batch, SamplerConfig sampler,
+          KvType kv_type = KvType::F16);
 
   std::vector<int32_t> tokenize(const std::string& text, bool parse_special) const;
   // Feeds tokens (batched by n_batch); afterwards next_token() samples from the last logits.

@@ -1,7 +1,12 @@
-// KV cache (f16) and causal attention computed the way ggml's CPU flash-attention does:
-// the query is rounded to f16, scores are f16 dot products in f32, the softmax is online, and
-// for small query batches (< 64 rows, i.e. decode) the weighted V sum is accumulated in f16.
-// Matching those rounding points keeps our logits within float noise of llama.cpp's.
+// KV cache and causal attention, rounded like one of ggml's two CPU attention paths so
+// results stay within float noise of llama.cpp's:
+//  - Classic (default; llama.cpp without flash attention): the query is rounded to the cache
+//    type, all scores are computed, softmax in f32, the weights are rounded to the cache type
+//    and V is summed in f32.
+//  - Flash (llama.cpp's flash attention): online softmax; on an f16 cache and for small query
+//    batches (< 64 rows, i.e. decode) the weighted V sum is accumulated in f16. That running
+//    f16 sum turns float noise into ulp-sized steps, so it agrees less well with any other
+//    implementation (llama.cpp's own two paths included).
 #pragma once
 
 #include <cstdint>
@@ -11,24 +16,32 @@
 
 namespace bmoe {
 
+enum class KvType { F16, F32 };
+enum class AttentionNumerics { Classic, Flash };
+
 class KvCache {
  public:
-  void init(int n_layer, int n_ctx, int n_head_kv, int head_dim_k, int head_dim_v);
+  void init(int n_layer, int n_ctx, int n_head_kv, int head_dim_k, int head_dim_v, KvType type);
   int capacity() const { return n_ctx_; }
+  KvType type() const { return type_; }
   // Stores token `pos`'s K and V rows (all kv heads, f32 in) of `layer`.
   void store(int layer, int pos, const float* k, const float* v);
-  const uint16_t* k_row(int layer, int pos) const { return k_[static_cast<size_t>(layer)].data() + static_cast<size_t>(pos) * k_width_; }
-  const uint16_t* v_row(int layer, int pos) const { return v_[static_cast<size_t>(layer)].data() + static_cast<size_t>(pos) * v_width_; }
-  int k_width() const { return k_width_; }
-  int v_width() const { return v_width_; }
+  // Row of position `pos`: uint16_t (f16) or float elements depending on type().
+  const void* k_row(int layer, int pos) const { return row(k_, layer, pos, k_width_); }
+  const void* v_row(int layer, int pos) const { return row(v_, layer, pos, v_width_); }
+  size_t element_bytes() const { return type_ == KvType::F16 ? 2 : 4; }
   size_t bytes() const;
 
  private:
+  const void* row(const std::vector<std::vector<uint8_t>>& data, int layer, int pos, int width) const {
+    return data[static_cast<size_t>(layer)].data() + static_cast<size_t>(pos) * width * element_bytes();
+  }
   int n_ctx_ = 0;
   int k_width_ = 0;
   int v_width_ = 0;
-  std::vector<std::vector<uint16_t>> k_;
-  std::vector<std::vector<uint16_t>> v_;
+  KvType type_ = KvType::F16;
+  std::vector<std::vector<uint8_t>> k_;
+  std::vector<std::vector<uint8_t>> v_;
 };
 
 struct AttentionParams {
@@ -40,6 +53,7 @@ struct AttentionParams {
   float softcap = 0.0f;
   int sliding_window = 0;        // 0: full causal attention
   const float* sinks = nullptr;  // per-head sink logits (gpt-oss), or null
+  AttentionNumerics numerics = AttentionNumerics::Classic;
 };
 
 // Attention for queries q[i] (n_head * head_dim_k floats each) at positions pos[i], over the

@@ -14,10 +14,10 @@ namespace bmoe {
 Transformer::Transformer(ModelConfig config, ModelWeights weights, ExpertSource* experts)
     : config_(std::move(config)), weights_(std::move(weights)), experts_(experts) {}
 
-InferenceState::InferenceState(Transformer& model, ThreadPool& pool, int n_ctx)
+InferenceState::InferenceState(Transformer& model, ThreadPool& pool, int n_ctx, KvType kv_type)
     : model_(model), cfg_(model.config_), pool_(pool) {
   if (n_ctx <= 0) fail("context size must be positive");
-  cache_.init(cfg_.n_layer, n_ctx, cfg_.n_head_kv, cfg_.head_dim, cfg_.head_dim_v);
+  cache_.init(cfg_.n_layer, n_ctx, cfg_.n_head_kv, cfg_.head_dim, cfg_.head_dim_v, kv_type);
 }
 
 void InferenceState::truncate(int n) { n_past_ = std::clamp(n, 0, n_past_); }
@@ -153,6 +153,7 @@ void InferenceState::attention_block(int layer, int n) {
   p.sinks = L.attn_sinks.empty() ? nullptr : L.attn_sinks.data();
   attn_.resize(static_cast<size_t>(n * attn_width));
   attention(pool_, cache_, layer, p, q_.data(), positions_.data(), n, attn_.data());
+  }
 
   proj_.resize(static_cast<size_t>(n) * E);
   matmul(pool_, L.wo, attn_.data(), n, proj_.data(), act_a_);

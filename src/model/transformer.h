@@ -84,7 +84,7 @@ class Transformer {
 // Per-sequence state: KV cache, position, scratch buffers.
 class InferenceState {
  public:
-  InferenceState(Transformer& model, ThreadPool& pool, int n_ctx);
+  InferenceState(Transformer& model, ThreadPool& pool, int n_ctx, KvType kv_type = KvType::F16);
 
   // Runs tokens at positions [n_past, n_past + n). Returns logits of the last token, or of
   // every token when all_logits (row i = token i).

@@ -195,21 +195,34 @@ Vocabulary tiny_vocab() {
       "is", "it", "of", "to", "on", "as", "at", "be", "by", "or", "if", "do", "we", "he", "my", "up", "so", "no",
       "ing", "ed", "er", "es", "re", "th", "st", "nd", "ll", "ve", "  ", "    ", "\n\n", "();", "{}", "==", "->"};
   std::vector<std::string> merges;
-  auto add_token = [&](const std::string& t) {
-    if (std::find(v.tokens.begin(), v.tokens.end(), t) == v.tokens.end()) {
-      v.tokens.push_back(t);
-      v.types.push_back(TokenType::Normal);
-    }
-  };
+  // Merges are added so each word ends up one token under the merges so far: apply the
+  // existing merges (lowest rank first), then append merges joining what is left, left to right.
   auto add_word = [&](const std::string& raw) {
     std::vector<std::string> parts;
     for (unsigned char c : raw) parts.push_back(byte_char(c));
-    std::string acc = parts[0];
-    for (size_t i = 1; i < parts.size(); ++i) {
-      const std::string merge = acc + " " + parts[i];
-      if (std::find(merges.begin(), merges.end(), merge) == merges.end()) merges.push_back(merge);
-      acc += parts[i];
-      add_token(acc);
+    for (;;) {
+      size_t best = parts.size();
+      size_t best_rank = merges.size();
+      for (size_t i = 0; i + 1 < parts.size(); ++i) {
+        const auto it = std::find(merges.begin(), merges.end(), parts[i] + " " + parts[i + 1]);
+        const auto rank = static_cast<size_t>(it - merges.begin());
+        if (rank < best_rank) {
+          best_rank = rank;
+          best = i;
+        }
+      }
+      if (best == parts.size()) break;
+      parts[best] += parts[best + 1];
+      parts.erase(parts.begin() + static_cast<std::ptrdiff_t>(best) + 1);
+    }
+    while (parts.size() > 1) {
+      merges.push_back(parts[0] + " " + parts[1]);
+      parts[0] += parts[1];
+      parts.erase(parts.begin() + 1);
+      if (std::find(v.tokens.begin(), v.tokens.end(), parts[0]) == v.tokens.end()) {
+        v.tokens.push_back(parts[0]);
+        v.types.push_back(TokenType::Normal);
+      }
     }
   };
   for (const char* w : kWords) {

@@ -1,0 +1,100 @@
+// llama.cpp (through node-llama-cpp) as the reference for bmoe's conformance tests and the peer
+// in benchmarks. One process answers a whole job so the model loads once.
+//
+//   node tests/oracle/oracle.mjs tokenize MODEL TEXTS.json       -> [[ids], ...]
+//   node tests/oracle/oracle.mjs greedy   MODEL PROMPTS.json N T  -> [{prompt, tokens, top2}, ...]
+//   node tests/oracle/oracle.mjs bench    MODEL PROMPT N T        -> {tokens, seconds, tok_s, ...}
+//   node tests/oracle/oracle.mjs probs    MODEL PROMPT            -> {prompt, probs} (diagnostics)
+//
+// Texts are tokenized with special tokens parsed and no BOS (the models' add_bos is false).
+// top2[i] = [best id, p, second id, p] at step i, to recognise true near-ties.
+import fs from "node:fs";
+import {getLlama} from "node-llama-cpp";
+
+const [mode, modelPath, arg, nStr, threadsStr] = process.argv.slice(2);
+if (!mode || !modelPath) {
+  console.error("usage: oracle.mjs tokenize|greedy|bench MODEL ...");
+  process.exit(2);
+}
+const llama = await getLlama({gpu: false, build: "never", logLevel: "error"});
+const model = await llama.loadModel({modelPath, useMmap: true});
+const n = parseInt(nStr ?? "32", 10);
+// ORACLE_KV=f32 runs llama.cpp with an f32 KV cache (bmoe: --kv-type f32).
+const kv = (process.env.ORACLE_KV ?? "f16").toUpperCase();
+const flash = process.env.ORACLE_FA === "1";  // default: flash attention off (llama.cpp's classic path)
+const contextOptions = (contextSize) => ({contextSize, threads, flashAttention: flash, experimentalKvCacheKeyType: kv,
+                                          experimentalKvCacheValueType: kv});
+const threads = parseInt(threadsStr ?? "2", 10);
+
+if (mode === "tokenize") {
+  const texts = JSON.parse(fs.readFileSync(arg, "utf8"));
+  console.log(JSON.stringify(texts.map((t) => Array.from(model.tokenize(t, true)))));
+  process.exit(0);
+}
+
+async function greedy(ctx, text, withTop2) {
+  const seq = ctx.getSequence();
+  const prompt = model.tokenize(text, true);
+  const tokens = [];
+  const top2 = [];
+  const t0 = process.hrtime.bigint();
+  let tFirst = null;
+  const steps = withTop2
+    ? seq.evaluateWithMetadata(prompt, {probabilities: true}, {temperature: 0})
+    : seq.evaluate(prompt, {temperature: 0});
+  for await (const step of steps) {
+    if (tFirst === null) tFirst = process.hrtime.bigint();
+    if (withTop2) {
+      tokens.push(step.token);
+      let best = [-1, -1], second = [-1, -1];
+      for (const [id, p] of step.probabilities) {
+        if (p > best[1]) { second = best; best = [id, p]; }
+        else if (p > second[1]) second = [id, p];
+      }
+      top2.push([best[0], best[1], second[0], second[1]]);
+    } else {
+      tokens.push(step);
+    }
+    if (tokens.length >= n) break;
+  }
+  const t1 = process.hrtime.bigint();
+  seq.dispose();
+  return {prompt: Array.from(prompt), tokens, top2, first_token_s: Number(tFirst - t0) / 1e9,
+          decode_s: Number(t1 - tFirst) / 1e9};
+}
+
+if (mode === "greedy") {
+  // A fresh context per prompt: nothing carries over between prompts.
+  const prompts = JSON.parse(fs.readFileSync(arg, "utf8"));
+  const results = [];
+  for (const p of prompts) {
+    const ctx = await model.createContext(contextOptions(2048));
+    results.push(await greedy(ctx, p, true));
+    await ctx.dispose();
+  }
+  console.log(JSON.stringify(results));
+  process.exit(0);
+}
+
+if (mode === "probs") {
+  // Full next-token distribution after the prompt (diagnostics).
+  const ctx = await model.createContext(contextOptions(2048));
+  const seq = ctx.getSequence();
+  const prompt = model.tokenize(arg, true);
+  for await (const step of seq.evaluateWithMetadata(prompt, {probabilities: true}, {temperature: 0})) {
+    console.log(JSON.stringify({prompt: Array.from(prompt), probs: Array.from(step.probabilities.entries())}));
+    break;
+  }
+  process.exit(0);
+}
+
+if (mode === "bench") {
+  const ctx = await model.createContext(contextOptions(4096));
+  const r = await greedy(ctx, arg ?? "", false);
+  // Decode rate from the first generated token to the last (prefill excluded).
+  console.log(JSON.stringify({tokens: r.tokens.length - 1, seconds: r.decode_s,
+                              tok_s: (r.tokens.length - 1) / r.decode_s, first_token_s: r.first_token_s}));
+  process.exit(0);
+}
+console.error(`unknown mode ${mode}`);
+process.exit(2);

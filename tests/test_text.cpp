@@ -1,0 +1,156 @@
+// Tokenizer, UTF-8 streaming and sampling tests on a synthetic byte-level BPE vocabulary.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <unistd.h>
+
+#include "core/error.h"
+#include "core/rng.h"
+#include "gguf/gguf.h"
+#include "synth/synth.h"
+#include "text/chat.h"
+#include "text/sampler.h"
+#include "text/tokenizer.h"
+#include "text/utf8.h"
+
+namespace bmoe {
+namespace {
+
+const Tokenizer& tiny_tokenizer() {
+  static const auto* tokenizer = [] {
+    const std::string path = (std::filesystem::temp_directory_path() / ("bmoe-text-" + std::to_string(::getpid()) + ".gguf")).string();
+    SynthSpec spec = synth_preset("tiny-qwen3moe");
+    spec.n_layer = 1;
+    write_synth_model(spec, path);
+    auto model = GgufModel::open(path);
+    auto* t = new Tokenizer(Vocabulary::from_gguf(*model));
+    std::filesystem::remove(path);
+    return t;
+  }();
+  return *tokenizer;
+}
+
+TEST(Utf8, StreamHoldsIncompleteSequences) {
+  Utf8Stream s;
+  const std::string snowman = "\xE2\x98\x83";  // U+2603
+  EXPECT_EQ(s.push(snowman.substr(0, 1)), "");
+  EXPECT_EQ(s.push(snowman.substr(1, 1)), "");
+  EXPECT_EQ(s.push(snowman.substr(2, 1) + "a"), snowman + "a");
+  EXPECT_EQ(s.push("\xF0\x9F"), "");
+  EXPECT_EQ(s.flush(), "\xEF\xBF\xBD\xEF\xBF\xBD");  // an incomplete tail becomes U+FFFD
+}
+
+TEST(Utf8, InvalidBytesBecomeReplacementCharacters) {
+  Utf8Stream s;
+  EXPECT_EQ(s.push("a\xFF" "b"), "a\xEF\xBF\xBD" "b");
+  EXPECT_EQ(s.push("\xC0\xAF"), "\xEF\xBF\xBD\xEF\xBF\xBD");  // overlong
+  EXPECT_EQ(utf8_sanitize("\xED\xA0\x80"), "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");  // surrogate
+}
+
+TEST(Utf8, CodepointsRoundTrip) {
+  const std::string text = "aé中🚀";
+  std::string back;
+  for (uint32_t cp : utf8_codepoints(text)) append_utf8(back, cp);
+  EXPECT_EQ(back, text);
+  EXPECT_EQ(utf8_codepoints(text).size(), 4u);
+}
+
+TEST(Tokenizer, DecodeInvertsEncodeOnArbitraryText) {
+  const Tokenizer& t = tiny_tokenizer();
+  const std::vector<std::string> texts = {"hello world", "  spaces   everywhere  ", "中文 and emoji 🚀🔥",
+                                          "tabs\tnew\nlines\r\n", "digits 1234567890", "x"};
+  for (const auto& text : texts) EXPECT_EQ(t.decode(t.encode(text, false, false)), text) << text;
+  Rng rng(4);
+  for (int trial = 0; trial < 200; ++trial) {
+    std::string s;
+    const int n = 1 + static_cast<int>(rng.below(30));
+    for (int i = 0; i < n; ++i) append_utf8(s, static_cast<uint32_t>(rng.below(2) ? 32 + rng.below(95) : 0xA0 + rng.below(0x3000)));
+    EXPECT_EQ(t.decode(t.encode(s, false, false)), s);
+  }
+}
+
+TEST(Tokenizer, MergesCommonWords) {
+  const Tokenizer& t = tiny_tokenizer();
+  const auto ids = t.encode(" the", false, false);
+  ASSERT_EQ(ids.size(), 1u);
+  EXPECT_EQ(t.token_bytes(ids[0]), " the");
+  EXPECT_GT(t.encode("xqzv", false, false).size(), 1u);  // no merges: byte tokens
+}
+
+TEST(Tokenizer, SpecialTokensParsedOnlyWhenAsked) {
+  const Tokenizer& t = tiny_tokenizer();
+  const int32_t im_start = t.find_token("<|im_start|>");
+  ASSERT_GE(im_start, 0);
+  const auto parsed = t.encode("a<|im_start|>b", true, false);
+  EXPECT_NE(std::find(parsed.begin(), parsed.end(), im_start), parsed.end());
+  const auto plain = t.encode("a<|im_start|>b", false, false);
+  EXPECT_EQ(std::find(plain.begin(), plain.end(), im_start), plain.end());
+  EXPECT_EQ(t.decode(plain), "a<|im_start|>b");
+  // User-defined tokens (<think>) are recognised even without parse_special.
+  const int32_t think = t.find_token("<think>");
+  ASSERT_GE(think, 0);
+  const auto with_think = t.encode("x<think>y", false, false);
+  EXPECT_NE(std::find(with_think.begin(), with_think.end(), think), with_think.end());
+}
+
+TEST(Tokenizer, ControlTokensHiddenUnlessRequested) {
+  const Tokenizer& t = tiny_tokenizer();
+  const int32_t im_end = t.find_token("<|im_end|>");
+  EXPECT_EQ(t.token_bytes(im_end), "");
+  EXPECT_EQ(t.token_bytes(im_end, true), "<|im_end|>");
+  EXPECT_TRUE(t.is_end_of_generation(im_end));
+  EXPECT_FALSE(t.is_end_of_generation(t.encode("a", false, false)[0]));
+}
+
+TEST(Tokenizer, UnsupportedModelsAreRejected) {
+  Vocabulary v;
+  v.model = "bert";
+  v.tokens = {"a"};
+  v.types = {TokenType::Normal};
+  EXPECT_THROW(Tokenizer{v}, Error);
+  v.model = "gpt2";
+  v.pre = "no-such-pre";
+  EXPECT_THROW(Tokenizer{v}, Error);
+}
+
+TEST(Sampler, GreedyPicksArgmaxLowestOnTies) {
+  const float logits[] = {0.1f, 3.0f, 3.0f, -1.0f};
+  Sampler s(SamplerConfig{});
+  EXPECT_EQ(s.sample(logits, 4), 1);
+}
+
+TEST(Sampler, SeededSamplingIsReproducibleAndRespectsTopK) {
+  std::vector<float> logits(100);
+  for (int i = 0; i < 100; ++i) logits[static_cast<size_t>(i)] = static_cast<float>(i % 10);
+  SamplerConfig c;
+  c.temperature = 1.0f;
+  c.top_k = 3;
+  c.top_p = 1.0f;
+  c.seed = 7;
+  Sampler a(c), b(c);
+  for (int i = 0; i < 50; ++i) {
+    const int32_t x = a.sample(logits.data(), 100);
+    EXPECT_EQ(x, b.sample(logits.data(), 100));
+    EXPECT_EQ(logits[static_cast<size_t>(x)], 9.0f);  // only the three 9s survive top-3
+  }
+}
+
+TEST(Sampler, TopPKeepsTheNucleus) {
+  const float logits[] = {10.0f, 0.0f, 0.0f, 0.0f};
+  SamplerConfig c;
+  c.temperature = 1.0f;
+  c.top_k = 0;
+  c.top_p = 0.5f;
+  Sampler s(c);
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(s.sample(logits, 4), 0);
+}
+
+TEST(Chat, ChatMLAndNoThink) {
+  const std::vector<ChatMessage> m = {{"user", "hi"}};
+  EXPECT_EQ(render_chat(ChatFormat::ChatML, m, false), "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+  EXPECT_EQ(render_chat(ChatFormat::ChatML, m, true),
+            "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
+}
+
+}  // namespace
+}  // namespace bmoe
