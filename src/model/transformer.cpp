@@ -153,7 +153,6 @@ void InferenceState::attention_block(int layer, int n) {
   p.sinks = L.attn_sinks.empty() ? nullptr : L.attn_sinks.data();
   attn_.resize(static_cast<size_t>(n * attn_width));
   attention(pool_, cache_, layer, p, q_.data(), positions_.data(), n, attn_.data());
-  }
 
   proj_.resize(static_cast<size_t>(n) * E);
   matmul(pool_, L.wo, attn_.data(), n, proj_.data(), act_a_);
