@@ -334,6 +334,20 @@ TEST_P(DotTest, ExtremeQuantsDoNotOverflow) {
   }
 }
 
+TEST(Dot, F16PairMatchesReference) {
+  Rng rng(21);
+  for (int64_t n : {64, 128, 100}) {
+    std::vector<uint16_t> x(static_cast<size_t>(n)), y(static_cast<size_t>(n));
+    double want = 0.0;
+    for (int64_t i = 0; i < n; ++i) {
+      x[i] = fp32_to_fp16(static_cast<float>(rng.normal()));
+      y[i] = fp32_to_fp16(static_cast<float>(rng.normal()));
+      want += static_cast<double>(fp16_to_fp32(x[i])) * fp16_to_fp32(y[i]);
+    }
+    EXPECT_NEAR(dot_f16_pair(x.data(), y.data(), n), want, 1e-4);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(AllTypes, DotTest, ::testing::ValuesIn(kWeightTypes),
                          [](const auto& info) { return std::string(type_name(info.param)); });
 
@@ -348,7 +362,7 @@ TEST(Dispatch, UsesSimdWhenAvailable) {
   EXPECT_EQ(kernels(TensorType::Q4_K).activation_type, TensorType::Q8_K);
   EXPECT_EQ(kernels(TensorType::Q4_0).activation_type, TensorType::Q8_0);
   EXPECT_EQ(kernels(TensorType::MXFP4).activation_type, TensorType::Q8_0);
-  EXPECT_EQ(kernels(TensorType::F16).activation_type, TensorType::F16);
+  EXPECT_EQ(kernels(TensorType::F16).activation_type, TensorType::F32);  // f16 weights x f32 activations
 }
 
 }  // namespace

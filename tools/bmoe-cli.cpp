@@ -47,6 +47,7 @@ struct CliOptions {
   int n_expert_used = 0;
   std::string dump_logits;
   std::string kv_type = "f16";
+  std::string prompt_ids;
 };
 
 void add_flags(CLI::App& app, CliOptions& o) {
@@ -72,6 +73,7 @@ void add_flags(CLI::App& app, CliOptions& o) {
   app.add_flag("--json", o.json, "print a JSON result (prompt ids, generated ids, text) instead of streaming text");
   app.add_flag("--tokenize", o.tokenize_only, "print the prompt's token ids as JSON and exit");
   app.add_option("--n-expert-used", o.n_expert_used, "override the model's top-k experts per token (lossy)")->check(CLI::Range(1, 1024));
+  app.add_option("--prompt-ids", o.prompt_ids, "the prompt as comma-separated token ids (instead of -p)");
   app.add_option("--kv-type", o.kv_type, "KV cache element type: f16 or f32")->capture_default_str()->check(CLI::IsMember({"f16", "f32"}));
   app.add_option("--dump-logits", o.dump_logits, "write the logits after the prompt (f32, binary) to a file");
   app.add_flag("--list-archs", o.list_archs, "list the architectures compiled in and exit");
@@ -138,7 +140,22 @@ int run(const CliOptions& o) {
   ThreadPool pool(threads);
   SamplerConfig sampler{o.temperature, o.top_k, o.top_p, o.seed};
   Session session(*model, pool, o.ctx_size, o.batch_size, sampler, o.kv_type == "f32" ? KvType::F32 : KvType::F16);
-  const std::vector<int32_t> prompt_ids = session.tokenize(prompt, true);
+  std::vector<int32_t> prompt_ids;
+  if (!o.prompt_ids.empty()) {
+    std::stringstream ss(o.prompt_ids);
+    for (std::string item; std::getline(ss, item, ',');) {
+      try {
+        size_t used = 0;
+        const long id = std::stol(item, &used);
+        if (used != item.size() || id < 0 || id >= model->tokenizer->vocab_size()) throw std::invalid_argument(item);
+        prompt_ids.push_back(static_cast<int32_t>(id));
+      } catch (const std::exception&) {
+        fail("--prompt-ids: '{}' is not a token id of this model", item);
+      }
+    }
+  } else {
+    prompt_ids = session.tokenize(prompt, true);
+  }
   if (o.tokenize_only) {
     fmt::print("{}\n", json_ids(prompt_ids));
     return 0;

@@ -39,6 +39,10 @@ size_t KvCache::bytes() const {
 
 namespace {
 
+float dot_f16_f16(const void* k, const void* q, int64_t n) {
+  return dot_f16_pair(static_cast<const uint16_t*>(k), static_cast<const uint16_t*>(q), n);
+}
+
 // Queries in a batch of at least this many rows use f32 accumulation (ggml's tiled path).
 constexpr int kTiledBatch = 64;
 
@@ -122,7 +126,7 @@ class OnlineSoftmax {
 // One query row of one head, ggml's flash-attention way: online softmax, V summed in f16
 // for small batches on an f16 cache.
 void attend_online(const KvCache& cache, int layer, const AttentionParams& p, int kv_head, const void* qd, int pos,
-                   bool small_batch, const TypeKernels& dot, int head, float* out) {
+                   bool small_batch, DotFn dot, int head, float* out) {
   const int dk = p.head_dim_k, dv = p.head_dim_v;
   const bool f16_cache = cache.type() == KvType::F16;
   const size_t el = cache.element_bytes();
@@ -133,7 +137,7 @@ void attend_online(const KvCache& cache, int layer, const AttentionParams& p, in
   for (int j = first; j <= pos; ++j) {
     const auto* k = static_cast<const uint8_t*>(cache.k_row(layer, j)) + static_cast<size_t>(kv_head) * dk * el;
     const auto* v = static_cast<const uint8_t*>(cache.v_row(layer, j)) + static_cast<size_t>(kv_head) * dv * el;
-    float s = dot.dot(k, qd, dk) * scale;
+    float s = dot(k, qd, dk) * scale;
     if (p.softcap != 0.0f) s = p.softcap * std::tanh(s);
     softmax.add(s, v, f16_cache);
   }
@@ -144,7 +148,7 @@ void attend_online(const KvCache& cache, int layer, const AttentionParams& p, in
 // One query row of one head, ggml's classic (non-flash) way: all scores, a softmax in f32
 // (sum in double), the weights rounded to the cache type, then V summed in f32.
 void attend_classic(const KvCache& cache, int layer, const AttentionParams& p, int kv_head, const void* qd, int pos,
-                    const TypeKernels& dot, int head, float* out) {
+                    DotFn dot, int head, float* out) {
   const int dk = p.head_dim_k, dv = p.head_dim_v;
   const bool f16_cache = cache.type() == KvType::F16;
   const size_t el = cache.element_bytes();
@@ -155,7 +159,7 @@ void attend_classic(const KvCache& cache, int layer, const AttentionParams& p, i
   float max = -INFINITY;
   for (int j = 0; j < n; ++j) {
     const auto* k = static_cast<const uint8_t*>(cache.k_row(layer, first + j)) + static_cast<size_t>(kv_head) * dk * el;
-    float s = dot.dot(k, qd, dk);
+    float s = dot(k, qd, dk);
     if (p.softcap != 0.0f) s = p.softcap * std::tanh(s / p.softcap);
     w[static_cast<size_t>(j)] = s * p.scale;
     max = std::max(max, w[static_cast<size_t>(j)]);
@@ -192,7 +196,7 @@ void attend_one(const KvCache& cache, int layer, const AttentionParams& p, int h
   const bool f16_cache = cache.type() == KvType::F16;
   // The query is converted to the cache's dot format once (f16 for an f16 cache).
   thread_local std::vector<uint16_t> q16;
-  const TypeKernels& dot = kernels(f16_cache ? TensorType::F16 : TensorType::F32);
+  const DotFn dot = f16_cache ? &dot_f16_f16 : kernels(TensorType::F32).dot;
   const void* qd = q;
   if (f16_cache) {
     q16.resize(static_cast<size_t>(p.head_dim_k));

@@ -1,6 +1,6 @@
 // KV cache and causal attention, rounded like one of ggml's two CPU attention paths so
 // results stay within float noise of llama.cpp's:
-//  - Classic (default; llama.cpp without flash attention): the query is rounded to the cache
+//  - Classic (llama.cpp without flash attention): the query is rounded to the cache
 //    type, all scores are computed, softmax in f32, the weights are rounded to the cache type
 //    and V is summed in f32.
 //  - Flash (llama.cpp's flash attention): online softmax; on an f16 cache and for small query
@@ -53,7 +53,7 @@ struct AttentionParams {
   float softcap = 0.0f;
   int sliding_window = 0;        // 0: full causal attention
   const float* sinks = nullptr;  // per-head sink logits (gpt-oss), or null
-  AttentionNumerics numerics = AttentionNumerics::Classic;
+  AttentionNumerics numerics = AttentionNumerics::Flash;
 };
 
 // Attention for queries q[i] (n_head * head_dim_k floats each) at positions pos[i], over the

@@ -23,7 +23,6 @@ InferenceState::InferenceState(Transformer& model, ThreadPool& pool, int n_ctx, 
 void InferenceState::truncate(int n) { n_past_ = std::clamp(n, 0, n_past_); }
 
 namespace {
-
 // Converts `x` once per activation format needed in a block; several weights share it.
 class Activations {
  public:
@@ -151,6 +150,9 @@ void InferenceState::attention_block(int layer, int n) {
   p.softcap = cfg_.attn_softcap;
   p.sliding_window = cfg_.sliding_window.empty() ? 0 : cfg_.sliding_window[static_cast<size_t>(layer)];
   p.sinks = L.attn_sinks.empty() ? nullptr : L.attn_sinks.data();
+  // An f32 cache is compared against llama.cpp's classic path (its flash attention rounds to
+  // f16 whatever the cache type); an f16 cache follows its default flash attention.
+  p.numerics = cache_.type() == KvType::F32 ? AttentionNumerics::Classic : AttentionNumerics::Flash;
   attn_.resize(static_cast<size_t>(n * attn_width));
   attention(pool_, cache_, layer, p, q_.data(), positions_.data(), n, attn_.data());
 
@@ -244,9 +246,9 @@ void InferenceState::select_experts(int layer, int n) {
       }
     }
     if (cfg_.norm_topk) {
-      float sum = 0.0f;
-      for (float v : wts) sum += v;
-      sum = std::max(sum, 6.103515625e-5f);  // as llama.cpp clamps (smallest normal f16)
+      double total = 0.0;  // summed in double, as ggml's row sum does
+      for (float v : wts) total += v;
+      const float sum = std::max(static_cast<float>(total), 6.103515625e-5f);  // llama.cpp's clamp
       for (float& v : wts) v /= sum;
     }
     if (cfg_.expert_weights_scale != 0.0f && cfg_.expert_weights_scale != 1.0f) {

@@ -29,7 +29,7 @@ struct KernelTable {
 KernelTable scalar_table() {
   KernelTable t;
   t.add(TensorType::F32, TensorType::F32, ref::dequantize_f32, ref::dot_f32);
-  t.add(TensorType::F16, TensorType::F16, ref::dequantize_f16, ref::dot_f16);
+  t.add(TensorType::F16, TensorType::F32, ref::dequantize_f16, ref::dot_f16_f32);
   t.add(TensorType::BF16, TensorType::BF16, ref::dequantize_bf16, ref::dot_bf16);
   t.add(TensorType::Q4_0, TensorType::Q8_0, ref::dequantize_q4_0, ref::dot_q4_0);
   t.add(TensorType::Q8_0, TensorType::Q8_0, ref::dequantize_q8_0, ref::dot_q8_0);
@@ -44,7 +44,7 @@ KernelTable scalar_table() {
 KernelTable avx2_table() {
   KernelTable t = scalar_table();
   t.add(TensorType::F32, TensorType::F32, ref::dequantize_f32, avx2::dot_f32);
-  t.add(TensorType::F16, TensorType::F16, ref::dequantize_f16, avx2::dot_f16);
+  t.add(TensorType::F16, TensorType::F32, ref::dequantize_f16, avx2::dot_f16_f32);
   t.add(TensorType::BF16, TensorType::BF16, ref::dequantize_bf16, avx2::dot_bf16);
   t.add(TensorType::Q4_0, TensorType::Q8_0, ref::dequantize_q4_0, avx2::dot_q4_0);
   t.add(TensorType::Q8_0, TensorType::Q8_0, ref::dequantize_q8_0, avx2::dot_q8_0);
@@ -60,7 +60,7 @@ KernelTable avx2_table() {
 KernelTable neon_table() {
   KernelTable t = scalar_table();
   t.add(TensorType::F32, TensorType::F32, ref::dequantize_f32, neon::dot_f32);
-  t.add(TensorType::F16, TensorType::F16, ref::dequantize_f16, neon::dot_f16);
+  t.add(TensorType::F16, TensorType::F32, ref::dequantize_f16, neon::dot_f16_f32);
   t.add(TensorType::Q4_0, TensorType::Q8_0, ref::dequantize_q4_0, neon::dot_q4_0);
   t.add(TensorType::Q8_0, TensorType::Q8_0, ref::dequantize_q8_0, neon::dot_q8_0);
   t.add(TensorType::MXFP4, TensorType::Q8_0, ref::dequantize_mxfp4, neon::dot_mxfp4);
@@ -108,6 +108,16 @@ const TypeKernels& kernels(TensorType weights) {
 }
 
 size_t activation_bytes(TensorType format, int64_t n) { return row_bytes(format, n); }
+
+float dot_f16_pair(const uint16_t* x, const uint16_t* y, int64_t n) {
+#if defined(__x86_64__)
+  if (active_isa() == Isa::Avx2) return avx2::dot_f16(x, y, n);
+#endif
+#if defined(__aarch64__)
+  if (active_isa() == Isa::Neon) return neon::dot_f16(x, y, n);
+#endif
+  return ref::dot_f16(x, y, n);
+}
 
 void quantize_activations(TensorType format, const float* src, void* dst, int64_t n) {
   switch (format) {

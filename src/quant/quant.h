@@ -4,7 +4,7 @@
 //
 // Dot products follow llama.cpp's scheme so the results match it: the activation vector is
 // converted once into the weight type's "activation format" (Q8_K for K-quants, Q8_0 for
-// Q4_0/Q8_0/MXFP4, F16 for F16, BF16 for BF16, F32 for F32), then each weight row is dotted
+// Q4_0/Q8_0/MXFP4, F32 for F16 and F32, BF16 for BF16), then each weight row is dotted
 // with it using integer arithmetic inside blocks and f32 across blocks.
 #pragma once
 
@@ -33,6 +33,9 @@ const TypeKernels& kernels(TensorType weights);
 // Kernels for a specific ISA; nullptr when that ISA is not compiled in or lacks the type.
 const TypeKernels* kernels_for_isa(TensorType weights, Isa isa);
 Isa active_isa();
+
+// Dot product of two f16 vectors (attention scores against an f16 KV cache).
+float dot_f16_pair(const uint16_t* x, const uint16_t* y, int64_t n);
 
 // Converts n floats into activation format `format` (F32, F16, BF16, Q8_0 or Q8_K).
 void quantize_activations(TensorType format, const float* src, void* dst, int64_t n);

@@ -6,6 +6,7 @@
 
 #include <immintrin.h>
 
+#include <cmath>
 #include <cstring>
 
 #include "quant/blocks.h"
@@ -17,15 +18,13 @@
 namespace bmoe::avx2 {
 namespace {
 
+// Horizontal sum in the association ggml uses: (a0+a4 + a2+a6) + (a1+a5 + a3+a7), so that sums
+// of the same lanes round identically.
 inline float hsum(__m256 v) {
-  __m128 lo = _mm256_castps256_ps128(v);
-  const __m128 hi = _mm256_extractf128_ps(v, 1);
-  lo = _mm_add_ps(lo, hi);
-  __m128 shuf = _mm_movehdup_ps(lo);
-  __m128 sums = _mm_add_ps(lo, shuf);
-  shuf = _mm_movehl_ps(shuf, sums);
-  sums = _mm_add_ss(sums, shuf);
-  return _mm_cvtss_f32(sums);
+  __m128 r = _mm_add_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
+  r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+  r = _mm_add_ss(r, _mm_movehdup_ps(r));
+  return _mm_cvtss_f32(r);
 }
 
 inline int hsum_i32(__m256i v) {
@@ -64,21 +63,22 @@ inline __m256 load_bf16x8(const uint16_t* p) {
 
 }  // namespace
 
+// F32: 16 lanes of fused multiply-adds (two 8-lane halves) reduced pairwise, the order of
+// llama.cpp's AVX-512 f32 GEMM kernel.
 float dot_f32(const void* w, const void* a, int64_t n) {
   const auto* x = static_cast<const float*>(w);
   const auto* y = static_cast<const float*>(a);
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-  __m256 acc2 = _mm256_setzero_ps(), acc3 = _mm256_setzero_ps();
+  __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
   int64_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i), acc0);
-    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8), _mm256_loadu_ps(y + i + 8), acc1);
-    acc2 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 16), _mm256_loadu_ps(y + i + 16), acc2);
-    acc3 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 24), _mm256_loadu_ps(y + i + 24), acc3);
+  for (; i + 16 <= n; i += 16) {
+    lo = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i), lo);
+    hi = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8), _mm256_loadu_ps(y + i + 8), hi);
   }
-  for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i), acc0);
-  float sum = hsum(_mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3)));
-  for (; i < n; ++i) sum += x[i] * y[i];
+  const __m256 t8 = _mm256_add_ps(hi, lo);
+  const __m128 t4 = _mm_add_ps(_mm256_extractf128_ps(t8, 1), _mm256_castps256_ps128(t8));
+  const __m128 t2 = _mm_add_ps(t4, _mm_shuffle_ps(t4, t4, _MM_SHUFFLE(1, 0, 3, 2)));
+  float sum = _mm_cvtss_f32(t2) + _mm_cvtss_f32(_mm_shuffle_ps(t2, t2, _MM_SHUFFLE(1, 1, 1, 1)));
+  for (; i < n; ++i) sum = std::fma(x[i], y[i], sum);
   return sum;
 }
 
@@ -94,6 +94,25 @@ float dot_f16(const void* w, const void* a, int64_t n) {
   for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(load_f16x8(x + i), load_f16x8(y + i), acc0);
   float sum = hsum(_mm256_add_ps(acc0, acc1));
   for (; i < n; ++i) sum += f16(x[i]) * f16(y[i]);
+  return sum;
+}
+
+// F16 weights against f32 activations (llama.cpp's f16 x f32 GEMM keeps the activations in
+// f32): 16 lanes of fused multiply-adds reduced pairwise, like dot_f32.
+float dot_f16_f32(const void* w, const void* a, int64_t n) {
+  const auto* x = static_cast<const uint16_t*>(w);
+  const auto* y = static_cast<const float*>(a);
+  __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    lo = _mm256_fmadd_ps(load_f16x8(x + i), _mm256_loadu_ps(y + i), lo);
+    hi = _mm256_fmadd_ps(load_f16x8(x + i + 8), _mm256_loadu_ps(y + i + 8), hi);
+  }
+  const __m256 t8 = _mm256_add_ps(hi, lo);
+  const __m128 t4 = _mm_add_ps(_mm256_extractf128_ps(t8, 1), _mm256_castps256_ps128(t8));
+  const __m128 t2 = _mm_add_ps(t4, _mm_shuffle_ps(t4, t4, _MM_SHUFFLE(1, 0, 3, 2)));
+  float sum = _mm_cvtss_f32(t2) + _mm_cvtss_f32(_mm_shuffle_ps(t2, t2, _MM_SHUFFLE(1, 1, 1, 1)));
+  for (; i < n; ++i) sum = std::fma(f16(x[i]), y[i], sum);
   return sum;
 }
 
@@ -121,18 +140,19 @@ float dot_q8_0(const void* w, const void* a, int64_t n) {
   return hsum(acc);
 }
 
+// Q4_0 and MXFP4 rows accumulate block by block with one fused multiply-add each (the order of
+// llama.cpp's interleaved 8-row kernels, which is what it runs for these types on AVX2).
 float dot_q4_0(const void* w, const void* a, int64_t n) {
   const auto* x = static_cast<const BlockQ4_0*>(w);
   const auto* y = static_cast<const BlockQ8_0*>(a);
-  __m256 acc = _mm256_setzero_ps();
   const __m256i eight = _mm256_set1_epi8(8);
+  float acc = 0.0f;
   for (int64_t b = 0; b < n / kQK; ++b) {
     const __m256i qx = _mm256_sub_epi8(unpack_nibbles(x[b].qs), eight);
     const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[b].qs));
-    const __m256 d = _mm256_set1_ps(f16(x[b].d) * f16(y[b].d));
-    acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_i8_pairs(qx, qy)), acc);
+    acc = std::fma(static_cast<float>(hsum_i32(dot_i8_pairs(qx, qy))), f16(x[b].d) * f16(y[b].d), acc);
   }
-  return hsum(acc);
+  return acc;
 }
 
 float dot_mxfp4(const void* w, const void* a, int64_t n) {
@@ -140,14 +160,13 @@ float dot_mxfp4(const void* w, const void* a, int64_t n) {
   const auto* y = static_cast<const BlockQ8_0*>(a);
   const __m128i table128 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kMxfp4Values));
   const __m256i table = _mm256_set_m128i(table128, table128);
-  __m256 acc = _mm256_setzero_ps();
+  float acc = 0.0f;
   for (int64_t b = 0; b < n / kQK; ++b) {
     const __m256i qx = _mm256_shuffle_epi8(table, unpack_nibbles(x[b].qs));
     const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[b].qs));
-    const __m256 d = _mm256_set1_ps(e8m0_to_fp32_half(x[b].e) * f16(y[b].d));
-    acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_i8_pairs(qx, qy)), acc);
+    acc = std::fma(static_cast<float>(hsum_i32(dot_i8_pairs(qx, qy))), e8m0_to_fp32_half(x[b].e) * f16(y[b].d), acc);
   }
-  return hsum(acc);
+  return acc;
 }
 
 namespace {
@@ -189,12 +208,13 @@ inline __m256i k_pair(__m256i lo, __m256i hi, const int8_t* q8, int16_t scale0, 
 
 }  // namespace
 
+// Q4_K: one exact integer sum per super-block for the scaled quants and one for the mins, each
+// accumulated with a fused multiply-add (the order of llama.cpp's interleaved AVX2 kernel).
 float dot_q4_K(const void* w, const void* a, int64_t n) {
   const auto* x = static_cast<const BlockQ4_K*>(w);
   const auto* y = static_cast<const BlockQ8_K*>(a);
   const __m256i low_mask = _mm256_set1_epi8(0x0F);
-  __m256 acc = _mm256_setzero_ps();
-  float acc_min = 0.0f;
+  float acc = 0.0f, acc_min = 0.0f;
   for (int64_t b = 0; b < n / kQK_K; ++b) {
     __m128i scales16, mins16;
     k_scales_mins(x[b].scales, scales16, mins16);
@@ -207,12 +227,10 @@ float dot_q4_K(const void* w, const void* a, int64_t n) {
       const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low_mask);
       isum = _mm256_add_epi32(isum, k_pair(lo, hi, y[b].qs + 64 * chunk, sc[2 * chunk], sc[2 * chunk + 1]));
     }
-    const float d = y[b].d * f16(x[b].d);
-    const float dmin = y[b].d * f16(x[b].dmin);
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(isum), acc);
-    acc_min += dmin * static_cast<float>(k_min_term(mins16, y[b].bsums));
+    acc = std::fma(static_cast<float>(hsum_i32(isum)), f16(x[b].d) * y[b].d, acc);
+    acc_min = std::fma(static_cast<float>(k_min_term(mins16, y[b].bsums)), f16(x[b].dmin) * y[b].d, acc_min);
   }
-  return hsum(acc) - acc_min;
+  return acc - acc_min;
 }
 
 float dot_q5_K(const void* w, const void* a, int64_t n) {
@@ -248,14 +266,19 @@ float dot_q5_K(const void* w, const void* a, int64_t n) {
   return hsum(acc) - acc_min;
 }
 
+// Q6_K: the quants are summed unsigned (0..63) and the -32 offset is removed once per block
+// through the activation block sums, which is also how the int32 lanes are grouped in ggml.
 float dot_q6_K(const void* w, const void* a, int64_t n) {
   const auto* x = static_cast<const BlockQ6_K*>(w);
   const auto* y = static_cast<const BlockQ8_K*>(a);
   const __m256i low_mask = _mm256_set1_epi8(0x0F);
   const __m256i two_bits = _mm256_set1_epi8(0x03);
-  const __m256i offset32 = _mm256_set1_epi8(32);
   __m256 acc = _mm256_setzero_ps();
   for (int64_t b = 0; b < n / kQK_K; ++b) {
+    const __m128i scales8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x[b].scales));
+    const __m256i scales16 = _mm256_cvtepi8_epi16(scales8);
+    const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[b].bsums));
+    const __m256i offset = _mm256_slli_epi32(_mm256_madd_epi16(bsums, scales16), 5);  // 32 * sum(sc * q8)
     __m256i isum = _mm256_setzero_si256();
     for (int half = 0; half < 2; ++half) {
       const uint8_t* ql = x[b].ql + 64 * half;
@@ -273,16 +296,17 @@ float dot_q6_K(const void* w, const void* a, int64_t n) {
           _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low_mask),
                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), two_bits), 4)),
       };
+      __m256i p[4];
       for (int part = 0; part < 4; ++part) {
         const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q8 + 32 * part));
-        // (q - 32) * y = q*y - 32*y, both through maddubs (q and 32 are unsigned).
-        const __m256i prod = _mm256_sub_epi16(_mm256_maddubs_epi16(parts[part], qy),
-                                              _mm256_maddubs_epi16(offset32, qy));
-        const __m256i scales = _mm256_set_m128i(_mm_set1_epi16(sc[2 * part + 1]), _mm_set1_epi16(sc[2 * part]));
-        isum = _mm256_add_epi32(isum, _mm256_madd_epi16(prod, scales));
+        const __m256i s = _mm256_set_m128i(_mm_set1_epi16(sc[2 * part + 1]), _mm_set1_epi16(sc[2 * part]));
+        p[part] = _mm256_madd_epi16(s, _mm256_maddubs_epi16(parts[part], qy));
       }
+      isum = _mm256_add_epi32(isum, _mm256_add_epi32(p[0], p[1]));
+      isum = _mm256_add_epi32(isum, _mm256_add_epi32(p[2], p[3]));
     }
-    const float d = f16(x[b].d) * y[b].d;
+    isum = _mm256_sub_epi32(isum, offset);
+    const float d = y[b].d * f16(x[b].d);
     acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(isum), acc);
   }
   return hsum(acc);

@@ -212,6 +212,14 @@ float dot_f16(const void* w, const void* a, int64_t n) {
   return static_cast<float>(sum);
 }
 
+float dot_f16_f32(const void* w, const void* a, int64_t n) {
+  const auto* x = static_cast<const uint16_t*>(w);
+  const auto* y = static_cast<const float*>(a);
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(fp16_to_fp32(x[i]) * y[i]);
+  return static_cast<float>(sum);
+}
+
 float dot_bf16(const void* w, const void* a, int64_t n) {
   const auto* x = static_cast<const uint16_t*>(w);
   const auto* y = static_cast<const uint16_t*>(a);
@@ -230,7 +238,7 @@ float dot_q4_0(const void* w, const void* a, int64_t n) {
       isum += ((x[b].qs[j] & 0xF) - 8) * y[b].qs[j];
       isum += ((x[b].qs[j] >> 4) - 8) * y[b].qs[j + 16];
     }
-    sum += static_cast<float>(isum) * (fp16_to_fp32(x[b].d) * fp16_to_fp32(y[b].d));
+    sum = std::fma(static_cast<float>(isum), fp16_to_fp32(x[b].d) * fp16_to_fp32(y[b].d), sum);
   }
   return sum;
 }
@@ -257,7 +265,7 @@ float dot_mxfp4(const void* w, const void* a, int64_t n) {
       isum += kMxfp4Values[x[b].qs[j] & 0xF] * y[b].qs[j];
       isum += kMxfp4Values[x[b].qs[j] >> 4] * y[b].qs[j + 16];
     }
-    sum += static_cast<float>(isum) * (e8m0_to_fp32_half(x[b].e) * fp16_to_fp32(y[b].d));
+    sum = std::fma(static_cast<float>(isum), e8m0_to_fp32_half(x[b].e) * fp16_to_fp32(y[b].d), sum);
   }
   return sum;
 }
@@ -273,10 +281,12 @@ static inline int k_min_sum(const uint8_t* scales, const int16_t* bsums) {
   return sum;
 }
 
+// Q4_0, MXFP4 and Q4_K accumulate one fused multiply-add per block, like llama.cpp's
+// interleaved kernels (so the scalar and AVX2 paths agree bit for bit).
 float dot_q4_K(const void* w, const void* a, int64_t n) {
   const auto* x = static_cast<const BlockQ4_K*>(w);
   const auto* y = static_cast<const BlockQ8_K*>(a);
-  float sum = 0.0f;
+  float sum = 0.0f, sum_min = 0.0f;
   for (int64_t b = 0; b < n / kQK_K; ++b) {
     int isum = 0;
     const uint8_t* q = x[b].qs;
@@ -294,11 +304,10 @@ float dot_q4_K(const void* w, const void* a, int64_t n) {
       q += 32;
       q8 += 64;
     }
-    const float d = y[b].d * fp16_to_fp32(x[b].d);
-    const float dmin = y[b].d * fp16_to_fp32(x[b].dmin);
-    sum += d * static_cast<float>(isum) - dmin * static_cast<float>(k_min_sum(x[b].scales, y[b].bsums));
+    sum = std::fma(static_cast<float>(isum), fp16_to_fp32(x[b].d) * y[b].d, sum);
+    sum_min = std::fma(static_cast<float>(k_min_sum(x[b].scales, y[b].bsums)), fp16_to_fp32(x[b].dmin) * y[b].d, sum_min);
   }
-  return sum;
+  return sum - sum_min;
 }
 
 float dot_q5_K(const void* w, const void* a, int64_t n) {

@@ -23,6 +23,7 @@ void quantize_q8_K(const float* src, void* dst, int64_t n);
 
 float dot_f32(const void* w, const void* a, int64_t n);
 float dot_f16(const void* w, const void* a, int64_t n);
+float dot_f16_f32(const void* w, const void* a, int64_t n);
 float dot_bf16(const void* w, const void* a, int64_t n);
 float dot_q4_0(const void* w, const void* a, int64_t n);
 float dot_q8_0(const void* w, const void* a, int64_t n);

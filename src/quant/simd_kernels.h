@@ -7,6 +7,7 @@
 namespace bmoe::avx2 {
 float dot_f32(const void* w, const void* a, int64_t n);
 float dot_f16(const void* w, const void* a, int64_t n);
+float dot_f16_f32(const void* w, const void* a, int64_t n);
 float dot_bf16(const void* w, const void* a, int64_t n);
 float dot_q4_0(const void* w, const void* a, int64_t n);
 float dot_q8_0(const void* w, const void* a, int64_t n);
@@ -20,6 +21,7 @@ void quantize_f16(const float* src, void* dst, int64_t n);
 namespace bmoe::neon {
 float dot_f32(const void* w, const void* a, int64_t n);
 float dot_f16(const void* w, const void* a, int64_t n);
+float dot_f16_f32(const void* w, const void* a, int64_t n);
 float dot_q4_0(const void* w, const void* a, int64_t n);
 float dot_q8_0(const void* w, const void* a, int64_t n);
 float dot_mxfp4(const void* w, const void* a, int64_t n);

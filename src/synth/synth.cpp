@@ -315,6 +315,13 @@ struct PlannedTensor {
   uint64_t stream;  // seed stream of this tensor
 };
 
+// Spread of router and output logits (hidden states are RMS-normalised to 1 before both).
+// A decisive router (the top expert clearly ahead of the eighth) and a peaked next-token
+// distribution keep random-weight models away from the knife-edge ties where float noise
+// (which differs between any two correct implementations) flips an expert choice or a token.
+constexpr float kRouterLogitStd = 4.0f;
+constexpr float kOutputLogitStd = 8.0f;
+
 std::vector<PlannedTensor> plan_tensors(const SynthSpec& s, int64_t n_vocab) {
   std::vector<PlannedTensor> t;
   const int64_t E = s.n_embd, Q = int64_t{s.n_head} * s.head_dim, KV = int64_t{s.n_head_kv} * s.head_dim;
@@ -335,13 +342,13 @@ std::vector<PlannedTensor> plan_tensors(const SynthSpec& s, int64_t n_vocab) {
     add(n("attn_q_norm.weight"), {s.head_dim}, TensorClass::Norm, 0.0f);
     add(n("attn_k_norm.weight"), {s.head_dim}, TensorClass::Norm, 0.0f);
     add(n("ffn_norm.weight"), {E}, TensorClass::Norm, 0.0f);
-    add(n("ffn_gate_inp.weight"), {E, NE}, TensorClass::Router, 1.5f * inv_e);
+    add(n("ffn_gate_inp.weight"), {E, NE}, TensorClass::Router, kRouterLogitStd * inv_e);
     add(n("ffn_gate_exps.weight"), {E, F, NE}, TensorClass::Experts, inv_e);
     add(n("ffn_up_exps.weight"), {E, F, NE}, TensorClass::Experts, inv_e);
     add(n("ffn_down_exps.weight"), {F, E, NE}, TensorClass::ExpertsDown, 1.0f / std::sqrt(static_cast<float>(F)));
   }
   add("output_norm.weight", {E}, TensorClass::Norm, 0.0f);
-  add("output.weight", {E, n_vocab}, TensorClass::Output, 4.0f * inv_e);
+  add("output.weight", {E, n_vocab}, TensorClass::Output, kOutputLogitStd * inv_e);
   return t;
 }
 

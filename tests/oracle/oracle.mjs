@@ -16,19 +16,34 @@ if (!mode || !modelPath) {
   console.error("usage: oracle.mjs tokenize|greedy|bench MODEL ...");
   process.exit(2);
 }
+// Synchronous, complete write: process.exit() right after console.log can cut a piped stdout
+// at 64 KiB, and a non-blocking pipe may take only part of a write.
+function emit(text) {
+  const buffer = Buffer.from(text + "\n");
+  for (let off = 0; off < buffer.length;) {
+    try {
+      off += fs.writeSync(1, buffer, off);
+    } catch (e) {
+      if (e.code !== "EAGAIN") throw e;
+    }
+  }
+}
+
 const llama = await getLlama({gpu: false, build: "never", logLevel: "error"});
 const model = await llama.loadModel({modelPath, useMmap: true});
 const n = parseInt(nStr ?? "32", 10);
 // ORACLE_KV=f32 runs llama.cpp with an f32 KV cache (bmoe: --kv-type f32).
 const kv = (process.env.ORACLE_KV ?? "f16").toUpperCase();
-const flash = process.env.ORACLE_FA === "1";  // default: flash attention off (llama.cpp's classic path)
-const contextOptions = (contextSize) => ({contextSize, threads, flashAttention: flash, experimentalKvCacheKeyType: kv,
+const flash = process.env.ORACLE_FA === "0" ? false : "auto";  // llama.cpp's default: flash attention on the CPU
+// ORACLE_BATCH=N evaluates the prompt N tokens at a time (1: token by token, like decode).
+const batchSize = process.env.ORACLE_BATCH ? parseInt(process.env.ORACLE_BATCH, 10) : undefined;
+const contextOptions = (contextSize) => ({contextSize, threads, flashAttention: flash, batchSize, experimentalKvCacheKeyType: kv,
                                           experimentalKvCacheValueType: kv});
 const threads = parseInt(threadsStr ?? "2", 10);
 
 if (mode === "tokenize") {
   const texts = JSON.parse(fs.readFileSync(arg, "utf8"));
-  console.log(JSON.stringify(texts.map((t) => Array.from(model.tokenize(t, true)))));
+  emit(JSON.stringify(texts.map((t) => Array.from(model.tokenize(t, true)))));
   process.exit(0);
 }
 
@@ -72,7 +87,7 @@ if (mode === "greedy") {
     results.push(await greedy(ctx, p, true));
     await ctx.dispose();
   }
-  console.log(JSON.stringify(results));
+  emit(JSON.stringify(results));
   process.exit(0);
 }
 
@@ -82,7 +97,7 @@ if (mode === "probs") {
   const seq = ctx.getSequence();
   const prompt = model.tokenize(arg, true);
   for await (const step of seq.evaluateWithMetadata(prompt, {probabilities: true}, {temperature: 0})) {
-    console.log(JSON.stringify({prompt: Array.from(prompt), probs: Array.from(step.probabilities.entries())}));
+    emit(JSON.stringify({prompt: Array.from(prompt), probs: Array.from(step.probabilities.entries())}));
     break;
   }
   process.exit(0);
@@ -92,7 +107,7 @@ if (mode === "bench") {
   const ctx = await model.createContext(contextOptions(4096));
   const r = await greedy(ctx, arg ?? "", false);
   // Decode rate from the first generated token to the last (prefill excluded).
-  console.log(JSON.stringify({tokens: r.tokens.length - 1, seconds: r.decode_s,
+  emit(JSON.stringify({tokens: r.tokens.length - 1, seconds: r.decode_s,
                               tok_s: (r.tokens.length - 1) / r.decode_s, first_token_s: r.first_token_s}));
   process.exit(0);
 }
