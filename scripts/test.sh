@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The test suite: unit, kernel, model, streaming and conformance tests (Release build), then the
+# C++ tests again under AddressSanitizer + UndefinedBehaviorSanitizer.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+JOBS="${BMOE_TEST_JOBS:-$(nproc)}"
+
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build
+ctest --test-dir build --output-on-failure -j "$JOBS"
+
+if [ "${BMOE_SKIP_SANITIZERS:-0}" != "1" ]; then
+  cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBMOE_SANITIZE=ON -DBMOE_BUILD_BENCH=OFF >/dev/null
+  cmake --build build-asan
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    ctest --test-dir build-asan --output-on-failure -j "$JOBS" -L unit
+fi
+echo "test: all passed"
