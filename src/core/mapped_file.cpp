@@ -31,16 +31,34 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
       fail_errno("cannot mmap " + path);
     }
     data_ = static_cast<const uint8_t*>(p);
+    base_ = data_;
+    mapped_ = size_;
   }
   ::close(fd);
+}
+
+MappedFile::MappedFile(const std::string& path, uint64_t offset, uint64_t length) : path_(path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail_errno("cannot open " + path);
+  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uint64_t begin = offset / page * page;
+  mapped_ = static_cast<size_t>(offset + length - begin);
+  void* p = ::mmap(nullptr, mapped_, PROT_READ, MAP_SHARED, fd, static_cast<off_t>(begin));
+  ::close(fd);
+  if (p == MAP_FAILED) fail_errno("cannot mmap " + path);
+  base_ = static_cast<const uint8_t*>(p);
+  data_ = base_ + (offset - begin);
+  size_ = static_cast<size_t>(length);
 }
 
 MappedFile::~MappedFile() { release(); }
 
 MappedFile::MappedFile(MappedFile&& other) noexcept
-    : path_(std::move(other.path_)), data_(other.data_), size_(other.size_) {
+    : path_(std::move(other.path_)), data_(other.data_), size_(other.size_), base_(other.base_), mapped_(other.mapped_) {
   other.data_ = nullptr;
   other.size_ = 0;
+  other.base_ = nullptr;
+  other.mapped_ = 0;
 }
 
 MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
@@ -49,16 +67,20 @@ MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
     path_ = std::move(other.path_);
     data_ = other.data_;
     size_ = other.size_;
+    base_ = other.base_;
+    mapped_ = other.mapped_;
     other.data_ = nullptr;
     other.size_ = 0;
+    other.base_ = nullptr;
+    other.mapped_ = 0;
   }
   return *this;
 }
 
 void MappedFile::release() {
-  if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
-  data_ = nullptr;
-  size_ = 0;
+  if (base_ != nullptr) ::munmap(const_cast<uint8_t*>(base_), mapped_);
+  base_ = data_ = nullptr;
+  size_ = mapped_ = 0;
 }
 
 namespace {

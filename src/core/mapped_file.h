@@ -12,6 +12,8 @@ class MappedFile {
   MappedFile() = default;
   // Maps `path` read-only. Throws bmoe::Error naming the file on failure.
   explicit MappedFile(const std::string& path);
+  // Maps [offset, offset + length) of the file (rounded out to pages); data() points at offset.
+  MappedFile(const std::string& path, uint64_t offset, uint64_t length);
   ~MappedFile();
   MappedFile(MappedFile&& other) noexcept;
   MappedFile& operator=(MappedFile&& other) noexcept;
@@ -31,6 +33,8 @@ class MappedFile {
   std::string path_;
   const uint8_t* data_ = nullptr;
   size_t size_ = 0;
+  const uint8_t* base_ = nullptr;  // start of the mapping (page aligned)
+  size_t mapped_ = 0;
 };
 
 }  // namespace bmoe

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/progress.h"
+#include "core/timer.h"
 #include "model/arch.h"
 #include "moe/resident_experts.h"
 #include "quant/quant.h"
@@ -16,7 +17,6 @@ namespace bmoe {
 LoadedModel::~LoadedModel() {
   transformer.reset();
   experts.reset();
-  for (uint8_t* p : anon_blocks) std::free(p);
 }
 
 namespace {
@@ -119,16 +119,29 @@ class GgufArchLoader : public ArchLoader {
     return *t;
   }
 
+  // Where a dense tensor lives: the whole-file map (resident mode), its own map, or a copy in
+  // anonymous memory read through O_DIRECT (so the kernel cannot evict it under pressure).
   const uint8_t* dense_data(const TensorInfo& t) {
     m_.dense_bytes += t.nbytes;
     if (!m_.maps.empty()) return m_.maps[static_cast<size_t>(t.shard)].data() + t.file_offset;
-    fail("internal: no storage for dense tensor '{}'", t.name);
+    const std::string& path = gguf_.shards()[static_cast<size_t>(t.shard)].path;
+    if (options_.dense == DenseWeights::Mmap) {
+      m_.range_maps.emplace_back(path, t.file_offset, t.nbytes);
+      return m_.range_maps.back().data();
+    }
+    auto& file = dense_files_[static_cast<size_t>(t.shard)];
+    if (!file) file = std::make_unique<DirectFile>(path, options_.odirect);
+    m_.anon_blocks.push_back(allocate_aligned(t.nbytes));
+    m_.anon_bytes += t.nbytes;
+    file->read_span(t.file_offset, t.nbytes, m_.anon_blocks.back().get());
+    return m_.anon_blocks.back().get();
   }
 
   LoadedModel& m_;
   const GgufModel& gguf_;
   const LoadOptions& options_;
   std::string arch_;
+  std::vector<std::unique_ptr<DirectFile>> dense_files_{gguf_.shards().size()};
 };
 
 }  // namespace
@@ -153,7 +166,9 @@ std::unique_ptr<LoadedModel> load_model(const std::string& path, const LoadOptio
   ModelConfig config;
   ModelWeights weights;
   GgufArchLoader loader(*model, options, model->arch);
+  Stopwatch dense_timer;
   arch->load(loader, config, weights);
+  model->dense_load_seconds = dense_timer.seconds();
   config.arch = model->arch;
   config.name = gguf.get_string_or("general.name", "");
   if (options.n_expert_used > 0) {
@@ -175,6 +190,11 @@ std::unique_ptr<LoadedModel> load_model(const std::string& path, const LoadOptio
   }
   model->transformer = std::make_unique<Transformer>(std::move(config), std::move(weights), model->experts.get());
   return model;
+}
+
+void attach_streaming(LoadedModel& model, const StreamingOptions& options) {
+  model.experts = std::make_unique<StreamingExperts>(model.expert_layout, options);
+  model.transformer->set_experts(model.experts.get());
 }
 
 }  // namespace bmoe

@@ -9,7 +9,9 @@
 #include "core/mapped_file.h"
 #include "gguf/gguf.h"
 #include "model/transformer.h"
+#include "moe/direct_io.h"
 #include "moe/expert_source.h"
+#include "moe/streaming_experts.h"
 #include "text/tokenizer.h"
 
 namespace bmoe {
@@ -29,8 +31,9 @@ struct LoadedModel {
   std::unique_ptr<GgufModel> gguf;
   std::vector<MappedFile> maps;          // whole-file maps (resident mode)
   std::vector<MappedFile> range_maps;    // per-tensor maps (stream + dense mmap)
-  std::vector<uint8_t*> anon_blocks;     // anonymous dense storage (stream + dense anon)
-  size_t anon_bytes = 0;
+  std::vector<AlignedBuffer> anon_blocks;  // anonymous dense storage (stream + dense anon)
+  uint64_t anon_bytes = 0;
+  double dense_load_seconds = 0;
   uint64_t dense_bytes = 0;
   ExpertLayout expert_layout;
   std::unique_ptr<ExpertSource> experts;
@@ -39,11 +42,13 @@ struct LoadedModel {
   std::string arch;
 
   ~LoadedModel();
+  bool streaming() const { return maps.empty(); }
+  StreamingExperts* streamer() { return dynamic_cast<StreamingExperts*>(experts.get()); }
 };
 
 std::unique_ptr<LoadedModel> load_model(const std::string& path, const LoadOptions& options);
 
-// For streaming: replaces the expert source once the store is configured (cache, lanes).
-void set_expert_source(LoadedModel& model, std::unique_ptr<ExpertSource> source);
+// Streaming: creates the expert store (after loading, once the cache budget is decided).
+void attach_streaming(LoadedModel& model, const StreamingOptions& options);
 
 }  // namespace bmoe

@@ -19,10 +19,12 @@ std::vector<int32_t> Session::tokenize(const std::string& text, bool parse_speci
 PrefillRecord Session::prefill(const std::vector<int32_t>& tokens) {
   if (tokens.empty()) fail("the prompt is empty");
   Stopwatch timer;
+  state_.set_prefill(true);
   for (size_t i = 0; i < tokens.size(); i += static_cast<size_t>(n_batch_)) {
     const int n = static_cast<int>(std::min<size_t>(static_cast<size_t>(n_batch_), tokens.size() - i));
     logits_ = &state_.eval(tokens.data() + i, n);
   }
+  state_.set_prefill(false);
   return {static_cast<int>(tokens.size()), timer.seconds()};
 }
 

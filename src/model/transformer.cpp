@@ -258,7 +258,7 @@ void InferenceState::select_experts(int layer, int n) {
       RouteEvent ev;
       ev.layer = layer;
       ev.position = positions_[static_cast<size_t>(i)];
-      ev.prefill = n > 1;
+      ev.prefill = prefill_;
       ev.logits = logits;
       ev.n_expert = NE;
       ev.experts = &ids;

@@ -58,7 +58,7 @@ struct ModelWeights {
 struct RouteEvent {
   int layer = 0;
   int position = 0;     // token position in the sequence
-  bool prefill = false;
+  bool prefill = false; // part of the prompt (set by the caller with set_prefill)
   const float* logits = nullptr;  // router logits, n_expert values
   int n_expert = 0;
   std::vector<int32_t>* experts;  // selected ids, slot order
@@ -72,6 +72,7 @@ class Transformer {
 
   const ModelConfig& config() const { return config_; }
   ExpertSource& experts() { return *experts_; }
+  void set_experts(ExpertSource* experts) { experts_ = experts; }
   const ModelWeights& weights() const { return weights_; }
 
  private:
@@ -95,6 +96,8 @@ class InferenceState {
   // Forgets positions >= n (prefix reuse keeps the cache rows below n).
   void truncate(int n);
   void set_route_hook(RouteHook hook) { route_hook_ = std::move(hook); }
+  // Whether the next eval() calls process prompt tokens (reported to the route hook).
+  void set_prefill(bool prefill) { prefill_ = prefill; }
   size_t kv_bytes() const { return cache_.bytes(); }
 
  private:
@@ -109,6 +112,7 @@ class InferenceState {
   ThreadPool& pool_;
   KvCache cache_;
   int n_past_ = 0;
+  bool prefill_ = false;
   RouteHook route_hook_;
 
   // Scratch, sized for the current batch.

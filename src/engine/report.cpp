@@ -1,0 +1,101 @@
+#include "engine/report.h"
+
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace bmoe {
+
+RunSummary summarize(const std::vector<TokenRecord>& records, bool overlap, const ExpertStats& final_stats) {
+  RunSummary s;
+  s.tokens = records.size();
+  double compute = 0, io = 0, stall = 0, bytes = 0;
+  uint64_t hits = 0, lookups = 0;
+  for (const TokenRecord& r : records) {
+    s.decode_seconds += r.wall_ms / 1e3;
+    compute += r.compute_ms / 1e3;
+    io += (overlap ? r.io_ms : r.stall_ms) / 1e3;
+    stall += r.stall_ms / 1e3;
+    bytes += static_cast<double>(r.bytes_read);
+    hits += r.hits;
+    lookups += r.routed;
+  }
+  if (s.tokens) {
+    const double n = static_cast<double>(s.tokens);
+    s.seconds_per_token = s.decode_seconds / n;
+    s.compute_s_per_token = compute / n;
+    s.io_s_per_token = io / n;
+    s.stall_s_per_token = stall / n;
+    s.read_mib_per_token = bytes / n / 1048576.0;
+  }
+  s.lookups = lookups;
+  s.hit_rate = lookups ? static_cast<double>(hits) / static_cast<double>(lookups) : 0.0;
+  s.evictions = final_stats.evictions;
+  return s;
+}
+
+void write_token_csv(const std::string& path, const std::vector<TokenRecord>& records) {
+  FILE* f = std::fopen(path.c_str(), "w");
+  if (!f) fail_errno("cannot create " + path);
+  std::fprintf(f, "index,token,wall_ms,compute_ms,io_ms,stall_ms,experts_routed,cache_hits,cache_misses,bytes_read,cache_used_bytes\n");
+  for (const TokenRecord& r : records) {
+    std::fprintf(f, "%d,%d,%.3f,%.3f,%.3f,%.3f,%llu,%llu,%llu,%llu,%llu\n", r.index, r.token, r.wall_ms, r.compute_ms,
+                 r.io_ms, r.stall_ms, static_cast<unsigned long long>(r.routed), static_cast<unsigned long long>(r.hits),
+                 static_cast<unsigned long long>(r.misses), static_cast<unsigned long long>(r.bytes_read),
+                 static_cast<unsigned long long>(r.cache_used));
+  }
+  if (std::fclose(f) != 0) fail_errno("cannot write " + path);
+}
+
+std::string summary_lines(const RunSummary& s, bool streaming, int lanes, uint64_t budget_bytes) {
+  std::string out;
+  if (streaming) {
+    out += fmt::format("moe-stream: compute {:.3f} + I/O {:.3f} s/tok, stall {:.3f} s/tok, flash read {:.1f} MiB/tok, lanes {}\n",
+                       s.compute_s_per_token, s.io_s_per_token, s.stall_s_per_token, s.read_mib_per_token, lanes);
+    out += fmt::format("moe-cache: budget {} MiB, hit {:.1f} %, evictions {}\n", budget_bytes >> 20, 100.0 * s.hit_rate,
+                       s.evictions);
+  }
+  out += fmt::format("generation: {} tokens, {:.4f} s/token, {:.2f} tok/s\n", s.tokens, s.seconds_per_token,
+                     s.seconds_per_token > 0 ? 1.0 / s.seconds_per_token : 0.0);
+  return out;
+}
+
+void write_metrics(const std::string& path, const MetricsInput& m) {
+  nlohmann::json j;
+  j["version"] = m.version;
+  j["config"] = nlohmann::json::parse(m.config_json);
+  j["load_seconds"] = m.load_seconds;
+  j["prompt"] = {{"tokens", m.prompt_tokens}, {"seconds", m.prompt_seconds}};
+  const RunSummary& s = m.summary;
+  j["decode"] = {{"tokens", s.tokens},
+                 {"seconds", s.decode_seconds},
+                 {"tok_per_s", s.seconds_per_token > 0 ? 1.0 / s.seconds_per_token : 0.0},
+                 {"compute_s_per_token", s.compute_s_per_token},
+                 {"io_s_per_token", s.io_s_per_token},
+                 {"stall_s_per_token", s.stall_s_per_token},
+                 {"flash_read_mib_per_token", s.read_mib_per_token},
+                 {"cache_hit_rate", s.hit_rate},
+                 {"cache_evictions", s.evictions}};
+  nlohmann::json mem;
+  mem["peak_rss_bytes"] = m.end_memory.peak_rss;
+  mem["rss_bytes"] = m.end_memory.rss;
+  if (m.mem_available_floor) mem["mem_available_floor_bytes"] = *m.mem_available_floor;
+  if (m.available_floor) mem["available_floor_bytes"] = *m.available_floor;
+  if (m.end_memory.cgroup_limit) mem["cgroup_limit_bytes"] = *m.end_memory.cgroup_limit;
+  j["memory"] = mem;
+  nlohmann::json thermal = nlohmann::json::object();
+  for (const auto& t : m.thermal_start) thermal[t.zone]["start_c"] = t.celsius;
+  for (const auto& t : m.thermal_end) thermal[t.zone]["end_c"] = t.celsius;
+  j["thermal"] = thermal;
+  j["thermal_max_c"] = m.max_celsius;
+  FILE* f = std::fopen(path.c_str(), "w");
+  if (!f) fail_errno("cannot create " + path);
+  const std::string text = j.dump(2) + "\n";
+  std::fwrite(text.data(), 1, text.size(), f);
+  if (std::fclose(f) != 0) fail_errno("cannot write " + path);
+}
+
+}  // namespace bmoe

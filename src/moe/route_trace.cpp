@@ -1,0 +1,221 @@
+#include "moe/route_trace.h"
+
+#include <algorithm>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "core/error.h"
+#include "core/rng.h"
+
+namespace bmoe {
+namespace {
+
+std::string header_value(const std::string& line, const std::string& key) {
+  const std::string needle = key + "=";
+  size_t pos = 0;
+  while ((pos = line.find(needle, pos)) != std::string::npos) {
+    if (pos == 0 || line[pos - 1] == ' ' || line[pos - 1] == '#') {
+      const size_t begin = pos + needle.size();
+      const size_t end = line.find(' ', begin);
+      return line.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
+    }
+    pos += needle.size();
+  }
+  return {};
+}
+
+long long to_int(const std::string& s, const std::string& path, size_t line_no) {
+  try {
+    size_t used = 0;
+    const long long v = std::stoll(s, &used);
+    if (used != s.size()) throw std::invalid_argument(s);
+    return v;
+  } catch (const std::exception&) {
+    fail("{}:{}: '{}' is not an integer", path, line_no, s);
+  }
+}
+
+}  // namespace
+
+RouteTrace RouteTrace::load(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) fail("cannot read route trace {}", path);
+  RouteTrace t;
+  std::string line;
+  size_t line_no = 0;
+  bool have_columns = false;
+  while (std::getline(in, line)) {
+    ++line_no;
+    if (line.empty()) continue;
+    if (line[0] == '#') {
+      if (const auto v = header_value(line, "n_layer"); !v.empty()) {
+        t.model = header_value(line, "model");
+        t.arch = header_value(line, "arch");
+        t.n_layer = static_cast<int>(to_int(v, path, line_no));
+        t.n_expert = static_cast<int>(to_int(header_value(line, "n_expert"), path, line_no));
+        t.n_expert_used = static_cast<int>(to_int(header_value(line, "n_expert_used"), path, line_no));
+        if (t.n_layer <= 0 || t.n_layer > 4096) fail("{}:{}: invalid n_layer", path, line_no);
+        t.expert_bytes.assign(static_cast<size_t>(t.n_layer), 0);
+        t.dense_bytes.assign(static_cast<size_t>(t.n_layer), 0);
+      } else if (const auto l = header_value(line, "layer"); !l.empty()) {
+        const long long layer = to_int(l, path, line_no);
+        if (layer < 0 || layer >= t.n_layer) fail("{}:{}: layer {} out of range", path, line_no, layer);
+        t.expert_bytes[static_cast<size_t>(layer)] = static_cast<uint64_t>(to_int(header_value(line, "expert_bytes"), path, line_no));
+        const auto dense = header_value(line, "dense_bytes");
+        if (!dense.empty()) t.dense_bytes[static_cast<size_t>(layer)] = static_cast<uint64_t>(to_int(dense, path, line_no));
+      }
+      continue;
+    }
+    if (!have_columns) {
+      if (line.rfind("turn,phase,step,layer,slot,expert,weight", 0) != 0) {
+        fail("{}:{}: expected the column header 'turn,phase,step,layer,slot,expert,weight,...'", path, line_no);
+      }
+      have_columns = true;
+      continue;
+    }
+    std::vector<std::string> f;
+    std::stringstream ss(line);
+    for (std::string cell; std::getline(ss, cell, ',');) f.push_back(cell);
+    if (f.size() < 7) fail("{}:{}: expected at least 7 columns, got {}", path, line_no, f.size());
+    RouteRecord r;
+    r.turn = static_cast<int>(to_int(f[0], path, line_no));
+    r.phase = static_cast<int>(to_int(f[1], path, line_no));
+    r.step = static_cast<int>(to_int(f[2], path, line_no));
+    r.layer = static_cast<int>(to_int(f[3], path, line_no));
+    r.slot = static_cast<int>(to_int(f[4], path, line_no));
+    r.expert = static_cast<int>(to_int(f[5], path, line_no));
+    try {
+      r.weight = std::stof(f[6]);
+    } catch (const std::exception&) {
+      fail("{}:{}: '{}' is not a number", path, line_no, f[6]);
+    }
+    if (f.size() > 7) r.residency = static_cast<int>(to_int(f[7], path, line_no));
+    if (f.size() > 8) r.expert_bytes = static_cast<uint64_t>(to_int(f[8], path, line_no));
+    if (r.layer < 0 || r.layer >= t.n_layer || r.expert < 0 || r.expert >= t.n_expert || (r.phase != 0 && r.phase != 1)) {
+      fail("{}:{}: record out of range (layer {}, expert {}, phase {})", path, line_no, r.layer, r.expert, r.phase);
+    }
+    t.records.push_back(r);
+  }
+  if (t.n_layer == 0) fail("{}: missing the '# model=... n_layer=...' header", path);
+  if (t.records.empty()) fail("{}: no routing records", path);
+  for (size_t l = 0; l < t.expert_bytes.size(); ++l) {
+    if (t.expert_bytes[l] == 0) {
+      for (const RouteRecord& r : t.records) {
+        if (r.layer == static_cast<int>(l) && r.expert_bytes) t.expert_bytes[l] = r.expert_bytes;
+      }
+    }
+  }
+  return t;
+}
+
+RouteTraceWriter::RouteTraceWriter(const std::string& path, const std::string& model, const std::string& arch,
+                                   int n_layer, int n_expert, int n_expert_used,
+                                   const std::vector<uint64_t>& expert_bytes, const std::vector<uint64_t>& dense_bytes) {
+  file_ = std::fopen(path.c_str(), "w");
+  if (!file_) fail_errno("cannot create route trace " + path);
+  std::fprintf(file_, "# route_trace v1\n# model=%s arch=%s n_layer=%d n_expert=%d n_expert_used=%d\n", model.c_str(),
+               arch.c_str(), n_layer, n_expert, n_expert_used);
+  for (int l = 0; l < n_layer; ++l) {
+    std::fprintf(file_, "# layer=%d expert_bytes=%llu dense_bytes=%llu\n", l,
+                 static_cast<unsigned long long>(l < static_cast<int>(expert_bytes.size()) ? expert_bytes[static_cast<size_t>(l)] : 0),
+                 static_cast<unsigned long long>(l < static_cast<int>(dense_bytes.size()) ? dense_bytes[static_cast<size_t>(l)] : 0));
+  }
+  std::fprintf(file_, "turn,phase,step,layer,slot,expert,weight,residency,expert_bytes\n");
+}
+
+RouteTraceWriter::~RouteTraceWriter() {
+  if (file_) std::fclose(file_);
+}
+
+void RouteTraceWriter::write(const RouteRecord& r) {
+  std::fprintf(file_, "%d,%d,%d,%d,%d,%d,%.6f,%d,%llu\n", r.turn, r.phase, r.step, r.layer, r.slot, r.expert, r.weight,
+               r.residency, static_cast<unsigned long long>(r.expert_bytes));
+}
+
+void RouteTraceWriter::flush() { std::fflush(file_); }
+
+std::vector<std::vector<Access>> trace_visits(const RouteTrace& trace, std::vector<bool>* decode_visit) {
+  // Group records: (turn, phase-0 prompt | each decode step) x layer -> unique experts.
+  struct Group {
+    int turn, phase, step, layer;
+    bool operator<(const Group& o) const {
+      return std::tie(turn, phase, step, layer) < std::tie(o.turn, o.phase, o.step, o.layer);
+    }
+  };
+  std::map<Group, std::map<int, float>> groups;
+  for (const RouteRecord& r : trace.records) {
+    const Group g{r.turn, r.phase, r.phase == 0 ? 0 : r.step, r.layer};
+    groups[g][r.expert] += r.weight;
+  }
+  std::vector<std::vector<Access>> visits;
+  if (decode_visit) decode_visit->clear();
+  uint64_t time = 0, token = 0;
+  int last_turn = -1, last_step = -1, last_phase = -1;
+  for (const auto& [g, experts] : groups) {
+    if (g.turn != last_turn || g.phase != last_phase || g.step != last_step) ++token;
+    last_turn = g.turn;
+    last_phase = g.phase;
+    last_step = g.step;
+    std::vector<Access> v;
+    for (const auto& [e, w] : experts) {
+      Access a;
+      a.key = make_expert_key(g.layer, e);
+      a.bytes = trace.expert_bytes[static_cast<size_t>(g.layer)];
+      a.weight = w;
+      a.time = time;
+      a.token = token;
+      v.push_back(a);
+    }
+    ++time;
+    visits.push_back(std::move(v));
+    if (decode_visit) decode_visit->push_back(g.phase == 1);
+  }
+  return visits;
+}
+
+ReplayResult replay_trace(const RouteTrace& trace, const std::string& policy, uint64_t budget_bytes,
+                          const ReplayOptions& options) {
+  std::vector<bool> decode;
+  const auto visits = trace_visits(trace, &decode);
+  Rng rng(options.seed);
+  std::unique_ptr<CachePolicy> p;
+  if (policy == "belady") {
+    std::vector<Access> all;
+    for (const auto& v : visits) all.insert(all.end(), v.begin(), v.end());
+    p = make_belady_policy(all);
+  } else {
+    p = make_cache_policy(policy, trace.n_layer, budget_bytes);
+  }
+  ExpertCache cache(budget_bytes, std::move(p));
+  ReplayResult r;
+  std::vector<ExpertKey> predicted;
+  for (size_t i = 0; i < visits.size(); ++i) {
+    if (options.predict_window > 0 && decode[i]) {
+      // Visits of one decode token are consecutive, one per layer.
+      predicted.clear();
+      const int layer = key_layer(visits[i].front().key);
+      for (int d = 1; d <= options.predict_window && layer + d < trace.n_layer && i + static_cast<size_t>(d) < visits.size(); ++d) {
+        for (const Access& a : visits[i + static_cast<size_t>(d)]) {
+          int expert = key_expert(a.key);
+          if (rng.uniform() >= options.predict_accuracy) expert = static_cast<int>((expert + 1 + rng.below(static_cast<uint64_t>(trace.n_expert - 1))) % trace.n_expert);
+          predicted.push_back(make_expert_key(layer + d, expert));
+        }
+      }
+      cache.policy().hint(predicted, std::min(options.predict_window, trace.n_layer - 1 - layer));
+    }
+    const VisitPlan plan = cache.begin_visit(visits[i]);
+    cache.end_visit();
+    if (!decode[i]) continue;
+    for (size_t j = 0; j < visits[i].size(); ++j) {
+      ++r.lookups;
+      if (plan.hit[j]) ++r.hits;
+      else r.bytes_read += visits[i][j].bytes;
+    }
+  }
+  r.evictions = cache.evictions();
+  return r;
+}
+
+}  // namespace bmoe

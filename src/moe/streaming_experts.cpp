@@ -1,0 +1,203 @@
+#include "moe/streaming_experts.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "core/error.h"
+#include "core/timer.h"
+
+namespace bmoe {
+
+StreamingExperts::StreamingExperts(ExpertLayout layout, const StreamingOptions& options)
+    : layout_(std::move(layout)),
+      options_(options),
+      lanes_(options.io_threads),
+      cache_(options.cache_bytes,
+             make_cache_policy(options.policy.empty() ? default_cache_policy() : options.policy,
+                               static_cast<int>(layout_.layers.size()), options.cache_bytes)) {
+  for (const std::string& path : layout_.files) {
+    files_.push_back(std::make_unique<DirectFile>(path, options.odirect));
+    if (!files_.back()->direct_note().empty()) notes_.push_back(path + ": " + files_.back()->direct_note());
+  }
+  stats_.cache_budget_bytes = options.cache_bytes;
+}
+
+StreamingExperts::~StreamingExperts() {
+  // Reads may still be in flight into our buffers after a failure: let them land first.
+  for (auto& t : tickets_) {
+    if (t) lanes_.wait(*t);
+  }
+}
+
+uint64_t StreamingExperts::slot_bytes(int layer, int expert) const {
+  uint64_t total = 0;
+  for (const ExpertMatrixLayout& m : layout_.layers.at(static_cast<size_t>(layer)).matrices) {
+    const uint64_t off = m.offset + static_cast<uint64_t>(expert) * m.expert_stride;
+    total += align_up(off + m.bytes, kDirectAlignment) - align_down(off, kDirectAlignment);
+  }
+  return total;
+}
+
+void StreamingExperts::start_reads(int expert, Buffer& buffer, ReadTicket& ticket) {
+  const ExpertLayerLayout& l = layout_.layers[static_cast<size_t>(layer_)];
+  const uint64_t need = slot_bytes(layer_, expert);
+  if (buffer.capacity < need) {
+    buffer.data = allocate_aligned(need);
+    buffer.capacity = need;
+  }
+  buffer.views.clear();
+  uint64_t at = 0;
+  ticket.add(static_cast<int>(l.matrices.size()));
+  for (const ExpertMatrixLayout& m : l.matrices) {
+    const DirectFile& file = *files_[static_cast<size_t>(m.file)];
+    const uint64_t off = m.offset + static_cast<uint64_t>(expert) * m.expert_stride;
+    // Without O_DIRECT the window is still aligned: it costs nothing and keeps one code path.
+    const uint64_t begin = align_down(off, kDirectAlignment);
+    const uint64_t end = align_up(off + m.bytes, kDirectAlignment);
+    Weight w;
+    w.type = m.type;
+    w.rows = m.rows;
+    w.cols = m.cols;
+    w.row_stride = m.bytes / static_cast<uint64_t>(m.rows);
+    w.data = buffer.data.get() + at + (off - begin);
+    buffer.views.push_back(w);
+    ReadRequest r;
+    r.file = &file;
+    r.offset = begin;
+    r.length = end - begin;
+    r.required = off + m.bytes - begin;
+    r.dst = buffer.data.get() + at;
+    lanes_.submit(r, &ticket);
+    stats_.bytes_read += end - begin;
+    at += end - begin;
+  }
+}
+
+void StreamingExperts::begin_layer(int layer, std::span<const int32_t> experts, std::span<const float> weights) {
+  if (layer < 0 || layer >= static_cast<int>(layout_.layers.size()) || layout_.layers[static_cast<size_t>(layer)].matrices.empty()) {
+    fail("internal: layer {} has no streamed experts", layer);
+  }
+  if (layer_ >= 0) fail("internal: begin_layer({}) while layer {} is open", layer, layer_);
+  if (layer <= last_layer_) ++token_;  // layers restart: a new token (or batch)
+  last_layer_ = layer;
+  layer_ = layer;
+  experts_.assign(experts.begin(), experts.end());
+  const size_t n = experts_.size();
+  std::vector<Access> accesses(n);
+  for (size_t i = 0; i < n; ++i) {
+    accesses[i].key = make_expert_key(layer, experts_[i]);
+    accesses[i].bytes = slot_bytes(layer, experts_[i]);
+    accesses[i].weight = i < weights.size() ? weights[i] : 0.0f;
+    accesses[i].time = time_;
+    accesses[i].token = token_;
+  }
+  ++time_;
+  const VisitPlan plan = cache_.begin_visit(accesses);
+  for (ExpertKey k : plan.evicted) cached_.erase(k);
+
+  buffer_of_.assign(n, nullptr);
+  tickets_.clear();
+  tickets_.resize(n);
+  handed_.assign(n, false);
+  handed_count_ = 0;
+  size_t transient_used = 0;
+  stats_.requests += n;
+  for (size_t i = 0; i < n; ++i) {
+    const ExpertKey key = accesses[i].key;
+    if (plan.hit[i]) {
+      buffer_of_[i] = cached_.at(key).get();
+      ++stats_.hits;
+      continue;
+    }
+    ++stats_.misses;
+    Buffer* buffer;
+    if (plan.cache[i]) {
+      auto& slot = cached_[key];
+      slot = std::make_unique<Buffer>();
+      buffer = slot.get();
+    } else {
+      if (transient_.size() <= transient_used) transient_.push_back(std::make_unique<Buffer>());
+      buffer = transient_[transient_used++].get();
+    }
+    buffer_of_[i] = buffer;
+    tickets_[i] = std::make_unique<ReadTicket>();
+    start_reads(experts_[i], *buffer, *tickets_[i]);
+  }
+  stats_.evictions = cache_.evictions();
+  stats_.cache_used_bytes = cache_.used_bytes();
+}
+
+void StreamingExperts::fail_layer(const std::string& error) {
+  // Nothing may compute on partial data: drain every read of the layer, drop what it was
+  // filling from the cache, and report.
+  for (size_t i = 0; i < tickets_.size(); ++i) {
+    if (!tickets_[i]) continue;
+    lanes_.wait(*tickets_[i]);
+    const ExpertKey key = make_expert_key(layer_, experts_[i]);
+    cached_.erase(key);
+    cache_.remove(key);
+    tickets_[i].reset();
+  }
+  cache_.end_visit();
+  layer_ = -1;
+  stats_.cache_used_bytes = cache_.used_bytes();
+  throw Error("expert read failed: " + error);
+}
+
+int StreamingExperts::take_ready(std::vector<int>& ready) {
+  const size_t n = experts_.size();
+  if (handed_count_ == n) return 0;
+  auto hand_out = [&](size_t i) {
+    handed_[i] = true;
+    ++handed_count_;
+    ready.push_back(static_cast<int>(i));
+  };
+  // Everything already in memory goes first (in serial mode only once all reads landed).
+  const Stopwatch wait;
+  if (!options_.overlap) {
+    for (size_t i = 0; i < n; ++i) {
+      if (tickets_[i] && !lanes_.wait(*tickets_[i])) fail_layer(tickets_[i]->error());
+    }
+  }
+  for (;;) {
+    const size_t before = ready.size();
+    for (size_t i = 0; i < n; ++i) {
+      if (handed_[i]) continue;
+      if (tickets_[i]) {
+        if (!tickets_[i]->done()) continue;
+        if (tickets_[i]->failed()) fail_layer(tickets_[i]->error());
+      }
+      hand_out(i);
+    }
+    if (ready.size() > before) break;
+    std::vector<ReadTicket*> pending;
+    for (size_t i = 0; i < n; ++i) pending.push_back(handed_[i] ? nullptr : tickets_[i].get());
+    lanes_.wait_any(pending);
+  }
+  stats_.stall_seconds += wait.seconds();
+  return static_cast<int>(ready.size());
+}
+
+std::span<const Weight> StreamingExperts::matrices(int index) {
+  return buffer_of_.at(static_cast<size_t>(index))->views;
+}
+
+void StreamingExperts::end_layer() {
+  tickets_.clear();
+  cache_.end_visit();
+  layer_ = -1;
+}
+
+ExpertStats StreamingExperts::stats() const {
+  ExpertStats s = stats_;
+  s.io_busy_seconds = lanes_.busy_seconds();
+  return s;
+}
+
+std::string StreamingExperts::describe() const {
+  return fmt::format("streamed ({} lanes, {}, cache {} MiB, policy {}{})", options_.io_threads,
+                     files_.front()->direct_active() ? "O_DIRECT" : "buffered",
+                     options_.cache_bytes >> 20, cache_.policy_name(), options_.overlap ? ", overlap" : "");
+}
+
+}  // namespace bmoe

@@ -1,0 +1,87 @@
+// bmoe-replay: replay a routing trace through the expert cache policies and print hit rates.
+//   bmoe-replay TRACE --budgets 1000,2000,3000,4000 [--policies lru,lfu,...]
+// One row per budget (MiB): the budget, then the decode-phase hit % of each policy.
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <sstream>
+
+#include "core/error.h"
+#include "moe/route_trace.h"
+
+using namespace bmoe;
+
+namespace {
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, ',');) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"bmoe-replay: expert cache hit rates of each policy on a routing trace"};
+  std::string trace_path, budgets = "1000,2000,3000,4000", policies;
+  bool bytes = false;
+  ReplayOptions options;
+  app.add_option("trace", trace_path, "route trace CSV (shared/data/route-traces format)")->required();
+  app.add_option("--budgets", budgets, "comma-separated cache budgets in MiB")->capture_default_str();
+  app.add_option("--policies", policies, "comma-separated policies (default: belady + every online policy)");
+  app.add_flag("--bytes", bytes, "also print MiB read per decoded token for each policy");
+  app.add_option("--predict", options.predict_window, "hint the policies with the current token's next N layers' experts (simulated router prediction)")->check(CLI::Range(0, 64));
+  app.add_option("--predict-accuracy", options.predict_accuracy, "fraction of predicted experts that are right")->check(CLI::Range(0.0, 1.0))->capture_default_str();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);
+    fmt::print(stderr, "error: {}\n", e.what());
+    return 2;
+  }
+  try {
+    const RouteTrace trace = RouteTrace::load(trace_path);
+    std::vector<std::string> names = policies.empty() ? std::vector<std::string>{"belady"} : split(policies);
+    if (policies.empty()) {
+      for (const auto& n : cache_policy_names()) names.push_back(n);
+    }
+    std::vector<double> mib;
+    for (const auto& b : split(budgets)) {
+      try {
+        mib.push_back(std::stod(b));
+      } catch (const std::exception&) {
+        fail("--budgets: '{}' is not a number", b);
+      }
+      if (mib.back() < 0) fail("--budgets: negative budget");
+    }
+    uint64_t decode_tokens = 0;
+    {
+      std::vector<bool> decode;
+      const auto visits = trace_visits(trace, &decode);
+      for (size_t i = 0; i < decode.size(); ++i) decode_tokens += decode[i] ? 1 : 0;
+      decode_tokens /= static_cast<uint64_t>(trace.n_layer);
+    }
+    fmt::print("{:>10}", "budget_mib");
+    for (const auto& n : names) fmt::print(" {:>13}", n + "_hit%");
+    if (bytes) for (const auto& n : names) fmt::print(" {:>16}", n + "_MiB/tok");
+    fmt::print("\n");
+    for (double m : mib) {
+      const uint64_t budget = static_cast<uint64_t>(m * 1024.0 * 1024.0);
+      std::vector<ReplayResult> results;
+      for (const auto& n : names) results.push_back(replay_trace(trace, n, budget, options));
+      fmt::print("{:>10.0f}", m);
+      for (const auto& r : results) fmt::print(" {:>13.1f}", 100.0 * r.hit_rate());
+      if (bytes) {
+        for (const auto& r : results) {
+          fmt::print(" {:>16.1f}", static_cast<double>(r.bytes_read) / 1048576.0 / static_cast<double>(std::max<uint64_t>(1, decode_tokens)));
+        }
+      }
+      fmt::print("\n");
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "error: {}\n", e.what());
+    return 1;
+  }
+}
