@@ -175,7 +175,8 @@ TEST(Gguf, EveryTruncationFailsCleanly) {
   sample_writer().write(path);
   const auto bytes = read_bytes(path);
   size_t data_end = 0;  // past this only alignment padding remains, which may be cut
-  for (const TensorInfo& t : GgufModel::open(path)->tensors()) data_end = std::max<size_t>(data_end, t.file_offset + t.nbytes);
+  const auto model = GgufModel::open(path);
+  for (const TensorInfo& t : model->tensors()) data_end = std::max<size_t>(data_end, t.file_offset + t.nbytes);
   const std::string cut = dir.file("cut.gguf");
   for (size_t n = 0; n < data_end; ++n) {
     write_bytes(cut, std::vector<uint8_t>(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(n)));
