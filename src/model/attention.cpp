@@ -67,10 +67,7 @@ class OnlineSoftmax {
       vs = std::exp(s - max_);
     }
     if (f16_) {
-      const auto* v16 = static_cast<const uint16_t*>(v);
-      for (int d = 0; d < dv_; ++d) {
-        acc16_[d] = fp32_to_fp16(std::fma(fp16_to_fp32(v16[d]), vs, fp16_to_fp32(acc16_[d])));
-      }
+      f16_fma_into(acc16_.data(), static_cast<const uint16_t*>(v), vs, dv_);
     } else if (v_f16) {
       const auto* v16 = static_cast<const uint16_t*>(v);
       for (int d = 0; d < dv_; ++d) acc32_[d] += fp16_to_fp32(v16[d]) * vs;
@@ -104,7 +101,7 @@ class OnlineSoftmax {
  private:
   void scale_accumulator(float ms) {
     if (f16_) {
-      for (int d = 0; d < dv_; ++d) acc16_[d] = fp32_to_fp16(fp16_to_fp32(acc16_[d]) * ms);
+      f16_scale(acc16_.data(), ms, dv_);
     } else {
       for (float& a : acc32_) a *= ms;
     }

@@ -19,6 +19,7 @@ using DequantizeFn = void (*)(const void* src, float* dst, int64_t n);
 using QuantizeFn = void (*)(const float* src, void* dst, int64_t n);
 using DotFn = float (*)(const void* weights, const void* activations, int64_t n);
 
+
 // The kernel set for one weight type on one ISA.
 struct TypeKernels {
   TensorType activation_type = TensorType::F32;  // format the activations must be in
@@ -36,6 +37,10 @@ Isa active_isa();
 
 // Dot product of two f16 vectors (attention scores against an f16 KV cache).
 float dot_f16_pair(const uint16_t* x, const uint16_t* y, int64_t n);
+// f16 running sums of flash attention, rounded after every step as ggml does:
+// acc = f16(acc * s), and acc = f16(fma(v, s, acc)).
+void f16_scale(uint16_t* acc, float s, int64_t n);
+void f16_fma_into(uint16_t* acc, const uint16_t* v, float s, int64_t n);
 
 // Converts n floats into activation format `format` (F32, F16, BF16, Q8_0 or Q8_K).
 void quantize_activations(TensorType format, const float* src, void* dst, int64_t n);

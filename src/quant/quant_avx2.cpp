@@ -171,17 +171,19 @@ float dot_mxfp4(const void* w, const void* a, int64_t n) {
 
 namespace {
 
-// Unpacks a K-quant block's eight 6-bit scales and mins into two 8 x int16 vectors.
+// Unpacks a K-quant block's eight 6-bit scales and mins into two 8 x int16 vectors, with word
+// arithmetic on the 12 packed bytes (scales 0-3 and mins 0-3 are the low 6 bits of bytes 0-7;
+// scales/mins 4-7 take their low nibbles from bytes 8-11 and their top bits from bytes 0-7).
 inline void k_scales_mins(const uint8_t* packed, __m128i& scales16, __m128i& mins16) {
-  alignas(16) int16_t sc[8], m[8];
-  for (int j = 0; j < 8; ++j) {
-    uint8_t s, mn;
-    k_scale_min(j, packed, s, mn);
-    sc[j] = s;
-    m[j] = mn;
-  }
-  scales16 = _mm_load_si128(reinterpret_cast<const __m128i*>(sc));
-  mins16 = _mm_load_si128(reinterpret_cast<const __m128i*>(m));
+  uint32_t w[3];
+  std::memcpy(w, packed, 12);
+  const uint32_t sc_lo = w[0] & 0x3F3F3F3Fu;
+  const uint32_t m_lo = w[1] & 0x3F3F3F3Fu;
+  const uint32_t sc_hi = (w[2] & 0x0F0F0F0Fu) | (((w[0] >> 6) & 0x03030303u) << 4);
+  const uint32_t m_hi = ((w[2] >> 4) & 0x0F0F0F0Fu) | (((w[1] >> 6) & 0x03030303u) << 4);
+  const __m128i bytes = _mm_set_epi32(static_cast<int>(m_hi), static_cast<int>(m_lo), static_cast<int>(sc_hi), static_cast<int>(sc_lo));
+  scales16 = _mm_cvtepu8_epi16(bytes);
+  mins16 = _mm_cvtepu8_epi16(_mm_srli_si128(bytes, 8));
 }
 
 // sum_j min_j * (bsums[2j] + bsums[2j+1])
@@ -310,6 +312,26 @@ float dot_q6_K(const void* w, const void* a, int64_t n) {
     acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(isum), acc);
   }
   return hsum(acc);
+}
+
+void f16_scale(uint16_t* acc, float s, int64_t n) {
+  const __m256 vs = _mm256_set1_ps(s);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 a = _mm256_mul_ps(load_f16x8(acc + i), vs);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(acc + i), _mm256_cvtps_ph(a, _MM_FROUND_TO_NEAREST_INT));
+  }
+  for (; i < n; ++i) acc[i] = fp32_to_fp16(f16(acc[i]) * s);
+}
+
+void f16_fma_into(uint16_t* acc, const uint16_t* v, float s, int64_t n) {
+  const __m256 vs = _mm256_set1_ps(s);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 a = _mm256_fmadd_ps(load_f16x8(v + i), vs, load_f16x8(acc + i));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(acc + i), _mm256_cvtps_ph(a, _MM_FROUND_TO_NEAREST_INT));
+  }
+  for (; i < n; ++i) acc[i] = fp32_to_fp16(std::fma(f16(v[i]), s, f16(acc[i])));
 }
 
 void quantize_f16(const float* src, void* dst, int64_t n) {

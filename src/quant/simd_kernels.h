@@ -16,6 +16,8 @@ float dot_q4_K(const void* w, const void* a, int64_t n);
 float dot_q5_K(const void* w, const void* a, int64_t n);
 float dot_q6_K(const void* w, const void* a, int64_t n);
 void quantize_f16(const float* src, void* dst, int64_t n);
+void f16_scale(uint16_t* acc, float s, int64_t n);
+void f16_fma_into(uint16_t* acc, const uint16_t* v, float s, int64_t n);
 }  // namespace bmoe::avx2
 
 namespace bmoe::neon {

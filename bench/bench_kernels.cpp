@@ -1,0 +1,72 @@
+// Kernel micro-benchmarks (Google Benchmark): one weight matrix x one activation row, per
+// format and per ISA path, reported as weight bytes per second.
+#include <benchmark/benchmark.h>
+
+#include <vector>
+
+#include "core/rng.h"
+#include "quant/quant.h"
+
+namespace bmoe {
+namespace {
+
+struct Matrix {
+  TensorType type;
+  int64_t rows, cols;
+  std::vector<uint8_t> weights;
+  std::vector<uint8_t> activations;
+};
+
+Matrix make_matrix(TensorType type, int64_t rows, int64_t cols) {
+  Matrix m{type, rows, cols, {}, {}};
+  m.weights.resize(row_bytes(type, cols) * static_cast<size_t>(rows));
+  Rng rng(1);
+  fill_random_weights(type, rng, m.weights.data(), rows * cols, 0.02f);
+  std::vector<float> x(static_cast<size_t>(cols));
+  for (float& v : x) v = static_cast<float>(rng.normal());
+  const TensorType act = kernels(type).activation_type;
+  m.activations.resize(activation_bytes(act, cols));
+  quantize_activations(act, x.data(), m.activations.data(), cols);
+  return m;
+}
+
+void run(benchmark::State& state, TensorType type, Isa isa) {
+  const TypeKernels* k = kernels_for_isa(type, isa);
+  if (k == nullptr) {
+    state.SkipWithError("not available");
+    return;
+  }
+  const Matrix m = make_matrix(type, 768, 2048);
+  std::vector<float> out(static_cast<size_t>(m.rows));
+  const size_t stride = row_bytes(type, m.cols);
+  for (auto _ : state) {
+    for (int64_t r = 0; r < m.rows; ++r) out[static_cast<size_t>(r)] = k->dot(m.weights.data() + r * stride, m.activations.data(), m.cols);
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(m.weights.size()));
+}
+
+void register_all() {
+  const TensorType types[] = {TensorType::Q4_K, TensorType::Q6_K, TensorType::Q5_K, TensorType::Q8_0,
+                              TensorType::Q4_0, TensorType::MXFP4, TensorType::F16, TensorType::BF16, TensorType::F32};
+  for (TensorType t : types) {
+    const std::string name(type_name(t));
+    benchmark::RegisterBenchmark(("dot/" + name + "/scalar").c_str(), [t](benchmark::State& s) { run(s, t, Isa::Scalar); });
+#if defined(__x86_64__)
+    benchmark::RegisterBenchmark(("dot/" + name + "/avx2").c_str(), [t](benchmark::State& s) { run(s, t, Isa::Avx2); });
+#endif
+#if defined(__aarch64__)
+    benchmark::RegisterBenchmark(("dot/" + name + "/neon").c_str(), [t](benchmark::State& s) { run(s, t, Isa::Neon); });
+#endif
+  }
+}
+
+}  // namespace
+}  // namespace bmoe
+
+int main(int argc, char** argv) {
+  bmoe::register_all();
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  return 0;
+}
