@@ -369,7 +369,7 @@ std::vector<std::string> cache_policy_names() {
   return {"lru", "lfu", "layer-lfu", "ewma", "tinylfu-ewma", "reuse-noadmit", "reuse"};
 }
 
-const char* default_cache_policy() { return "tinylfu-ewma"; }
+const char* default_cache_policy() { return "reuse"; }
 
 std::unique_ptr<CachePolicy> make_cache_policy(const std::string& name, int n_layers, uint64_t budget_bytes) {
   if (name == "lru") return std::make_unique<LruPolicy>();

@@ -52,13 +52,16 @@ async function greedy(ctx, text, withTop2) {
   const prompt = model.tokenize(text, true);
   const tokens = [];
   const top2 = [];
+  const stamps = [];  // ns timestamp of each generated token
   const t0 = process.hrtime.bigint();
   let tFirst = null;
   const steps = withTop2
     ? seq.evaluateWithMetadata(prompt, {probabilities: true}, {temperature: 0})
     : seq.evaluate(prompt, {temperature: 0});
   for await (const step of steps) {
-    if (tFirst === null) tFirst = process.hrtime.bigint();
+    const now = process.hrtime.bigint();
+    stamps.push(now);
+    if (tFirst === null) tFirst = now;
     if (withTop2) {
       tokens.push(step.token);
       let best = [-1, -1], second = [-1, -1];
@@ -74,8 +77,10 @@ async function greedy(ctx, text, withTop2) {
   }
   const t1 = process.hrtime.bigint();
   seq.dispose();
+  const token_ms = [];
+  for (let i = 1; i < stamps.length; ++i) token_ms.push(Number(stamps[i] - stamps[i - 1]) / 1e6);
   return {prompt: Array.from(prompt), tokens, top2, first_token_s: Number(tFirst - t0) / 1e9,
-          decode_s: Number(t1 - tFirst) / 1e9};
+          decode_s: Number(t1 - tFirst) / 1e9, token_ms};
 }
 
 if (mode === "greedy") {
@@ -105,10 +110,12 @@ if (mode === "probs") {
 
 if (mode === "bench") {
   const ctx = await model.createContext(contextOptions(4096));
+  console.error(`llama.cpp: model loaded, decoding ${n} tokens`);
   const r = await greedy(ctx, arg ?? "", false);
   // Decode rate from the first generated token to the last (prefill excluded).
   emit(JSON.stringify({tokens: r.tokens.length - 1, seconds: r.decode_s,
-                              tok_s: (r.tokens.length - 1) / r.decode_s, first_token_s: r.first_token_s}));
+                        tok_s: (r.tokens.length - 1) / r.decode_s, first_token_s: r.first_token_s,
+                        token_ms: r.token_ms}));
   process.exit(0);
 }
 console.error(`unknown mode ${mode}`);
