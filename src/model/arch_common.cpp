@@ -7,10 +7,18 @@
 namespace bmoe {
 
 void load_qwen3moe(ArchLoader& loader, ModelConfig& config, ModelWeights& weights);
+void load_qwen2moe(ArchLoader& loader, ModelConfig& config, ModelWeights& weights);
+void load_olmoe(ArchLoader& loader, ModelConfig& config, ModelWeights& weights);
+void load_llama_moe(ArchLoader& loader, ModelConfig& config, ModelWeights& weights);
+void load_gpt_oss(ArchLoader& loader, ModelConfig& config, ModelWeights& weights);
 
 const std::vector<Architecture>& architectures() {
   static const std::vector<Architecture> archs = {
       {"qwen3moe", "Qwen3 MoE (Qwen3-30B-A3B, 235B-A22B)", load_qwen3moe},
+      {"qwen2moe", "Qwen2 MoE with shared expert (Qwen1.5-MoE-A2.7B, Qwen2-57B-A14B)", load_qwen2moe},
+      {"olmoe", "OLMoE (OLMoE-1B-7B)", load_olmoe},
+      {"llama", "llama-architecture MoE (Mixtral 8x7B, 8x22B)", load_llama_moe},
+      {"gpt-oss", "gpt-oss (20b, 120b; MXFP4 experts, attention sinks, sliding window)", load_gpt_oss},
   };
   return archs;
 }
@@ -41,8 +49,23 @@ void load_common_hparams(ArchLoader& a, ModelConfig& c) {
   c.rope.freq_base = static_cast<float>(a.get_float_or(".rope.freq_base", 10000.0));
   c.rope.n_rot = static_cast<int>(a.get_int_or(".rope.dimension_count", c.head_dim));
   c.rope.n_ctx_orig = c.n_ctx_train;
-  const double scale = a.get_float_or(".rope.scaling.factor", 0.0);
-  if (scale > 0.0) c.rope.freq_scale = static_cast<float>(1.0 / scale);
+  // RoPE scaling: linear or YaRN (llama.cpp's defaults: ext_factor 1 for YaRN, beta 32/1).
+  const std::string scaling = a.get_string_or(".rope.scaling.type", "none");
+  const double factor = a.get_float_or(".rope.scaling.factor", 0.0);
+  if (scaling != "none" && factor > 1.0) c.rope.freq_scale = static_cast<float>(1.0 / factor);
+  if (scaling == "yarn") {
+    c.rope.ext_factor = 1.0f;
+    c.rope.n_ctx_orig = static_cast<int>(a.get_int_or(".rope.scaling.original_context_length", c.n_ctx_train));
+    c.rope.beta_fast = static_cast<float>(a.get_float_or(".rope.scaling.yarn_beta_fast", 32.0));
+    c.rope.beta_slow = static_cast<float>(a.get_float_or(".rope.scaling.yarn_beta_slow", 1.0));
+    // The attention factor llama.cpp passes to RoPE: its YaRN magnitude correction is applied
+    // inside the rotation, so the factor itself cancels to 1 (times any explicit attn_factor).
+    c.rope.attn_factor = 1.0f;
+  }
+  c.rope.attn_factor *= static_cast<float>(a.get_float_or(".rope.scaling.attn_factor", 1.0));
+  if (scaling != "none" && scaling != "linear" && scaling != "yarn") {
+    fail("unsupported RoPE scaling type '{}'", scaling);
+  }
   if (c.n_expert > 0 && (c.n_expert_used <= 0 || c.n_expert_used > c.n_expert)) {
     fail("invalid expert routing: {} of {} experts", c.n_expert_used, c.n_expert);
   }

@@ -183,7 +183,9 @@ void InferenceState::ffn_block(int layer, int n) {
       std::vector<float> gate(static_cast<size_t>(n) * L.shexp_router.rows);
       matmul(pool_, L.shexp_router, h_.data(), n, gate.data(), act_b_);
       for (int i = 0; i < n; ++i) {
-        const float g = 1.0f / (1.0f + std::exp(-gate[static_cast<size_t>(i) * L.shexp_router.rows]));
+        // sigmoid as llama.cpp computes it here: silu(x) / x
+        const float x = gate[static_cast<size_t>(i) * L.shexp_router.rows];
+        const float g = ops::silu(x) / x;
         float* out = ffn_out_.data() + static_cast<size_t>(i) * E;
         const float* s = shared.data() + static_cast<size_t>(i) * E;
         for (int d = 0; d < E; ++d) out[d] += s[d] * g;

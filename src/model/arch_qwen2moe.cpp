@@ -1,0 +1,48 @@
+// Qwen2-MoE (Qwen1.5-MoE, Qwen2-57B-A14B): GQA attention with q/k/v biases, NeoX RoPE, routed
+// experts (softmax, top-k, weights not renormalised) plus a shared expert scaled by a sigmoid
+// gate of its own.
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "model/arch.h"
+
+namespace bmoe {
+
+void load_qwen2moe(ArchLoader& a, ModelConfig& c, ModelWeights& w) {
+  load_common_hparams(a, c);
+  if (c.n_expert == 0) fail("qwen2moe: expert_count must be > 0");
+  c.rope.style = RopeStyle::NeoX;
+  c.gating = Gating::SoftmaxTopK;
+  c.norm_topk = false;
+  c.n_vocab = static_cast<int>(a.tensor_dim("token_embd.weight", 1));
+  load_common_io(a, c, w);
+  const int64_t E = c.n_embd, q_width = int64_t{c.n_head} * c.head_dim, kv_width = int64_t{c.n_head_kv} * c.head_dim;
+  const int64_t NE = c.n_expert;
+  const int64_t F = c.n_ff_exp > 0 ? c.n_ff_exp : a.tensor_dim("blk.0.ffn_gate_exps.weight", 1);
+  const int64_t FS = a.get_int_or(".expert_shared_feed_forward_length", a.tensor_dim("blk.0.ffn_gate_shexp.weight", 1));
+  w.layers.resize(static_cast<size_t>(c.n_layer));
+  for (int l = 0; l < c.n_layer; ++l) {
+    LayerWeights& L = w.layers[static_cast<size_t>(l)];
+    auto name = [l](const char* suffix) { return fmt::format("blk.{}.{}", l, suffix); };
+    L.attn_norm = a.vector(name("attn_norm.weight"), {E});
+    L.wq = a.matrix(name("attn_q.weight"), {E, q_width});
+    L.wk = a.matrix(name("attn_k.weight"), {E, kv_width});
+    L.wv = a.matrix(name("attn_v.weight"), {E, kv_width});
+    L.bq = a.optional_vector(name("attn_q.bias"), {q_width});
+    L.bk = a.optional_vector(name("attn_k.bias"), {kv_width});
+    L.bv = a.optional_vector(name("attn_v.bias"), {kv_width});
+    L.wo = a.matrix(name("attn_output.weight"), {q_width, E});
+    L.ffn_norm = a.vector(name("ffn_norm.weight"), {E});
+    L.has_experts = true;
+    L.router = a.matrix(name("ffn_gate_inp.weight"), {E, NE});
+    L.roles.gate = a.expert_matrix(l, name("ffn_gate_exps.weight"), {E, F, NE});
+    L.roles.up = a.expert_matrix(l, name("ffn_up_exps.weight"), {E, F, NE});
+    L.roles.down = a.expert_matrix(l, name("ffn_down_exps.weight"), {F, E, NE});
+    L.shexp_router = a.matrix(name("ffn_gate_inp_shexp.weight"), {E});
+    L.shexp_gate = a.matrix(name("ffn_gate_shexp.weight"), {E, FS});
+    L.shexp_up = a.matrix(name("ffn_up_shexp.weight"), {E, FS});
+    L.shexp_down = a.matrix(name("ffn_down_shexp.weight"), {FS, E});
+  }
+}
+
+}  // namespace bmoe
