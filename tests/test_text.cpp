@@ -152,5 +152,18 @@ TEST(Chat, ChatMLAndNoThink) {
             "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
 }
 
+TEST(Chat, HarmonyAndLlama3) {
+  const std::vector<ChatMessage> m = {{"system", "be brief"}, {"user", "hi"}};
+  EXPECT_EQ(render_chat(ChatFormat::Harmony, m, false),
+            "<|start|>developer<|message|>be brief<|end|><|start|>user<|message|>hi<|end|><|start|>assistant");
+  EXPECT_EQ(render_chat(ChatFormat::Harmony, {{"user", "hi"}}, true),
+            "<|start|>user<|message|>hi<|end|><|start|>assistant<|channel|>final<|message|>");
+  EXPECT_EQ(render_chat(ChatFormat::Llama3, {{"user", "hi"}}, false),
+            "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\n");
+  EXPECT_EQ(detect_chat_format("gpt-oss", ""), ChatFormat::Harmony);
+  EXPECT_EQ(detect_chat_format("qwen3moe", "<|im_start|>"), ChatFormat::ChatML);
+}
+
 }  // namespace
 }  // namespace bmoe

@@ -5,6 +5,7 @@ namespace bmoe {
 ChatFormat detect_chat_format(const std::string& arch, const std::string& chat_template) {
   if (arch == "gpt-oss" || chat_template.find("<|channel|>") != std::string::npos) return ChatFormat::Harmony;
   if (arch.starts_with("gemma") || chat_template.find("<start_of_turn>") != std::string::npos) return ChatFormat::Gemma;
+  if (chat_template.find("<|start_header_id|>") != std::string::npos) return ChatFormat::Llama3;
   return ChatFormat::ChatML;
 }
 
@@ -14,6 +15,7 @@ const char* chat_format_name(ChatFormat f) {
     case ChatFormat::ChatML: return "chatml";
     case ChatFormat::Harmony: return "harmony";
     case ChatFormat::Gemma: return "gemma";
+    case ChatFormat::Llama3: return "llama3";
   }
   return "?";
 }
@@ -43,6 +45,13 @@ std::string render_chat(ChatFormat format, const std::vector<ChatMessage>& messa
         out += "<start_of_turn>" + role + "\n" + m.content + "<end_of_turn>\n";
       }
       out += "<start_of_turn>model\n";
+      return out;
+    case ChatFormat::Llama3:
+      out += "<|begin_of_text|>";
+      for (const auto& m : messages) {
+        out += "<|start_header_id|>" + m.role + "<|end_header_id|>\n\n" + m.content + "<|eot_id|>";
+      }
+      out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
       return out;
   }
   return out;

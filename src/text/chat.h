@@ -12,7 +12,7 @@ struct ChatMessage {
   std::string content;
 };
 
-enum class ChatFormat { None, ChatML, Harmony, Gemma };
+enum class ChatFormat { None, ChatML, Harmony, Gemma, Llama3 };
 
 // The format to use for a model: from its architecture and chat template text.
 ChatFormat detect_chat_format(const std::string& arch, const std::string& chat_template);
