@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <thread>
 
@@ -97,6 +98,30 @@ INSTANTIATE_TEST_SUITE_P(
                       StreamConfig{25, 4, true, DenseWeights::Anon, false, "lru"},
                       StreamConfig{25, 4, true, DenseWeights::Anon, false, "layer-lfu"},
                       StreamConfig{25, 4, true, DenseWeights::Anon, false, "tinylfu-ewma"}));
+
+// Every family streams losslessly: shared experts (qwen2moe), MXFP4 experts with biases
+// (gpt-oss), gemma4's fused gate+up slices beside its dense FFN.
+class FamilyStreamingIdentity : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(FamilyStreamingIdentity, StreamedEqualsResident) {
+  const std::string path = test_model_path(GetParam(), 4);
+  const auto& want = resident_reference(path);
+  ASSERT_EQ(want.size(), static_cast<size_t>(kTokens));
+  for (const StreamConfig& c : {StreamConfig{0, 4}, StreamConfig{10, 2}, StreamConfig{10, 4, true, DenseWeights::Anon, true}}) {
+    auto model = streamed(path, c);
+    EXPECT_EQ(greedy(*model), want) << GetParam() << " cache " << c.cache_mib_x10 / 10.0 << " MiB"
+                                    << (c.overlap ? " overlap" : "");
+    EXPECT_GT(model->experts->stats().misses, 0u);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, FamilyStreamingIdentity,
+                         ::testing::Values("tiny-qwen2moe", "tiny-olmoe", "tiny-mixtral", "tiny-gpt-oss", "tiny-gemma4"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           for (char& ch : n) ch = std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
+                           return n;
+                         });
 
 TEST(Streaming, SplitModelEqualsResident) {
   const std::string whole = test_model_path("tiny-qwen3moe", 4);

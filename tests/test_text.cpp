@@ -16,17 +16,26 @@
 namespace bmoe {
 namespace {
 
+Tokenizer* tokenizer_of_preset(const std::string& preset) {
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("bmoe-text-" + std::to_string(::getpid()) + ".gguf")).string();
+  SynthSpec spec = synth_preset(preset);
+  spec.n_layer = 1;
+  write_synth_model(spec, path);
+  auto model = GgufModel::open(path);
+  auto* t = new Tokenizer(Vocabulary::from_gguf(*model));
+  std::filesystem::remove(path);
+  return t;
+}
+
 const Tokenizer& tiny_tokenizer() {
-  static const auto* tokenizer = [] {
-    const std::string path = (std::filesystem::temp_directory_path() / ("bmoe-text-" + std::to_string(::getpid()) + ".gguf")).string();
-    SynthSpec spec = synth_preset("tiny-qwen3moe");
-    spec.n_layer = 1;
-    write_synth_model(spec, path);
-    auto model = GgufModel::open(path);
-    auto* t = new Tokenizer(Vocabulary::from_gguf(*model));
-    std::filesystem::remove(path);
-    return t;
-  }();
+  static const Tokenizer* tokenizer = tokenizer_of_preset("tiny-qwen3moe");
+  return *tokenizer;
+}
+
+// SPM-style BPE ("gemma4" model).
+const Tokenizer& gemma_tokenizer() {
+  static const Tokenizer* tokenizer = tokenizer_of_preset("tiny-gemma4");
   return *tokenizer;
 }
 
@@ -102,6 +111,45 @@ TEST(Tokenizer, ControlTokensHiddenUnlessRequested) {
   EXPECT_FALSE(t.is_end_of_generation(t.encode("a", false, false)[0]));
 }
 
+TEST(SpmTokenizer, SpacesBecomeU2581AndWordsMerge) {
+  const Tokenizer& t = gemma_tokenizer();
+  EXPECT_TRUE(t.vocab().add_bos);  // llama.cpp forces BOS for Gemma 4
+  const auto ids = t.encode(" the", false, false);
+  ASSERT_EQ(ids.size(), 1u);
+  EXPECT_EQ(t.vocab().tokens[static_cast<size_t>(ids[0])], "\xE2\x96\x81the");
+  EXPECT_EQ(t.token_bytes(ids[0]), " the");
+}
+
+TEST(SpmTokenizer, UnknownCharactersFallBackToByteTokens) {
+  const Tokenizer& t = gemma_tokenizer();
+  const auto ids = t.encode("\xE4\xBD\xA0", false, false);  // one CJK character, not in the vocabulary
+  ASSERT_EQ(ids.size(), 3u);
+  EXPECT_EQ(t.vocab().tokens[static_cast<size_t>(ids[0])], "<0xE4>");
+  EXPECT_EQ(t.decode(ids), "\xE4\xBD\xA0");
+}
+
+TEST(SpmTokenizer, DecodeInvertsEncode) {
+  const Tokenizer& t = gemma_tokenizer();
+  Rng rng(9);
+  for (int trial = 0; trial < 200; ++trial) {
+    std::string s;
+    const int n = 1 + static_cast<int>(rng.below(40));
+    for (int i = 0; i < n; ++i) {
+      const uint64_t kind = rng.below(4);
+      append_utf8(s, static_cast<uint32_t>(kind == 0 ? '\n' : kind == 1 ? ' ' : kind == 2 ? 32 + rng.below(95) : 0xA0 + rng.below(0x3000)));
+    }
+    EXPECT_EQ(t.decode(t.encode(s, false, false)), s);
+  }
+}
+
+TEST(SpmTokenizer, LongLinesTokenizeQuickly) {
+  // The whole line is one BPE word; the merge queue keeps this near-linear.
+  std::string line = "the";
+  for (int i = 1; i < 20000; ++i) line += " the";
+  const auto ids = gemma_tokenizer().encode(line, false, false);
+  EXPECT_EQ(ids.size(), 20000u);
+}
+
 TEST(Tokenizer, UnsupportedModelsAreRejected) {
   Vocabulary v;
   v.model = "bert";
@@ -150,6 +198,11 @@ TEST(Chat, ChatMLAndNoThink) {
   EXPECT_EQ(render_chat(ChatFormat::ChatML, m, false), "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
   EXPECT_EQ(render_chat(ChatFormat::ChatML, m, true),
             "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
+}
+
+TEST(Chat, Gemma4Turns) {
+  const std::string out = render_chat(detect_chat_format("gemma4", ""), {{"system", "be brief"}, {"user", "hi"}}, false);
+  EXPECT_EQ(out, "<|turn>system\nbe brief<turn|>\n<|turn>user\nhi<turn|>\n<|turn>model\n");
 }
 
 TEST(Chat, HarmonyAndLlama3) {

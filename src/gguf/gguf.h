@@ -56,6 +56,7 @@ struct GgufValue {
   static GgufValue i32_array(const std::vector<int32_t>& v);
   static GgufValue f32_array(const std::vector<float>& v);
   static GgufValue u32_array(const std::vector<uint32_t>& v);
+  static GgufValue bool_array(const std::vector<bool>& v);
 
   bool is_integer() const;
   bool is_float() const { return type == GgufValueType::FLOAT32 || type == GgufValueType::FLOAT64; }

@@ -85,6 +85,13 @@ GgufValue GgufValue::i32_array(const std::vector<int32_t>& v) {
   for (int32_t i : v) x.elements.push_back(i32(i));
   return x;
 }
+GgufValue GgufValue::bool_array(const std::vector<bool>& v) {
+  GgufValue x;
+  x.type = GgufValueType::ARRAY;
+  x.element_type = GgufValueType::BOOL;
+  for (bool b : v) x.elements.push_back(boolean(b));
+  return x;
+}
 GgufValue GgufValue::u32_array(const std::vector<uint32_t>& v) {
   GgufValue x;
   x.type = GgufValueType::ARRAY;

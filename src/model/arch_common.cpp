@@ -11,6 +11,7 @@ void load_qwen2moe(ArchLoader& loader, ModelConfig& config, ModelWeights& weight
 void load_olmoe(ArchLoader& loader, ModelConfig& config, ModelWeights& weights);
 void load_llama_moe(ArchLoader& loader, ModelConfig& config, ModelWeights& weights);
 void load_gpt_oss(ArchLoader& loader, ModelConfig& config, ModelWeights& weights);
+void load_gemma4(ArchLoader& loader, ModelConfig& config, ModelWeights& weights);
 
 const std::vector<Architecture>& architectures() {
   static const std::vector<Architecture> archs = {
@@ -19,6 +20,7 @@ const std::vector<Architecture>& architectures() {
       {"olmoe", "OLMoE (OLMoE-1B-7B)", load_olmoe},
       {"llama", "llama-architecture MoE (Mixtral 8x7B, 8x22B)", load_llama_moe},
       {"gpt-oss", "gpt-oss (20b, 120b; MXFP4 experts, attention sinks, sliding window)", load_gpt_oss},
+      {"gemma4", "Gemma 4 MoE (26B-A4B; dense FFN beside the experts, fused gate+up)", load_gemma4},
   };
   return archs;
 }

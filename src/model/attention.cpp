@@ -9,24 +9,29 @@
 
 namespace bmoe {
 
-void KvCache::init(int n_layer, int n_ctx, int n_head_kv, int head_dim_k, int head_dim_v, KvType type) {
+void KvCache::init(int n_ctx, const std::vector<int>& k_widths, const std::vector<int>& v_widths, KvType type) {
   n_ctx_ = n_ctx;
   type_ = type;
-  k_width_ = n_head_kv * head_dim_k;
-  v_width_ = n_head_kv * head_dim_v;
-  k_.assign(static_cast<size_t>(n_layer), std::vector<uint8_t>(static_cast<size_t>(n_ctx) * k_width_ * element_bytes()));
-  v_.assign(static_cast<size_t>(n_layer), std::vector<uint8_t>(static_cast<size_t>(n_ctx) * v_width_ * element_bytes()));
+  k_width_ = k_widths;
+  v_width_ = v_widths;
+  k_.clear();
+  v_.clear();
+  for (size_t l = 0; l < k_widths.size(); ++l) {
+    k_.emplace_back(static_cast<size_t>(n_ctx) * k_widths[l] * element_bytes());
+    v_.emplace_back(static_cast<size_t>(n_ctx) * v_widths[l] * element_bytes());
+  }
 }
 
 void KvCache::store(int layer, int pos, const float* k, const float* v) {
   auto* kd = const_cast<void*>(k_row(layer, pos));
   auto* vd = const_cast<void*>(v_row(layer, pos));
+  const int kw = k_width_[static_cast<size_t>(layer)], vw = v_width_[static_cast<size_t>(layer)];
   if (type_ == KvType::F16) {
-    quantize_activations(TensorType::F16, k, kd, k_width_);
-    quantize_activations(TensorType::F16, v, vd, v_width_);
+    quantize_activations(TensorType::F16, k, kd, kw);
+    quantize_activations(TensorType::F16, v, vd, vw);
   } else {
-    std::memcpy(kd, k, static_cast<size_t>(k_width_) * sizeof(float));
-    std::memcpy(vd, v, static_cast<size_t>(v_width_) * sizeof(float));
+    std::memcpy(kd, k, static_cast<size_t>(kw) * sizeof(float));
+    std::memcpy(vd, v, static_cast<size_t>(vw) * sizeof(float));
   }
 }
 

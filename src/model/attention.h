@@ -21,14 +21,15 @@ enum class AttentionNumerics { Classic, Flash };
 
 class KvCache {
  public:
-  void init(int n_layer, int n_ctx, int n_head_kv, int head_dim_k, int head_dim_v, KvType type);
+  // Row widths (kv heads x head size) of K and V, one entry per layer.
+  void init(int n_ctx, const std::vector<int>& k_widths, const std::vector<int>& v_widths, KvType type);
   int capacity() const { return n_ctx_; }
   KvType type() const { return type_; }
   // Stores token `pos`'s K and V rows (all kv heads, f32 in) of `layer`.
   void store(int layer, int pos, const float* k, const float* v);
   // Row of position `pos`: uint16_t (f16) or float elements depending on type().
-  const void* k_row(int layer, int pos) const { return row(k_, layer, pos, k_width_); }
-  const void* v_row(int layer, int pos) const { return row(v_, layer, pos, v_width_); }
+  const void* k_row(int layer, int pos) const { return row(k_, layer, pos, k_width_[static_cast<size_t>(layer)]); }
+  const void* v_row(int layer, int pos) const { return row(v_, layer, pos, v_width_[static_cast<size_t>(layer)]); }
   size_t element_bytes() const { return type_ == KvType::F16 ? 2 : 4; }
   size_t bytes() const;
 
@@ -37,8 +38,8 @@ class KvCache {
     return data[static_cast<size_t>(layer)].data() + static_cast<size_t>(pos) * width * element_bytes();
   }
   int n_ctx_ = 0;
-  int k_width_ = 0;
-  int v_width_ = 0;
+  std::vector<int> k_width_;
+  std::vector<int> v_width_;
   KvType type_ = KvType::F16;
   std::vector<std::vector<uint8_t>> k_;
   std::vector<std::vector<uint8_t>> v_;

@@ -62,8 +62,23 @@ struct ModelConfig {
 
   std::vector<int> sliding_window;  // per layer; 0 = full attention
 
+  // Per-layer attention geometry where it varies (gemma4: sliding layers have more, smaller
+  // kv heads and their own RoPE). Empty: every layer uses the scalars above.
+  std::vector<int> layer_n_head_kv;
+  std::vector<int> layer_head_dim;  // key and value head size
+  std::vector<RopeConfig> layer_rope;
+  bool v_rms_norm = false;          // RMS-normalise each value head without a weight (gemma4)
+  ExpertActivation dense_activation = ExpertActivation::SwiGLU;  // dense FFN / shared expert
+
+  int n_head_kv_at(int l) const { return layer_n_head_kv.empty() ? n_head_kv : layer_n_head_kv[static_cast<size_t>(l)]; }
+  int head_dim_at(int l) const { return layer_head_dim.empty() ? head_dim : layer_head_dim[static_cast<size_t>(l)]; }
+  int head_dim_v_at(int l) const { return layer_head_dim.empty() ? head_dim_v : layer_head_dim[static_cast<size_t>(l)]; }
+  const RopeConfig& rope_at(int l) const { return layer_rope.empty() ? rope : layer_rope[static_cast<size_t>(l)]; }
+
   int64_t kv_bytes_per_token() const {
-    return static_cast<int64_t>(n_layer) * n_head_kv * (head_dim + head_dim_v) * 2;  // f16 K and V
+    int64_t total = 0;
+    for (int l = 0; l < n_layer; ++l) total += int64_t{n_head_kv_at(l)} * (head_dim_at(l) + head_dim_v_at(l)) * 2;
+    return total;  // f16 K and V
   }
 };
 

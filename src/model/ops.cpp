@@ -4,6 +4,8 @@
 #include <cmath>
 #include <vector>
 
+#include "core/fp16.h"
+
 namespace bmoe::ops {
 
 void rms_norm(const float* x, const float* weight, float* y, int64_t n, float eps) {
@@ -33,7 +35,7 @@ void yarn_corr_dims(int n_dims, int n_ctx_orig, float freq_base, float beta_fast
 namespace {
 
 // cos/sin for each rotated pair, as ggml builds them: theta multiplied step by step in float.
-void rope_angles(int pos, int head_dim, const RopeConfig& rope, std::vector<float>& cache) {
+void rope_angles(int pos, int head_dim, const RopeConfig& rope, const float* freq_factors, std::vector<float>& cache) {
   const int n_dims = rope.n_rot;
   const float theta_scale = std::pow(rope.freq_base, -2.0f / static_cast<float>(n_dims));
   float corr[2] = {0.0f, 0.0f};
@@ -43,7 +45,8 @@ void rope_angles(int pos, int head_dim, const RopeConfig& rope, std::vector<floa
   cache.resize(static_cast<size_t>(head_dim));
   float theta = static_cast<float>(pos);
   for (int i0 = 0; i0 < head_dim; i0 += 2) {
-    const float theta_extrap = theta;
+    // Frequency factors divide the angle (a huge factor leaves the pair unrotated).
+    const float theta_extrap = freq_factors ? theta / freq_factors[i0 / 2] : theta;
     const float theta_interp = rope.freq_scale * theta_extrap;
     float t = theta_interp;
     float mscale = rope.attn_factor;
@@ -61,9 +64,9 @@ void rope_angles(int pos, int head_dim, const RopeConfig& rope, std::vector<floa
 
 }  // namespace
 
-void rope(float* x, int n_heads, int head_dim, int pos, const RopeConfig& rope) {
+void rope(float* x, int n_heads, int head_dim, int pos, const RopeConfig& rope, const float* freq_factors) {
   thread_local std::vector<float> cache;
-  rope_angles(pos, head_dim, rope, cache);
+  rope_angles(pos, head_dim, rope, freq_factors, cache);
   const int n_dims = rope.n_rot;
   for (int h = 0; h < n_heads; ++h) {
     float* v = x + static_cast<size_t>(h) * head_dim;
@@ -131,12 +134,30 @@ void swiglu_oai(const float* gate, const float* up, float* out, int64_t n, float
   }
 }
 
-void geglu(const float* gate, const float* up, float* out, int64_t n) {
+float gelu_tanh(float x) {
   constexpr float kSqrt2OverPi = 0.79788456080286535587989211986876f;
   constexpr float kCoef = 0.044715f;
+  return 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * x * (1.0f + kCoef * x * x)));
+}
+
+namespace {
+// GELU of every f16 value, rounded to f16: ggml's CPU backend looks GELU up in such a table.
+const std::vector<uint16_t>& gelu_f16_table() {
+  static const std::vector<uint16_t> table = [] {
+    std::vector<uint16_t> t(1 << 16);
+    for (uint32_t i = 0; i < t.size(); ++i) t[i] = fp32_to_fp16(gelu_tanh(fp16_to_fp32(static_cast<uint16_t>(i))));
+    return t;
+  }();
+  return table;
+}
+}  // namespace
+
+void geglu(const float* gate, const float* up, float* out, int64_t n) {
+  const std::vector<uint16_t>& table = gelu_f16_table();
   for (int64_t i = 0; i < n; ++i) {
     const float x = gate[i];
-    const float g = 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * x * (1.0f + kCoef * x * x)));
+    // The input is rounded to f16 for the lookup, except where GELU is 0 or the identity.
+    const float g = x <= -10.0f ? 0.0f : x >= 10.0f ? x : fp16_to_fp32(table[fp32_to_fp16(x)]);
     out[i] = g * up[i];
   }
 }

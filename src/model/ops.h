@@ -12,8 +12,9 @@ namespace bmoe::ops {
 // y = x / rms(x) (* weight when given). x and y may alias.
 void rms_norm(const float* x, const float* weight, float* y, int64_t n, float eps);
 
-// Rotates `n_heads` heads of `head_dim` floats in place for position `pos`.
-void rope(float* x, int n_heads, int head_dim, int pos, const RopeConfig& rope);
+// Rotates `n_heads` heads of `head_dim` floats in place for position `pos`. freq_factors
+// (n_rot / 2 values, or null) divide each pair's angle.
+void rope(float* x, int n_heads, int head_dim, int pos, const RopeConfig& rope, const float* freq_factors = nullptr);
 
 // In-place softmax over n values.
 void softmax(float* x, int64_t n);
@@ -29,7 +30,9 @@ inline float silu(float x) { return x / (1.0f + fast_expf(0.0f - x)); }
 void swiglu(const float* gate, const float* up, float* out, int64_t n);
 // gpt-oss variant: clamped gate/up, x * sigmoid(alpha x) * (up + 1)
 void swiglu_oai(const float* gate, const float* up, float* out, int64_t n, float alpha, float limit);
+// out[i] = gelu(gate[i]) * up[i], GELU (tanh form) through an f16 table as ggml computes it.
 void geglu(const float* gate, const float* up, float* out, int64_t n);
+float gelu_tanh(float x);
 
 void add(float* y, const float* x, int64_t n);  // y += x
 void scale(float* y, float s, int64_t n);       // y *= s

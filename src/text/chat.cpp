@@ -4,6 +4,7 @@ namespace bmoe {
 
 ChatFormat detect_chat_format(const std::string& arch, const std::string& chat_template) {
   if (arch == "gpt-oss" || chat_template.find("<|channel|>") != std::string::npos) return ChatFormat::Harmony;
+  if (arch == "gemma4" || chat_template.find("<|turn>") != std::string::npos) return ChatFormat::Gemma4;
   if (arch.starts_with("gemma") || chat_template.find("<start_of_turn>") != std::string::npos) return ChatFormat::Gemma;
   if (chat_template.find("<|start_header_id|>") != std::string::npos) return ChatFormat::Llama3;
   return ChatFormat::ChatML;
@@ -16,6 +17,7 @@ const char* chat_format_name(ChatFormat f) {
     case ChatFormat::Harmony: return "harmony";
     case ChatFormat::Gemma: return "gemma";
     case ChatFormat::Llama3: return "llama3";
+    case ChatFormat::Gemma4: return "gemma4";
   }
   return "?";
 }
@@ -45,6 +47,14 @@ std::string render_chat(ChatFormat format, const std::vector<ChatMessage>& messa
         out += "<start_of_turn>" + role + "\n" + m.content + "<end_of_turn>\n";
       }
       out += "<start_of_turn>model\n";
+      return out;
+    case ChatFormat::Gemma4:
+      // Thinking stays off unless a system prompt asks for it with <|think|>.
+      for (const auto& m : messages) {
+        const std::string role = m.role == "assistant" ? "model" : m.role;
+        out += "<|turn>" + role + "\n" + m.content + "<turn|>\n";
+      }
+      out += "<|turn>model\n";
       return out;
     case ChatFormat::Llama3:
       out += "<|begin_of_text|>";

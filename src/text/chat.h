@@ -1,5 +1,5 @@
 // Chat prompt formats. bmoe renders the common templates itself (no Jinja engine): ChatML for
-// Qwen, harmony for gpt-oss, Gemma's turn format.
+// Qwen, harmony for gpt-oss, Gemma's turn formats (Gemma 2/3 and Gemma 4), Llama 3 headers.
 #pragma once
 
 #include <string>
@@ -12,7 +12,7 @@ struct ChatMessage {
   std::string content;
 };
 
-enum class ChatFormat { None, ChatML, Harmony, Gemma, Llama3 };
+enum class ChatFormat { None, ChatML, Harmony, Gemma, Llama3, Gemma4 };
 
 // The format to use for a model: from its architecture and chat template text.
 ChatFormat detect_chat_format(const std::string& arch, const std::string& chat_template);

@@ -1,10 +1,12 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "text/tokenizer.h"
 
+#include <fmt/format.h>
 #include <pcre2.h>
 
 #include <algorithm>
 #include <climits>
+#include <queue>
 
 #include "core/error.h"
 #include "gguf/gguf.h"
@@ -28,6 +30,8 @@ std::vector<std::string> pre_tokenizer_regexes(const std::string& pre) {
   if (pre == "llama3" || pre == "llama-bpe" || pre == "smaug-bpe") return {kLlama3};
   if (pre == "gpt-4o") return {kGpt4o};
   if (pre == "default" || pre == "gpt2" || pre == "olmo" || pre == "mpt") return {kGpt2};
+  // SPM-style BPE (Gemma 4) merges whole lines; only newlines split the text.
+  if (pre == "gemma4") return {R"([^\n]+|[\n]+)"};
   return {};
 }
 
@@ -99,6 +103,10 @@ Vocabulary Vocabulary::from_gguf(const GgufModel& model) {
   v.eot = id("tokenizer.ggml.eot_token_id");
   v.pad = id("tokenizer.ggml.padding_token_id");
   v.add_bos = model.get_bool_or("tokenizer.ggml.add_bos_token", false);
+  if (v.model == "gemma4") {
+    v.pre = "gemma4";  // the model implies its pre-tokenizer
+    v.add_bos = true;  // as llama.cpp forces for Gemma 4
+  }
   v.chat_template = model.get_string_or("tokenizer.chat_template", "");
   return v;
 }
@@ -129,8 +137,12 @@ bool is_end_marker(const std::string& text) {
 }  // namespace
 
 Tokenizer::Tokenizer(Vocabulary vocab) : vocab_(std::move(vocab)) {
-  if (vocab_.model != "gpt2") {
-    fail("tokenizer model '{}' is not supported (bmoe supports byte-level BPE 'gpt2')", vocab_.model);
+  if (vocab_.model == "gemma4") {
+    spm_style_ = true;
+    vocab_.pre = "gemma4";
+  } else if (vocab_.model != "gpt2") {
+    fail("tokenizer model '{}' is not supported (bmoe supports byte-level BPE 'gpt2' and SPM-style BPE 'gemma4')",
+         vocab_.model);
   }
   const auto regexes = pre_tokenizer_regexes(vocab_.pre);
   if (regexes.empty()) fail("pre-tokenizer '{}' is not supported", vocab_.pre);
@@ -146,6 +158,7 @@ Tokenizer::Tokenizer(Vocabulary vocab) : vocab_(std::move(vocab)) {
     unicode_to_byte_[byte_to_unicode_[b]] = static_cast<uint8_t>(b);
     std::string s;
     append_utf8(s, byte_to_unicode_[b]);
+    if (spm_style_) s = fmt::format("<0x{:02X}>", b);  // byte-fallback tokens
     const auto it = token_ids_.find(s);
     byte_tokens_[b] = it == token_ids_.end() ? -1 : it->second;
   }
@@ -224,34 +237,79 @@ void Tokenizer::encode_text(std::string_view text, std::vector<int32_t>& out) co
   std::string word;
   for (std::string_view piece : pieces) {
     word.clear();
-    for (unsigned char c : piece) append_utf8(word, byte_to_unicode_[c]);
+    if (spm_style_) {
+      // Raw UTF-8 with spaces written as U+2581; a run of newlines that is itself a token
+      // stays whole (llama.cpp's Gemma 4 rule).
+      for (char c : piece) {
+        if (c == ' ') word += "\xE2\x96\x81";
+        else word += c;
+      }
+      if (word.find_first_not_of('\n') == std::string::npos) {
+        const auto it = token_ids_.find(word);
+        if (it != token_ids_.end()) {
+          out.push_back(it->second);
+          continue;
+        }
+      }
+    } else {
+      for (unsigned char c : piece) append_utf8(word, byte_to_unicode_[c]);
+    }
     bpe_word(word, out);
   }
 }
 
-// Merges adjacent symbols by rank, lowest first, leftmost on ties.
+// Merges adjacent symbols by rank, lowest first, leftmost on ties. Candidate pairs wait in a
+// min-heap; a pair whose symbols changed since it was queued is skipped when popped, so a long
+// word (Gemma merges whole lines) costs O(n log n), not O(n^2).
 void Tokenizer::bpe_word(const std::string& word, std::vector<int32_t>& out) const {
-  std::vector<std::string> symbols;
+  struct Symbol {
+    size_t begin, length;
+    int prev, next;
+  };
+  std::vector<Symbol> sym;
   for (size_t i = 0; i < word.size();) {
-    const size_t n = static_cast<size_t>(utf8_sequence_length(static_cast<uint8_t>(word[i])));
-    symbols.push_back(word.substr(i, n));
+    const size_t n = std::min(word.size() - i, static_cast<size_t>(utf8_sequence_length(static_cast<uint8_t>(word[i]))));
+    const int index = static_cast<int>(sym.size());
+    sym.push_back({i, n, index - 1, -1});
+    if (index > 0) sym[static_cast<size_t>(index) - 1].next = index;
     i += n;
   }
+  struct Pair {
+    int32_t rank;
+    int left;
+    size_t length;  // combined length when queued; a mismatch means the pair is stale
+    bool operator>(const Pair& o) const { return rank != o.rank ? rank > o.rank : left > o.left; }
+  };
+  std::priority_queue<Pair, std::vector<Pair>, std::greater<Pair>> queue;
   std::string key;
-  while (symbols.size() > 1) {
-    int32_t best_rank = INT32_MAX;
-    size_t best = 0;
-    for (size_t i = 0; i + 1 < symbols.size(); ++i) {
-      key.assign(symbols[i]).append(" ").append(symbols[i + 1]);
-      const auto it = merge_ranks_.find(key);
-      if (it != merge_ranks_.end() && it->second < best_rank) {
-        best_rank = it->second;
-        best = i;
-      }
-    }
-    if (best_rank == INT32_MAX) break;
-    symbols[best] += symbols[best + 1];
-    symbols.erase(symbols.begin() + static_cast<std::ptrdiff_t>(best) + 1);
+  auto consider = [&](int left) {
+    if (left < 0) return;
+    const int right = sym[static_cast<size_t>(left)].next;
+    if (right < 0) return;
+    const Symbol& a = sym[static_cast<size_t>(left)];
+    const Symbol& b = sym[static_cast<size_t>(right)];
+    key.assign(word, a.begin, a.length).append(" ").append(word, b.begin, b.length);
+    const auto it = merge_ranks_.find(key);
+    if (it != merge_ranks_.end()) queue.push({it->second, left, a.length + b.length});
+  };
+  for (int i = 0; i + 1 < static_cast<int>(sym.size()); ++i) consider(i);
+  while (!queue.empty()) {
+    const Pair p = queue.top();
+    queue.pop();
+    Symbol& a = sym[static_cast<size_t>(p.left)];
+    if (a.length == 0 || a.next < 0) continue;
+    Symbol& b = sym[static_cast<size_t>(a.next)];
+    if (a.length + b.length != p.length) continue;  // stale: one side has grown since
+    a.length += b.length;
+    b.length = 0;
+    a.next = b.next;
+    if (a.next >= 0) sym[static_cast<size_t>(a.next)].prev = p.left;
+    consider(a.prev);
+    consider(p.left);
+  }
+  std::vector<std::string> symbols;
+  for (int i = sym.empty() ? -1 : 0; i >= 0; i = sym[static_cast<size_t>(i)].next) {
+    symbols.push_back(word.substr(sym[static_cast<size_t>(i)].begin, sym[static_cast<size_t>(i)].length));
   }
   for (const std::string& s : symbols) {
     const auto it = token_ids_.find(s);
@@ -260,6 +318,12 @@ void Tokenizer::bpe_word(const std::string& word, std::vector<int32_t>& out) con
       continue;
     }
     // Not in the vocabulary: fall back to one token per byte.
+    if (spm_style_) {
+      for (unsigned char c : s) {
+        if (byte_tokens_[c] >= 0) out.push_back(byte_tokens_[c]);
+      }
+      continue;
+    }
     for (uint32_t cp : utf8_codepoints(s)) {
       const auto byte = unicode_to_byte_.find(cp);
       if (byte != unicode_to_byte_.end() && byte_tokens_[byte->second] >= 0) out.push_back(byte_tokens_[byte->second]);
@@ -275,7 +339,24 @@ std::string Tokenizer::token_bytes(int32_t id, bool with_special) const {
     case TokenType::Unknown:
     case TokenType::Unused: return with_special ? text : std::string();
     case TokenType::UserDefined: return text;
+    case TokenType::Byte:
+      if (spm_style_ && text.size() == 6 && text.starts_with("<0x")) {
+        return std::string(1, static_cast<char>(std::stoi(text.substr(3, 2), nullptr, 16)));
+      }
+      break;
     default: break;
+  }
+  if (spm_style_) {
+    std::string bytes;
+    for (size_t i = 0; i < text.size();) {
+      if (text.compare(i, 3, "\xE2\x96\x81") == 0) {
+        bytes += ' ';
+        i += 3;
+      } else {
+        bytes += text[i++];
+      }
+    }
+    return bytes;
   }
   std::string bytes;
   for (uint32_t cp : utf8_codepoints(text)) {

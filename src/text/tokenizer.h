@@ -3,6 +3,8 @@
 // Byte-level BPE ("gpt2" model): special and user-defined tokens are split out first (longest
 // first, as llama.cpp does), the rest is pre-tokenized with the model's regex (PCRE2, UTF+UCP)
 // and each piece is mapped to byte-level unicode and merged by rank.
+// SPM-style BPE ("gemma4" model): the same merging over raw UTF-8 with spaces written as
+// U+2581, split only at newlines, and characters outside the vocabulary as <0xXX> tokens.
 #pragma once
 
 #include <cstdint>
@@ -70,6 +72,7 @@ class Tokenizer {
   void bpe_word(const std::string& word, std::vector<int32_t>& out) const;
 
   Vocabulary vocab_;
+  bool spm_style_ = false;  // "gemma4": raw UTF-8, spaces as U+2581, <0xXX> byte tokens
   std::unordered_map<std::string, int32_t> token_ids_;
   std::unordered_map<std::string, int32_t> merge_ranks_;
   std::vector<int32_t> special_tokens_;  // split out before pre-tokenizing, longest first

@@ -57,15 +57,12 @@ N = 32
 STRICT = {"ORACLE_KV": "f32", "ORACLE_FA": "0"}
 
 
-def chatml(prompt):
-    return f"<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n"
-
-
 CHAT_FORMATS = {
     "chatml": lambda p: f"<|im_start|>user\n{p}<|im_end|>\n<|im_start|>assistant\n",
     "harmony": lambda p: f"<|start|>user<|message|>{p}<|end|><|start|>assistant",
     "llama3": lambda p: f"<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\n{p}<|eot_id|>"
                         "<|start_header_id|>assistant<|end_header_id|>\n\n",
+    "gemma4": lambda p: f"<|turn>user\n{p}<turn|>\n<|turn>model\n",
 }
 
 
@@ -256,3 +253,21 @@ class Mixtral_Cut2(Conformance, unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)
+
+
+class TinyGemma4(Conformance, unittest.TestCase):
+    """Sliding and full layers (V = K, proportional RoPE), dense FFN beside fused gate+up experts."""
+    name = "tiny-gemma4"
+    preset = "tiny-gemma4"
+    chat = "gemma4"
+    strict = False
+
+
+class Gemma4_26B_Cut2(Conformance, unittest.TestCase):
+    """2 layers of the Gemma-4-26B-A4B shape, the second one full attention (--swa-period 2),
+    real Gemma vocabulary."""
+    name = "gemma4-26b-cut2"
+    preset = "gemma-4-26b-a4b"
+    model_args = ("--layers", "2", "--swa-period", "2")
+    chat = "gemma4"
+    strict = False

@@ -6,7 +6,8 @@
 //   node tests/oracle/oracle.mjs bench    MODEL PROMPT N T        -> {tokens, seconds, tok_s, ...}
 //   node tests/oracle/oracle.mjs probs    MODEL PROMPT            -> {prompt, probs} (diagnostics)
 //
-// Texts are tokenized with special tokens parsed and no BOS (the models' add_bos is false).
+// Texts are tokenized with special tokens parsed, and a BOS first where the model asks for one
+// (tokenizer.ggml.add_bos_token; llama.cpp forces it for Gemma 4), as llama-cli does.
 // top2[i] = [best id, p, second id, p] at step i, to recognise true near-ties.
 import fs from "node:fs";
 import {getLlama} from "node-llama-cpp";
@@ -32,6 +33,12 @@ function emit(text) {
 const llama = await getLlama({gpu: false, build: "never", logLevel: "error"});
 const model = await llama.loadModel({modelPath, useMmap: true});
 const n = parseInt(nStr ?? "32", 10);
+function tokenize(text) {
+  const ids = Array.from(model.tokenize(text, true));
+  const bos = model.tokens.bos;
+  if (model.tokens.shouldPrependBosToken && bos != null && ids[0] !== bos) ids.unshift(bos);
+  return ids;
+}
 // ORACLE_KV=f32 runs llama.cpp with an f32 KV cache (bmoe: --kv-type f32).
 const kv = (process.env.ORACLE_KV ?? "f16").toUpperCase();
 const flash = process.env.ORACLE_FA === "0" ? false : "auto";  // llama.cpp's default: flash attention on the CPU
@@ -43,13 +50,13 @@ const threads = parseInt(threadsStr ?? "2", 10);
 
 if (mode === "tokenize") {
   const texts = JSON.parse(fs.readFileSync(arg, "utf8"));
-  emit(JSON.stringify(texts.map((t) => Array.from(model.tokenize(t, true)))));
+  emit(JSON.stringify(texts.map((t) => tokenize(t))));
   process.exit(0);
 }
 
 async function greedy(ctx, text, withTop2) {
   const seq = ctx.getSequence();
-  const prompt = model.tokenize(text, true);
+  const prompt = tokenize(text);
   const tokens = [];
   const top2 = [];
   const stamps = [];  // ns timestamp of each generated token
@@ -100,7 +107,7 @@ if (mode === "probs") {
   // Full next-token distribution after the prompt (diagnostics).
   const ctx = await model.createContext(contextOptions(2048));
   const seq = ctx.getSequence();
-  const prompt = model.tokenize(arg, true);
+  const prompt = tokenize(arg);
   for await (const step of seq.evaluateWithMetadata(prompt, {probabilities: true}, {temperature: 0})) {
     emit(JSON.stringify({prompt: Array.from(prompt), probs: Array.from(step.probabilities.entries())}));
     break;
