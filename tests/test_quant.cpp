@@ -7,6 +7,7 @@
 #include <cstring>
 #include <vector>
 
+#include "core/cpu_features.h"
 #include "core/fp16.h"
 #include "core/rng.h"
 #include "quant/blocks.h"
@@ -351,12 +352,37 @@ TEST(Dot, F16PairMatchesReference) {
 INSTANTIATE_TEST_SUITE_P(AllTypes, DotTest, ::testing::ValuesIn(kWeightTypes),
                          [](const auto& info) { return std::string(type_name(info.param)); });
 
+// The NEON quantized kernels accumulate exactly as the reference does: equal bit for bit.
+TEST(Dispatch, NeonQuantKernelsEqualTheReferenceBitForBit) {
+  if (active_isa() != Isa::Neon) GTEST_SKIP() << "not an arm64 CPU with dotprod";
+  Rng rng(77);
+  for (TensorType t : {TensorType::Q4_0, TensorType::Q8_0, TensorType::MXFP4, TensorType::Q4_K, TensorType::Q5_K,
+                       TensorType::Q6_K}) {
+    for (int trial = 0; trial < 20; ++trial) {
+      const int64_t n = 256 * (1 + static_cast<int64_t>(rng.below(8)));
+      const auto w = random_raw_blocks(rng, t, n);
+      const auto act = random_floats(rng, n, trial % 2 ? 1.0 : 50.0);
+      const float simd = static_cast<float>(dot_with(kernels(t), w.data(), act, n));
+      const float scalar = static_cast<float>(dot_with(*kernels_for_isa(t, Isa::Scalar), w.data(), act, n));
+      EXPECT_EQ(float_bits(simd), float_bits(scalar)) << type_name(t) << " n=" << n;
+    }
+  }
+}
+
 TEST(Dispatch, UsesSimdWhenAvailable) {
 #if defined(__x86_64__)
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && !std::getenv("BMOE_ISA")) {
     EXPECT_EQ(active_isa(), Isa::Avx2);
     EXPECT_NE(kernels(TensorType::Q4_K).dot, kernels_for_isa(TensorType::Q4_K, Isa::Scalar)->dot);
+  }
+#endif
+#if defined(__aarch64__)
+  // Under qemu-aarch64 -cpu max (CI) and on every phone we target, dotprod is there.
+  if (cpu_features().dotprod && !std::getenv("BMOE_ISA")) {
+    EXPECT_EQ(active_isa(), Isa::Neon);
+    EXPECT_NE(kernels(TensorType::Q4_K).dot, kernels_for_isa(TensorType::Q4_K, Isa::Scalar)->dot);
+    EXPECT_EQ(active_isa_name().rfind("neon", 0), 0u);
   }
 #endif
   EXPECT_EQ(kernels(TensorType::Q4_K).activation_type, TensorType::Q8_K);

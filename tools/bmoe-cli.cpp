@@ -4,7 +4,9 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdio>
+#include <atomic>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -14,6 +16,7 @@
 #include "core/error.h"
 #include "core/progress.h"
 #include "core/timer.h"
+#include "engine/generate.h"
 #include "engine/loader.h"
 #include "engine/report.h"
 #include "engine/routing.h"
@@ -21,21 +24,19 @@
 #include "model/arch.h"
 #include "text/chat.h"
 #include "text/utf8.h"
+#include "run_options.h"
 
 using namespace bmoe;
 
 namespace {
 
 struct CliOptions {
-  std::string model;
+  RunOptions run;
   std::string prompt;
   std::string prompt_file;
   std::string prompt_ids;
   std::string system;
   int n_predict = 128;
-  int threads = 0;
-  int ctx_size = 4096;
-  int batch_size = 512;
   uint64_t seed = 0xB30E;
   float temperature = 0.0f;
   int top_k = 40;
@@ -48,35 +49,22 @@ struct CliOptions {
   bool tokenize_only = false;
   bool show_special = false;
   bool list_archs = false;
-  int n_expert_used = 0;
   std::string dump_logits;
-  std::string kv_type = "f16";
-  // Streaming.
-  bool moe_stream = false;
-  std::string dense_weights = "anon";
-  std::string cache_mb = "auto";
-  int64_t cache_ceil_mb = -1;
-  std::string cache_policy;
-  int io_threads = 4;
-  bool no_odirect = false;
-  bool overlap = false;
   // Telemetry and routing traces.
   std::string csv;
   std::string metrics;
   std::string route_trace;
   std::string route_replay;
   bool progress = false;
+  bool interactive = false;
 };
 
 void add_flags(CLI::App& app, CliOptions& o) {
-  app.add_option("-m,--model", o.model, "GGUF model file (any shard of a split model)");
+  add_run_flags(app, o.run);
   app.add_option("-p,--prompt", o.prompt, "prompt text");
   app.add_option("-f,--file", o.prompt_file, "read the prompt from a file");
   app.add_option("--prompt-ids", o.prompt_ids, "the prompt as comma-separated token ids (instead of -p)");
   app.add_option("-n,--n-predict", o.n_predict, "tokens to generate (-1: until end of text or context)")->capture_default_str();
-  app.add_option("-t,--threads", o.threads, "compute threads (default: all cores)")->check(CLI::Range(0, 512));
-  app.add_option("-c,--ctx-size", o.ctx_size, "context size in tokens")->capture_default_str()->check(CLI::Range(16, 1 << 20));
-  app.add_option("-b,--batch-size", o.batch_size, "prompt tokens evaluated per batch")->capture_default_str()->check(CLI::Range(1, 8192));
   app.add_option("-s,--seed", o.seed, "sampling seed")->capture_default_str();
   app.add_option("--temp", o.temperature, "temperature (0 = greedy)")->capture_default_str()->check(CLI::Range(0.0, 100.0));
   app.add_option("--top-k", o.top_k, "top-k sampling (0 = off)")->capture_default_str()->check(CLI::Range(0, 1 << 24));
@@ -91,32 +79,18 @@ void add_flags(CLI::App& app, CliOptions& o) {
   app.add_flag("--special", o.show_special, "print special/control tokens in the output");
   app.add_flag("--json", o.json, "print a JSON result (prompt ids, generated ids, text) instead of streaming text");
   app.add_flag("--tokenize", o.tokenize_only, "print the prompt's token ids as JSON and exit");
-  app.add_option("--n-expert-used", o.n_expert_used, "override the model's top-k experts per token (lossy)")->check(CLI::Range(1, 1024));
-  app.add_option("--kv-type", o.kv_type, "KV cache element type: f16 or f32")->capture_default_str()->check(CLI::IsMember({"f16", "f32"}));
   app.add_option("--dump-logits", o.dump_logits, "write the logits after the prompt (f32, binary) to a file");
   app.add_flag("--list-archs", o.list_archs, "list the architectures compiled in and exit");
 
-  app.add_flag("--moe-stream", o.moe_stream, "read routed experts from flash on demand instead of mapping the whole model");
-  app.add_option("--dense-weights", o.dense_weights, "streaming: dense weights in anonymous memory (anon) or mapped (mmap)")
-      ->capture_default_str()->check(CLI::IsMember({"anon", "mmap"}));
-  app.add_option("--cache-mb", o.cache_mb, "streaming: expert cache budget in MiB, or auto (from free memory / cgroup limit)")
-      ->capture_default_str();
-  app.add_option("--cache-ceil-mb", o.cache_ceil_mb, "streaming: upper bound for --cache-mb auto")->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
-  app.add_option("--cache-policy", o.cache_policy,
-                 fmt::format("streaming: expert cache policy ({}; default {})", [] {
-                   std::string s;
-                   for (const auto& n : cache_policy_names()) s += (s.empty() ? "" : ", ") + n;
-                   return s;
-                 }(), default_cache_policy()));
-  app.add_option("--io-threads", o.io_threads, "streaming: parallel read lanes")->capture_default_str()->check(CLI::Range(1, 32));
-  app.add_flag("--no-odirect", o.no_odirect, "streaming: buffered reads instead of O_DIRECT");
-  app.add_flag("--overlap", o.overlap, "streaming: compute resident experts while the missing ones are read");
   app.add_option("--csv", o.csv, "write one CSV row per decoded token (timings, experts, cache, bytes read)");
   app.add_option("--metrics", o.metrics, "write run metrics (peak RSS, MemAvailable floor, temperatures, config) as JSON");
   app.add_option("--route-trace", o.route_trace, "record every routing decision to a CSV trace");
   app.add_option("--route-replay", o.route_replay,
                  "BENCHMARK ONLY, LOSSY: force each step's routing from a recorded trace (changes the output)");
   app.add_flag("--progress", o.progress, "print a live per-token status line on stderr");
+  app.add_flag("-i,--interactive", o.interactive,
+               "chat in the terminal with the model's chat format; the model, KV cache and expert cache stay "
+               "loaded across turns (/reset clears the conversation, Ctrl-C stops an answer, Ctrl-D quits)");
 }
 
 std::string read_file(const std::string& path) {
@@ -143,37 +117,8 @@ std::vector<int32_t> parse_ids(const std::string& text, int vocab_size) {
   return ids;
 }
 
-uint64_t parse_mib(const std::string& text, const char* flag) {
-  try {
-    size_t used = 0;
-    const long long v = std::stoll(text, &used);
-    if (used != text.size() || v < 0) throw std::invalid_argument(text);
-    return static_cast<uint64_t>(v) << 20;
-  } catch (const std::exception&) {
-    fail("{} expects a number of MiB or 'auto', got '{}'", flag, text);
-  }
-}
-
-// --cache-mb auto: what memory (and the cgroup limit) allows after the dense weights, minus
-// the KV cache, working buffers and a safety margin.
-uint64_t auto_cache_budget(const CliOptions& o, LoadedModel& model, uint64_t kv_bytes) {
-  const MemorySnapshot m = read_memory();
-  const auto available = m.available();
-  if (!available) fail("--cache-mb auto: cannot read available memory (/proc/meminfo); give --cache-mb N");
-  const uint64_t scratch = 256ull << 20;
-  const uint64_t margin = std::max<uint64_t>(512ull << 20, *available / 10);
-  const uint64_t reserve = kv_bytes + scratch + margin;
-  uint64_t budget = *available > reserve ? *available - reserve : 0;
-  if (o.cache_ceil_mb >= 0) budget = std::min<uint64_t>(budget, static_cast<uint64_t>(o.cache_ceil_mb) << 20);
-  fmt::print(stderr, "moe-cache: auto budget {} MiB = available {} MiB{} - KV {} MiB - buffers {} MiB - margin {} MiB{}\n",
-             budget >> 20, *available >> 20,
-             m.cgroup_limit ? fmt::format(" (cgroup limit {} MiB)", *m.cgroup_limit >> 20) : "", kv_bytes >> 20,
-             scratch >> 20, margin >> 20, o.cache_ceil_mb >= 0 ? fmt::format(", ceiling {} MiB", o.cache_ceil_mb) : "");
-  (void)model;
-  return budget;
-}
-
-std::string config_json(const CliOptions& o, int threads, const LoadedModel& model, uint64_t budget) {
+std::string config_json(const CliOptions& c, int threads, const LoadedModel& model, uint64_t budget) {
+  const RunOptions& o = c.run;
   nlohmann::json j;
   j["model"] = o.model;
   j["arch"] = model.arch;
@@ -181,9 +126,9 @@ std::string config_json(const CliOptions& o, int threads, const LoadedModel& mod
   j["isa"] = active_isa_name();
   j["ctx_size"] = o.ctx_size;
   j["batch_size"] = o.batch_size;
-  j["n_predict"] = o.n_predict;
-  j["temperature"] = o.temperature;
-  j["seed"] = o.seed;
+  j["n_predict"] = c.n_predict;
+  j["temperature"] = c.temperature;
+  j["seed"] = c.seed;
   j["kv_type"] = o.kv_type;
   j["n_expert_used"] = model.transformer->config().n_expert_used;
   j["moe_stream"] = o.moe_stream;
@@ -196,10 +141,101 @@ std::string config_json(const CliOptions& o, int threads, const LoadedModel& mod
     j["odirect"] = !o.no_odirect;
     j["overlap"] = o.overlap;
   }
-  j["route_replay"] = o.route_replay;
-  j["chatml"] = o.chatml || o.chat;
-  j["no_think"] = o.no_think;
+  j["route_replay"] = c.route_replay;
+  j["chatml"] = c.chatml || c.chat;
+  j["no_think"] = c.no_think;
   return j.dump();
+}
+
+std::atomic<bool> g_interrupted{false};
+
+extern "C" void on_interrupt(int) { g_interrupted.store(true); }
+
+// Ctrl-C sets a flag instead of killing the process; no SA_RESTART, so a blocked read of the
+// next line returns and the prompt can be shown again.
+void catch_interrupts() {
+  struct sigaction sa {};
+  sa.sa_handler = on_interrupt;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = 0;
+  sigaction(SIGINT, &sa, nullptr);
+}
+
+// Reads one line from stdin; false at end of input. An interrupted read gives an empty line.
+bool read_line(std::string& line) {
+  line.clear();
+  for (;;) {
+    const int c = std::fgetc(stdin);
+    if (c == EOF) {
+      if (g_interrupted.exchange(false)) {
+        std::clearerr(stdin);
+        line.clear();
+        return true;
+      }
+      return !line.empty();
+    }
+    if (c == '\n') return true;
+    line += static_cast<char>(c);
+  }
+}
+
+// -i: a chat loop. The conversation is re-rendered each turn with the model's chat format and
+// the session keeps the KV rows of the common prefix, so only the new turn is evaluated.
+int interactive(const CliOptions& o) {
+  LoadedRun loaded = load_run(o.run);
+  LoadedModel& model = *loaded.model;
+  const ModelConfig& cfg = model.transformer->config();
+  const ChatFormat format =
+      o.chatml ? ChatFormat::ChatML : detect_chat_format(cfg.arch, model.tokenizer->vocab().chat_template);
+  ThreadPool pool(o.run.thread_count());
+  Session session(model, pool, o.run.ctx_size, o.run.batch_size, SamplerConfig{}, o.run.kv());
+  std::vector<ChatMessage> messages;
+  if (!o.system.empty()) messages.push_back({"system", o.system});
+  GenerateParams params;
+  params.max_tokens = o.n_predict < 0 ? o.run.ctx_size : o.n_predict;
+  params.sampler = SamplerConfig{o.temperature, o.top_k, o.top_p, o.seed};
+  params.show_special = o.show_special;
+  catch_interrupts();
+  fmt::print(stderr, "interactive chat ({} format): /reset clears the conversation, Ctrl-C stops an answer, "
+                     "Ctrl-D or /exit quits\n", chat_format_name(format));
+  std::string line;
+  for (;;) {
+    fmt::print("> ");
+    std::fflush(stdout);
+    if (!read_line(line)) break;
+    if (line == "/exit" || line == "/quit") break;
+    if (line == "/reset") {
+      messages.resize(o.system.empty() ? 0 : 1);
+      session.reset();
+      fmt::print(stderr, "(conversation cleared)\n");
+      continue;
+    }
+    if (line.empty()) continue;
+    messages.push_back({"user", line});
+    const std::vector<int32_t> ids = session.tokenize(render_chat(format, messages, o.no_think), true);
+    g_interrupted.store(false);
+    GenerateResult r;
+    try {
+      r = generate(session, ids, params, [](const std::string& piece) {
+        std::fwrite(piece.data(), 1, piece.size(), stdout);
+        std::fflush(stdout);
+        return true;
+      }, &g_interrupted);
+    } catch (const Error& e) {
+      messages.pop_back();
+      fmt::print(stderr, "error: {} (/reset starts a new conversation)\n", e.what());
+      continue;
+    }
+    fmt::print("\n");
+    if (r.finish_reason == "cancelled") fmt::print(stderr, "[stopped]\n");
+    messages.push_back({"assistant", r.text});
+    fmt::print(stderr, "[{} tokens, {:.2f} tok/s; prompt {} tokens, {} reused from the last turn]\n", r.tokens.size(),
+               static_cast<double>(r.tokens.size()) / std::max(r.decode_seconds, 1e-9), r.prompt_tokens,
+               r.reused_tokens);
+    g_interrupted.store(false);
+  }
+  fmt::print("\n");
+  return 0;
 }
 
 int run(const CliOptions& o) {
@@ -207,48 +243,18 @@ int run(const CliOptions& o) {
     for (const Architecture& a : architectures()) fmt::print("{:<10} {}\n", a.name, a.description);
     return 0;
   }
-  if (o.model.empty()) fail("no model given (-m FILE)");
+  if (o.interactive) return interactive(o);
   std::string prompt = o.prompt;
   if (!o.prompt_file.empty()) prompt = read_file(o.prompt_file);
-  const uint64_t fixed_budget = o.cache_mb == "auto" ? 0 : parse_mib(o.cache_mb, "--cache-mb");
 
   MemoryWatcher watcher;
   const auto thermal_start = read_thermal();
-  const int threads = o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  Stopwatch load_timer;
-  LoadOptions load;
-  load.n_expert_used = o.n_expert_used;
-  load.stream_experts = o.moe_stream;
-  load.dense = o.dense_weights == "mmap" ? DenseWeights::Mmap : DenseWeights::Anon;
-  load.odirect = !o.no_odirect;
-  auto model = load_model(o.model, load);
+  const int threads = o.run.thread_count();
+  LoadedRun loaded = load_run(o.run);
+  LoadedModel* model = loaded.model.get();
   const ModelConfig& cfg = model->transformer->config();
-
-  uint64_t budget = 0;
-  if (o.moe_stream) {
-    const uint64_t kv_bytes = static_cast<uint64_t>(cfg.kv_bytes_per_token()) * static_cast<uint64_t>(o.ctx_size) *
-                              (o.kv_type == "f32" ? 2 : 1);
-    budget = o.cache_mb == "auto" ? auto_cache_budget(o, *model, kv_bytes) : fixed_budget;
-    StreamingOptions so;
-    so.cache_bytes = budget;
-    so.policy = o.cache_policy;
-    so.io_threads = o.io_threads;
-    so.odirect = !o.no_odirect;
-    so.overlap = o.overlap;
-    attach_streaming(*model, so);
-    for (const auto& note : model->streamer()->io_notes()) fmt::print(stderr, "warning: {}\n", note);
-    const uint64_t cycle = model->expert_layout.token_cycle_bytes(cfg.n_expert_used);
-    if (so.policy == "lru" && budget > 0 && budget < cycle) {
-      fmt::print(stderr,
-                 "warning: a global-LRU cache below one token cycle ({} MiB) evicts every expert just before its "
-                 "reuse (about 0 % hits); use the default policy ({}) or a larger --cache-mb\n",
-                 cycle >> 20, default_cache_policy());
-    }
-  }
-  fmt::print(stderr, "load: {} ({}), {} layers, {} experts top-{}, {} threads, isa {}, experts {}, dense {}, {:.2f} s\n",
-             o.model, cfg.arch, cfg.n_layer, cfg.n_expert, cfg.n_expert_used, threads, active_isa_name(),
-             model->experts->describe(), format_bytes(model->dense_bytes), load_timer.seconds());
-  const double load_seconds = load_timer.seconds();
+  const uint64_t budget = loaded.cache_budget;
+  const double load_seconds = loaded.load_seconds;
 
   if (o.chatml || o.chat) {
     const ChatFormat format = o.chatml ? ChatFormat::ChatML
@@ -261,7 +267,7 @@ int run(const CliOptions& o) {
 
   ThreadPool pool(threads);
   SamplerConfig sampler{o.temperature, o.top_k, o.top_p, o.seed};
-  Session session(*model, pool, o.ctx_size, o.batch_size, sampler, o.kv_type == "f32" ? KvType::F32 : KvType::F16);
+  Session session(*model, pool, o.run.ctx_size, o.run.batch_size, sampler, o.run.kv());
   std::unique_ptr<RouteReplayer> replayer;
   std::unique_ptr<RouteRecorder> recorder;
   if (!o.route_replay.empty()) {
@@ -283,8 +289,8 @@ int run(const CliOptions& o) {
     fmt::print("{}\n", nlohmann::json(prompt_ids).dump());
     return 0;
   }
-  if (static_cast<int>(prompt_ids.size()) >= o.ctx_size) {
-    fail("the prompt has {} tokens, more than the context of {} (raise -c)", prompt_ids.size(), o.ctx_size);
+  if (static_cast<int>(prompt_ids.size()) >= o.run.ctx_size) {
+    fail("the prompt has {} tokens, more than the context of {} (raise -c)", prompt_ids.size(), o.run.ctx_size);
   }
 
   const PrefillRecord pre = session.prefill(prompt_ids);
@@ -297,7 +303,7 @@ int run(const CliOptions& o) {
 
   std::vector<int32_t> generated;
   Utf8Stream out;
-  const int limit = o.n_predict < 0 ? o.ctx_size - static_cast<int>(prompt_ids.size()) : o.n_predict;
+  const int limit = o.n_predict < 0 ? o.run.ctx_size - static_cast<int>(prompt_ids.size()) : o.n_predict;
   const bool tty = ::isatty(STDERR_FILENO) != 0;
   for (int i = 0; i < limit; ++i) {
     const int32_t token = session.sample();
@@ -310,7 +316,7 @@ int run(const CliOptions& o) {
         std::fflush(stdout);
       }
     }
-    if (i + 1 >= limit || session.state().n_past() >= o.ctx_size) break;
+    if (i + 1 >= limit || session.state().n_past() >= o.run.ctx_size) break;
     const TokenRecord& r = session.accept(token);
     if (o.progress) {
       const auto& recs = session.records();
@@ -346,8 +352,8 @@ int run(const CliOptions& o) {
   }
 
   const ExpertStats final_stats = model->experts->stats();
-  const RunSummary summary = summarize(session.records(), o.overlap, final_stats);
-  fmt::print(stderr, "{}", summary_lines(summary, o.moe_stream, o.io_threads, budget));
+  const RunSummary summary = summarize(session.records(), o.run.overlap, final_stats);
+  fmt::print(stderr, "{}", summary_lines(summary, o.run.moe_stream, o.run.io_threads, budget));
   if (!o.csv.empty()) write_token_csv(o.csv, session.records());
   if (!o.metrics.empty()) {
     MetricsInput mi;

@@ -25,7 +25,20 @@ PrefillRecord Session::prefill(const std::vector<int32_t>& tokens) {
     logits_ = &state_.eval(tokens.data() + i, n);
   }
   state_.set_prefill(false);
+  history_.insert(history_.end(), tokens.begin(), tokens.end());
   return {static_cast<int>(tokens.size()), timer.seconds()};
+}
+
+int Session::prefill_reusing(const std::vector<int32_t>& prompt, PrefillRecord* record) {
+  if (prompt.empty()) fail("the prompt is empty");
+  size_t keep = 0;
+  while (keep < history_.size() && keep < prompt.size() && history_[keep] == prompt[keep]) ++keep;
+  keep = std::min(keep, prompt.size() - 1);
+  state_.truncate(static_cast<int>(keep));
+  history_.resize(keep);
+  const PrefillRecord r = prefill(std::vector<int32_t>(prompt.begin() + static_cast<std::ptrdiff_t>(keep), prompt.end()));
+  if (record) *record = r;
+  return static_cast<int>(keep);
 }
 
 int32_t Session::sample() {
@@ -37,6 +50,7 @@ const TokenRecord& Session::accept(int32_t token) {
   const ExpertStats before = model_.experts->stats();
   Stopwatch timer;
   logits_ = &state_.eval(&token, 1);
+  history_.push_back(token);
   const double wall = timer.seconds();
   const ExpertStats after = model_.experts->stats();
   TokenRecord r;
@@ -57,6 +71,7 @@ const TokenRecord& Session::accept(int32_t token) {
 
 void Session::reset() {
   state_.truncate(0);
+  history_.clear();
   logits_ = nullptr;
   records_.clear();
 }

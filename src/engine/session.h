@@ -41,6 +41,13 @@ class Session {
   std::vector<int32_t> tokenize(const std::string& text, bool parse_special) const;
   // Feeds tokens (batched by n_batch); afterwards next_token() samples from the last logits.
   PrefillRecord prefill(const std::vector<int32_t>& tokens);
+  // Makes the sequence equal `prompt`, keeping the longest common prefix of what the KV cache
+  // already holds (at least the last prompt token is evaluated, for fresh logits). Returns how
+  // many tokens were reused.
+  int prefill_reusing(const std::vector<int32_t>& prompt, PrefillRecord* record = nullptr);
+  void set_sampler(const SamplerConfig& config) { sampler_ = Sampler(config); }
+  // The tokens whose keys and values the cache holds, in order.
+  const std::vector<int32_t>& history() const { return history_; }
   // Samples the next token from the current logits (does not feed it).
   int32_t sample();
   // Feeds one generated token and records its cost.
@@ -60,6 +67,7 @@ class Session {
   Sampler sampler_;
   const std::vector<float>* logits_ = nullptr;
   std::vector<TokenRecord> records_;
+  std::vector<int32_t> history_;
 };
 
 }  // namespace bmoe

@@ -1,0 +1,97 @@
+#include "engine/generate.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "core/timer.h"
+#include "text/utf8.h"
+
+namespace bmoe {
+
+std::string StopMatcher::push(const std::string& text) {
+  if (stopped_) return {};
+  pending_ += text;
+  size_t first = std::string::npos;
+  for (const std::string& s : stops_) {
+    if (s.empty()) continue;
+    first = std::min(first, pending_.find(s));
+  }
+  if (first != std::string::npos) {
+    stopped_ = true;
+    std::string out = pending_.substr(0, first);
+    pending_.clear();
+    return out;
+  }
+  // Keep the longest tail that is a proper prefix of some stop string.
+  size_t hold = 0;
+  for (const std::string& s : stops_) {
+    for (size_t n = std::min(s.size() - (s.empty() ? 0 : 1), pending_.size()); n > hold; --n) {
+      if (pending_.compare(pending_.size() - n, n, s, 0, n) == 0) {
+        hold = n;
+        break;
+      }
+    }
+  }
+  std::string out = pending_.substr(0, pending_.size() - hold);
+  pending_.erase(0, pending_.size() - hold);
+  return out;
+}
+
+std::string StopMatcher::flush() {
+  std::string out = stopped_ ? std::string() : pending_;
+  pending_.clear();
+  return out;
+}
+
+GenerateResult generate(Session& session, const std::vector<int32_t>& prompt, const GenerateParams& params,
+                        const PieceCallback& on_piece, const std::atomic<bool>* cancel) {
+  GenerateResult result;
+  const int n_ctx = session.state().n_ctx();
+  if (prompt.empty()) fail("the prompt is empty");
+  if (static_cast<int>(prompt.size()) >= n_ctx) {
+    fail("the prompt has {} tokens, more than the context of {}", prompt.size(), n_ctx);
+  }
+  result.prompt_tokens = static_cast<int>(prompt.size());
+  session.set_sampler(params.sampler);
+  PrefillRecord pre;
+  result.reused_tokens = session.prefill_reusing(prompt, &pre);
+  result.prefill_seconds = pre.seconds;
+
+  const Tokenizer& tok = *session.model().tokenizer;
+  Utf8Stream utf8;
+  StopMatcher stop(params.stop);
+  bool keep_going = true;
+  auto emit = [&](const std::string& text) {
+    if (text.empty() || !keep_going) return;
+    result.text += text;
+    if (on_piece && !on_piece(text)) keep_going = false;
+  };
+  Stopwatch decode;
+  result.finish_reason = "length";
+  const int limit = std::min(params.max_tokens, n_ctx - static_cast<int>(prompt.size()));
+  for (int i = 0; i < limit; ++i) {
+    if ((cancel && cancel->load()) || !keep_going) {
+      result.finish_reason = "cancelled";
+      break;
+    }
+    const int32_t token = session.sample();
+    if (!params.ignore_eos && tok.is_end_of_generation(token)) {
+      result.finish_reason = "stop";
+      break;
+    }
+    result.tokens.push_back(token);
+    emit(stop.push(utf8.push(tok.token_bytes(token, params.show_special))));
+    if (stop.stopped()) {
+      result.finish_reason = "stop";
+      break;
+    }
+    // The last token of the budget is not fed: nothing would read its logits.
+    if (i + 1 < limit) session.accept(token);
+  }
+  if (!keep_going) result.finish_reason = "cancelled";
+  if (!stop.stopped()) emit(stop.push(utf8.flush()) + stop.flush());
+  result.decode_seconds = decode.seconds();
+  return result;
+}
+
+}  // namespace bmoe

@@ -1,0 +1,55 @@
+// One completion on a Session: reuses the cached prefix of the prompt, samples up to a limit,
+// stops at end-of-generation tokens or stop strings, streams complete UTF-8 pieces and can be
+// cancelled between tokens. Shared by bmoe-cli -i and bmoe-server.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "engine/session.h"
+
+namespace bmoe {
+
+struct GenerateParams {
+  int max_tokens = 128;
+  SamplerConfig sampler;
+  std::vector<std::string> stop;  // the text ends before the first occurrence of any
+  bool ignore_eos = false;
+  bool show_special = false;
+};
+
+struct GenerateResult {
+  std::string text;
+  std::vector<int32_t> tokens;
+  int prompt_tokens = 0;
+  int reused_tokens = 0;      // prompt tokens whose KV rows were kept from before
+  std::string finish_reason;  // "stop" (end token or stop string), "length", "cancelled"
+  double prefill_seconds = 0;
+  double decode_seconds = 0;
+};
+
+// Receives each new piece of text; returning false cancels the generation.
+using PieceCallback = std::function<bool(const std::string& piece)>;
+
+GenerateResult generate(Session& session, const std::vector<int32_t>& prompt, const GenerateParams& params,
+                        const PieceCallback& on_piece = {}, const std::atomic<bool>* cancel = nullptr);
+
+// Holds back text that could be the start of a stop string; finds complete stop strings.
+class StopMatcher {
+ public:
+  explicit StopMatcher(std::vector<std::string> stops) : stops_(std::move(stops)) {}
+  // Adds text; returns what can be emitted now. Sets stopped() when a stop string completes
+  // (the stop string and anything after it are dropped).
+  std::string push(const std::string& text);
+  std::string flush();  // what was held back, at the end
+  bool stopped() const { return stopped_; }
+
+ private:
+  std::vector<std::string> stops_;
+  std::string pending_;
+  bool stopped_ = false;
+};
+
+}  // namespace bmoe

@@ -1,0 +1,240 @@
+// NEON + dotprod dot products (arm64; this file is compiled for armv8.2-a+dotprod and the
+// dispatcher only selects it where HWCAP reports dotprod).
+//
+// The quantized kernels compute each block's integer sum with SDOT (exact) and then
+// accumulate across blocks with exactly the scalar reference's float operations, so their
+// results equal the reference bit for bit. The float kernels (F32, F16) keep four vector
+// accumulators like ggml's NEON path; they agree with the reference to float rounding.
+#if defined(__aarch64__)
+
+#include <arm_neon.h>
+
+#include <cmath>
+
+#include "quant/blocks.h"
+#include "quant/simd_kernels.h"
+
+namespace bmoe::neon {
+namespace {
+
+inline int32x4_t dot16(int32x4_t acc, int8x16_t a, const int8_t* b) { return vdotq_s32(acc, a, vld1q_s8(b)); }
+
+inline int sum_i32(int32x4_t v) { return vaddvq_s32(v); }
+
+// Low and high nibbles of 16 bytes, as signed bytes 0..15.
+inline int8x16_t low_nibbles(uint8x16_t q) { return vreinterpretq_s8_u8(vandq_u8(q, vdupq_n_u8(0x0F))); }
+inline int8x16_t high_nibbles(uint8x16_t q) { return vreinterpretq_s8_u8(vshrq_n_u8(q, 4)); }
+
+// Sum of sub-block j's min times its activation sum (the K-quant min term), as the reference.
+inline int k_min_sum(const uint8_t* scales, const int16_t* bsums) {
+  int sum = 0;
+  for (int j = 0; j < 8; ++j) {
+    uint8_t sc, m;
+    k_scale_min(j, scales, sc, m);
+    sum += m * (bsums[2 * j] + bsums[2 * j + 1]);
+  }
+  return sum;
+}
+
+inline float reduce4(float32x4_t a, float32x4_t b, float32x4_t c, float32x4_t d) {
+  return vaddvq_f32(vaddq_f32(vaddq_f32(a, c), vaddq_f32(b, d)));
+}
+
+}  // namespace
+
+float dot_f32(const void* w, const void* a, int64_t n) {
+  const auto* x = static_cast<const float*>(w);
+  const auto* y = static_cast<const float*>(a);
+  float32x4_t s0 = vdupq_n_f32(0), s1 = s0, s2 = s0, s3 = s0;
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    s0 = vfmaq_f32(s0, vld1q_f32(x + i), vld1q_f32(y + i));
+    s1 = vfmaq_f32(s1, vld1q_f32(x + i + 4), vld1q_f32(y + i + 4));
+    s2 = vfmaq_f32(s2, vld1q_f32(x + i + 8), vld1q_f32(y + i + 8));
+    s3 = vfmaq_f32(s3, vld1q_f32(x + i + 12), vld1q_f32(y + i + 12));
+  }
+  double sum = reduce4(s0, s1, s2, s3);
+  for (; i < n; ++i) sum += static_cast<double>(x[i] * y[i]);
+  return static_cast<float>(sum);
+}
+
+namespace {
+inline float32x4_t load_f16x4(const uint16_t* p) { return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p))); }
+}  // namespace
+
+float dot_f16_f32(const void* w, const void* a, int64_t n) {
+  const auto* x = static_cast<const uint16_t*>(w);
+  const auto* y = static_cast<const float*>(a);
+  float32x4_t s0 = vdupq_n_f32(0), s1 = s0, s2 = s0, s3 = s0;
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    s0 = vfmaq_f32(s0, load_f16x4(x + i), vld1q_f32(y + i));
+    s1 = vfmaq_f32(s1, load_f16x4(x + i + 4), vld1q_f32(y + i + 4));
+    s2 = vfmaq_f32(s2, load_f16x4(x + i + 8), vld1q_f32(y + i + 8));
+    s3 = vfmaq_f32(s3, load_f16x4(x + i + 12), vld1q_f32(y + i + 12));
+  }
+  double sum = reduce4(s0, s1, s2, s3);
+  for (; i < n; ++i) sum += static_cast<double>(fp16_to_fp32(x[i]) * y[i]);
+  return static_cast<float>(sum);
+}
+
+float dot_f16(const void* w, const void* a, int64_t n) {
+  const auto* x = static_cast<const uint16_t*>(w);
+  const auto* y = static_cast<const uint16_t*>(a);
+  float32x4_t s0 = vdupq_n_f32(0), s1 = s0, s2 = s0, s3 = s0;
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    s0 = vfmaq_f32(s0, load_f16x4(x + i), load_f16x4(y + i));
+    s1 = vfmaq_f32(s1, load_f16x4(x + i + 4), load_f16x4(y + i + 4));
+    s2 = vfmaq_f32(s2, load_f16x4(x + i + 8), load_f16x4(y + i + 8));
+    s3 = vfmaq_f32(s3, load_f16x4(x + i + 12), load_f16x4(y + i + 12));
+  }
+  double sum = reduce4(s0, s1, s2, s3);
+  for (; i < n; ++i) sum += static_cast<double>(fp16_to_fp32(x[i]) * fp16_to_fp32(y[i]));
+  return static_cast<float>(sum);
+}
+
+float dot_q8_0(const void* w, const void* a, int64_t n) {
+  const auto* x = static_cast<const BlockQ8_0*>(w);
+  const auto* y = static_cast<const BlockQ8_0*>(a);
+  float sum = 0.0f;
+  for (int64_t b = 0; b < n / kQK; ++b) {
+    int32x4_t acc = dot16(vdupq_n_s32(0), vld1q_s8(x[b].qs), y[b].qs);
+    acc = dot16(acc, vld1q_s8(x[b].qs + 16), y[b].qs + 16);
+    sum += static_cast<float>(sum_i32(acc)) * (fp16_to_fp32(x[b].d) * fp16_to_fp32(y[b].d));
+  }
+  return sum;
+}
+
+float dot_q4_0(const void* w, const void* a, int64_t n) {
+  const auto* x = static_cast<const BlockQ4_0*>(w);
+  const auto* y = static_cast<const BlockQ8_0*>(a);
+  const int8x16_t eight = vdupq_n_s8(8);
+  float sum = 0.0f;
+  for (int64_t b = 0; b < n / kQK; ++b) {
+    const uint8x16_t q = vld1q_u8(x[b].qs);
+    int32x4_t acc = dot16(vdupq_n_s32(0), vsubq_s8(low_nibbles(q), eight), y[b].qs);
+    acc = dot16(acc, vsubq_s8(high_nibbles(q), eight), y[b].qs + 16);
+    sum = std::fma(static_cast<float>(sum_i32(acc)), fp16_to_fp32(x[b].d) * fp16_to_fp32(y[b].d), sum);
+  }
+  return sum;
+}
+
+float dot_mxfp4(const void* w, const void* a, int64_t n) {
+  const auto* x = static_cast<const BlockMXFP4*>(w);
+  const auto* y = static_cast<const BlockQ8_0*>(a);
+  const int8x16_t values = vld1q_s8(kMxfp4Values);
+  float sum = 0.0f;
+  for (int64_t b = 0; b < n / kQK; ++b) {
+    const uint8x16_t q = vld1q_u8(x[b].qs);
+    const int8x16_t lo = vqtbl1q_s8(values, vandq_u8(q, vdupq_n_u8(0x0F)));
+    const int8x16_t hi = vqtbl1q_s8(values, vshrq_n_u8(q, 4));
+    int32x4_t acc = dot16(vdupq_n_s32(0), lo, y[b].qs);
+    acc = dot16(acc, hi, y[b].qs + 16);
+    sum = std::fma(static_cast<float>(sum_i32(acc)), e8m0_to_fp32_half(x[b].e) * fp16_to_fp32(y[b].d), sum);
+  }
+  return sum;
+}
+
+float dot_q4_K(const void* w, const void* a, int64_t n) {
+  const auto* x = static_cast<const BlockQ4_K*>(w);
+  const auto* y = static_cast<const BlockQ8_K*>(a);
+  float sum = 0.0f, sum_min = 0.0f;
+  for (int64_t b = 0; b < n / kQK_K; ++b) {
+    int isum = 0;
+    const uint8_t* q = x[b].qs;
+    const int8_t* q8 = y[b].qs;
+    for (int chunk = 0; chunk < 4; ++chunk) {  // 32 bytes: two 32-element sub-blocks
+      uint8_t sc0, m0, sc1, m1;
+      k_scale_min(2 * chunk, x[b].scales, sc0, m0);
+      k_scale_min(2 * chunk + 1, x[b].scales, sc1, m1);
+      const uint8x16_t qa = vld1q_u8(q), qb = vld1q_u8(q + 16);
+      const int32x4_t zero = vdupq_n_s32(0);
+      const int s0 = sum_i32(dot16(dot16(zero, low_nibbles(qa), q8), low_nibbles(qb), q8 + 16));
+      const int s1 = sum_i32(dot16(dot16(zero, high_nibbles(qa), q8 + 32), high_nibbles(qb), q8 + 48));
+      isum += sc0 * s0 + sc1 * s1;
+      q += 32;
+      q8 += 64;
+    }
+    sum = std::fma(static_cast<float>(isum), fp16_to_fp32(x[b].d) * y[b].d, sum);
+    sum_min = std::fma(static_cast<float>(k_min_sum(x[b].scales, y[b].bsums)), fp16_to_fp32(x[b].dmin) * y[b].d, sum_min);
+  }
+  return sum - sum_min;
+}
+
+float dot_q5_K(const void* w, const void* a, int64_t n) {
+  const auto* x = static_cast<const BlockQ5_K*>(w);
+  const auto* y = static_cast<const BlockQ8_K*>(a);
+  const uint8x16_t sixteen = vdupq_n_u8(16);
+  float sum = 0.0f;
+  for (int64_t b = 0; b < n / kQK_K; ++b) {
+    int isum = 0;
+    const uint8_t* q = x[b].qs;
+    const int8_t* q8 = y[b].qs;
+    const uint8x16_t qh_a = vld1q_u8(x[b].qh), qh_b = vld1q_u8(x[b].qh + 16);
+    for (int chunk = 0; chunk < 4; ++chunk) {
+      uint8_t sc0, m0, sc1, m1;
+      k_scale_min(2 * chunk, x[b].scales, sc0, m0);
+      k_scale_min(2 * chunk + 1, x[b].scales, sc1, m1);
+      const uint8x16_t bit0 = vdupq_n_u8(static_cast<uint8_t>(1u << (2 * chunk)));
+      const uint8x16_t bit1 = vdupq_n_u8(static_cast<uint8_t>(2u << (2 * chunk)));
+      // The fifth bit adds 16 where qh has this sub-block's bit set.
+      auto with_high = [&](int8x16_t nibbles, uint8x16_t qh, uint8x16_t bit) {
+        return vaddq_s8(nibbles, vreinterpretq_s8_u8(vandq_u8(vtstq_u8(qh, bit), sixteen)));
+      };
+      const uint8x16_t qa = vld1q_u8(q), qb = vld1q_u8(q + 16);
+      const int32x4_t zero = vdupq_n_s32(0);
+      const int s0 = sum_i32(dot16(dot16(zero, with_high(low_nibbles(qa), qh_a, bit0), q8),
+                                   with_high(low_nibbles(qb), qh_b, bit0), q8 + 16));
+      const int s1 = sum_i32(dot16(dot16(zero, with_high(high_nibbles(qa), qh_a, bit1), q8 + 32),
+                                   with_high(high_nibbles(qb), qh_b, bit1), q8 + 48));
+      isum += sc0 * s0 + sc1 * s1;
+      q += 32;
+      q8 += 64;
+    }
+    const float d = y[b].d * fp16_to_fp32(x[b].d);
+    const float dmin = y[b].d * fp16_to_fp32(x[b].dmin);
+    sum += d * static_cast<float>(isum) - dmin * static_cast<float>(k_min_sum(x[b].scales, y[b].bsums));
+  }
+  return sum;
+}
+
+float dot_q6_K(const void* w, const void* a, int64_t n) {
+  const auto* x = static_cast<const BlockQ6_K*>(w);
+  const auto* y = static_cast<const BlockQ8_K*>(a);
+  const uint8x16_t m4 = vdupq_n_u8(0x0F), m2 = vdupq_n_u8(0x03);
+  const int8x16_t bias = vdupq_n_s8(32);
+  float sum = 0.0f;
+  for (int64_t b = 0; b < n / kQK_K; ++b) {
+    int isum = 0;
+    for (int half = 0; half < 2; ++half) {
+      const uint8_t* ql = x[b].ql + 64 * half;
+      const uint8_t* qh = x[b].qh + 32 * half;
+      const int8_t* sc = x[b].scales + 8 * half;
+      const int8_t* q8 = y[b].qs + 128 * half;
+      const uint8x16_t l0 = vld1q_u8(ql), l1 = vld1q_u8(ql + 16), l2 = vld1q_u8(ql + 32), l3 = vld1q_u8(ql + 48);
+      const uint8x16_t h0 = vld1q_u8(qh), h1 = vld1q_u8(qh + 16);
+      // Part p of the half: elements 32p..32p+31, from ql (low or high nibble, first or second
+      // 32 bytes) and bits 2p..2p+1 of qh; two groups of 16 with their own scales.
+      for (int part = 0; part < 4; ++part) {
+        const uint8x16_t lo_a = part & 1 ? l2 : l0, lo_b = part & 1 ? l3 : l1;
+        const uint8x16_t nib_a = part < 2 ? vandq_u8(lo_a, m4) : vshrq_n_u8(lo_a, 4);
+        const uint8x16_t nib_b = part < 2 ? vandq_u8(lo_b, m4) : vshrq_n_u8(lo_b, 4);
+        const int shift = 2 * part;
+        const uint8x16_t hi_a = vandq_u8(vshlq_u8(h0, vdupq_n_s8(static_cast<int8_t>(-shift))), m2);
+        const uint8x16_t hi_b = vandq_u8(vshlq_u8(h1, vdupq_n_s8(static_cast<int8_t>(-shift))), m2);
+        const int8x16_t va = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(nib_a, vshlq_n_u8(hi_a, 4))), bias);
+        const int8x16_t vb = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(nib_b, vshlq_n_u8(hi_b, 4))), bias);
+        const int s0 = sum_i32(dot16(vdupq_n_s32(0), va, q8 + 32 * part));
+        const int s1 = sum_i32(dot16(vdupq_n_s32(0), vb, q8 + 32 * part + 16));
+        isum += sc[2 * part] * s0 + sc[2 * part + 1] * s1;
+      }
+    }
+    sum += fp16_to_fp32(x[b].d) * y[b].d * static_cast<float>(isum);
+  }
+  return sum;
+}
+
+}  // namespace bmoe::neon
+
+#endif  // __aarch64__

@@ -1,0 +1,281 @@
+"""bmoe-server integration tests: a real server on a loopback port, driven over HTTP.
+
+Greedy answers (streamed and not) must equal bmoe-cli's; bad requests get 4xx with an
+OpenAI-style error body; a full queue answers 503; a client that disconnects cancels its
+generation; a bounded load test loses no request and leaves the server alive with flat memory.
+"""
+import http.client
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "conformance"))
+from common import THREADS, run, synth, tool  # noqa: E402
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, model, *flags):
+        self.port = free_port()
+        self.log = tempfile.TemporaryFile("w+")  # a file, not a pipe: a full pipe would block the server
+        self.proc = subprocess.Popen([tool("bmoe-server"), "-m", model, "--port", str(self.port), "-t", THREADS, *flags],
+                                     stdout=subprocess.DEVNULL, stderr=self.log, text=True)
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                self.log.seek(0)
+                raise RuntimeError(f"bmoe-server exited: {self.log.read()}")
+            try:
+                if self.get("/health")[0] == 200:
+                    return
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError("bmoe-server did not start")
+
+    def request(self, method, path, body=None, headers=None, raw=None, timeout=120):
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        data = raw if raw is not None else (json.dumps(body) if body is not None else None)
+        conn.request(method, path, body=data, headers={"Content-Type": "application/json", **(headers or {})})
+        resp = conn.getresponse()
+        text = resp.read().decode()
+        conn.close()
+        return resp.status, text
+
+    def get(self, path, **kw):
+        return self.request("GET", path, **kw)
+
+    def post(self, path, body=None, **kw):
+        status, text = self.request("POST", path, body, **kw)
+        return status, json.loads(text) if text.strip() else None
+
+    def stream(self, path, body):
+        """Returns the list of SSE data payloads (parsed JSON, '[DONE]' kept as a string)."""
+        status, text = self.request("POST", path, {**body, "stream": True})
+        assert status == 200, text
+        events = []
+        for block in text.split("\n\n"):
+            for line in block.splitlines():
+                if line.startswith("data: "):
+                    payload = line[len("data: "):]
+                    events.append(payload if payload == "[DONE]" else json.loads(payload))
+        return events
+
+    def metric(self, name):
+        _, text = self.get("/metrics")
+        for line in text.splitlines():
+            parts = line.split()
+            if len(parts) == 2 and parts[0] == name:
+                return float(parts[1])
+        raise KeyError(name)
+
+    def metric_labelled(self, name, label):
+        _, text = self.get("/metrics")
+        for line in text.splitlines():
+            if line.startswith(f"{name}{{{label}}}"):
+                return float(line.split()[-1])
+        raise KeyError(name + label)
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise
+
+
+def cli_text(model, prompt, n, *flags):
+    out = run([tool("bmoe-cli"), "-m", model, "-p", prompt, "-n", str(n), "-t", THREADS, "--json", *flags])
+    return json.loads(out)["text"]
+
+
+class ServerTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.model = synth("tiny-qwen3moe", "tiny-qwen3moe")
+        cls.server = Server(cls.model, "-c", "512")
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop()
+        if cls.server.proc.returncode != 0:
+            raise AssertionError(f"server exit code {cls.server.proc.returncode}")
+
+    def assert_error(self, status, body, want_status, want_type=None):
+        self.assertEqual(status, want_status, body)
+        self.assertIn("error", body)
+        self.assertIsInstance(body["error"]["message"], str)
+        if want_type:
+            self.assertEqual(body["error"]["type"], want_type)
+
+    def test_health_models_metrics(self):
+        self.assertEqual(self.server.get("/health"), (200, '{"status":"ok"}'))
+        status, text = self.server.get("/v1/models")
+        self.assertEqual(status, 200)
+        self.assertEqual(json.loads(text)["data"][0]["id"], "tiny-qwen3moe.gguf")
+        for name in ("bmoe_queue_depth", "bmoe_generated_tokens_total", "bmoe_expert_cache_hit_ratio",
+                     "bmoe_flash_read_mib_total", "bmoe_decode_tokens_per_second"):
+            self.assertGreaterEqual(self.server.metric(name), 0.0, name)
+
+    def test_chat_equals_cli_greedy_streamed_or_not(self):
+        prompt = "The capital of France is"
+        want = cli_text(self.model, prompt, 24, "--chat")
+        body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": 24, "temperature": 0}
+        status, resp = self.server.post("/v1/chat/completions", body)
+        self.assertEqual(status, 200, resp)
+        self.assertEqual(resp["object"], "chat.completion")
+        self.assertEqual(resp["choices"][0]["message"]["content"], want)
+        self.assertEqual(resp["usage"]["completion_tokens"] + resp["usage"]["prompt_tokens"], resp["usage"]["total_tokens"])
+        events = self.server.stream("/v1/chat/completions", body)
+        self.assertEqual(events[-1], "[DONE]")
+        self.assertEqual(events[0]["choices"][0]["delta"]["role"], "assistant")
+        text = "".join(e["choices"][0]["delta"].get("content", "") for e in events[:-1])
+        self.assertEqual(text, want)
+        self.assertIn(events[-2]["choices"][0]["finish_reason"], ("stop", "length"))
+
+    def test_completion_equals_cli_greedy_and_reuses_prefix(self):
+        prompt = "def fibonacci(n):"
+        want = cli_text(self.model, prompt, 20)
+        body = {"prompt": prompt, "max_tokens": 20, "temperature": 0}
+        status, first = self.server.post("/v1/completions", body)
+        self.assertEqual(status, 200, first)
+        self.assertEqual(first["choices"][0]["text"], want)
+        status, second = self.server.post("/v1/completions", body)  # same prompt: KV prefix kept
+        self.assertEqual(second["choices"][0]["text"], want)
+        self.assertGreater(second["usage"]["prompt_tokens_details"]["cached_tokens"], 0)
+        events = self.server.stream("/v1/completions", body)
+        self.assertEqual("".join(e["choices"][0]["text"] for e in events[:-1]), want)
+
+    def test_stop_strings_end_the_text(self):
+        body = {"prompt": "The capital of France is", "max_tokens": 40, "temperature": 0}
+        _, full = self.server.post("/v1/completions", body)
+        text = full["choices"][0]["text"]
+        self.assertGreater(len(text), 4)
+        stop = text[len(text) // 2: len(text) // 2 + 2]
+        _, cut = self.server.post("/v1/completions", {**body, "stop": [stop]})
+        self.assertEqual(cut["choices"][0]["text"], text[: text.index(stop)])
+        self.assertEqual(cut["choices"][0]["finish_reason"], "stop")
+
+    def test_bad_requests_get_4xx_with_openai_errors(self):
+        s = self.server
+        status, text = s.request("POST", "/v1/chat/completions", raw="{not json")
+        self.assert_error(status, json.loads(text), 400, "invalid_request_error")
+        status, body = s.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "bogus": 1})
+        self.assert_error(status, body, 400)
+        self.assertEqual(body["error"]["param"], "bogus")
+        for bad in ({"messages": []}, {"messages": "hi"}, {"messages": [{"role": "wizard", "content": "x"}]},
+                    {"messages": [{"role": "user", "content": "x"}], "temperature": "hot"},
+                    {"messages": [{"role": "user", "content": "x"}], "temperature": 7},
+                    {"messages": [{"role": "user", "content": "x"}], "max_tokens": 0},
+                    {"messages": [{"role": "user", "content": "x"}], "n": 3},
+                    {"messages": [{"role": "user", "content": "x"}], "stop": 5}):
+            status, body = s.post("/v1/chat/completions", bad)
+            self.assert_error(status, body, 400)
+        status, body = s.post("/v1/completions", {"prompt": "word " * 2000, "max_tokens": 4})
+        self.assert_error(status, body, 400)
+        self.assertEqual(body["error"]["code"], "context_length_exceeded")
+        status, body = s.post("/v1/completions", {"prompt": [10 ** 9]})
+        self.assert_error(status, body, 400)
+        status, text = s.get("/v1/nowhere")
+        self.assert_error(status, json.loads(text), 404)
+        status, text = s.request("POST", "/v1/completions", raw="[1, 2]")
+        self.assert_error(status, json.loads(text), 400)
+        self.assertEqual(s.get("/health")[0], 200)  # still alive
+
+    def test_disconnect_cancels_the_generation(self):
+        before = self.server.metric_labelled("bmoe_requests_total", 'outcome="cancelled"')
+        conn = socket.create_connection(("127.0.0.1", self.server.port))
+        body = json.dumps({"prompt": "Once upon a time", "max_tokens": 100000, "temperature": 0, "stream": True,
+                           "top_k": 1}).encode()
+        conn.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        conn.recv(256)  # the stream has started
+        conn.close()
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            if self.server.metric_labelled("bmoe_requests_total", 'outcome="cancelled"') > before:
+                break
+            time.sleep(0.2)
+        self.assertGreater(self.server.metric_labelled("bmoe_requests_total", 'outcome="cancelled"'), before)
+        self.assertEqual(self.server.metric("bmoe_busy"), 0.0)
+
+
+class ServerLimitsTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.model = synth("tiny-qwen3moe", "tiny-qwen3moe")
+
+    def test_api_key(self):
+        s = Server(self.model, "--api-key", "sekrit")
+        try:
+            self.assertEqual(s.get("/health")[0], 200)
+            status, text = s.get("/v1/models")
+            self.assertEqual(status, 401)
+            self.assertEqual(json.loads(text)["error"]["type"], "authentication_error")
+            status, _ = s.get("/v1/models", headers={"Authorization": "Bearer sekrit"})
+            self.assertEqual(status, 200)
+        finally:
+            s.stop()
+
+    def test_full_queue_answers_503_and_load_loses_nothing(self):
+        """8 clients x 20 requests against a queue of 2: every request is answered (200) or
+        rejected (503), none lost; the server stays up and its memory stays flat."""
+        s = Server(self.model, "--queue", "2", "-c", "512")
+        try:
+            warm = {"prompt": "hello world", "max_tokens": 8, "temperature": 0}
+            for _ in range(3):
+                s.post("/v1/completions", warm)
+            rss_before = s.metric("bmoe_rss_bytes")
+            results = []
+            lock = threading.Lock()
+
+            def client(k):
+                for i in range(20):
+                    body = {"prompt": f"request {k} {i} the quick brown fox", "max_tokens": 24, "temperature": 0.7,
+                            "seed": k * 100 + i, "stream": i % 2 == 0}
+                    try:
+                        status, text = s.request("POST", "/v1/completions", body, timeout=300)
+                    except OSError as e:
+                        status, text = -1, str(e)
+                    with lock:
+                        results.append((status, text))
+
+            t0 = time.time()
+            threads = [threading.Thread(target=client, args=(k,)) for k in range(8)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            seconds = time.time() - t0
+            statuses = [r[0] for r in results]
+            self.assertEqual(len(results), 160)
+            self.assertTrue(set(statuses) <= {200, 503}, set(statuses))
+            ok, busy = statuses.count(200), statuses.count(503)
+            self.assertGreater(ok, 0)
+            self.assertGreater(busy, 0, "8 clients against a queue of 2 must see some 503s")
+            for status, text in results:
+                if status == 503:
+                    self.assertEqual(json.loads(text)["error"]["type"], "server_busy")
+            self.assertEqual(s.get("/health")[0], 200)
+            self.assertEqual(s.metric("bmoe_queue_depth"), 0.0)
+            rss_after = s.metric("bmoe_rss_bytes")
+            print(f"\nload: 160 requests in {seconds:.1f} s: {ok} answered, {busy} rejected with 503, 0 lost; "
+                  f"RSS {rss_before / 2**20:.1f} -> {rss_after / 2**20:.1f} MiB")
+            self.assertLess(rss_after, rss_before * 1.25 + (16 << 20))
+        finally:
+            s.stop()
+
+
+if __name__ == "__main__":
+    unittest.main()

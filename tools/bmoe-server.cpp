@@ -1,0 +1,692 @@
+// bmoe-server: an OpenAI-compatible HTTP server for one model (llama-server's endpoints).
+//
+// One worker thread decodes requests one at a time from a bounded queue; HTTP threads parse and
+// validate requests, tokenize, and wait for (or stream) their job's output. The model, its KV
+// cache and its expert cache stay loaded; each request reuses the KV rows of the prefix it
+// shares with the previous one. A full queue answers 503; a client that goes away cancels its
+// job (streaming: the next write fails; non-streaming: the whitespace written while waiting
+// fails -- JSON allows leading whitespace).
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <httplib.h>
+#include <pthread.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <csignal>
+#include <ctime>
+#include <deque>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+#include <thread>
+
+#include "core/error.h"
+#include "engine/generate.h"
+#include "engine/session.h"
+#include "run_options.h"
+#include "telemetry/system.h"
+#include "text/chat.h"
+#include "text/utf8.h"
+
+using namespace bmoe;
+using json = nlohmann::json;
+
+namespace {
+
+struct ServerOptions {
+  RunOptions run;
+  std::string host = "127.0.0.1";
+  int port = 8080;
+  std::string api_key;
+  std::string alias;
+  int queue = 8;
+  int http_threads = 0;
+  int n_predict = -1;
+  float temperature = 0.8f;
+  int top_k = 40;
+  float top_p = 0.95f;
+  bool no_think = false;
+};
+
+// ------------------------------------------------------------------ errors
+
+// A request the server refuses, with its HTTP status and OpenAI error type.
+struct RequestError : std::runtime_error {
+  int status;
+  std::string type, param, code;
+  RequestError(int s, std::string t, const std::string& message, std::string p = {}, std::string c = {})
+      : std::runtime_error(message), status(s), type(std::move(t)), param(std::move(p)), code(std::move(c)) {}
+};
+
+[[noreturn]] void bad_request(const std::string& message, const std::string& param = {}) {
+  throw RequestError(400, "invalid_request_error", message, param);
+}
+
+json error_body(const std::string& type, const std::string& message, const std::string& param = {},
+                const std::string& code = {}) {
+  json e = {{"message", message}, {"type", type}, {"param", nullptr}, {"code", nullptr}};
+  if (!param.empty()) e["param"] = param;
+  if (!code.empty()) e["code"] = code;
+  return {{"error", e}};
+}
+
+void send_json(httplib::Response& res, int status, const json& body) {
+  res.status = status;
+  res.set_content(body.dump(), "application/json");
+}
+
+// ------------------------------------------------------------------ jobs and the worker
+
+struct Job {
+  std::vector<int32_t> prompt;
+  GenerateParams params;
+  std::atomic<bool> cancel{false};
+
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::deque<std::string> pieces;  // streamed text not yet sent
+  bool done = false;
+  GenerateResult result;
+  std::string error;  // set when generation failed
+};
+
+struct Counters {
+  uint64_t ok = 0, rejected_busy = 0, bad_request = 0, cancelled = 0, failed = 0, unauthorized = 0;
+  uint64_t prompt_tokens = 0, reused_tokens = 0, generated_tokens = 0;
+  double decode_seconds = 0, prefill_seconds = 0;
+  double last_decode_tps = 0;
+  ExpertStats experts;  // snapshot after the last job (the worker owns the live counters)
+};
+
+class Engine {
+ public:
+  Engine(LoadedRun run, const ServerOptions& o)
+      : run_(std::move(run)),
+        pool_(o.run.thread_count()),
+        session_(*run_.model, pool_, o.run.ctx_size, o.run.batch_size, SamplerConfig{}, o.run.kv()),
+        capacity_(static_cast<size_t>(o.queue)) {
+    counters_.experts = run_.model->experts->stats();
+    worker_ = std::thread([this] { work(); });
+  }
+  ~Engine() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    worker_.join();
+  }
+
+  LoadedModel& model() { return *run_.model; }
+  int n_ctx() { return session_.state().n_ctx(); }
+
+  // Queues a job; false when the queue is full.
+  bool submit(const std::shared_ptr<Job>& job) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (queue_.size() >= capacity_) {
+      ++counters_.rejected_busy;
+      return false;
+    }
+    queue_.push_back(job);
+    wake_.notify_one();
+    return true;
+  }
+
+  void count(uint64_t Counters::*field) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++(counters_.*field);
+  }
+
+  std::string prometheus() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const Counters& c = counters_;
+    std::string out;
+    auto metric = [&](const char* name, const char* type, const char* help, const std::string& body) {
+      out += fmt::format("# HELP {} {}\n# TYPE {} {}\n{}", name, help, name, type, body);
+    };
+    auto value = [](const char* name, double v) { return fmt::format("{} {}\n", name, v); };
+    metric("bmoe_requests_total", "counter", "Completion requests by outcome.",
+           fmt::format("bmoe_requests_total{{outcome=\"ok\"}} {}\nbmoe_requests_total{{outcome=\"rejected_busy\"}} {}\n"
+                       "bmoe_requests_total{{outcome=\"bad_request\"}} {}\nbmoe_requests_total{{outcome=\"cancelled\"}} {}\n"
+                       "bmoe_requests_total{{outcome=\"error\"}} {}\nbmoe_requests_total{{outcome=\"unauthorized\"}} {}\n",
+                       c.ok, c.rejected_busy, c.bad_request, c.cancelled, c.failed, c.unauthorized));
+    metric("bmoe_queue_depth", "gauge", "Requests waiting to be decoded.", value("bmoe_queue_depth", static_cast<double>(queue_.size())));
+    metric("bmoe_queue_capacity", "gauge", "Waiting requests accepted before 503.", value("bmoe_queue_capacity", static_cast<double>(capacity_)));
+    metric("bmoe_busy", "gauge", "1 while a request is being decoded.", value("bmoe_busy", busy_ ? 1 : 0));
+    metric("bmoe_prompt_tokens_total", "counter", "Prompt tokens received.", value("bmoe_prompt_tokens_total", static_cast<double>(c.prompt_tokens)));
+    metric("bmoe_prompt_tokens_reused_total", "counter", "Prompt tokens served from the kept KV prefix.",
+           value("bmoe_prompt_tokens_reused_total", static_cast<double>(c.reused_tokens)));
+    metric("bmoe_generated_tokens_total", "counter", "Tokens generated.", value("bmoe_generated_tokens_total", static_cast<double>(c.generated_tokens)));
+    metric("bmoe_decode_seconds_total", "counter", "Time spent generating tokens.", value("bmoe_decode_seconds_total", c.decode_seconds));
+    metric("bmoe_prefill_seconds_total", "counter", "Time spent evaluating prompts.", value("bmoe_prefill_seconds_total", c.prefill_seconds));
+    metric("bmoe_decode_tokens_per_second", "gauge", "Decode speed of the last request.",
+           value("bmoe_decode_tokens_per_second", c.last_decode_tps));
+    const ExpertStats& e = c.experts;
+    metric("bmoe_expert_lookups_total", "counter", "Routed-expert lookups.", value("bmoe_expert_lookups_total", static_cast<double>(e.requests)));
+    metric("bmoe_expert_cache_hits_total", "counter", "Lookups served from the expert cache.", value("bmoe_expert_cache_hits_total", static_cast<double>(e.hits)));
+    metric("bmoe_expert_cache_hit_ratio", "gauge", "Expert cache hits / lookups since start.",
+           value("bmoe_expert_cache_hit_ratio", e.requests ? static_cast<double>(e.hits) / static_cast<double>(e.requests) : 0.0));
+    metric("bmoe_flash_read_bytes_total", "counter", "Bytes of experts read from the model file.",
+           value("bmoe_flash_read_bytes_total", static_cast<double>(e.bytes_read)));
+    metric("bmoe_flash_read_mib_total", "counter", "The same in MiB.", value("bmoe_flash_read_mib_total", static_cast<double>(e.bytes_read) / 1048576.0));
+    metric("bmoe_expert_cache_used_bytes", "gauge", "Bytes held by the expert cache.", value("bmoe_expert_cache_used_bytes", static_cast<double>(e.cache_used_bytes)));
+    const MemorySnapshot m = read_memory();
+    metric("bmoe_rss_bytes", "gauge", "Resident set size of the server.", value("bmoe_rss_bytes", static_cast<double>(m.rss)));
+    return out;
+  }
+
+ private:
+  void work() {
+    for (;;) {
+      std::shared_ptr<Job> job;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+        if (stopping_) break;
+        job = queue_.front();
+        queue_.pop_front();
+        busy_ = true;
+      }
+      run_job(*job);
+      std::lock_guard<std::mutex> lock(mutex_);
+      busy_ = false;
+    }
+    // Release anyone still waiting.
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& job : queue_) finish(*job, {}, "the server is shutting down");
+  }
+
+  void run_job(Job& job) {
+    GenerateResult result;
+    std::string error;
+    if (job.cancel.load()) {
+      result.finish_reason = "cancelled";
+    } else {
+      try {
+        result = generate(session_, job.prompt, job.params, [&job](const std::string& piece) {
+          std::lock_guard<std::mutex> lock(job.mutex);
+          job.pieces.push_back(piece);
+          job.changed.notify_all();
+          return true;
+        }, &job.cancel);
+      } catch (const std::exception& e) {
+        error = e.what();
+        session_.reset();  // the KV cache may be half-written
+      }
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      Counters& c = counters_;
+      if (!error.empty()) ++c.failed;
+      else if (result.finish_reason == "cancelled") ++c.cancelled;
+      else ++c.ok;
+      c.prompt_tokens += static_cast<uint64_t>(result.prompt_tokens);
+      c.reused_tokens += static_cast<uint64_t>(result.reused_tokens);
+      c.generated_tokens += result.tokens.size();
+      c.decode_seconds += result.decode_seconds;
+      c.prefill_seconds += result.prefill_seconds;
+      if (!result.tokens.empty()) c.last_decode_tps = static_cast<double>(result.tokens.size()) / std::max(result.decode_seconds, 1e-9);
+      c.experts = run_.model->experts->stats();
+    }
+    finish(job, std::move(result), error);
+  }
+
+  static void finish(Job& job, GenerateResult result, const std::string& error) {
+    std::lock_guard<std::mutex> lock(job.mutex);
+    job.result = std::move(result);
+    job.error = error;
+    job.done = true;
+    job.changed.notify_all();
+  }
+
+  LoadedRun run_;
+  bmoe::ThreadPool pool_;
+  Session session_;
+  size_t capacity_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<std::shared_ptr<Job>> queue_;
+  bool busy_ = false;
+  bool stopping_ = false;
+  Counters counters_;
+  std::thread worker_;
+};
+
+// ------------------------------------------------------------------ request parsing
+
+json parse_body(const httplib::Request& req) {
+  try {
+    json j = json::parse(req.body);
+    if (!j.is_object()) bad_request("the request body must be a JSON object");
+    return j;
+  } catch (const json::parse_error& e) {
+    bad_request(fmt::format("the request body is not valid JSON: {}", e.what()));
+  }
+}
+
+void reject_unknown_fields(const json& body, const std::set<std::string>& known) {
+  for (const auto& [key, value] : body.items()) {
+    if (!known.count(key)) bad_request(fmt::format("unrecognized request argument: '{}'", key), key);
+  }
+}
+
+double number_field(const json& body, const char* key, double fallback, double lo, double hi) {
+  if (!body.contains(key) || body[key].is_null()) return fallback;
+  if (!body[key].is_number()) bad_request(fmt::format("'{}' must be a number", key), key);
+  const double v = body[key].get<double>();
+  if (!(v >= lo && v <= hi)) bad_request(fmt::format("'{}' must be between {} and {}, got {}", key, lo, hi, v), key);
+  return v;
+}
+
+int64_t int_field(const json& body, const char* key, int64_t fallback, int64_t lo, int64_t hi) {
+  if (!body.contains(key) || body[key].is_null()) return fallback;
+  if (!body[key].is_number_integer()) bad_request(fmt::format("'{}' must be an integer", key), key);
+  const int64_t v = body[key].get<int64_t>();
+  if (v < lo || v > hi) bad_request(fmt::format("'{}' must be between {} and {}, got {}", key, lo, hi, v), key);
+  return v;
+}
+
+bool bool_field(const json& body, const char* key, bool fallback) {
+  if (!body.contains(key) || body[key].is_null()) return fallback;
+  if (!body[key].is_boolean()) bad_request(fmt::format("'{}' must be true or false", key), key);
+  return body[key].get<bool>();
+}
+
+std::vector<std::string> stop_field(const json& body) {
+  if (!body.contains("stop") || body["stop"].is_null()) return {};
+  const json& s = body["stop"];
+  if (s.is_string()) return {s.get<std::string>()};
+  if (!s.is_array() || s.size() > 4) bad_request("'stop' must be a string or an array of up to 4 strings", "stop");
+  std::vector<std::string> out;
+  for (const json& e : s) {
+    if (!e.is_string() || e.get<std::string>().empty()) bad_request("'stop' entries must be non-empty strings", "stop");
+    out.push_back(e.get<std::string>());
+  }
+  return out;
+}
+
+// Options accepted only at their neutral value (bmoe does not implement them).
+void only_default(const json& body, const char* key, const json& neutral) {
+  if (body.contains(key) && !body[key].is_null() && body[key] != neutral) {
+    bad_request(fmt::format("'{}' is not supported (only {})", key, neutral.dump()), key);
+  }
+}
+
+GenerateParams sampling_params(const json& body, const ServerOptions& o, int64_t default_max) {
+  GenerateParams p;
+  const int64_t max_tokens = int_field(body, "max_tokens", default_max, 1, 1 << 24);
+  p.max_tokens = static_cast<int>(int_field(body, "max_completion_tokens", max_tokens, 1, 1 << 24));
+  p.sampler.temperature = static_cast<float>(number_field(body, "temperature", o.temperature, 0.0, 2.0));
+  p.sampler.top_p = static_cast<float>(number_field(body, "top_p", o.top_p, 0.0, 1.0));
+  p.sampler.top_k = static_cast<int>(int_field(body, "top_k", o.top_k, 0, 1 << 24));
+  p.sampler.seed = static_cast<uint64_t>(int_field(body, "seed", 0xB30E, INT64_MIN, INT64_MAX));
+  p.stop = stop_field(body);
+  only_default(body, "n", 1);
+  only_default(body, "presence_penalty", 0);
+  only_default(body, "frequency_penalty", 0);
+  return p;
+}
+
+std::string message_content(const json& m, size_t index) {
+  const std::string where = fmt::format("messages[{}].content", index);
+  if (!m.contains("content") || m["content"].is_null()) return {};
+  const json& c = m["content"];
+  if (c.is_string()) return c.get<std::string>();
+  if (!c.is_array()) bad_request(fmt::format("'{}' must be a string or an array of text parts", where), where);
+  std::string text;
+  for (const json& part : c) {
+    if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string()) {
+      bad_request(fmt::format("'{}': only text parts are supported", where), where);
+    }
+    text += part["text"].get<std::string>();
+  }
+  return text;
+}
+
+std::vector<ChatMessage> chat_messages(const json& body) {
+  if (!body.contains("messages") || !body["messages"].is_array() || body["messages"].empty()) {
+    bad_request("'messages' must be a non-empty array", "messages");
+  }
+  std::vector<ChatMessage> out;
+  size_t i = 0;
+  for (const json& m : body["messages"]) {
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) {
+      bad_request(fmt::format("messages[{}] needs a string 'role'", i), "messages");
+    }
+    std::string role = m["role"].get<std::string>();
+    if (role == "developer") role = "system";
+    if (role != "system" && role != "user" && role != "assistant") {
+      bad_request(fmt::format("messages[{}]: unsupported role '{}' (system, developer, user, assistant)", i, role), "messages");
+    }
+    out.push_back({role, message_content(m, i)});
+    ++i;
+  }
+  return out;
+}
+
+// ------------------------------------------------------------------ responses
+
+struct Completion {
+  bool chat = false;
+  std::string id;
+  int64_t created = 0;
+  std::string model;
+};
+
+json usage_of(const GenerateResult& r) {
+  const int completion = static_cast<int>(r.tokens.size());
+  return {{"prompt_tokens", r.prompt_tokens}, {"completion_tokens", completion},
+          {"total_tokens", r.prompt_tokens + completion},
+          {"prompt_tokens_details", {{"cached_tokens", r.reused_tokens}}}};
+}
+
+std::string finish_reason(const GenerateResult& r) { return r.finish_reason == "length" ? "length" : "stop"; }
+
+json full_response(const Completion& c, const GenerateResult& r) {
+  json choice = {{"index", 0}, {"finish_reason", finish_reason(r)}};
+  if (c.chat) {
+    choice["message"] = {{"role", "assistant"}, {"content", utf8_sanitize(r.text)}};
+  } else {
+    choice["text"] = utf8_sanitize(r.text);
+    choice["logprobs"] = nullptr;
+  }
+  return {{"id", c.id}, {"object", c.chat ? "chat.completion" : "text_completion"}, {"created", c.created},
+          {"model", c.model}, {"choices", json::array({choice})}, {"usage", usage_of(r)}};
+}
+
+std::string sse(const json& j) { return "data: " + j.dump() + "\n\n"; }
+
+json chunk(const Completion& c, const std::string* text, const std::string* finish) {
+  json choice = {{"index", 0}, {"finish_reason", finish ? json(*finish) : json(nullptr)}};
+  if (c.chat) {
+    choice["delta"] = text ? json{{"content", *text}} : json::object();
+  } else {
+    choice["text"] = text ? *text : "";
+    choice["logprobs"] = nullptr;
+  }
+  return {{"id", c.id}, {"object", c.chat ? "chat.completion.chunk" : "text_completion"}, {"created", c.created},
+          {"model", c.model}, {"choices", json::array({choice})}};
+}
+
+std::string random_id(const char* prefix) {
+  static std::atomic<uint64_t> counter{0};
+  const auto now = std::chrono::system_clock::now().time_since_epoch().count();
+  return fmt::format("{}-{:x}{:04x}", prefix, static_cast<uint64_t>(now) & 0xffffffffffull, counter.fetch_add(1) & 0xffff);
+}
+
+// ------------------------------------------------------------------ the server
+
+class Server {
+ public:
+  Server(Engine& engine, const ServerOptions& o) : engine_(engine), o_(o) {
+    model_name_ = o.alias.empty() ? std::filesystem::path(o.run.model).filename().string() : o.alias;
+    const ModelConfig& cfg = engine.model().transformer->config();
+    chat_format_ = detect_chat_format(cfg.arch, engine.model().tokenizer->vocab().chat_template);
+  }
+
+  void install(httplib::Server& http) {
+    http.Get("/health", [](const httplib::Request&, httplib::Response& res) { send_json(res, 200, {{"status", "ok"}}); });
+    http.Get("/v1/models", guarded([this](const httplib::Request&, httplib::Response& res) {
+      send_json(res, 200, {{"object", "list"},
+                           {"data", json::array({{{"id", model_name_}, {"object", "model"}, {"created", 0},
+                                                  {"owned_by", "bmoe"}}})}});
+    }));
+    http.Get("/metrics", guarded([this](const httplib::Request&, httplib::Response& res) {
+      res.set_content(engine_.prometheus(), "text/plain; version=0.0.4");
+    }));
+    http.Post("/v1/chat/completions", guarded([this](const httplib::Request& req, httplib::Response& res) {
+      complete(req, res, true);
+    }));
+    http.Post("/v1/completions", guarded([this](const httplib::Request& req, httplib::Response& res) {
+      complete(req, res, false);
+    }));
+    http.set_error_handler([](const httplib::Request&, httplib::Response& res) {
+      if (!res.body.empty()) return;
+      const std::string message = res.status == 404   ? "no such endpoint"
+                                  : res.status == 405 ? "method not allowed"
+                                  : res.status == 413 ? "request body too large"
+                                                      : fmt::format("HTTP error {}", res.status);
+      send_json(res, res.status, error_body(res.status == 404 ? "not_found_error" : "invalid_request_error", message));
+    });
+    http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+      std::string message = "internal error";
+      try {
+        if (ep) std::rethrow_exception(ep);
+      } catch (const std::exception& e) {
+        message = e.what();
+      } catch (...) {
+      }
+      send_json(res, 500, error_body("server_error", message));
+    });
+  }
+
+ private:
+  using Handler = std::function<void(const httplib::Request&, httplib::Response&)>;
+
+  // API key check and RequestError -> OpenAI error body.
+  Handler guarded(Handler h) {
+    return [this, h](const httplib::Request& req, httplib::Response& res) {
+      if (!o_.api_key.empty() && req.get_header_value("Authorization") != "Bearer " + o_.api_key) {
+        engine_.count(&Counters::unauthorized);
+        send_json(res, 401, error_body("authentication_error", "invalid or missing API key (Authorization: Bearer KEY)"));
+        return;
+      }
+      try {
+        h(req, res);
+      } catch (const RequestError& e) {
+        if (e.status == 400) engine_.count(&Counters::bad_request);
+        send_json(res, e.status, error_body(e.type, e.what(), e.param, e.code));
+      } catch (const Error& e) {
+        engine_.count(&Counters::bad_request);
+        send_json(res, 400, error_body("invalid_request_error", e.what()));
+      }
+    };
+  }
+
+  std::vector<int32_t> prompt_of(const json& body, bool chat) {
+    const Tokenizer& tok = *engine_.model().tokenizer;
+    const bool add_bos = tok.vocab().add_bos;
+    if (chat) {
+      bool no_think = o_.no_think;
+      if (body.contains("chat_template_kwargs")) {
+        const json& k = body["chat_template_kwargs"];
+        if (!k.is_object()) bad_request("'chat_template_kwargs' must be an object", "chat_template_kwargs");
+        if (k.contains("enable_thinking")) {
+          if (!k["enable_thinking"].is_boolean()) bad_request("'enable_thinking' must be true or false", "chat_template_kwargs");
+          no_think = !k["enable_thinking"].get<bool>();
+        }
+      }
+      return tok.encode(render_chat(chat_format_, chat_messages(body), no_think), true, add_bos);
+    }
+    if (!body.contains("prompt")) bad_request("'prompt' is required", "prompt");
+    const json& p = body["prompt"];
+    if (p.is_string()) return tok.encode(p.get<std::string>(), true, add_bos);
+    if (p.is_array() && p.size() == 1 && p[0].is_string()) return tok.encode(p[0].get<std::string>(), true, add_bos);
+    if (p.is_array() && !p.empty() && p[0].is_number_integer()) {
+      std::vector<int32_t> ids;
+      for (const json& e : p) {
+        if (!e.is_number_integer() || e.get<int64_t>() < 0 || e.get<int64_t>() >= tok.vocab_size()) {
+          bad_request("'prompt' token ids must be integers inside the vocabulary", "prompt");
+        }
+        ids.push_back(static_cast<int32_t>(e.get<int64_t>()));
+      }
+      return ids;
+    }
+    bad_request("'prompt' must be a string, an array of one string, or an array of token ids", "prompt");
+  }
+
+  void complete(const httplib::Request& req, httplib::Response& res, bool chat) {
+    const json body = parse_body(req);
+    static const std::set<std::string> kChatFields = {
+        "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "stop",
+        "stream", "stream_options", "n", "presence_penalty", "frequency_penalty", "user", "chat_template_kwargs"};
+    static const std::set<std::string> kCompletionFields = {
+        "model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream",
+        "stream_options", "n", "presence_penalty", "frequency_penalty", "user", "echo", "logprobs", "best_of"};
+    reject_unknown_fields(body, chat ? kChatFields : kCompletionFields);
+    if (!chat) {
+      only_default(body, "echo", false);
+      only_default(body, "logprobs", nullptr);
+      only_default(body, "best_of", 1);
+    }
+    if (body.contains("model") && !body["model"].is_string()) bad_request("'model' must be a string", "model");
+    const bool stream = bool_field(body, "stream", false);
+    auto job = std::make_shared<Job>();
+    const int n_ctx = engine_.n_ctx();
+    job->params = sampling_params(body, o_, o_.n_predict > 0 ? o_.n_predict : (chat ? n_ctx : 16));
+    job->prompt = prompt_of(body, chat);
+    if (job->prompt.empty()) bad_request("the prompt is empty", chat ? "messages" : "prompt");
+    if (static_cast<int>(job->prompt.size()) >= n_ctx) {
+      throw RequestError(400, "invalid_request_error",
+                         fmt::format("the prompt has {} tokens; this server's context is {} tokens", job->prompt.size(), n_ctx),
+                         chat ? "messages" : "prompt", "context_length_exceeded");
+    }
+    if (!engine_.submit(job)) {
+      send_json(res, 503, error_body("server_busy", fmt::format("the server is busy: {} requests are already waiting; "
+                                                                "retry later", o_.queue)));
+      return;
+    }
+    Completion c{chat, random_id(chat ? "chatcmpl" : "cmpl"), static_cast<int64_t>(std::time(nullptr)), model_name_};
+    if (stream) stream_response(res, job, c);
+    else whole_response(res, job, c);
+  }
+
+  // Waits for the job, writing a space each second so a vanished client is noticed.
+  void whole_response(httplib::Response& res, const std::shared_ptr<Job>& job, const Completion& c) {
+    res.set_chunked_content_provider("application/json", [job, c](size_t, httplib::DataSink& sink) {
+      std::unique_lock<std::mutex> lock(job->mutex);
+      if (!job->changed.wait_for(lock, std::chrono::seconds(1), [&] { return job->done; })) {
+        lock.unlock();
+        if (!sink.write(" ", 1)) {
+          job->cancel.store(true);
+          return false;
+        }
+        return true;
+      }
+      const json body = job->error.empty() ? full_response(c, job->result) : error_body("server_error", job->error);
+      const std::string text = body.dump();
+      sink.write(text.data(), text.size());
+      sink.done();
+      return true;
+    }, [job](bool) { job->cancel.store(true); });
+  }
+
+  // Server-sent events: a role chunk, one chunk per piece, a finish chunk, [DONE].
+  void stream_response(httplib::Response& res, const std::shared_ptr<Job>& job, const Completion& c) {
+    res.set_header("Cache-Control", "no-cache");
+    auto started = std::make_shared<bool>(false);
+    res.set_chunked_content_provider("text/event-stream", [job, c, started](size_t, httplib::DataSink& sink) {
+      auto send = [&](const std::string& text) {
+        if (sink.write(text.data(), text.size())) return true;
+        job->cancel.store(true);
+        return false;
+      };
+      if (!*started) {
+        *started = true;
+        if (c.chat) {
+          json first = chunk(c, nullptr, nullptr);
+          first["choices"][0]["delta"] = {{"role", "assistant"}, {"content", ""}};
+          return send(sse(first));
+        }
+      }
+      std::unique_lock<std::mutex> lock(job->mutex);
+      job->changed.wait_for(lock, std::chrono::seconds(1), [&] { return job->done || !job->pieces.empty(); });
+      std::string text;
+      while (!job->pieces.empty()) {
+        text += job->pieces.front();
+        job->pieces.pop_front();
+      }
+      const bool done = job->done;
+      lock.unlock();
+      if (!text.empty() && !send(sse(chunk(c, &text, nullptr)))) return false;
+      if (!done) return text.empty() ? send(": keep-alive\n\n") : true;
+      if (!job->error.empty()) {
+        if (!send(sse(error_body("server_error", job->error)))) return false;
+      } else {
+        const std::string reason = finish_reason(job->result);
+        json last = chunk(c, nullptr, &reason);
+        last["usage"] = usage_of(job->result);
+        if (!send(sse(last))) return false;
+      }
+      if (!send("data: [DONE]\n\n")) return false;
+      sink.done();
+      return true;
+    }, [job](bool) { job->cancel.store(true); });
+  }
+
+  Engine& engine_;
+  const ServerOptions& o_;
+  std::string model_name_;
+  ChatFormat chat_format_;
+};
+
+int serve(const ServerOptions& o) {
+  // Signals go to one waiting thread (blocked everywhere else), which stops the server.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);
+
+  Engine engine(load_run(o.run), o);
+  Server api(engine, o);
+  httplib::Server http;
+  const int threads = o.http_threads > 0 ? o.http_threads : std::max(16, o.queue + 8);
+  http.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  http.set_payload_max_length(16u << 20);
+  http.set_read_timeout(30, 0);
+  api.install(http);
+  if (!http.bind_to_port(o.host, o.port)) fail("cannot listen on {}:{} (in use, or not permitted)", o.host, o.port);
+  std::thread stopper([&] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    fmt::print(stderr, "server: stopping (signal {})\n", sig);
+    http.stop();
+  });
+  fmt::print(stderr, "server: listening on http://{}:{} ({} chat format, queue {}, {} HTTP threads{})\n", o.host, o.port,
+             chat_format_name(detect_chat_format(engine.model().transformer->config().arch,
+                                                 engine.model().tokenizer->vocab().chat_template)),
+             o.queue, threads, o.api_key.empty() ? "" : ", API key required");
+  http.listen_after_bind();
+  pthread_kill(stopper.native_handle(), SIGTERM);  // if the server stopped by itself
+  stopper.join();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"bmoe-server: OpenAI-compatible HTTP server for a MoE GGUF model"};
+  ServerOptions o;
+  add_run_flags(app, o.run);
+  app.add_option("--host", o.host, "address to bind (default loopback only)")->capture_default_str();
+  app.add_option("--port", o.port, "port")->capture_default_str()->check(CLI::Range(0, 65535));
+  app.add_option("--api-key", o.api_key, "require 'Authorization: Bearer KEY' on every endpoint but /health");
+  app.add_option("--alias", o.alias, "model name reported by /v1/models (default: the file name)");
+  app.add_option("--queue", o.queue, "requests that may wait while one decodes; more get 503")->capture_default_str()->check(CLI::Range(0, 4096));
+  app.add_option("--http-threads", o.http_threads, "HTTP worker threads (default: queue + 8, at least 16)")->check(CLI::Range(1, 4096));
+  app.add_option("-n,--n-predict", o.n_predict, "default max_tokens (-1: up to the context for chat, 16 for completions)")->capture_default_str();
+  app.add_option("--temp", o.temperature, "default temperature")->capture_default_str()->check(CLI::Range(0.0, 2.0));
+  app.add_option("--top-k", o.top_k, "default top-k (0 = off)")->capture_default_str()->check(CLI::Range(0, 1 << 24));
+  app.add_option("--top-p", o.top_p, "default top-p (1 = off)")->capture_default_str()->check(CLI::Range(0.0, 1.0));
+  app.add_flag("--no-think", o.no_think, "answer without reasoning by default (chat_template_kwargs.enable_thinking overrides)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);
+    fmt::print(stderr, "error: {}\n", e.what());
+    return 2;
+  }
+  try {
+    return serve(o);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "error: {}\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,118 @@
+#include "run_options.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <thread>
+
+#include "core/cpu_features.h"
+#include "core/error.h"
+#include "core/progress.h"
+#include "core/timer.h"
+#include "moe/cache_policy.h"
+#include "telemetry/system.h"
+
+namespace bmoe {
+
+int RunOptions::thread_count() const {
+  return threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+void add_run_flags(CLI::App& app, RunOptions& o) {
+  app.add_option("-m,--model", o.model, "GGUF model file (any shard of a split model)");
+  app.add_option("-t,--threads", o.threads, "compute threads (default: all cores)")->check(CLI::Range(0, 512));
+  app.add_option("-c,--ctx-size", o.ctx_size, "context size in tokens")->capture_default_str()->check(CLI::Range(16, 1 << 20));
+  app.add_option("-b,--batch-size", o.batch_size, "prompt tokens evaluated per batch")->capture_default_str()->check(CLI::Range(1, 8192));
+  app.add_option("--n-expert-used", o.n_expert_used, "override the model's top-k experts per token (lossy)")->check(CLI::Range(1, 1024));
+  app.add_option("--kv-type", o.kv_type, "KV cache element type: f16 or f32")->capture_default_str()->check(CLI::IsMember({"f16", "f32"}));
+  app.add_flag("--moe-stream", o.moe_stream, "read routed experts from flash on demand instead of mapping the whole model");
+  app.add_option("--dense-weights", o.dense_weights, "streaming: dense weights in anonymous memory (anon) or mapped (mmap)")
+      ->capture_default_str()->check(CLI::IsMember({"anon", "mmap"}));
+  app.add_option("--cache-mb", o.cache_mb, "streaming: expert cache budget in MiB, or auto (from free memory / cgroup limit)")
+      ->capture_default_str();
+  app.add_option("--cache-ceil-mb", o.cache_ceil_mb, "streaming: upper bound for --cache-mb auto")->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
+  app.add_option("--cache-policy", o.cache_policy,
+                 fmt::format("streaming: expert cache policy ({}; default {})", [] {
+                   std::string s;
+                   for (const auto& n : cache_policy_names()) s += (s.empty() ? "" : ", ") + n;
+                   return s;
+                 }(), default_cache_policy()));
+  app.add_option("--io-threads", o.io_threads, "streaming: parallel read lanes")->capture_default_str()->check(CLI::Range(1, 32));
+  app.add_flag("--no-odirect", o.no_odirect, "streaming: buffered reads instead of O_DIRECT");
+  app.add_flag("--overlap", o.overlap, "streaming: compute resident experts while the missing ones are read");
+}
+
+namespace {
+
+uint64_t parse_mib(const std::string& text, const char* flag) {
+  try {
+    size_t used = 0;
+    const long long v = std::stoll(text, &used);
+    if (used != text.size() || v < 0) throw std::invalid_argument(text);
+    return static_cast<uint64_t>(v) << 20;
+  } catch (const std::exception&) {
+    fail("{} expects a number of MiB or 'auto', got '{}'", flag, text);
+  }
+}
+
+// --cache-mb auto: what memory (and the cgroup limit) allows after the dense weights, minus
+// the KV cache, working buffers and a safety margin.
+uint64_t auto_cache_budget(const RunOptions& o, uint64_t kv_bytes) {
+  const MemorySnapshot m = read_memory();
+  const auto available = m.available();
+  if (!available) fail("--cache-mb auto: cannot read available memory (/proc/meminfo); give --cache-mb N");
+  const uint64_t scratch = 256ull << 20;
+  const uint64_t margin = std::max<uint64_t>(512ull << 20, *available / 10);
+  const uint64_t reserve = kv_bytes + scratch + margin;
+  uint64_t budget = *available > reserve ? *available - reserve : 0;
+  if (o.cache_ceil_mb >= 0) budget = std::min<uint64_t>(budget, static_cast<uint64_t>(o.cache_ceil_mb) << 20);
+  fmt::print(stderr, "moe-cache: auto budget {} MiB = available {} MiB{} - KV {} MiB - buffers {} MiB - margin {} MiB{}\n",
+             budget >> 20, *available >> 20,
+             m.cgroup_limit ? fmt::format(" (cgroup limit {} MiB)", *m.cgroup_limit >> 20) : "", kv_bytes >> 20,
+             scratch >> 20, margin >> 20, o.cache_ceil_mb >= 0 ? fmt::format(", ceiling {} MiB", o.cache_ceil_mb) : "");
+  return budget;
+}
+
+}  // namespace
+
+LoadedRun load_run(const RunOptions& o) {
+  if (o.model.empty()) fail("no model given (-m FILE)");
+  const uint64_t fixed_budget = o.cache_mb == "auto" ? 0 : parse_mib(o.cache_mb, "--cache-mb");
+  LoadedRun run;
+  Stopwatch timer;
+  LoadOptions load;
+  load.n_expert_used = o.n_expert_used;
+  load.stream_experts = o.moe_stream;
+  load.dense = o.dense_weights == "mmap" ? DenseWeights::Mmap : DenseWeights::Anon;
+  load.odirect = !o.no_odirect;
+  run.model = load_model(o.model, load);
+  LoadedModel& model = *run.model;
+  const ModelConfig& cfg = model.transformer->config();
+  if (o.moe_stream) {
+    const uint64_t kv_bytes = static_cast<uint64_t>(cfg.kv_bytes_per_token()) * static_cast<uint64_t>(o.ctx_size) *
+                              (o.kv_type == "f32" ? 2 : 1);
+    run.cache_budget = o.cache_mb == "auto" ? auto_cache_budget(o, kv_bytes) : fixed_budget;
+    StreamingOptions so;
+    so.cache_bytes = run.cache_budget;
+    so.policy = o.cache_policy;
+    so.io_threads = o.io_threads;
+    so.odirect = !o.no_odirect;
+    so.overlap = o.overlap;
+    attach_streaming(model, so);
+    for (const auto& note : model.streamer()->io_notes()) fmt::print(stderr, "warning: {}\n", note);
+    const uint64_t cycle = model.expert_layout.token_cycle_bytes(cfg.n_expert_used);
+    if (so.policy == "lru" && run.cache_budget > 0 && run.cache_budget < cycle) {
+      fmt::print(stderr,
+                 "warning: a global-LRU cache below one token cycle ({} MiB) evicts every expert just before its "
+                 "reuse (about 0 % hits); use the default policy ({}) or a larger --cache-mb\n",
+                 cycle >> 20, default_cache_policy());
+    }
+  }
+  run.load_seconds = timer.seconds();
+  fmt::print(stderr, "load: {} ({}), {} layers, {} experts top-{}, {} threads, isa {}, experts {}, dense {}, {:.2f} s\n",
+             o.model, cfg.arch, cfg.n_layer, cfg.n_expert, cfg.n_expert_used, o.thread_count(), active_isa_name(),
+             model.experts->describe(), format_bytes(model.dense_bytes), run.load_seconds);
+  return run;
+}
+
+}  // namespace bmoe

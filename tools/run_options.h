@@ -1,0 +1,49 @@
+// Flags that load and run a model, shared by bmoe-cli and bmoe-server so both accept the same
+// spelling (llama.cpp's where it has one): model, threads, context, KV type, top-k override,
+// and the expert-streaming knobs.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "engine/loader.h"
+#include "model/attention.h"
+
+namespace bmoe {
+
+struct RunOptions {
+  std::string model;
+  int threads = 0;
+  int ctx_size = 4096;
+  int batch_size = 512;
+  int n_expert_used = 0;
+  std::string kv_type = "f16";
+  bool moe_stream = false;
+  std::string dense_weights = "anon";
+  std::string cache_mb = "auto";
+  int64_t cache_ceil_mb = -1;
+  std::string cache_policy;
+  int io_threads = 4;
+  bool no_odirect = false;
+  bool overlap = false;
+
+  int thread_count() const;
+  KvType kv() const { return kv_type == "f32" ? KvType::F32 : KvType::F16; }
+};
+
+void add_run_flags(CLI::App& app, RunOptions& o);
+
+struct LoadedRun {
+  std::unique_ptr<LoadedModel> model;
+  uint64_t cache_budget = 0;  // streaming expert cache, bytes
+  double load_seconds = 0;
+};
+
+// Loads the model, sizes and attaches the expert cache when streaming, and prints the "load:"
+// line (and any warnings) on stderr.
+LoadedRun load_run(const RunOptions& o);
+
+}  // namespace bmoe
