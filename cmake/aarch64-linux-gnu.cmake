@@ -9,4 +9,6 @@ set(CMAKE_LIBRARY_ARCHITECTURE aarch64-linux-gnu)
 set(CMAKE_FIND_ROOT_PATH_MODE_PROGRAM NEVER)
 set(ENV{PKG_CONFIG_LIBDIR} "/usr/lib/aarch64-linux-gnu/pkgconfig:/usr/share/pkgconfig")
 set(ENV{PKG_CONFIG_PATH} "")
-set(CMAKE_CROSSCOMPILING_EMULATOR qemu-aarch64;-cpu;max;-L;/usr/aarch64-linux-gnu)
+# The arm64 multiarch libc (libc6:arm64) is found through /lib/ld-linux-aarch64.so.1; mixing
+# it with the cross sysroot (qemu -L /usr/aarch64-linux-gnu) hangs in pthread_create.
+set(CMAKE_CROSSCOMPILING_EMULATOR qemu-aarch64;-cpu;max)
