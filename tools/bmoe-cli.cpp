@@ -195,6 +195,7 @@ int interactive(const CliOptions& o) {
   params.max_tokens = o.n_predict < 0 ? o.run.ctx_size : o.n_predict;
   params.sampler = SamplerConfig{o.temperature, o.top_k, o.top_p, o.seed};
   params.show_special = o.show_special;
+  params.draft = o.run.draft_config(cfg);
   catch_interrupts();
   fmt::print(stderr, "interactive chat ({} format): /reset clears the conversation, Ctrl-C stops an answer, "
                      "Ctrl-D or /exit quits\n", chat_format_name(format));
@@ -236,6 +237,26 @@ int interactive(const CliOptions& o) {
   }
   fmt::print("\n");
   return 0;
+}
+
+// The --progress line after a decode step (records from `first` on are the step's tokens).
+void print_progress(const std::vector<TokenRecord>& recs, size_t first, int limit, bool tty) {
+  double wall = 0, stall = 0, step_ms = 0;
+  uint64_t hits = 0, routed = 0, bytes = 0;
+  for (size_t i = 0; i < recs.size(); ++i) {
+    const TokenRecord& x = recs[i];
+    wall += x.wall_ms;
+    hits += x.hits;
+    routed += x.routed;
+    bytes += x.bytes_read;
+    stall += x.stall_ms;
+    if (i >= first) step_ms += x.wall_ms;
+  }
+  const double n = static_cast<double>(recs.size());
+  fmt::print(stderr, "{}[{}/{}] {:.2f} tok/s (this {:.0f} ms), hit {:.1f} %, read {:.1f} MiB/tok, stall {:.0f} ms/tok{}",
+             tty ? "\r" : "", recs.size(), limit, 1000.0 * n / std::max(wall, 1e-9), step_ms,
+             routed ? 100.0 * static_cast<double>(hits) / static_cast<double>(routed) : 0.0,
+             static_cast<double>(bytes) / n / 1048576.0, stall / n, tty ? "   " : "\n");
 }
 
 int run(const CliOptions& o) {
@@ -305,8 +326,15 @@ int run(const CliOptions& o) {
   Utf8Stream out;
   const int limit = o.n_predict < 0 ? o.run.ctx_size - static_cast<int>(prompt_ids.size()) : o.n_predict;
   const bool tty = ::isatty(STDERR_FILENO) != 0;
+  const DraftConfig draft = o.run.draft_config(cfg);
+  std::unique_ptr<DraftController> drafts;
+  if (drafting_possible(draft, sampler)) drafts = std::make_unique<DraftController>(draft);
+  else if (draft.max_draft > 0) fmt::print(stderr, "warning: --draft needs greedy sampling (--temp 0); drafting is off\n");
+  std::vector<int32_t> known;  // kept draft tokens: fed already, printed next
+  size_t next_known = 0;
   for (int i = 0; i < limit; ++i) {
-    const int32_t token = session.sample();
+    const bool from_draft = next_known < known.size();
+    const int32_t token = from_draft ? known[next_known++] : session.sample();
     if (!o.ignore_eos && model->tokenizer->is_end_of_generation(token)) break;
     generated.push_back(token);
     if (!o.json) {
@@ -316,26 +344,12 @@ int run(const CliOptions& o) {
         std::fflush(stdout);
       }
     }
+    if (from_draft) continue;
     if (i + 1 >= limit || session.state().n_past() >= o.run.ctx_size) break;
-    const TokenRecord& r = session.accept(token);
-    if (o.progress) {
-      const auto& recs = session.records();
-      double wall = 0;
-      uint64_t hits = 0, routed = 0, bytes = 0;
-      double stall = 0;
-      for (const auto& x : recs) {
-        wall += x.wall_ms;
-        hits += x.hits;
-        routed += x.routed;
-        bytes += x.bytes_read;
-        stall += x.stall_ms;
-      }
-      const double n = static_cast<double>(recs.size());
-      fmt::print(stderr, "{}[{}/{}] {:.2f} tok/s (this {:.0f} ms), hit {:.1f} %, read {:.1f} MiB/tok, stall {:.0f} ms/tok{}",
-                 tty ? "\r" : "", recs.size(), limit, 1000.0 * n / std::max(wall, 1e-9), r.wall_ms,
-                 routed ? 100.0 * static_cast<double>(hits) / static_cast<double>(routed) : 0.0,
-                 static_cast<double>(bytes) / n / 1048576.0, stall / n, tty ? "   " : "\n");
-    }
+    const size_t before = session.records().size();
+    known = feed_token(session, token, drafts.get(), limit - i - 2);
+    next_known = 0;
+    if (o.progress) print_progress(session.records(), before, limit, tty);
   }
   if (o.progress && tty) fmt::print(stderr, "\n");
   if (o.json) {
@@ -354,6 +368,14 @@ int run(const CliOptions& o) {
   const ExpertStats final_stats = model->experts->stats();
   const RunSummary summary = summarize(session.records(), o.run.overlap, final_stats);
   fmt::print(stderr, "{}", summary_lines(summary, o.run.moe_stream, o.run.io_threads, budget));
+  if (drafts) {
+    fmt::print(stderr, "speculative: drafted {}, accepted {} ({:.1f} %), {} verify passes, max draft {}\n",
+               drafts->drafted_total(), drafts->accepted_total(),
+               drafts->drafted_total() ? 100.0 * static_cast<double>(drafts->accepted_total()) /
+                                             static_cast<double>(drafts->drafted_total())
+                                       : 0.0,
+               drafts->verify_steps(), draft.max_draft);
+  }
   if (!o.csv.empty()) write_token_csv(o.csv, session.records());
   if (!o.metrics.empty()) {
     MetricsInput mi;

@@ -51,6 +51,7 @@ struct ServerOptions {
   int top_k = 40;
   float top_p = 0.95f;
   bool no_think = false;
+  DraftConfig draft;  // resolved from run after load
 };
 
 // ------------------------------------------------------------------ errors
@@ -326,6 +327,7 @@ GenerateParams sampling_params(const json& body, const ServerOptions& o, int64_t
   p.sampler.top_k = static_cast<int>(int_field(body, "top_k", o.top_k, 0, 1 << 24));
   p.sampler.seed = static_cast<uint64_t>(int_field(body, "seed", 0xB30E, INT64_MIN, INT64_MAX));
   p.stop = stop_field(body);
+  p.draft = o.draft;  // used by greedy requests only (lossless verification needs argmax)
   only_default(body, "n", 1);
   only_default(body, "presence_penalty", 0);
   only_default(body, "frequency_penalty", 0);
@@ -634,8 +636,11 @@ int serve(const ServerOptions& o) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   std::signal(SIGPIPE, SIG_IGN);
 
-  Engine engine(load_run(o.run), o);
-  Server api(engine, o);
+  LoadedRun loaded = load_run(o.run);
+  ServerOptions resolved = o;
+  resolved.draft = o.run.draft_config(loaded.model->transformer->config());
+  Engine engine(std::move(loaded), resolved);
+  Server api(engine, resolved);
   httplib::Server http;
   const int threads = o.http_threads > 0 ? o.http_threads : std::max(16, o.queue + 8);
   http.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };

@@ -40,6 +40,25 @@ void add_run_flags(CLI::App& app, RunOptions& o) {
   app.add_option("--io-threads", o.io_threads, "streaming: parallel read lanes")->capture_default_str()->check(CLI::Range(1, 32));
   app.add_flag("--no-odirect", o.no_odirect, "streaming: buffered reads instead of O_DIRECT");
   app.add_flag("--overlap", o.overlap, "streaming: compute resident experts while the missing ones are read");
+  app.add_option("--draft", o.draft,
+                 "speculative decoding: verify up to N drafted tokens per forward pass (lossless; greedy sampling "
+                 "only; the length adapts and drafting pauses itself when few drafts are accepted)")
+      ->capture_default_str()->check(CLI::Range(0, 32));
+  app.add_flag("--ngram", o.ngram, "draft from n-gram matches in the prompt and the output so far (the default drafter)");
+  app.add_option("--draft-ngram-max", o.ngram_max, "longest n-gram suffix looked up for a draft")
+      ->capture_default_str()->check(CLI::Range(1, 64));
+  app.add_flag("--mtp", o.mtp, "draft with the model's multi-token-prediction head (needs a GGUF that has one)");
+}
+
+DraftConfig RunOptions::draft_config(const ModelConfig& config) const {
+  if (mtp) {
+    fail("--mtp: the {} GGUF has no multi-token-prediction (nextn) head; use --draft N --ngram", config.arch);
+  }
+  if ((ngram || mtp) && draft == 0) fail("--ngram/--mtp choose a drafter for --draft N; give --draft N too");
+  DraftConfig d;
+  d.max_draft = draft;
+  d.ngram_max = ngram_max;
+  return d;
 }
 
 namespace {

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "engine/loader.h"
+#include "engine/speculative.h"
 #include "model/attention.h"
 
 namespace bmoe {
@@ -29,8 +30,15 @@ struct RunOptions {
   int io_threads = 4;
   bool no_odirect = false;
   bool overlap = false;
+  // Speculative decoding (lossless, greedy only).
+  int draft = 0;
+  bool ngram = false;
+  int ngram_max = 4;
+  bool mtp = false;
 
   int thread_count() const;
+  // The draft settings; fails where the model cannot draft as asked (--mtp without an MTP head).
+  DraftConfig draft_config(const ModelConfig& config) const;
   KvType kv() const { return kv_type == "f32" ? KvType::F32 : KvType::F16; }
 };
 

@@ -1,6 +1,7 @@
 #include "engine/generate.h"
 
 #include <algorithm>
+#include <memory>
 
 #include "core/error.h"
 #include "core/timer.h"
@@ -43,6 +44,28 @@ std::string StopMatcher::flush() {
   return out;
 }
 
+bool drafting_possible(const DraftConfig& draft, const SamplerConfig& sampler) {
+  return draft.max_draft > 0 && sampler.temperature <= 0.0f;
+}
+
+std::vector<int32_t> feed_token(Session& session, int32_t token, DraftController* drafts, int budget) {
+  const int room = session.state().n_ctx() - session.state().n_past() - 1;
+  const int length = drafts ? std::min({drafts->length(), budget, room}) : 0;
+  if (length <= 0) {
+    session.accept(token);
+    if (drafts) drafts->report(0, 0);
+    return {};
+  }
+  std::vector<int32_t> sequence = session.history();
+  sequence.push_back(token);
+  const DraftConfig& c = drafts->config();
+  std::vector<int32_t> draft = ngram_draft(sequence, length, c.ngram_max, c.ngram_min);
+  const int kept = session.accept_draft(token, draft);
+  drafts->report(static_cast<int>(draft.size()), kept);
+  draft.resize(static_cast<size_t>(kept));
+  return draft;
+}
+
 GenerateResult generate(Session& session, const std::vector<int32_t>& prompt, const GenerateParams& params,
                         const PieceCallback& on_piece, const std::atomic<bool>* cancel) {
   GenerateResult result;
@@ -69,24 +92,39 @@ GenerateResult generate(Session& session, const std::vector<int32_t>& prompt, co
   Stopwatch decode;
   result.finish_reason = "length";
   const int limit = std::min(params.max_tokens, n_ctx - static_cast<int>(prompt.size()));
-  for (int i = 0; i < limit; ++i) {
-    if ((cancel && cancel->load()) || !keep_going) {
-      result.finish_reason = "cancelled";
-      break;
-    }
-    const int32_t token = session.sample();
+  std::unique_ptr<DraftController> drafts;
+  if (drafting_possible(params.draft, params.sampler)) drafts = std::make_unique<DraftController>(params.draft);
+  std::vector<int32_t> known;  // kept draft tokens: fed already, emitted next
+  size_t next_known = 0;
+  // Emits one token; false when generation ends with it (end token or stop string).
+  auto take = [&](int32_t token) {
     if (!params.ignore_eos && tok.is_end_of_generation(token)) {
       result.finish_reason = "stop";
-      break;
+      return false;
     }
     result.tokens.push_back(token);
     emit(stop.push(utf8.push(tok.token_bytes(token, params.show_special))));
     if (stop.stopped()) {
       result.finish_reason = "stop";
+      return false;
+    }
+    return true;
+  };
+  for (int i = 0; i < limit; ++i) {
+    if ((cancel && cancel->load()) || !keep_going) {
+      result.finish_reason = "cancelled";
       break;
     }
-    // The last token of the budget is not fed: nothing would read its logits.
-    if (i + 1 < limit) session.accept(token);
+    const bool from_draft = next_known < known.size();
+    const int32_t token = from_draft ? known[next_known++] : session.sample();
+    if (!take(token)) break;
+    if (from_draft || i + 1 >= limit) continue;  // the last token of the budget is not fed
+    known = feed_token(session, token, drafts.get(), limit - i - 2);
+    next_known = 0;
+  }
+  if (drafts) {
+    result.drafted = drafts->drafted_total();
+    result.accepted = drafts->accepted_total();
   }
   if (!keep_going) result.finish_reason = "cancelled";
   if (!stop.stopped()) emit(stop.push(utf8.flush()) + stop.flush());

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "engine/session.h"
+#include "engine/speculative.h"
 
 namespace bmoe {
 
@@ -18,6 +19,7 @@ struct GenerateParams {
   std::vector<std::string> stop;  // the text ends before the first occurrence of any
   bool ignore_eos = false;
   bool show_special = false;
+  DraftConfig draft;  // speculative decoding (greedy sampling only; ignored otherwise)
 };
 
 struct GenerateResult {
@@ -28,6 +30,8 @@ struct GenerateResult {
   std::string finish_reason;  // "stop" (end token or stop string), "length", "cancelled"
   double prefill_seconds = 0;
   double decode_seconds = 0;
+  int64_t drafted = 0;   // speculative: tokens proposed
+  int64_t accepted = 0;  // speculative: proposals kept
 };
 
 // Receives each new piece of text; returning false cancels the generation.
@@ -35,6 +39,14 @@ using PieceCallback = std::function<bool(const std::string& piece)>;
 
 GenerateResult generate(Session& session, const std::vector<int32_t>& prompt, const GenerateParams& params,
                         const PieceCallback& on_piece = {}, const std::atomic<bool>* cancel = nullptr);
+
+// Feeds `token` (just emitted) so that the next one can be sampled. With a draft controller
+// that wants a draft, also proposes and verifies up to `budget` draft tokens; returns the kept
+// ones, already fed, to be emitted in order before sampling again.
+std::vector<int32_t> feed_token(Session& session, int32_t token, DraftController* drafts, int budget);
+
+// Whether speculative decoding can run with these settings (lossless needs greedy sampling).
+bool drafting_possible(const DraftConfig& draft, const SamplerConfig& sampler);
 
 // Holds back text that could be the start of a stop string; finds complete stop strings.
 class StopMatcher {

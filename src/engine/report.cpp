@@ -40,12 +40,12 @@ RunSummary summarize(const std::vector<TokenRecord>& records, bool overlap, cons
 void write_token_csv(const std::string& path, const std::vector<TokenRecord>& records) {
   FILE* f = std::fopen(path.c_str(), "w");
   if (!f) fail_errno("cannot create " + path);
-  std::fprintf(f, "index,token,wall_ms,compute_ms,io_ms,stall_ms,experts_routed,cache_hits,cache_misses,bytes_read,cache_used_bytes\n");
+  std::fprintf(f, "index,token,wall_ms,compute_ms,io_ms,stall_ms,experts_routed,cache_hits,cache_misses,bytes_read,cache_used_bytes,batch\n");
   for (const TokenRecord& r : records) {
-    std::fprintf(f, "%d,%d,%.3f,%.3f,%.3f,%.3f,%llu,%llu,%llu,%llu,%llu\n", r.index, r.token, r.wall_ms, r.compute_ms,
+    std::fprintf(f, "%d,%d,%.3f,%.3f,%.3f,%.3f,%llu,%llu,%llu,%llu,%llu,%d\n", r.index, r.token, r.wall_ms, r.compute_ms,
                  r.io_ms, r.stall_ms, static_cast<unsigned long long>(r.routed), static_cast<unsigned long long>(r.hits),
                  static_cast<unsigned long long>(r.misses), static_cast<unsigned long long>(r.bytes_read),
-                 static_cast<unsigned long long>(r.cache_used));
+                 static_cast<unsigned long long>(r.cache_used), r.batch);
   }
   if (std::fclose(f) != 0) fail_errno("cannot write " + path);
 }

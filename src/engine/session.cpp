@@ -51,22 +51,68 @@ const TokenRecord& Session::accept(int32_t token) {
   Stopwatch timer;
   logits_ = &state_.eval(&token, 1);
   history_.push_back(token);
+  record(token, timer.seconds(), before, 0, 1, 1);
+  return records_.back();
+}
+
+int Session::accept_draft(int32_t token, const std::vector<int32_t>& draft) {
+  if (draft.empty()) {
+    accept(token);
+    return 0;
+  }
+  const ExpertStats before = model_.experts->stats();
+  Stopwatch timer;
+  std::vector<int32_t> batch;
+  batch.reserve(draft.size() + 1);
+  batch.push_back(token);
+  batch.insert(batch.end(), draft.begin(), draft.end());
+  const int n = static_cast<int>(batch.size());
+  const int start = state_.n_past();
+  const std::vector<float>& all = state_.eval(batch.data(), n, /*all_logits=*/true);
+  const int n_vocab = model_.transformer->config().n_vocab;
+  // Row i holds the logits after batch[i]: draft[i] survives when it is their argmax.
+  int kept = 0;
+  while (kept < static_cast<int>(draft.size()) &&
+         Sampler::argmax(all.data() + static_cast<size_t>(kept) * n_vocab, n_vocab) == draft[static_cast<size_t>(kept)]) {
+    ++kept;
+  }
+  const float* row = all.data() + static_cast<size_t>(kept) * n_vocab;
+  draft_logits_.assign(row, row + n_vocab);
+  logits_ = &draft_logits_;
+  state_.truncate(start + 1 + kept);  // drop the rejected tail's KV rows
   const double wall = timer.seconds();
+  for (int i = 0; i <= kept; ++i) {
+    history_.push_back(batch[static_cast<size_t>(i)]);
+    record(batch[static_cast<size_t>(i)], wall, before, i, kept + 1, n);
+  }
+  return kept;
+}
+
+// Appends the record of one kept token: share `share` of `of` equal parts of a pass that cost
+// `wall_seconds` and moved the expert counters from `before` to now.
+void Session::record(int32_t token, double wall_seconds, const ExpertStats& before, int share, int of, int batch) {
   const ExpertStats after = model_.experts->stats();
+  auto part = [&](uint64_t total) {
+    const uint64_t base = total / static_cast<uint64_t>(of);
+    return share == 0 ? total - base * static_cast<uint64_t>(of - 1) : base;  // remainder on the first
+  };
+  const double fraction = 1.0 / of;
   TokenRecord r;
   r.index = static_cast<int>(records_.size());
   r.token = token;
-  r.wall_ms = wall * 1e3;
-  r.stall_ms = (after.stall_seconds - before.stall_seconds) * 1e3;
-  r.io_ms = (after.io_busy_seconds - before.io_busy_seconds) * 1e3;
+  r.batch = batch;
+  r.wall_ms = wall_seconds * 1e3 * fraction;
+  r.stall_ms = (after.stall_seconds - before.stall_seconds) * 1e3 * fraction;
+  r.io_ms = (after.io_busy_seconds - before.io_busy_seconds) * 1e3 * fraction;
   r.compute_ms = std::max(0.0, r.wall_ms - r.stall_ms);
-  r.routed = after.requests - before.requests;
-  r.hits = after.hits - before.hits;
-  r.misses = after.misses - before.misses;
-  r.bytes_read = after.bytes_read - before.bytes_read;
+  r.routed = part(after.requests - before.requests);
+  r.hits = part(after.hits - before.hits);
+  r.misses = part(after.misses - before.misses);
+  // hits + misses = routed must hold per row: derive misses from the other two shares.
+  r.misses = r.routed >= r.hits ? r.routed - r.hits : 0;
+  r.bytes_read = part(after.bytes_read - before.bytes_read);
   r.cache_used = after.cache_used_bytes;
   records_.push_back(r);
-  return records_.back();
 }
 
 void Session::reset() {

@@ -26,6 +26,7 @@ struct TokenRecord {
   uint64_t misses = 0;
   uint64_t bytes_read = 0;
   uint64_t cache_used = 0;
+  int batch = 1;        // tokens in the forward pass that produced this one (speculative: 1 + draft)
 };
 
 struct PrefillRecord {
@@ -52,6 +53,12 @@ class Session {
   int32_t sample();
   // Feeds one generated token and records its cost.
   const TokenRecord& accept(int32_t token);
+  // Speculative step (greedy only): feeds `token` and the draft in one batched pass and keeps
+  // the longest draft prefix that greedy decoding would have produced. Returns how many draft
+  // tokens were kept; they are in the history and the logits are those after the last kept
+  // token, exactly as if each had been accepted one at a time (the kernels' per-row results do
+  // not depend on the batch size). The pass's cost is split over the kept tokens' records.
+  int accept_draft(int32_t token, const std::vector<int32_t>& draft);
   const std::vector<float>& logits() const { return *logits_; }
 
   InferenceState& state() { return state_; }
@@ -60,6 +67,7 @@ class Session {
   void reset();
 
  private:
+  void record(int32_t token, double wall_seconds, const ExpertStats& before, int share, int of, int batch);
   LoadedModel& model_;
   ThreadPool& pool_;
   InferenceState state_;
@@ -68,6 +76,7 @@ class Session {
   const std::vector<float>* logits_ = nullptr;
   std::vector<TokenRecord> records_;
   std::vector<int32_t> history_;
+  std::vector<float> draft_logits_;  // the kept row of a speculative pass
 };
 
 }  // namespace bmoe

@@ -1,0 +1,54 @@
+#include "engine/speculative.h"
+
+#include <algorithm>
+
+namespace bmoe {
+
+std::vector<int32_t> ngram_draft(const std::vector<int32_t>& sequence, int max_tokens, int ngram_max, int ngram_min) {
+  std::vector<int32_t> draft;
+  const int n = static_cast<int>(sequence.size());
+  if (max_tokens <= 0) return draft;
+  for (int g = std::min(ngram_max, n - 1); g >= std::max(1, ngram_min); --g) {
+    const int32_t* suffix = sequence.data() + n - g;
+    // Latest earlier occurrence first: recent text predicts the next tokens best.
+    for (int start = n - g - 1; start >= 0; --start) {
+      if (!std::equal(suffix, suffix + g, sequence.data() + start)) continue;
+      const int from = start + g;
+      const int count = std::min(max_tokens, n - from);
+      draft.assign(sequence.begin() + from, sequence.begin() + from + count);
+      return draft;
+    }
+  }
+  return draft;
+}
+
+namespace {
+constexpr double kAverageWeight = 0.3;   // weight of the newest verification in the average
+constexpr double kLowAcceptance = 0.25;  // below this, drafting costs more than it saves
+constexpr int kPauseSteps = 16;          // plain steps before trying again
+}  // namespace
+
+DraftController::DraftController(DraftConfig config) : config_(config), length_(config.max_draft) {}
+
+int DraftController::length() const { return pause_ > 0 ? 0 : length_; }
+
+void DraftController::report(int drafted, int accepted) {
+  if (drafted <= 0) {
+    if (pause_ > 0) --pause_;
+    return;
+  }
+  ++verify_steps_;
+  drafted_total_ += drafted;
+  accepted_total_ += accepted;
+  const double rate = static_cast<double>(accepted) / drafted;
+  acceptance_ = (1.0 - kAverageWeight) * acceptance_ + kAverageWeight * rate;
+  if (accepted == drafted) length_ = std::min(config_.max_draft, length_ + 1);
+  else length_ = std::max(1, accepted + 1);
+  if (acceptance_ < kLowAcceptance) {
+    pause_ = kPauseSteps;
+    acceptance_ = 0.5;  // after the pause, give drafting a fair new start
+    length_ = std::max(1, config_.max_draft / 2);
+  }
+}
+
+}  // namespace bmoe

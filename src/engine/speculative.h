@@ -1,0 +1,49 @@
+// Lossless self-speculative decoding: draft a few tokens from n-gram matches in the sequence
+// so far, verify them in one batched forward pass, keep exactly the prefix greedy decoding
+// would have produced. A batch reads each routed expert once for all its tokens, so an accepted
+// draft saves the per-token expert reads; a rejected one costs a wider routed set, which is why
+// the draft length adapts and switches itself off when acceptance is low.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace bmoe {
+
+struct DraftConfig {
+  int max_draft = 0;   // tokens drafted per step; 0: off
+  int ngram_max = 4;   // longest suffix looked up in the history
+  int ngram_min = 1;   // shortest suffix that may propose a draft
+};
+
+// Proposes the continuation of the most recent earlier occurrence of the sequence's longest
+// matching suffix (prompt lookup decoding).
+std::vector<int32_t> ngram_draft(const std::vector<int32_t>& sequence, int max_tokens, int ngram_max, int ngram_min);
+
+// Adapts the draft length to the measured acceptance: grows while drafts are accepted whole,
+// shrinks on rejection, and pauses drafting for a while when acceptance stays low.
+class DraftController {
+ public:
+  explicit DraftController(DraftConfig config);
+  // Tokens to draft now (0: decode one token plainly).
+  int length() const;
+  // Reports a verification: `drafted` proposed, `accepted` kept. Also call with drafted 0 on
+  // plain steps so that pauses run out.
+  void report(int drafted, int accepted);
+
+  const DraftConfig& config() const { return config_; }
+  int64_t drafted_total() const { return drafted_total_; }
+  int64_t accepted_total() const { return accepted_total_; }
+  int64_t verify_steps() const { return verify_steps_; }
+
+ private:
+  DraftConfig config_;
+  int length_;
+  double acceptance_ = 1.0;  // moving average of accepted / drafted
+  int pause_ = 0;            // plain steps left before drafting again
+  int64_t drafted_total_ = 0;
+  int64_t accepted_total_ = 0;
+  int64_t verify_steps_ = 0;
+};
+
+}  // namespace bmoe
