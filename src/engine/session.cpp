@@ -107,8 +107,7 @@ void Session::record(int32_t token, double wall_seconds, const ExpertStats& befo
   r.compute_ms = std::max(0.0, r.wall_ms - r.stall_ms);
   r.routed = part(after.requests - before.requests);
   r.hits = part(after.hits - before.hits);
-  r.misses = part(after.misses - before.misses);
-  // hits + misses = routed must hold per row: derive misses from the other two shares.
+  // hits + misses = routed must hold per row: misses follow from the other two shares.
   r.misses = r.routed >= r.hits ? r.routed - r.hits : 0;
   r.bytes_read = part(after.bytes_read - before.bytes_read);
   r.cache_used = after.cache_used_bytes;
