@@ -25,9 +25,10 @@ namespace {
 
 constexpr int kTokens = 64;
 
-std::vector<int32_t> greedy(LoadedModel& model, int threads = 2, int n = kTokens) {
+std::vector<int32_t> greedy(LoadedModel& model, int threads = 2, int n = kTokens, RoutingOptions routing = {}) {
   ThreadPool pool(threads);
   Session s(model, pool, 512, 64, SamplerConfig{});
+  s.state().set_routing_options(routing);
   s.prefill(model.tokenizer->encode("the quick brown fox jumps over the lazy dog", false, false));
   std::vector<int32_t> out;
   for (int i = 0; i < n; ++i) {
@@ -44,6 +45,7 @@ struct StreamConfig {
   DenseWeights dense = DenseWeights::Anon;
   bool overlap = false;
   std::string policy;
+  int prefetch = 0;
 };
 
 std::unique_ptr<LoadedModel> streamed(const std::string& path, const StreamConfig& c) {
@@ -58,6 +60,7 @@ std::unique_ptr<LoadedModel> streamed(const std::string& path, const StreamConfi
   so.odirect = c.odirect;
   so.overlap = c.overlap;
   so.policy = c.policy;
+  so.prefetch_bytes = prefetch_staging_bytes(model->expert_layout, model->transformer->config().n_expert_used, c.prefetch);
   attach_streaming(*model, so);
   return model;
 }
@@ -78,11 +81,23 @@ TEST_P(StreamingIdentity, GreedyOutputEqualsResident) {
   const std::string path = test_model_path("tiny-qwen3moe", 4);
   const auto& want = resident_reference(path);
   auto model = streamed(path, GetParam());
-  EXPECT_EQ(greedy(*model), want);
+  EXPECT_EQ(greedy(*model, 2, kTokens, RoutingOptions{GetParam().prefetch}), want);
   const ExpertStats st = model->experts->stats();
   EXPECT_GT(st.requests, 0u);
   EXPECT_EQ(st.hits + st.misses, st.requests);
   EXPECT_LE(st.cache_used_bytes, st.cache_budget_bytes);
+  if (GetParam().prefetch > 0) {
+    // Predictions were made and checked, and some reads ahead were used (this model routes
+    // 2 of 8 experts: even chance guessing gets a quarter right).
+    EXPECT_GT(st.predicted, 0u);
+    EXPECT_GT(st.predicted_correct, 0u);
+    EXPECT_LE(st.predicted_correct, st.predicted);
+    EXPECT_GT(st.prefetch_used, 0u);
+    EXPECT_LE(st.prefetch_used, st.prefetch_reads);
+    EXPECT_LE(st.prefetch_used, st.misses);
+  } else {
+    EXPECT_EQ(st.prefetch_reads, 0u);
+  }
 }
 
 // One tiny-model expert slot is ~0.2 MiB; its 4 layers x 8 experts take ~6.6 MiB in all.
@@ -97,7 +112,13 @@ INSTANTIATE_TEST_SUITE_P(
                       StreamConfig{0, 8, true, DenseWeights::Anon, true},    // overlap, no cache
                       StreamConfig{25, 4, true, DenseWeights::Anon, false, "lru"},
                       StreamConfig{25, 4, true, DenseWeights::Anon, false, "layer-lfu"},
-                      StreamConfig{25, 4, true, DenseWeights::Anon, false, "tinylfu-ewma"}));
+                      StreamConfig{25, 4, true, DenseWeights::Anon, false, "tinylfu-ewma"},
+                      // predictive prefetch: no cache, evicting, overlap, two layers ahead
+                      StreamConfig{0, 4, true, DenseWeights::Anon, false, "", 1},
+                      StreamConfig{8, 2, true, DenseWeights::Anon, false, "", 2},
+                      StreamConfig{8, 4, true, DenseWeights::Anon, true, "", 1},
+                      StreamConfig{0, 1, true, DenseWeights::Anon, true, "", 3},
+                      StreamConfig{25, 4, true, DenseWeights::Anon, true, "lru", 2}));
 
 // Every family streams losslessly: shared experts (qwen2moe), MXFP4 experts with biases
 // (gpt-oss), gemma4's fused gate+up slices beside its dense FFN.
@@ -107,11 +128,21 @@ TEST_P(FamilyStreamingIdentity, StreamedEqualsResident) {
   const std::string path = test_model_path(GetParam(), 4);
   const auto& want = resident_reference(path);
   ASSERT_EQ(want.size(), static_cast<size_t>(kTokens));
-  for (const StreamConfig& c : {StreamConfig{0, 4}, StreamConfig{10, 2}, StreamConfig{10, 4, true, DenseWeights::Anon, true}}) {
+  for (const StreamConfig& c : {StreamConfig{0, 4}, StreamConfig{10, 2}, StreamConfig{10, 4, true, DenseWeights::Anon, true},
+                                StreamConfig{10, 4, true, DenseWeights::Anon, true, "", 2}}) {
     auto model = streamed(path, c);
-    EXPECT_EQ(greedy(*model), want) << GetParam() << " cache " << c.cache_mib_x10 / 10.0 << " MiB"
-                                    << (c.overlap ? " overlap" : "");
-    EXPECT_GT(model->experts->stats().misses, 0u);
+    EXPECT_EQ(greedy(*model, 2, kTokens, RoutingOptions{c.prefetch}), want)
+        << GetParam() << " cache " << c.cache_mib_x10 / 10.0 << " MiB" << (c.overlap ? " overlap" : "")
+        << " prefetch " << c.prefetch;
+    const ExpertStats st = model->experts->stats();
+    EXPECT_GT(st.misses, 0u);
+    // The predictor applies each family's router input (gemma4's scaled plain norm included):
+    // it must beat picking experts at random, k/n of them right.
+    if (c.prefetch > 0) {
+      const ModelConfig& cfg = model->transformer->config();
+      const double chance = static_cast<double>(cfg.n_expert_used) / cfg.n_expert;
+      EXPECT_GT(static_cast<double>(st.predicted_correct), 1.2 * chance * static_cast<double>(st.predicted)) << GetParam();
+    }
   }
 }
 
@@ -130,6 +161,37 @@ TEST(Streaming, SplitModelEqualsResident) {
   EXPECT_EQ(load_model(split, LoadOptions{})->gguf->shards().size(), 3u);
   EXPECT_EQ(greedy(*streamed(split, {25, 4})), resident_reference(whole));
   EXPECT_EQ(greedy(*load_model(split, LoadOptions{})), resident_reference(whole));
+}
+
+// The lossy knobs are off by default and, when on, do what they say, reproducibly.
+TEST(LossyKnobs, DropColdExpertsSkipsOnlyMisses) {
+  const std::string path = test_model_path("tiny-qwen3moe", 4);
+  // With a cache that holds everything, nothing is cold after warm-up; without one every
+  // routed expert is a miss, so below-even-split ones are skipped.
+  auto cold = streamed(path, {0, 4});
+  const RoutingOptions drop{0, 0, 1.0f};
+  const auto a = greedy(*cold, 2, kTokens, drop);
+  const ExpertStats st = cold->experts->stats();
+  auto again = streamed(path, {0, 4});
+  EXPECT_EQ(greedy(*again, 2, kTokens, drop), a);  // reproducible
+  auto plain = streamed(path, {0, 4});
+  greedy(*plain);
+  EXPECT_LT(st.requests, plain->experts->stats().requests);  // fewer experts fetched
+  // Resident experts are never dropped: a fully resident model is unchanged.
+  auto resident = load_model(path, LoadOptions{});
+  EXPECT_EQ(greedy(*resident, 2, kTokens, drop), resident_reference(path));
+}
+
+TEST(LossyKnobs, RouteAheadReadsDecidedExpertsEarly) {
+  const std::string path = test_model_path("tiny-qwen3moe", 4);
+  auto model = streamed(path, {0, 4, true, DenseWeights::Anon, false, "", 1});
+  const auto out = greedy(*model, 2, kTokens, RoutingOptions{0, 1, 0.0f});
+  EXPECT_EQ(out.size(), static_cast<size_t>(kTokens));
+  const ExpertStats st = model->experts->stats();
+  // Routes decided a layer early are exact predictions, and their reads are used.
+  EXPECT_GT(st.predicted, 0u);
+  EXPECT_EQ(st.predicted_correct, st.predicted);
+  EXPECT_GT(st.prefetch_used, 0u);
 }
 
 TEST(Streaming, LargeCacheHitsAfterWarmup) {

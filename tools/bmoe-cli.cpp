@@ -140,7 +140,11 @@ std::string config_json(const CliOptions& c, int threads, const LoadedModel& mod
     j["io_threads"] = o.io_threads;
     j["odirect"] = !o.no_odirect;
     j["overlap"] = o.overlap;
+    j["prefetch"] = o.prefetch;
   }
+  j["route_ahead"] = o.route_ahead;
+  j["drop_cold_experts"] = o.drop_cold;
+  j["draft"] = o.draft;
   j["route_replay"] = c.route_replay;
   j["chatml"] = c.chatml || c.chat;
   j["no_think"] = c.no_think;
@@ -189,6 +193,7 @@ int interactive(const CliOptions& o) {
       o.chatml ? ChatFormat::ChatML : detect_chat_format(cfg.arch, model.tokenizer->vocab().chat_template);
   ThreadPool pool(o.run.thread_count());
   Session session(model, pool, o.run.ctx_size, o.run.batch_size, SamplerConfig{}, o.run.kv());
+  session.state().set_routing_options(o.run.routing());
   std::vector<ChatMessage> messages;
   if (!o.system.empty()) messages.push_back({"system", o.system});
   GenerateParams params;
@@ -289,6 +294,7 @@ int run(const CliOptions& o) {
   ThreadPool pool(threads);
   SamplerConfig sampler{o.temperature, o.top_k, o.top_p, o.seed};
   Session session(*model, pool, o.run.ctx_size, o.run.batch_size, sampler, o.run.kv());
+  session.state().set_routing_options(o.run.routing());
   std::unique_ptr<RouteReplayer> replayer;
   std::unique_ptr<RouteRecorder> recorder;
   if (!o.route_replay.empty()) {
@@ -375,6 +381,10 @@ int run(const CliOptions& o) {
                                              static_cast<double>(drafts->drafted_total())
                                        : 0.0,
                drafts->verify_steps(), draft.max_draft);
+  }
+  report_prefetch(o.run, *model);
+  if (session.state().dropped_experts()) {
+    fmt::print(stderr, "drop-cold-experts: skipped {} routed experts (lossy)\n", session.state().dropped_experts());
   }
   if (!o.csv.empty()) write_token_csv(o.csv, session.records());
   if (!o.metrics.empty()) {

@@ -112,6 +112,7 @@ class Engine {
         session_(*run_.model, pool_, o.run.ctx_size, o.run.batch_size, SamplerConfig{}, o.run.kv()),
         capacity_(static_cast<size_t>(o.queue)) {
     counters_.experts = run_.model->experts->stats();
+    session_.state().set_routing_options(o.run.routing());
     worker_ = std::thread([this] { work(); });
   }
   ~Engine() {

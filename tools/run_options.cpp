@@ -40,6 +40,18 @@ void add_run_flags(CLI::App& app, RunOptions& o) {
   app.add_option("--io-threads", o.io_threads, "streaming: parallel read lanes")->capture_default_str()->check(CLI::Range(1, 32));
   app.add_flag("--no-odirect", o.no_odirect, "streaming: buffered reads instead of O_DIRECT");
   app.add_flag("--overlap", o.overlap, "streaming: compute resident experts while the missing ones are read");
+  app.add_option("--prefetch", o.prefetch,
+                 "streaming: after each layer routes, predict the next N layers' experts with their routers and read "
+                 "them ahead on idle lanes into a small staging area (lossless)")
+      ->capture_default_str()->check(CLI::Range(0, 8));
+  app.add_option("--predict-log", o.predict_log, "streaming: write the prefetch predictions checked against the real routing (CSV)");
+  app.add_option("--route-ahead", o.route_ahead,
+                 "LOSSY: route each layer from the residual N layers earlier so its reads start early (decode only)")
+      ->capture_default_str()->check(CLI::Range(0, 8));
+  app.add_option("--drop-cold-experts", o.drop_cold,
+                 "LOSSY: skip a routed expert that is not in memory when its router weight is below F x an even split "
+                 "(1/k); the others are rescaled (decode only; the top expert is always kept)")
+      ->capture_default_str()->check(CLI::Range(0.0f, 1.0f));
   app.add_option("--draft", o.draft,
                  "speculative decoding: verify up to N drafted tokens per forward pass (lossless; greedy sampling "
                  "only; the length adapts and drafting pauses itself when few drafts are accepted)")
@@ -76,26 +88,57 @@ uint64_t parse_mib(const std::string& text, const char* flag) {
 
 // --cache-mb auto: what memory (and the cgroup limit) allows after the dense weights, minus
 // the KV cache, working buffers and a safety margin.
-uint64_t auto_cache_budget(const RunOptions& o, uint64_t kv_bytes) {
+uint64_t auto_cache_budget(const RunOptions& o, uint64_t kv_bytes, uint64_t staging_bytes) {
   const MemorySnapshot m = read_memory();
   const auto available = m.available();
   if (!available) fail("--cache-mb auto: cannot read available memory (/proc/meminfo); give --cache-mb N");
   const uint64_t scratch = 256ull << 20;
   const uint64_t margin = std::max<uint64_t>(512ull << 20, *available / 10);
-  const uint64_t reserve = kv_bytes + scratch + margin;
+  const uint64_t reserve = kv_bytes + scratch + margin + staging_bytes;
   uint64_t budget = *available > reserve ? *available - reserve : 0;
   if (o.cache_ceil_mb >= 0) budget = std::min<uint64_t>(budget, static_cast<uint64_t>(o.cache_ceil_mb) << 20);
-  fmt::print(stderr, "moe-cache: auto budget {} MiB = available {} MiB{} - KV {} MiB - buffers {} MiB - margin {} MiB{}\n",
+  fmt::print(stderr, "moe-cache: auto budget {} MiB = available {} MiB{} - KV {} MiB - buffers {} MiB - margin {} MiB{}{}\n",
              budget >> 20, *available >> 20,
              m.cgroup_limit ? fmt::format(" (cgroup limit {} MiB)", *m.cgroup_limit >> 20) : "", kv_bytes >> 20,
-             scratch >> 20, margin >> 20, o.cache_ceil_mb >= 0 ? fmt::format(", ceiling {} MiB", o.cache_ceil_mb) : "");
+             scratch >> 20, margin >> 20,
+             staging_bytes ? fmt::format(" - prefetch staging {} MiB", staging_bytes >> 20) : "", o.cache_ceil_mb >= 0 ? fmt::format(", ceiling {} MiB", o.cache_ceil_mb) : "");
   return budget;
 }
 
 }  // namespace
 
+void report_prefetch(const RunOptions& o, LoadedModel& model) {
+  StreamingExperts* s = model.streamer();
+  if (!s || (o.prefetch == 0 && o.route_ahead == 0)) return;
+  const ExpertStats st = s->stats();
+  fmt::print(stderr,
+             "prefetch: predicted {} experts, {:.1f} % right; read ahead {}, used {} ({:.1f} %), wasted {:.1f} MiB\n",
+             st.predicted, st.predicted ? 100.0 * static_cast<double>(st.predicted_correct) / static_cast<double>(st.predicted) : 0.0,
+             st.prefetch_reads, st.prefetch_used,
+             st.prefetch_reads ? 100.0 * static_cast<double>(st.prefetch_used) / static_cast<double>(st.prefetch_reads) : 0.0,
+             static_cast<double>(st.prefetch_wasted_bytes) / (1 << 20));
+  std::string by_distance;
+  for (int d = 1; d <= ExpertStats::kMaxDistance; ++d) {
+    if (st.predicted_at[d] == 0) continue;
+    by_distance += fmt::format("{}{} layer{} ahead {:.1f} %", by_distance.empty() ? "" : ", ", d, d > 1 ? "s" : "",
+                               100.0 * static_cast<double>(st.correct_at[d]) / static_cast<double>(st.predicted_at[d]));
+  }
+  if (!by_distance.empty()) fmt::print(stderr, "prefetch: prediction accuracy {}\n", by_distance);
+  if (o.predict_log.empty()) return;
+  FILE* f = std::fopen(o.predict_log.c_str(), "w");
+  if (!f) fail("--predict-log: cannot write {}", o.predict_log);
+  std::fprintf(f, "token,layer,distance,predicted,correct,prefetched\n");
+  for (const PredictionRecord& r : s->prediction_log()) {
+    std::fprintf(f, "%llu,%d,%d,%d,%d,%d\n", static_cast<unsigned long long>(r.token), r.layer, r.distance, r.predicted,
+                 r.correct, r.prefetched);
+  }
+  if (std::fclose(f) != 0) fail("--predict-log: cannot write {}", o.predict_log);
+}
+
 LoadedRun load_run(const RunOptions& o) {
   if (o.model.empty()) fail("no model given (-m FILE)");
+  if ((o.prefetch > 0 || !o.predict_log.empty()) && !o.moe_stream) fail("--prefetch/--predict-log need --moe-stream");
+  if (!o.predict_log.empty() && o.prefetch == 0 && o.route_ahead == 0) fail("--predict-log needs --prefetch N (or --route-ahead N)");
   const uint64_t fixed_budget = o.cache_mb == "auto" ? 0 : parse_mib(o.cache_mb, "--cache-mb");
   LoadedRun run;
   Stopwatch timer;
@@ -110,8 +153,11 @@ LoadedRun load_run(const RunOptions& o) {
   if (o.moe_stream) {
     const uint64_t kv_bytes = static_cast<uint64_t>(cfg.kv_bytes_per_token()) * static_cast<uint64_t>(o.ctx_size) *
                               (o.kv_type == "f32" ? 2 : 1);
-    run.cache_budget = o.cache_mb == "auto" ? auto_cache_budget(o, kv_bytes) : fixed_budget;
+    const uint64_t staging = prefetch_staging_bytes(model.expert_layout, cfg.n_expert_used, std::max(o.prefetch, o.route_ahead));
+    run.cache_budget = o.cache_mb == "auto" ? auto_cache_budget(o, kv_bytes, staging) : fixed_budget;
     StreamingOptions so;
+    so.prefetch_bytes = staging;
+    so.predict_log = !o.predict_log.empty();
     so.cache_bytes = run.cache_budget;
     so.policy = o.cache_policy;
     so.io_threads = o.io_threads;

@@ -30,6 +30,11 @@ struct RunOptions {
   int io_threads = 4;
   bool no_odirect = false;
   bool overlap = false;
+  int prefetch = 0;
+  std::string predict_log;
+  // Lossy knobs (off by default).
+  int route_ahead = 0;
+  float drop_cold = 0.0f;
   // Speculative decoding (lossless, greedy only).
   int draft = 0;
   bool ngram = false;
@@ -40,6 +45,8 @@ struct RunOptions {
   // The draft settings; fails where the model cannot draft as asked (--mtp without an MTP head).
   DraftConfig draft_config(const ModelConfig& config) const;
   KvType kv() const { return kv_type == "f32" ? KvType::F32 : KvType::F16; }
+  RoutingOptions routing() const { return {prefetch, route_ahead, drop_cold}; }
+  bool lossy() const { return route_ahead > 0 || drop_cold > 0.0f || n_expert_used > 0; }
 };
 
 void add_run_flags(CLI::App& app, RunOptions& o);
@@ -49,6 +56,9 @@ struct LoadedRun {
   uint64_t cache_budget = 0;  // streaming expert cache, bytes
   double load_seconds = 0;
 };
+
+// Writes --predict-log (one row per checked prediction) when asked; prints the prefetch line.
+void report_prefetch(const RunOptions& o, LoadedModel& model);
 
 // Loads the model, sizes and attaches the expert cache when streaming, and prints the "load:"
 // line (and any warnings) on stderr.

@@ -84,6 +84,7 @@ const std::vector<float>& InferenceState::eval(const int32_t* tokens, int n, boo
     dequantize_row(w.tok_embd.type, w.tok_embd.row(tokens[i]), x_.data() + static_cast<size_t>(i) * E, E);
     if (w.embd_scale != 1.0f) ops::scale(x_.data() + static_cast<size_t>(i) * E, w.embd_scale, E);
   }
+  ahead_.assign(static_cast<size_t>(cfg_.n_layer), AheadRoute{});
   for (int l = 0; l < cfg_.n_layer; ++l) {
     attention_block(l, n);
     ffn_block(l, n);
@@ -271,45 +272,59 @@ void InferenceState::dense_ffn(const Weight& gate, const Weight& up, const Weigh
   matmul(pool_, down, a.data(), n, out, act_c_);
 }
 
+void InferenceState::gate(const LayerWeights& L, float* logits, std::vector<int32_t>& ids,
+                          std::vector<float>& wts) const {
+  const int NE = cfg_.n_expert;
+  const int k = cfg_.n_expert_used;
+  if (!L.router_bias.empty()) ops::add(logits, L.router_bias.data(), NE);
+  switch (cfg_.gating) {
+    case Gating::SoftmaxTopK:
+    case Gating::SigmoidTopK: {
+      std::vector<float> probs(logits, logits + NE);
+      if (cfg_.gating == Gating::SoftmaxTopK) ops::softmax(probs.data(), NE);
+      else for (float& p : probs) p = 1.0f / (1.0f + std::exp(-p));
+      top_k(probs.data(), NE, k, ids);
+      wts.resize(static_cast<size_t>(k));
+      for (int s = 0; s < k; ++s) wts[static_cast<size_t>(s)] = probs[static_cast<size_t>(ids[static_cast<size_t>(s)])];
+      break;
+    }
+    case Gating::TopKSoftmax: {
+      top_k(logits, NE, k, ids);
+      wts.resize(static_cast<size_t>(k));
+      for (int s = 0; s < k; ++s) wts[static_cast<size_t>(s)] = logits[ids[static_cast<size_t>(s)]];
+      ops::softmax(wts.data(), k);
+      break;
+    }
+  }
+  if (cfg_.norm_topk) {
+    double total = 0.0;  // summed in double, as ggml's row sum does
+    for (float v : wts) total += v;
+    const float sum = std::max(static_cast<float>(total), 6.103515625e-5f);  // llama.cpp's clamp
+    for (float& v : wts) v /= sum;
+  }
+  if (cfg_.expert_weights_scale != 0.0f && cfg_.expert_weights_scale != 1.0f) {
+    for (float& v : wts) v *= cfg_.expert_weights_scale;
+  }
+}
+
 void InferenceState::select_experts(int layer, int n) {
   const LayerWeights& L = model_.weights_.layers[static_cast<size_t>(layer)];
   const int NE = cfg_.n_expert;
-  const int k = cfg_.n_expert_used;
   route_ids_.resize(static_cast<size_t>(n));
   route_weights_.resize(static_cast<size_t>(n));
-  std::vector<float> probs(static_cast<size_t>(NE));
+  AheadRoute* ahead = n == 1 && static_cast<size_t>(layer) < ahead_.size() && ahead_[static_cast<size_t>(layer)].valid
+                          ? &ahead_[static_cast<size_t>(layer)]
+                          : nullptr;
   for (int i = 0; i < n; ++i) {
     float* logits = router_logits_.data() + static_cast<size_t>(i) * NE;
-    if (!L.router_bias.empty()) ops::add(logits, L.router_bias.data(), NE);
     std::vector<int32_t>& ids = route_ids_[static_cast<size_t>(i)];
     std::vector<float>& wts = route_weights_[static_cast<size_t>(i)];
-    switch (cfg_.gating) {
-      case Gating::SoftmaxTopK:
-      case Gating::SigmoidTopK: {
-        std::copy(logits, logits + NE, probs.begin());
-        if (cfg_.gating == Gating::SoftmaxTopK) ops::softmax(probs.data(), NE);
-        else for (float& p : probs) p = 1.0f / (1.0f + std::exp(-p));
-        top_k(probs.data(), NE, k, ids);
-        wts.resize(static_cast<size_t>(k));
-        for (int s = 0; s < k; ++s) wts[static_cast<size_t>(s)] = probs[static_cast<size_t>(ids[static_cast<size_t>(s)])];
-        break;
-      }
-      case Gating::TopKSoftmax: {
-        top_k(logits, NE, k, ids);
-        wts.resize(static_cast<size_t>(k));
-        for (int s = 0; s < k; ++s) wts[static_cast<size_t>(s)] = logits[ids[static_cast<size_t>(s)]];
-        ops::softmax(wts.data(), k);
-        break;
-      }
-    }
-    if (cfg_.norm_topk) {
-      double total = 0.0;  // summed in double, as ggml's row sum does
-      for (float v : wts) total += v;
-      const float sum = std::max(static_cast<float>(total), 6.103515625e-5f);  // llama.cpp's clamp
-      for (float& v : wts) v /= sum;
-    }
-    if (cfg_.expert_weights_scale != 0.0f && cfg_.expert_weights_scale != 1.0f) {
-      for (float& v : wts) v *= cfg_.expert_weights_scale;
+    if (ahead) {
+      ids = ahead->ids;  // decided route_ahead layers ago (lossy)
+      wts = ahead->weights;
+      ahead->valid = false;
+    } else {
+      gate(L, logits, ids, wts);
     }
     if (route_hook_) {
       RouteEvent ev;
@@ -323,6 +338,88 @@ void InferenceState::select_experts(int layer, int n) {
       route_hook_(ev);
     }
   }
+  if (routing_.drop_cold > 0.0f && n == 1) drop_cold_experts(layer);
+}
+
+void InferenceState::drop_cold_experts(int layer) {
+  std::vector<int32_t>& ids = route_ids_[0];
+  std::vector<float>& wts = route_weights_[0];
+  if (ids.size() < 2) return;
+  const float threshold = routing_.drop_cold / static_cast<float>(ids.size());
+  float total = 0.0f, kept_total = 0.0f;
+  for (float v : wts) total += v;
+  const size_t top = static_cast<size_t>(std::max_element(wts.begin(), wts.end()) - wts.begin());
+  std::vector<int32_t> kept_ids;
+  std::vector<float> kept_wts;
+  for (size_t s = 0; s < ids.size(); ++s) {
+    // Weights compare as a share of the total, so models whose weights do not sum to 1 behave alike.
+    const bool cold = s != top && wts[s] < threshold * total && !model_.experts_->resident(layer, ids[s]);
+    if (cold) {
+      ++dropped_experts_;
+      continue;
+    }
+    kept_ids.push_back(ids[s]);
+    kept_wts.push_back(wts[s]);
+    kept_total += wts[s];
+  }
+  if (kept_ids.size() == ids.size()) return;
+  for (float& v : kept_wts) v *= total / kept_total;
+  ids = std::move(kept_ids);
+  wts = std::move(kept_wts);
+}
+
+void InferenceState::router_input(int layer, const float* x, float* out) const {
+  const LayerWeights& L = model_.weights_.layers[static_cast<size_t>(layer)];
+  const int E = cfg_.n_embd;
+  if (!L.router_in_scale.empty()) {
+    // Gemma 4: plain RMS norm, scaled by router_in_scale / sqrt(n_embd).
+    ops::rms_norm(x, nullptr, out, E, cfg_.norm_eps);
+    const float inv_sqrt_e = 1.0f / std::sqrt(static_cast<float>(E));
+    for (int d = 0; d < E; ++d) out[d] = out[d] * inv_sqrt_e * L.router_in_scale[static_cast<size_t>(d)];
+  } else {
+    ops::rms_norm(x, L.ffn_norm.data(), out, E, cfg_.norm_eps);
+  }
+}
+
+void InferenceState::predict_ahead(int layer, int n) {
+  const int window = std::max(routing_.prefetch, routing_.route_ahead);
+  constexpr int kMaxPredictedRows = 8;  // decode and draft verification, not prompt batches
+  if (window <= 0 || n > kMaxPredictedRows) return;
+  const int E = cfg_.n_embd;
+  const int NE = cfg_.n_expert;
+  std::vector<LayerPrediction> predictions;
+  std::vector<float> in(static_cast<size_t>(n) * E), logits(static_cast<size_t>(n) * NE);
+  std::vector<int32_t> ids;
+  std::vector<float> wts;
+  for (int t = layer + 1; t <= layer + window && t < cfg_.n_layer; ++t) {
+    const LayerWeights& L = model_.weights_.layers[static_cast<size_t>(t)];
+    if (!L.has_experts) continue;
+    const int distance = t - layer;
+    LayerPrediction p;
+    p.layer = t;
+    p.distance = distance;
+    AheadRoute& decided = ahead_[static_cast<size_t>(t)];
+    if (decided.valid) {
+      p.experts = decided.ids;  // already fixed by route-ahead: an exact prediction
+      predictions.push_back(std::move(p));
+      continue;
+    }
+    for (int i = 0; i < n; ++i) router_input(t, x_.data() + static_cast<size_t>(i) * E, in.data() + static_cast<size_t>(i) * E);
+    matmul(pool_, L.router, in.data(), n, logits.data(), act_b_);
+    for (int i = 0; i < n; ++i) {
+      gate(L, logits.data() + static_cast<size_t>(i) * NE, ids, wts);
+      for (int32_t e : ids) {
+        if (std::find(p.experts.begin(), p.experts.end(), e) == p.experts.end()) p.experts.push_back(e);
+      }
+      if (n == 1 && distance == routing_.route_ahead) {
+        decided.valid = true;
+        decided.ids = ids;
+        decided.weights = wts;
+      }
+    }
+    if (distance <= routing_.prefetch || decided.valid) predictions.push_back(std::move(p));
+  }
+  if (!predictions.empty()) model_.experts_->hint(predictions);
 }
 
 void InferenceState::routed_experts(int layer, int n, const float* h, const float* router_in, float* out) {
@@ -360,6 +457,7 @@ void InferenceState::routed_experts(int layer, int n, const float* h, const floa
 
   ExpertSource& source = *model_.experts_;
   source.begin_layer(layer, unique, weight_sums);
+  predict_ahead(layer, n);
   Activations acts;
   std::vector<int> ready;
   while (true) {

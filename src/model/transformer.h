@@ -92,6 +92,20 @@ class Transformer {
   ExpertSource* experts_;
 };
 
+// How routing interacts with the expert source beyond the model's own math.
+struct RoutingOptions {
+  // Lossless: after a layer routes, apply the routers of the next `prefetch` layers to the
+  // current residual and hint their likely experts to the source (it may read them early).
+  int prefetch = 0;
+  // Lossy: decide layer L's routing from the residual at layer L - route_ahead (its experts
+  // are then known, and read, that many layers early). Decode steps only.
+  int route_ahead = 0;
+  // Lossy: skip a routed expert that is not in memory when its weight is below
+  // drop_cold x an even split (1/k); the rest are rescaled to the original weight sum.
+  // Decode steps only; the top expert is always kept.
+  float drop_cold = 0.0f;
+};
+
 // Per-sequence state: KV cache, position, scratch buffers.
 class InferenceState {
  public:
@@ -109,6 +123,10 @@ class InferenceState {
   // Whether the next eval() calls process prompt tokens (reported to the route hook).
   void set_prefill(bool prefill) { prefill_ = prefill; }
   size_t kv_bytes() const { return cache_.bytes(); }
+  void set_routing_options(const RoutingOptions& options) { routing_ = options; }
+  const RoutingOptions& routing_options() const { return routing_; }
+  // Experts skipped by drop_cold so far.
+  uint64_t dropped_experts() const { return dropped_experts_; }
 
  private:
   void attention_block(int layer, int n);
@@ -118,6 +136,13 @@ class InferenceState {
   void parallel_ffn(int layer, int n);
   void dense_ffn(const Weight& gate, const Weight& up, const Weight& down, int n, const float* h, float* out);
   void select_experts(int layer, int n);
+  // The model's gating of one token: logits (bias added in place) -> ids and weights.
+  void gate(const LayerWeights& L, float* logits, std::vector<int32_t>& ids, std::vector<float>& wts) const;
+  // What the router of `layer` reads, computed from a residual row (for prediction).
+  void router_input(int layer, const float* x, float* out) const;
+  // Routers of the layers after `layer` on the current residual: hints and route-ahead.
+  void predict_ahead(int layer, int n);
+  void drop_cold_experts(int layer);
 
   Transformer& model_;
   const ModelConfig& cfg_;
@@ -135,6 +160,15 @@ class InferenceState {
   std::vector<std::vector<int32_t>> route_ids_;
   std::vector<std::vector<float>> route_weights_;
   std::vector<float> router_logits_;
+
+  RoutingOptions routing_;
+  struct AheadRoute {
+    bool valid = false;
+    std::vector<int32_t> ids;
+    std::vector<float> weights;
+  };
+  std::vector<AheadRoute> ahead_;  // per layer, decided early (route_ahead)
+  uint64_t dropped_experts_ = 0;
 };
 
 }  // namespace bmoe

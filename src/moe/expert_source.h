@@ -44,6 +44,13 @@ struct ExpertLayout {
   uint64_t token_cycle_bytes(int top_k) const;
 };
 
+// The experts a predictor expects `layer` to route, made `distance` layers before it.
+struct LayerPrediction {
+  int layer = 0;
+  int distance = 1;
+  std::vector<int32_t> experts;
+};
+
 // Counters every source keeps (cumulative since creation).
 struct ExpertStats {
   uint64_t requests = 0;     // expert lookups (one per unique expert per layer visit)
@@ -53,6 +60,17 @@ struct ExpertStats {
   uint64_t evictions = 0;
   double io_busy_seconds = 0;  // sum of read time over lanes
   double stall_seconds = 0;    // time compute waited for reads
+  // Predictive prefetch (--prefetch): experts predicted for later layers and read early into
+  // a staging area outside the cache budget. A used prefetch still counts as a cache miss (the
+  // cache did not hold it) but costs no wait for its reads if they landed in time.
+  uint64_t predicted = 0;          // predicted experts, summed over the predictions made
+  uint64_t predicted_correct = 0;  // of those, experts the layer then really routed
+  static constexpr int kMaxDistance = 8;
+  uint64_t predicted_at[kMaxDistance + 1] = {};  // the same split by distance (layers ahead)
+  uint64_t correct_at[kMaxDistance + 1] = {};
+  uint64_t prefetch_reads = 0;     // experts read ahead
+  uint64_t prefetch_used = 0;      // read-ahead experts the routing then asked for
+  uint64_t prefetch_wasted_bytes = 0;  // bytes read ahead that nobody used
   uint64_t cache_used_bytes = 0;
   uint64_t cache_budget_bytes = 0;
 };
@@ -72,8 +90,11 @@ class ExpertSource {
   virtual std::span<const Weight> matrices(int index) = 0;
   virtual void end_layer() = 0;
 
-  // Optional: a hint of experts likely needed soon (prefetch); must not change results.
-  virtual void hint(int layer, std::span<const int32_t> experts) {}
+  // Optional: experts predicted for later layers (prefetch). Only what is read changes, never
+  // what is computed. Each prediction replaces the previous one for its layer.
+  virtual void hint(std::span<const LayerPrediction> predictions) {}
+  // Whether the expert is in memory now (a lossy knob skips cold experts; default: resident).
+  virtual bool resident(int layer, int expert) const { return true; }
 
   virtual ExpertStats stats() const = 0;
   virtual std::string describe() const = 0;

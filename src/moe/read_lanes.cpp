@@ -117,6 +117,23 @@ int ReadLanes::cancel(ReadTicket* ticket) {
   return cancelled;
 }
 
+int ReadLanes::promote(ReadTicket* ticket) {
+  int moved = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto it = speculative_.begin(); it != speculative_.end();) {
+      if (it->ticket == ticket) {
+        urgent_.push_back(*it);
+        it = speculative_.erase(it);
+        ++moved;
+      } else {
+        ++it;
+      }
+    }
+  }
+  return moved;
+}
+
 double ReadLanes::busy_seconds() const { return static_cast<double>(busy_ns_.load()) * 1e-9; }
 
 }  // namespace bmoe

@@ -58,6 +58,9 @@ class ReadLanes {
   int wait_any(const std::vector<ReadTicket*>& tickets);
   // Drops queued requests with priority > 0 whose ticket is `ticket` (cancelled prefetch).
   int cancel(ReadTicket* ticket);
+  // Moves queued priority > 0 requests of `ticket` to the urgent queue (a prefetch that is now
+  // needed). Returns how many moved.
+  int promote(ReadTicket* ticket);
 
   double busy_seconds() const;  // summed over lanes
 

@@ -27,6 +27,11 @@ StreamingExperts::~StreamingExperts() {
   for (auto& t : tickets_) {
     if (t) lanes_.wait(*t);
   }
+  for (auto& [key, staged] : staged_) {
+    lanes_.cancel(staged.ticket.get());
+    lanes_.wait(*staged.ticket);
+  }
+  reap_draining(true);
 }
 
 uint64_t StreamingExperts::slot_bytes(int layer, int expert) const {
@@ -38,9 +43,9 @@ uint64_t StreamingExperts::slot_bytes(int layer, int expert) const {
   return total;
 }
 
-void StreamingExperts::start_reads(int expert, Buffer& buffer, ReadTicket& ticket) {
-  const ExpertLayerLayout& l = layout_.layers[static_cast<size_t>(layer_)];
-  const uint64_t need = slot_bytes(layer_, expert);
+void StreamingExperts::queue_reads(int layer, int expert, Buffer& buffer, ReadTicket& ticket, int priority) {
+  const ExpertLayerLayout& l = layout_.layers[static_cast<size_t>(layer)];
+  const uint64_t need = slot_bytes(layer, expert);
   if (buffer.capacity < need) {
     buffer.data = allocate_aligned(need);
     buffer.capacity = need;
@@ -67,10 +72,129 @@ void StreamingExperts::start_reads(int expert, Buffer& buffer, ReadTicket& ticke
     r.length = end - begin;
     r.required = off + m.bytes - begin;
     r.dst = buffer.data.get() + at;
+    r.priority = priority;
     lanes_.submit(r, &ticket);
     stats_.bytes_read += end - begin;
     at += end - begin;
   }
+}
+
+bool StreamingExperts::resident(int layer, int expert) const {
+  const ExpertKey key = make_expert_key(layer, expert);
+  return cache_.contains(key) || staged_.count(key) != 0;
+}
+
+std::unique_ptr<StreamingExperts::Buffer> StreamingExperts::take_buffer() {
+  if (spare_.empty()) return std::make_unique<Buffer>();
+  std::unique_ptr<Buffer> b = std::move(spare_.back());
+  spare_.pop_back();
+  return b;
+}
+
+void StreamingExperts::stage(int layer, int expert, int distance) {
+  const ExpertKey key = make_expert_key(layer, expert);
+  if (cache_.contains(key) || staged_.count(key)) return;
+  const uint64_t bytes = slot_bytes(layer, expert);
+  if (staged_bytes_ + bytes > options_.prefetch_bytes) return;  // staging full: skip, never evict
+  Staged s;
+  s.layer = layer;
+  s.bytes = bytes;
+  s.buffer = take_buffer();
+  s.ticket = std::make_unique<ReadTicket>();
+  queue_reads(layer, expert, *s.buffer, *s.ticket, distance);
+  staged_bytes_ += bytes;
+  ++stats_.prefetch_reads;
+  staged_.emplace(key, std::move(s));
+}
+
+void StreamingExperts::hint(std::span<const LayerPrediction> predictions) {
+  if (options_.prefetch_bytes == 0) return;
+  reap_draining(false);
+  for (const LayerPrediction& p : predictions) {
+    if (p.layer < 0 || p.layer >= static_cast<int>(layout_.layers.size()) ||
+        layout_.layers[static_cast<size_t>(p.layer)].matrices.empty()) {
+      continue;
+    }
+    auto& pending = predictions_[p.layer];
+    const auto same = std::find_if(pending.begin(), pending.end(), [&](const LayerPrediction& q) { return q.distance == p.distance; });
+    if (same != pending.end()) *same = p;
+    else pending.push_back(p);
+    for (int32_t e : p.experts) {
+      if (e >= 0 && e < layout_.layers[static_cast<size_t>(p.layer)].n_expert) stage(p.layer, e, p.distance);
+    }
+  }
+}
+
+void StreamingExperts::discard(Staged staged) {
+  lanes_.cancel(staged.ticket.get());
+  staged_bytes_ -= staged.bytes;
+  stats_.prefetch_wasted_bytes += staged.bytes;
+  if (staged.ticket->done()) {
+    spare_.push_back(std::move(staged.buffer));
+  } else {
+    draining_.push_back(std::move(staged));  // a lane is still writing into it
+  }
+}
+
+void StreamingExperts::reap_draining(bool wait) {
+  for (auto it = draining_.begin(); it != draining_.end();) {
+    if (wait) lanes_.wait(*it->ticket);
+    if (it->ticket->done()) {
+      spare_.push_back(std::move(it->buffer));
+      it = draining_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  // Keep no more spares than the staging area can use at once.
+  uint64_t spare_bytes = 0;
+  for (auto it = spare_.begin(); it != spare_.end();) {
+    spare_bytes += (*it)->capacity;
+    if (spare_bytes > options_.prefetch_bytes) it = spare_.erase(it);
+    else ++it;
+  }
+}
+
+void StreamingExperts::check_predictions(int layer) {
+  const auto it = predictions_.find(layer);
+  if (it == predictions_.end()) return;
+  for (const LayerPrediction& p : it->second) {
+    PredictionRecord r;
+    r.token = token_;
+    r.layer = layer;
+    r.distance = p.distance;
+    r.predicted = static_cast<int>(p.experts.size());
+    for (int32_t e : p.experts) {
+      if (std::find(experts_.begin(), experts_.end(), e) == experts_.end()) continue;
+      ++r.correct;
+      if (staged_.count(make_expert_key(layer, e))) ++r.prefetched;
+    }
+    stats_.predicted += static_cast<uint64_t>(r.predicted);
+    stats_.predicted_correct += static_cast<uint64_t>(r.correct);
+    const int d = std::clamp(p.distance, 0, ExpertStats::kMaxDistance);
+    stats_.predicted_at[d] += static_cast<uint64_t>(r.predicted);
+    stats_.correct_at[d] += static_cast<uint64_t>(r.correct);
+    if (options_.predict_log) prediction_log_.push_back(r);
+  }
+  predictions_.erase(it);
+}
+
+// Prefetch's view for the cache policy: the experts predicted for the layers right after
+// `layer`, for as many consecutive layers as predictions exist (bmoe-replay --predict).
+static std::vector<ExpertKey> policy_hint(const std::unordered_map<int, std::vector<LayerPrediction>>& predictions, int layer,
+                                          int n_layers, int& window) {
+  std::vector<ExpertKey> keys;
+  window = 0;
+  for (int l = layer + 1; l < n_layers; ++l) {
+    const auto it = predictions.find(l);
+    if (it == predictions.end() || it->second.empty()) break;
+    // The latest prediction (the smallest distance) is the best informed.
+    const auto best = std::min_element(it->second.begin(), it->second.end(),
+                                       [](const LayerPrediction& a, const LayerPrediction& b) { return a.distance < b.distance; });
+    for (int32_t e : best->experts) keys.push_back(make_expert_key(l, e));
+    ++window;
+  }
+  return keys;
 }
 
 void StreamingExperts::begin_layer(int layer, std::span<const int32_t> experts, std::span<const float> weights) {
@@ -82,6 +206,7 @@ void StreamingExperts::begin_layer(int layer, std::span<const int32_t> experts, 
   last_layer_ = layer;
   layer_ = layer;
   experts_.assign(experts.begin(), experts.end());
+  check_predictions(layer);
   const size_t n = experts_.size();
   std::vector<Access> accesses(n);
   for (size_t i = 0; i < n; ++i) {
@@ -92,6 +217,11 @@ void StreamingExperts::begin_layer(int layer, std::span<const int32_t> experts, 
     accesses[i].token = token_;
   }
   ++time_;
+  if (options_.prefetch_bytes > 0) {
+    int window = 0;
+    const std::vector<ExpertKey> keys = policy_hint(predictions_, layer, static_cast<int>(layout_.layers.size()), window);
+    cache_.policy().hint(keys, window);
+  }
   const VisitPlan plan = cache_.begin_visit(accesses);
   for (ExpertKey k : plan.evicted) cached_.erase(k);
 
@@ -110,6 +240,23 @@ void StreamingExperts::begin_layer(int layer, std::span<const int32_t> experts, 
       continue;
     }
     ++stats_.misses;
+    if (const auto st = staged_.find(key); st != staged_.end()) {
+      // Read ahead by the prefetcher: adopt its buffer and reads (now urgent if still queued).
+      Staged staged = std::move(st->second);
+      staged_.erase(st);
+      staged_bytes_ -= staged.bytes;
+      lanes_.promote(staged.ticket.get());
+      ++stats_.prefetch_used;
+      if (plan.cache[i]) {
+        cached_[key] = std::move(staged.buffer);
+        buffer_of_[i] = cached_[key].get();
+      } else {
+        visit_staged_.push_back(std::move(staged.buffer));
+        buffer_of_[i] = visit_staged_.back().get();
+      }
+      tickets_[i] = std::move(staged.ticket);
+      continue;
+    }
     Buffer* buffer;
     if (plan.cache[i]) {
       auto& slot = cached_[key];
@@ -121,7 +268,16 @@ void StreamingExperts::begin_layer(int layer, std::span<const int32_t> experts, 
     }
     buffer_of_[i] = buffer;
     tickets_[i] = std::make_unique<ReadTicket>();
-    start_reads(experts_[i], *buffer, *tickets_[i]);
+    queue_reads(layer, experts_[i], *buffer, *tickets_[i], 0);
+  }
+  // Read-ahead experts of this layer that the routing did not pick: cancel them.
+  for (auto it = staged_.begin(); it != staged_.end();) {
+    if (it->second.layer == layer) {
+      discard(std::move(it->second));
+      it = staged_.erase(it);
+    } else {
+      ++it;
+    }
   }
   stats_.evictions = cache_.evictions();
   stats_.cache_used_bytes = cache_.used_bytes();
@@ -140,6 +296,8 @@ void StreamingExperts::fail_layer(const std::string& error) {
   }
   cache_.end_visit();
   layer_ = -1;
+  for (auto& b : visit_staged_) spare_.push_back(std::move(b));
+  visit_staged_.clear();
   stats_.cache_used_bytes = cache_.used_bytes();
   throw Error("expert read failed: " + error);
 }
@@ -184,6 +342,8 @@ std::span<const Weight> StreamingExperts::matrices(int index) {
 
 void StreamingExperts::end_layer() {
   tickets_.clear();
+  for (auto& b : visit_staged_) spare_.push_back(std::move(b));
+  visit_staged_.clear();
   cache_.end_visit();
   layer_ = -1;
 }
@@ -195,9 +355,10 @@ ExpertStats StreamingExperts::stats() const {
 }
 
 std::string StreamingExperts::describe() const {
-  return fmt::format("streamed ({} lanes, {}, cache {} MiB, policy {}{})", options_.io_threads,
+  return fmt::format("streamed ({} lanes, {}, cache {} MiB, policy {}{}{})", options_.io_threads,
                      files_.front()->direct_active() ? "O_DIRECT" : "buffered",
-                     options_.cache_bytes >> 20, cache_.policy_name(), options_.overlap ? ", overlap" : "");
+                     options_.cache_bytes >> 20, cache_.policy_name(), options_.overlap ? ", overlap" : "",
+                     options_.prefetch_bytes ? fmt::format(", prefetch staging {} MiB", options_.prefetch_bytes >> 20) : "");
 }
 
 }  // namespace bmoe

@@ -25,6 +25,20 @@ struct StreamingOptions {
   int io_threads = 4;
   bool odirect = true;
   bool overlap = false;
+  // Staging area for predictive prefetch (0: prefetch off). Outside the cache budget; the
+  // loader sizes it to (window + 1) x top-k experts.
+  uint64_t prefetch_bytes = 0;
+  bool predict_log = false;  // keep one record per prediction (--predict-log)
+};
+
+// One prediction, checked when its layer routes (--predict-log).
+struct PredictionRecord {
+  uint64_t token = 0;
+  int layer = 0;
+  int distance = 0;
+  int predicted = 0;
+  int correct = 0;
+  int prefetched = 0;  // of the correct ones, how many had been read ahead
 };
 
 class StreamingExperts : public ExpertSource {
@@ -39,7 +53,9 @@ class StreamingExperts : public ExpertSource {
   ExpertStats stats() const override;
   std::string describe() const override;
 
-  bool resident(int layer, int expert) const { return cache_.contains(make_expert_key(layer, expert)); }
+  void hint(std::span<const LayerPrediction> predictions) override;
+  bool resident(int layer, int expert) const override;
+  const std::vector<PredictionRecord>& prediction_log() const { return prediction_log_; }
   const std::vector<std::string>& io_notes() const { return notes_; }
   ExpertCache& cache() { return cache_; }
   // Bytes one expert of `layer` occupies in a buffer (windows rounded to 4 KiB).
@@ -51,9 +67,24 @@ class StreamingExperts : public ExpertSource {
     uint64_t capacity = 0;
     std::vector<Weight> views;
   };
-  // Lays out and queues the reads of expert `expert` of the current layer into `buffer`.
-  void start_reads(int expert, Buffer& buffer, ReadTicket& ticket);
   void fail_layer(const std::string& error);
+  // Lays out the reads of (layer, expert) into `buffer`; priority > 0 queues them behind
+  // every urgent read.
+  void queue_reads(int layer, int expert, Buffer& buffer, ReadTicket& ticket, int priority);
+  // Prefetch staging: experts read ahead for a later layer.
+  struct Staged {
+    int layer = 0;
+    std::unique_ptr<Buffer> buffer;
+    std::unique_ptr<ReadTicket> ticket;
+    uint64_t bytes = 0;
+  };
+  void stage(int layer, int expert, int distance);
+  // Settles predictions and staged reads for the layer about to be visited.
+  void check_predictions(int layer);
+  // Cancels a staged read nobody needs; its buffer lingers until reads in flight land.
+  void discard(Staged staged);
+  void reap_draining(bool wait);
+  std::unique_ptr<Buffer> take_buffer();
 
   ExpertLayout layout_;
   StreamingOptions options_;
@@ -71,6 +102,15 @@ class StreamingExperts : public ExpertSource {
   std::vector<std::unique_ptr<ReadTicket>> tickets_;  // null for hits
   std::vector<bool> handed_;
   size_t handed_count_ = 0;
+
+  // Prefetch.
+  std::unordered_map<ExpertKey, Staged> staged_;
+  std::vector<Staged> draining_;              // discarded, reads still in flight
+  std::vector<std::unique_ptr<Buffer>> spare_;  // staging buffers to reuse
+  std::vector<std::unique_ptr<Buffer>> visit_staged_;  // staged buffers the open visit uses
+  uint64_t staged_bytes_ = 0;
+  std::unordered_map<int, std::vector<LayerPrediction>> predictions_;  // per layer, latest per distance
+  std::vector<PredictionRecord> prediction_log_;
 
   ExpertStats stats_;
   uint64_t token_ = 0;
