@@ -17,6 +17,7 @@
 #include <set>
 #include "moe/cache_policy.h"
 #include "moe/direct_io.h"
+#include "moe/read_lanes.h"
 #include "moe/route_trace.h"
 #include "test_util.h"
 
@@ -304,6 +305,70 @@ TEST(StreamingFaults, SlowReadsStillGiveTheSameTokens) {
     return length;
   });
   EXPECT_EQ(greedy(*model, 2, 16), std::vector<int32_t>(resident_reference(path).begin(), resident_reference(path).begin() + 16));
+}
+
+TEST(StreamingFaults, PrefetchWithSlowAndFailingReadsNeverChangesTokens) {
+  // Slow reads leave prefetches in flight when their layer routes (promoted, then waited for,
+  // or cancelled and drained); a prefetch read that fails is only ever a wasted guess.
+  const std::string path = test_model_path("tiny-qwen3moe", 4);
+  const std::vector<int32_t> want(resident_reference(path).begin(), resident_reference(path).begin() + 24);
+  for (bool overlap : {false, true}) {
+    auto model = streamed(path, {8, 2, true, DenseWeights::Anon, overlap, "", 2});
+    std::atomic<int> reads{0};
+    FaultHook hook([&](const std::string&, uint64_t, uint64_t length) -> uint64_t {
+      if (reads.fetch_add(1) % 5 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(3));
+      return length;
+    });
+    EXPECT_EQ(greedy(*model, 2, 24, RoutingOptions{2}), want) << (overlap ? "overlap" : "serial");
+    EXPECT_GT(model->experts->stats().prefetch_reads, 0u);
+  }
+}
+
+TEST(ReadLanes, UrgentFirstCancelAndPromote) {
+  const std::string path = temp_path("lanes.bin");
+  {
+    std::ofstream f(path, std::ios::binary);
+    const std::string block(1 << 16, 'x');
+    f << block;
+  }
+  DirectFile file(path, false);
+  ReadLanes lanes(1);
+  std::vector<uint8_t> buf(5 << 12);
+  // Hold the only lane so everything below queues.
+  std::atomic<bool> release{false};
+  FaultHook hook([&](const std::string&, uint64_t offset, uint64_t length) -> uint64_t {
+    while (offset == 0 && !release.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    return length;
+  });
+  auto request = [&](int i, int priority) {
+    ReadRequest r;
+    r.file = &file;
+    r.offset = static_cast<uint64_t>(i) << 12;
+    r.length = r.required = 1 << 12;
+    r.dst = buf.data() + (static_cast<size_t>(i) << 12);
+    r.priority = priority;
+    return r;
+  };
+  ReadTicket blocker, spec_a, spec_b, urgent;
+  blocker.add(1);
+  lanes.submit(request(0, 0), &blocker);
+  spec_a.add(1);
+  lanes.submit(request(1, 1), &spec_a);
+  spec_b.add(1);
+  lanes.submit(request(2, 1), &spec_b);
+  urgent.add(1);
+  lanes.submit(request(3, 0), &urgent);
+  EXPECT_EQ(lanes.cancel(&spec_a), 1);  // still queued: dropped
+  EXPECT_TRUE(spec_a.done());
+  EXPECT_EQ(lanes.promote(&spec_b), 1);  // moves behind the urgent read
+  EXPECT_EQ(lanes.cancel(&spec_b), 0);   // urgent reads are not cancellable
+  EXPECT_EQ(lanes.cancel(&urgent), 0);
+  release = true;
+  EXPECT_TRUE(lanes.wait(urgent));
+  EXPECT_TRUE(lanes.wait(spec_b));
+  EXPECT_TRUE(lanes.wait(blocker));
+  EXPECT_EQ(buf[2 << 12], 'x');
+  EXPECT_EQ(buf[1 << 12], 0);  // the cancelled read never ran
 }
 
 TEST(RouteTrace, RoundTripsAndReplaysKnownBeladyAndLru) {

@@ -1,0 +1,179 @@
+#!/usr/bin/env python3
+"""Speculative decoding and the lossy speed knobs, measured side by side in one run.
+
+Part A (lossless): --draft 0/2/4 --ngram on a repetitive prompt (code editing: the answer
+repeats the prompt) and a free-form one; tok/s, flash MiB read per token, acceptance, and a
+check that every drafted run produced exactly the draft-0 tokens.
+
+Part B (lossy): each knob (--drop-cold-experts F, --route-ahead N) against the lossless run of
+the same streaming configuration over a fixed prompt set: speed-up, and quality measured as
+agreement with the lossless greedy output (share of positions with the same token, and the
+first position where they differ). No real weights exist here, so agreement with the lossless
+output is the only quality measure that does not depend on what our random weights "know".
+
+All runs use the model's own routing (a route replay would override --route-ahead), inside
+the cgroup memory cap, page cache dropped before each.
+
+    bench/bench_speculative.py --model bench/out/models/qwen3-30b-a3b.gguf --ram-gib 11 \\
+        --out bench/results/2026-12-03/speculative
+"""
+import argparse
+import datetime
+import json
+import os
+import re
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cgroup import MemoryCap, available as cgroup_available, drop_page_cache  # noqa: E402
+from common import REPO, log, machine, tool  # noqa: E402
+
+REPETITIVE = ("Rename the variable total to sum in this function and print the whole function again:\n"
+              "def add_all(values):\n    total = 0\n    for v in values:\n        total = total + v\n"
+              "    return total\n\ndef add_all(values):\n    sum = 0\n    for v in values:\n")
+FREE_FORM = ("Write a detailed essay about the history of computing, from the abacus and the "
+             "Antikythera mechanism to modern processors, covering the key inventions and people.")
+PROMPT_SET = [
+    FREE_FORM,
+    "Explain how a refrigerator works to a ten year old.",
+    "List five ideas for a weekend trip in the mountains and say why each is fun.",
+    "The meeting notes from Tuesday say that the budget",
+]
+GEN_RE = re.compile(r"generation: (\d+) tokens, ([\d.]+) s/token, ([\d.]+) tok/s")
+READ_RE = re.compile(r"flash read ([\d.]+) MiB/tok")
+HIT_RE = re.compile(r"moe-cache: budget \d+ MiB, hit ([\d.]+) %")
+SPEC_RE = re.compile(r"speculative: drafted (\d+), accepted (\d+)")
+
+
+def run(args, prompt, flags, tag):
+    cmd = [tool("bmoe-cli"), "-m", args.model, "-p", prompt, "-n", str(args.tokens), "-t", str(args.threads),
+           "--ignore-eos", "--json", *args.stream.split(), *flags]
+    cap = MemoryCap(f"bmoe-spec-{os.getpid()}", int(args.ram_gib * (1 << 30))) if args.ram_gib > 0 else None
+    drop_page_cache()
+    try:
+        if cap:
+            cap.__enter__()
+            cmd = cap.prefix() + cmd
+        p = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=args.timeout)
+    finally:
+        if cap:
+            cap.__exit__(None, None, None)
+    with open(os.path.join(args.out, tag + ".log"), "w") as f:
+        f.write(p.stderr)
+    m = GEN_RE.search(p.stderr)
+    if p.returncode != 0 or not m:
+        log(f"  {tag}: failed (exit {p.returncode}): {p.stderr.strip().splitlines()[-1:]}")
+        return None
+    r = {"tag": tag, "flags": flags, "tok_s": float(m.group(3)),
+         "tokens": json.loads(p.stdout.strip().splitlines()[-1])["tokens"]}
+    if (mr := READ_RE.search(p.stderr)):
+        r["mib_per_token"] = float(mr.group(1))
+    if (mh := HIT_RE.search(p.stderr)):
+        r["hit"] = float(mh.group(1))
+    if (ms := SPEC_RE.search(p.stderr)):
+        r["drafted"], r["accepted"] = int(ms.group(1)), int(ms.group(2))
+    log(f"  {tag}: {r['tok_s']:.2f} tok/s" + (f", {r['mib_per_token']:.0f} MiB/tok" if "mib_per_token" in r else ""))
+    return r
+
+
+def agreement(ref, out):
+    same = sum(1 for a, b in zip(ref, out) if a == b)
+    first = next((i for i, (a, b) in enumerate(zip(ref, out)) if a != b), min(len(ref), len(out)))
+    return same / max(1, len(ref)), first
+
+
+def part_a(args, rows):
+    table = ["| prompt | draft | tok/s | vs draft 0 | flash MiB/token | accepted | tokens identical to draft 0 |",
+             "|---|---|---|---|---|---|---|"]
+    for name, prompt in (("repetitive (code edit)", REPETITIVE), ("free-form (essay)", FREE_FORM)):
+        base = None
+        for d in args.drafts:
+            flags = ["--draft", str(d), "--ngram"] if d else []
+            r = run(args, prompt, flags, f"a-{name.split()[0]}-draft{d}")
+            rows.append(r)
+            if r is None:
+                table.append(f"| {name} | {d} | failed | | | | |")
+                continue
+            base = base or r
+            acc = f"{100 * r['accepted'] / r['drafted']:.0f} % of {r['drafted']}" if r.get("drafted") else "—"
+            table.append(f"| {name} | {d} | {r['tok_s']:.2f} | {r['tok_s'] / base['tok_s']:.2f}x | "
+                         f"{r.get('mib_per_token', 0):.0f} | {acc} | {'yes' if r['tokens'] == base['tokens'] else '**NO**'} |")
+    return table
+
+
+def part_b(args, rows):
+    knobs = [([], "lossless")] + [(["--drop-cold-experts", str(f)], f"drop-cold-experts {f}") for f in args.drop] + \
+            [(["--route-ahead", str(n)], f"route-ahead {n}") for n in args.route_ahead]
+    results = {label: [] for _, label in knobs}
+    for i, prompt in enumerate(PROMPT_SET):
+        for flags, label in knobs:
+            results[label].append(run(args, prompt, flags, f"b-p{i}-{label.replace(' ', '')}"))
+    rows.extend(r for v in results.values() for r in v)
+    table = ["| knob | mean tok/s | speed-up | flash MiB/token | token agreement | first divergence (per prompt) |",
+             "|---|---|---|---|---|---|"]
+    ref = results["lossless"]
+    ref_speed = [r["tok_s"] for r in ref if r]
+    ref_mean = sum(ref_speed) / len(ref_speed) if ref_speed else 0
+    for _, label in knobs:
+        rs = results[label]
+        ok = [r for r in rs if r]
+        if not ok or not ref_mean:
+            table.append(f"| {label} | failed | | | | |")
+            continue
+        speed = sum(r["tok_s"] for r in ok) / len(ok)
+        mib = sum(r.get("mib_per_token", 0) for r in ok) / len(ok)
+        agree, firsts = [], []
+        for a, b in zip(ref, rs):
+            if a and b:
+                share, first = agreement(a["tokens"], b["tokens"])
+                agree.append(share)
+                firsts.append(str(first))
+        table.append(f"| {label} | {speed:.2f} | {speed / ref_mean:.2f}x | {mib:.0f} | "
+                     f"{100 * sum(agree) / max(1, len(agree)):.1f} % | {', '.join(firsts)} |")
+    return table
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--ram-gib", type=float, default=11.0)
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--stream", default="--moe-stream --cache-mb 4000 --io-threads 4 --overlap",
+                    help="streaming flags of every run")
+    ap.add_argument("--drafts", default="0,2,4")
+    ap.add_argument("--drop", default="0.5,1.0", help="--drop-cold-experts values")
+    ap.add_argument("--route-ahead", default="1,2", help="--route-ahead values")
+    ap.add_argument("--parts", default="a,b")
+    ap.add_argument("--timeout", type=float, default=1800)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    args.drafts = [int(x) for x in args.drafts.split(",") if x]
+    args.drop = [float(x) for x in args.drop.split(",") if x]
+    args.route_ahead = [int(x) for x in args.route_ahead.split(",") if x]
+    args.out = args.out or os.path.join(REPO, "bench", "results", datetime.date.today().isoformat(), "speculative")
+    os.makedirs(args.out, exist_ok=True)
+    if args.ram_gib > 0 and not cgroup_available():
+        sys.exit("bench_speculative: the cgroup-v1 memory controller is not writable (run as root, or --ram-gib 0)")
+    rows = []
+    lines = [f"# Speculative decoding and lossy knobs: {os.path.basename(args.model)}", "",
+             f"- machine: {machine()}; cap {args.ram_gib} GiB (cgroup v1); -t {args.threads}; {args.tokens} tokens greedy "
+             f"(--ignore-eos); streaming `{args.stream}`; the model's own routing; page cache dropped before each run",
+             f"- command: `bench/bench_speculative.py {' '.join(sys.argv[1:])}`", ""]
+    if "a" in args.parts:
+        lines += ["## Lossless speculative decoding (--draft N --ngram)", ""] + part_a(args, rows) + [""]
+    if "b" in args.parts:
+        lines += ["## Lossy knobs vs the lossless output", "",
+                  f"{len(PROMPT_SET)} prompts; agreement = share of the {args.tokens} positions where the knob's token "
+                  "equals the lossless one (after a divergence the texts drift apart, so this mostly measures how "
+                  "long they stay together).", ""] + part_b(args, rows) + [""]
+    with open(os.path.join(args.out, "summary.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    with open(os.path.join(args.out, "runs.json"), "w") as f:
+        json.dump(rows, f, indent=1)
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets with clang (ASan + UBSan) and runs each for a bounded time from
+# the committed seed corpus (tests/fuzz/corpus/NAME; new inputs go to a scratch copy, so the
+# repository stays clean). Any crash, sanitizer report or timeout fails the script and leaves
+# the reproducer in build-fuzz/artifacts/. Usage: scripts/fuzz.sh [SECONDS_PER_TARGET]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SECONDS_EACH="${1:-${BMOE_FUZZ_SECONDS:-60}}"
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+need=()
+command -v clang++-14 >/dev/null 2>&1 || need+=(clang-14)
+dpkg -s libclang-rt-14-dev >/dev/null 2>&1 || need+=(libclang-rt-14-dev)
+if [ ${#need[@]} -gt 0 ]; then
+  echo "fuzz: installing ${need[*]}"
+  $SUDO apt-get update -qq
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}"
+fi
+
+cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER=clang-14 \
+      -DCMAKE_CXX_COMPILER=clang++-14 -DBMOE_FUZZ=ON -DBMOE_BUILD_TESTS=OFF -DBMOE_BUILD_BENCH=OFF >/dev/null
+cmake --build build-fuzz --target fuzz_gguf fuzz_tokenizer fuzz_chat_request
+
+mkdir -p build-fuzz/artifacts
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+for target in gguf tokenizer chat_request; do
+  work="build-fuzz/corpus/$target"
+  mkdir -p "$work"
+  cp -n tests/fuzz/corpus/$target/* "$work"/
+  echo "fuzz: $target for ${SECONDS_EACH} s"
+  build-fuzz/tests/fuzz/fuzz_$target "$work" -max_total_time="$SECONDS_EACH" -timeout=10 -rss_limit_mb=2048 \
+      -max_len=8192 -print_final_stats=1 -artifact_prefix=build-fuzz/artifacts/$target- 2>&1 | \
+      grep -E "^#[0-9]+ +DONE|stat::number_of_executed_units|ERROR|SUMMARY|Test unit written" || true
+  if compgen -G "build-fuzz/artifacts/$target-*" >/dev/null; then
+    echo "fuzz: $target found a failing input:"; ls build-fuzz/artifacts/$target-*
+    exit 1
+  fi
+done
+echo "fuzz: no crashes"

@@ -1,0 +1,80 @@
+"""Smoke test of the benchmark suite on a tiny model: bench/run-matrix runs llama.cpp and
+several bmoe configurations (inside a cgroup cap when the machine allows one), bench/analyze
+turns the folder into summary.md and plots, and the numbers are consistent with each other."""
+import csv
+import glob
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+BUILD = os.environ.get("BMOE_BUILD", os.path.join(REPO, "build"))
+sys.path.insert(0, os.path.join(REPO, "bench"))
+from cgroup import available as cgroup_available  # noqa: E402
+
+CONFIGS = ["llama-mmap", "mmap", "c0-l2", "c1-l2-overlap", "c1-l2-overlap-pf1", "c1-l2-draft2"]
+
+
+class BenchSmoke(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.out = os.path.join(cls.tmp.name, "results")
+        cls.model = os.path.join(cls.tmp.name, "tiny.gguf")
+        subprocess.run([os.path.join(BUILD, "tools", "bmoe-synth"), "--preset", "tiny-qwen3moe", "--layers", "4",
+                        "-o", cls.model], check=True, capture_output=True)
+        cap = "1" if cgroup_available() else "0"
+        subprocess.run([sys.executable, os.path.join(REPO, "bench", "run-matrix"), "--model", cls.model,
+                        "--ram-gib", cap, "--tokens", "16", "--cooldown", "0", "--no-route-replay",
+                        "--configs", ",".join(CONFIGS), "--out", cls.out],
+                       check=True, capture_output=True, env={**os.environ, "BMOE_BUILD": BUILD})
+        subprocess.run([sys.executable, os.path.join(REPO, "bench", "analyze"), cls.out], check=True, capture_output=True)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def test_every_run_left_its_files(self):
+        for c in CONFIGS:
+            run = json.load(open(os.path.join(self.out, f"{c}-r1.run.json")))
+            self.assertEqual(run["exit"], 0, c)
+            self.assertTrue(os.path.exists(os.path.join(self.out, f"{c}-r1.csv")), c)
+            if c != "llama-mmap":
+                metrics = json.load(open(os.path.join(self.out, f"{c}-r1.metrics.json")))
+                self.assertGreater(metrics["summary"]["tokens"] if "summary" in metrics else 1, 0)
+
+    def test_summary_table_parses_and_covers_every_config(self):
+        text = open(os.path.join(self.out, "summary.md")).read()
+        rows = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| config")]
+        names = {r.split("|")[1].strip() for r in rows}
+        for c in CONFIGS:
+            self.assertIn(c, names)
+        for r in rows:
+            cells = [x.strip() for x in r.strip("|").split("|")]
+            self.assertEqual(cells[-1], "ok", r)
+            mean = float(cells[1].strip("*"))
+            self.assertGreater(mean, 0, r)
+        for plot in ("tok_s.svg", "timeline.svg", "hit_warmup.svg"):
+            svg = open(os.path.join(self.out, plot)).read()
+            self.assertIn("<svg", svg)
+
+    def test_hits_and_misses_add_up_to_routed_experts(self):
+        for c in CONFIGS:
+            if not c.startswith("c"):
+                continue
+            with open(os.path.join(self.out, f"{c}-r1.csv")) as f:
+                rows = list(csv.DictReader(f))
+            self.assertGreaterEqual(len(rows), 10, c)
+            for row in rows:
+                routed = int(row["experts_routed"])
+                self.assertGreater(routed, 0, c)
+                self.assertEqual(int(row["cache_hits"]) + int(row["cache_misses"]), routed, (c, row))
+            if c == "c0-l2":
+                self.assertTrue(all(int(r["cache_hits"]) == 0 for r in rows))
+
+
+if __name__ == "__main__":
+    unittest.main()

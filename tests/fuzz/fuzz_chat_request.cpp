@@ -1,0 +1,25 @@
+// libFuzzer target: bmoe-server's request parser (JSON body -> prompt tokens and sampling
+// parameters) for both endpoints. Every input must parse or be refused with RequestError (an
+// HTTP 4xx with an OpenAI-style body); anything else is a bug.
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+
+#include "fuzz_common.h"
+#include "server_request.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  bmoe::RequestContext context;
+  context.tokenizer = &bmoe::fuzz_tokenizer();
+  context.n_ctx = 256;
+  const std::string body(reinterpret_cast<const char*>(data), size);
+  for (bool chat : {true, false}) {
+    try {
+      const bmoe::CompletionRequest r = bmoe::parse_completion_request(body, chat, context);
+      if (r.prompt.empty() || static_cast<int>(r.prompt.size()) >= context.n_ctx || r.params.max_tokens < 1) std::abort();
+    } catch (const bmoe::RequestError& e) {
+      if (e.status < 400 || e.status > 499) std::abort();
+    }
+  }
+  return 0;
+}

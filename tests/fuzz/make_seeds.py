@@ -1,0 +1,62 @@
+#!/usr/bin/env python3
+"""Writes the small GGUF seed inputs of corpus/gguf (standard library only; rerun to refresh).
+
+GGUF layout (v2/v3): magic, version, tensor count, metadata count, metadata (key, type,
+value), tensor infos (name, dims, type, offset), padding to general.alignment, tensor data."""
+import os
+import struct
+
+U8, I8, U16, I16, U32, I32, F32, BOOL, STR, ARR, U64, I64, F64 = range(13)
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def s(text):
+    b = text.encode()
+    return struct.pack("<Q", len(b)) + b
+
+
+def value(t, v):
+    fmt = {U8: "B", I8: "b", U16: "H", I16: "h", U32: "I", I32: "i", F32: "f", BOOL: "?", U64: "Q", I64: "q", F64: "d"}
+    if t == STR:
+        return s(v)
+    if t == ARR:
+        et, items = v
+        return struct.pack("<IQ", et, len(items)) + b"".join(value(et, x) for x in items)
+    return struct.pack("<" + fmt[t], v)
+
+
+def gguf(version, kvs, tensors):
+    out = b"GGUF" + struct.pack("<I", version) + struct.pack("<QQ", len(tensors), len(kvs))
+    for k, t, v in kvs:
+        out += s(k) + struct.pack("<I", t) + value(t, v)
+    offset, data = 0, b""
+    for name, dims, ttype, payload in tensors:
+        out += s(name) + struct.pack("<I", len(dims)) + b"".join(struct.pack("<q", d) for d in dims)
+        out += struct.pack("<IQ", ttype, offset)
+        data += payload + b"\0" * (-len(payload) % 32)
+        offset = len(data)
+    out += b"\0" * (-len(out) % 32)
+    return out + data
+
+
+KVS = [("general.architecture", STR, "qwen3moe"), ("general.alignment", U32, 32),
+       ("qwen3moe.block_count", U32, 1), ("qwen3moe.embedding_length", U32, 8),
+       ("qwen3moe.expert_count", U32, 2), ("qwen3moe.expert_used_count", U32, 1),
+       ("test.u8", U8, 7), ("test.i8", I8, -7), ("test.u16", U16, 700), ("test.i16", I16, -700),
+       ("test.i32", I32, -70000), ("test.f32", F32, 0.5), ("test.bool", BOOL, True), ("test.u64", U64, 1 << 40),
+       ("test.i64", I64, -(1 << 40)), ("test.f64", F64, 0.25),
+       ("test.nested", ARR, (ARR, [(I32, [1, 2]), (I32, [3])])),
+       ("tokenizer.ggml.tokens", ARR, (STR, ["a", "b", "ab", "<|endoftext|>"])),
+       ("tokenizer.ggml.merges", ARR, (STR, ["a b"]))]
+F32_TENSOR = ("token_embd.weight", [8, 4], 0, struct.pack("<32f", *[i / 32 for i in range(32)]))
+Q8_0_TENSOR = ("output.weight", [32, 1], 8, struct.pack("<e", 0.01) + bytes(range(32)))
+
+seeds = {
+    "metadata-v3.gguf": gguf(3, KVS, []),
+    "metadata-v2.gguf": gguf(2, KVS[:8], []),
+    "tensors-v3.gguf": gguf(3, KVS, [F32_TENSOR, Q8_0_TENSOR]),
+    "tensor-only.gguf": gguf(3, [], [F32_TENSOR]),
+}
+for name, data in seeds.items():
+    with open(os.path.join(HERE, "corpus", "gguf", name), "wb") as f:
+        f.write(data)

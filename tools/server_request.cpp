@@ -1,0 +1,191 @@
+#include "server_request.h"
+
+#include <fmt/format.h>
+
+#include <nlohmann/json.hpp>
+#include <set>
+
+namespace bmoe {
+namespace {
+
+using json = nlohmann::json;
+
+[[noreturn]] void bad_request(const std::string& message, const std::string& param = {}) {
+  throw RequestError(400, "invalid_request_error", message, param);
+}
+
+json parse_body(const std::string& text) {
+  try {
+    json j = json::parse(text);
+    if (!j.is_object()) bad_request("the request body must be a JSON object");
+    return j;
+  } catch (const json::parse_error& e) {
+    bad_request(fmt::format("the request body is not valid JSON: {}", e.what()));
+  }
+}
+
+void reject_unknown_fields(const json& body, const std::set<std::string>& known) {
+  for (const auto& [key, value] : body.items()) {
+    if (!known.count(key)) bad_request(fmt::format("unrecognized request argument: '{}'", key), key);
+  }
+}
+
+double number_field(const json& body, const char* key, double fallback, double lo, double hi) {
+  if (!body.contains(key) || body[key].is_null()) return fallback;
+  if (!body[key].is_number()) bad_request(fmt::format("'{}' must be a number", key), key);
+  const double v = body[key].get<double>();
+  if (!(v >= lo && v <= hi)) bad_request(fmt::format("'{}' must be between {} and {}, got {}", key, lo, hi, v), key);
+  return v;
+}
+
+int64_t int_field(const json& body, const char* key, int64_t fallback, int64_t lo, int64_t hi) {
+  if (!body.contains(key) || body[key].is_null()) return fallback;
+  if (!body[key].is_number_integer()) bad_request(fmt::format("'{}' must be an integer", key), key);
+  const int64_t v = body[key].get<int64_t>();
+  if (v < lo || v > hi) bad_request(fmt::format("'{}' must be between {} and {}, got {}", key, lo, hi, v), key);
+  return v;
+}
+
+bool bool_field(const json& body, const char* key, bool fallback) {
+  if (!body.contains(key) || body[key].is_null()) return fallback;
+  if (!body[key].is_boolean()) bad_request(fmt::format("'{}' must be true or false", key), key);
+  return body[key].get<bool>();
+}
+
+std::vector<std::string> stop_field(const json& body) {
+  if (!body.contains("stop") || body["stop"].is_null()) return {};
+  const json& s = body["stop"];
+  if (s.is_string()) return {s.get<std::string>()};
+  if (!s.is_array() || s.size() > 4) bad_request("'stop' must be a string or an array of up to 4 strings", "stop");
+  std::vector<std::string> out;
+  for (const json& e : s) {
+    if (!e.is_string() || e.get<std::string>().empty()) bad_request("'stop' entries must be non-empty strings", "stop");
+    out.push_back(e.get<std::string>());
+  }
+  return out;
+}
+
+// Options accepted only at their neutral value (bmoe does not implement them).
+void only_default(const json& body, const char* key, const json& neutral) {
+  if (body.contains(key) && !body[key].is_null() && body[key] != neutral) {
+    bad_request(fmt::format("'{}' is not supported (only {})", key, neutral.dump()), key);
+  }
+}
+
+GenerateParams sampling_params(const json& body, const RequestContext& o, int64_t default_max) {
+  GenerateParams p;
+  const int64_t max_tokens = int_field(body, "max_tokens", default_max, 1, 1 << 24);
+  p.max_tokens = static_cast<int>(int_field(body, "max_completion_tokens", max_tokens, 1, 1 << 24));
+  p.sampler.temperature = static_cast<float>(number_field(body, "temperature", o.temperature, 0.0, 2.0));
+  p.sampler.top_p = static_cast<float>(number_field(body, "top_p", o.top_p, 0.0, 1.0));
+  p.sampler.top_k = static_cast<int>(int_field(body, "top_k", o.top_k, 0, 1 << 24));
+  p.sampler.seed = static_cast<uint64_t>(int_field(body, "seed", 0xB30E, INT64_MIN, INT64_MAX));
+  p.stop = stop_field(body);
+  p.draft = o.draft;  // used by greedy requests only (lossless verification needs argmax)
+  only_default(body, "n", 1);
+  only_default(body, "presence_penalty", 0);
+  only_default(body, "frequency_penalty", 0);
+  return p;
+}
+
+std::string message_content(const json& m, size_t index) {
+  const std::string where = fmt::format("messages[{}].content", index);
+  if (!m.contains("content") || m["content"].is_null()) return {};
+  const json& c = m["content"];
+  if (c.is_string()) return c.get<std::string>();
+  if (!c.is_array()) bad_request(fmt::format("'{}' must be a string or an array of text parts", where), where);
+  std::string text;
+  for (const json& part : c) {
+    if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string()) {
+      bad_request(fmt::format("'{}': only text parts are supported", where), where);
+    }
+    text += part["text"].get<std::string>();
+  }
+  return text;
+}
+
+std::vector<ChatMessage> chat_messages(const json& body) {
+  if (!body.contains("messages") || !body["messages"].is_array() || body["messages"].empty()) {
+    bad_request("'messages' must be a non-empty array", "messages");
+  }
+  std::vector<ChatMessage> out;
+  size_t i = 0;
+  for (const json& m : body["messages"]) {
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) {
+      bad_request(fmt::format("messages[{}] needs a string 'role'", i), "messages");
+    }
+    std::string role = m["role"].get<std::string>();
+    if (role == "developer") role = "system";
+    if (role != "system" && role != "user" && role != "assistant") {
+      bad_request(fmt::format("messages[{}]: unsupported role '{}' (system, developer, user, assistant)", i, role), "messages");
+    }
+    out.push_back({role, message_content(m, i)});
+    ++i;
+  }
+  return out;
+}
+
+std::vector<int32_t> prompt_of(const json& body, bool chat, const RequestContext& o) {
+  const Tokenizer& tok = *o.tokenizer;
+  const bool add_bos = tok.vocab().add_bos;
+  if (chat) {
+    bool no_think = o.no_think;
+    if (body.contains("chat_template_kwargs")) {
+      const json& k = body["chat_template_kwargs"];
+      if (!k.is_object()) bad_request("'chat_template_kwargs' must be an object", "chat_template_kwargs");
+      if (k.contains("enable_thinking")) {
+        if (!k["enable_thinking"].is_boolean()) bad_request("'enable_thinking' must be true or false", "chat_template_kwargs");
+        no_think = !k["enable_thinking"].get<bool>();
+      }
+    }
+    return tok.encode(render_chat(o.chat_format, chat_messages(body), no_think), true, add_bos);
+  }
+  if (!body.contains("prompt")) bad_request("'prompt' is required", "prompt");
+  const json& p = body["prompt"];
+  if (p.is_string()) return tok.encode(p.get<std::string>(), true, add_bos);
+  if (p.is_array() && p.size() == 1 && p[0].is_string()) return tok.encode(p[0].get<std::string>(), true, add_bos);
+  if (p.is_array() && !p.empty() && p[0].is_number_integer()) {
+    std::vector<int32_t> ids;
+    for (const json& e : p) {
+      if (!e.is_number_integer() || e.get<int64_t>() < 0 || e.get<int64_t>() >= tok.vocab_size()) {
+        bad_request("'prompt' token ids must be integers inside the vocabulary", "prompt");
+      }
+      ids.push_back(static_cast<int32_t>(e.get<int64_t>()));
+    }
+    return ids;
+  }
+  bad_request("'prompt' must be a string, an array of one string, or an array of token ids", "prompt");
+}
+
+}  // namespace
+
+CompletionRequest parse_completion_request(const std::string& text, bool chat, const RequestContext& context) {
+  const json body = parse_body(text);
+  static const std::set<std::string> kChatFields = {
+      "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "stop",
+      "stream", "stream_options", "n", "presence_penalty", "frequency_penalty", "user", "chat_template_kwargs"};
+  static const std::set<std::string> kCompletionFields = {
+      "model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream",
+      "stream_options", "n", "presence_penalty", "frequency_penalty", "user", "echo", "logprobs", "best_of"};
+  reject_unknown_fields(body, chat ? kChatFields : kCompletionFields);
+  if (!chat) {
+    only_default(body, "echo", false);
+    only_default(body, "logprobs", nullptr);
+    only_default(body, "best_of", 1);
+  }
+  if (body.contains("model") && !body["model"].is_string()) bad_request("'model' must be a string", "model");
+  CompletionRequest r;
+  r.stream = bool_field(body, "stream", false);
+  const int n_ctx = context.n_ctx;
+  r.params = sampling_params(body, context, context.n_predict > 0 ? context.n_predict : (chat ? n_ctx : 16));
+  r.prompt = prompt_of(body, chat, context);
+  if (r.prompt.empty()) bad_request("the prompt is empty", chat ? "messages" : "prompt");
+  if (static_cast<int>(r.prompt.size()) >= n_ctx) {
+    throw RequestError(400, "invalid_request_error",
+                       fmt::format("the prompt has {} tokens; this server's context is {} tokens", r.prompt.size(), n_ctx),
+                       chat ? "messages" : "prompt", "context_length_exceeded");
+  }
+  return r;
+}
+
+}  // namespace bmoe

@@ -1,0 +1,47 @@
+// Parsing and validating the bodies of bmoe-server's completion requests (OpenAI's
+// /v1/chat/completions and /v1/completions), apart from HTTP so a fuzzer can drive it. A
+// request that cannot be served raises RequestError with the HTTP status and the OpenAI error
+// type, message and parameter to send back.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "engine/generate.h"
+#include "text/chat.h"
+#include "text/tokenizer.h"
+
+namespace bmoe {
+
+struct RequestError : std::runtime_error {
+  int status;
+  std::string type, param, code;
+  RequestError(int s, std::string t, const std::string& message, std::string p = {}, std::string c = {})
+      : std::runtime_error(message), status(s), type(std::move(t)), param(std::move(p)), code(std::move(c)) {}
+};
+
+// What the server fills in where a request is silent, and what it is serving.
+struct RequestContext {
+  const Tokenizer* tokenizer = nullptr;
+  ChatFormat chat_format = ChatFormat::ChatML;
+  int n_ctx = 4096;
+  int n_predict = -1;  // default max_tokens (-1: the context for chat, 16 for completions)
+  float temperature = 0.8f;
+  int top_k = 40;
+  float top_p = 0.95f;
+  bool no_think = false;
+  DraftConfig draft;
+};
+
+struct CompletionRequest {
+  std::vector<int32_t> prompt;
+  GenerateParams params;
+  bool stream = false;
+};
+
+// Parses a request body; throws RequestError (4xx) for anything it cannot serve.
+CompletionRequest parse_completion_request(const std::string& body, bool chat, const RequestContext& context);
+
+}  // namespace bmoe
