@@ -2,7 +2,7 @@
 # Builds the libFuzzer targets with clang (ASan + UBSan) and runs each for a bounded time from
 # the committed seed corpus (tests/fuzz/corpus/NAME; new inputs go to a scratch copy, so the
 # repository stays clean). Any crash, sanitizer report or timeout fails the script and leaves
-# the reproducer in build-fuzz/artifacts/. Usage: scripts/fuzz.sh [SECONDS_PER_TARGET]
+# the reproducer in build-asan/artifacts/. Usage: scripts/fuzz.sh [SECONDS_PER_TARGET]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_EACH="${1:-${BMOE_FUZZ_SECONDS:-60}}"
@@ -18,22 +18,23 @@ if [ ${#need[@]} -gt 0 ]; then
   $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}"
 fi
 
-cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER=clang-14 \
-      -DCMAKE_CXX_COMPILER=clang++-14 -DBMOE_FUZZ=ON -DBMOE_BUILD_TESTS=OFF -DBMOE_BUILD_BENCH=OFF >/dev/null
-cmake --build build-fuzz --target fuzz_gguf fuzz_tokenizer fuzz_chat_request
+# The sanitizer build of scripts/test.sh (clang: ASan + UBSan + libFuzzer), reused if present.
+scripts/configure-asan.sh
+B=build-asan
+cmake --build $B --target fuzz_gguf fuzz_tokenizer fuzz_chat_request
 
-mkdir -p build-fuzz/artifacts
+mkdir -p $B/artifacts
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 for target in gguf tokenizer chat_request; do
-  work="build-fuzz/corpus/$target"
+  work="$B/corpus/$target"
   mkdir -p "$work"
   cp -n tests/fuzz/corpus/$target/* "$work"/
   echo "fuzz: $target for ${SECONDS_EACH} s"
-  build-fuzz/tests/fuzz/fuzz_$target "$work" -max_total_time="$SECONDS_EACH" -timeout=10 -rss_limit_mb=2048 \
-      -max_len=8192 -print_final_stats=1 -artifact_prefix=build-fuzz/artifacts/$target- 2>&1 | \
+  $B/tests/fuzz/fuzz_$target "$work" -max_total_time="$SECONDS_EACH" -timeout=10 -rss_limit_mb=2048 \
+      -max_len=8192 -print_final_stats=1 -artifact_prefix=$B/artifacts/$target- 2>&1 | \
       grep -E "^#[0-9]+ +DONE|stat::number_of_executed_units|ERROR|SUMMARY|Test unit written" || true
-  if compgen -G "build-fuzz/artifacts/$target-*" >/dev/null; then
-    echo "fuzz: $target found a failing input:"; ls build-fuzz/artifacts/$target-*
+  if compgen -G "$B/artifacts/$target-*" >/dev/null; then
+    echo "fuzz: $target found a failing input:"; ls $B/artifacts/$target-*
     exit 1
   fi
 done

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The test suite: unit, kernel, model, streaming and conformance tests (Release build), then the
-# C++ tests again under AddressSanitizer + UndefinedBehaviorSanitizer.
+# C++ tests again under AddressSanitizer + UndefinedBehaviorSanitizer (clang when installed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 JOBS="${BMOE_TEST_JOBS:-$(nproc)}"
@@ -10,7 +10,8 @@ cmake --build build
 ctest --test-dir build --output-on-failure -j "$JOBS"
 
 if [ "${BMOE_SKIP_SANITIZERS:-0}" != "1" ]; then
-  cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBMOE_SANITIZE=ON -DBMOE_BUILD_BENCH=OFF >/dev/null
+  # With clang the same build also holds the libFuzzer targets (scripts/fuzz.sh reuses it).
+  scripts/configure-asan.sh
   cmake --build build-asan
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     ctest --test-dir build-asan --output-on-failure -j "$JOBS" -L unit

@@ -13,6 +13,15 @@
 namespace bmoe {
 namespace {
 
+TEST(OracleDraft, ContinuesOnlyWhileTheSequenceIsItsPrefix) {
+  const std::vector<int32_t> oracle = {1, 2, 3, 4, 5, 6};
+  EXPECT_EQ(oracle_draft(oracle, {1, 2}, 3), (std::vector<int32_t>{3, 4, 5}));
+  EXPECT_EQ(oracle_draft(oracle, {1, 2, 3, 4, 5}, 3), (std::vector<int32_t>{6}));
+  EXPECT_TRUE(oracle_draft(oracle, {1, 9}, 3).empty());           // left the oracle
+  EXPECT_TRUE(oracle_draft(oracle, {1, 2, 3, 4, 5, 6}, 3).empty());  // at its end
+  EXPECT_TRUE(oracle_draft(oracle, {1}, 0).empty());
+}
+
 TEST(NgramDraft, ContinuesTheLatestEarlierMatchOfTheLongestSuffix) {
   // ... 5 6 7 | 9 5 6 7 | 8 ... 5 6 7 -> the latest "5 6 7" was followed by 8 1 2.
   const std::vector<int32_t> seq = {5, 6, 7, 9, 5, 6, 7, 8, 1, 2, 3, 5, 6, 7};

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cctype>
 #include <chrono>
+#include <filesystem>
 #include <thread>
 
 #include "core/error.h"
@@ -321,6 +322,25 @@ TEST(StreamingFaults, PrefetchWithSlowAndFailingReadsNeverChangesTokens) {
     });
     EXPECT_EQ(greedy(*model, 2, 24, RoutingOptions{2}), want) << (overlap ? "overlap" : "serial");
     EXPECT_GT(model->experts->stats().prefetch_reads, 0u);
+  }
+}
+
+TEST(StreamingFaults, FileShrunkUnderARunningModelIsReported) {
+  // A copy, so truncating it does not disturb the other tests' model.
+  const std::string original = test_model_path("tiny-qwen3moe", 4);
+  const std::string path = temp_path("shrinking.gguf");
+  std::filesystem::copy_file(original, path, std::filesystem::copy_options::overwrite_existing);
+  auto model = streamed(path, {0, 2});
+  ThreadPool pool(2);
+  Session s(*model, pool, 512, 64, SamplerConfig{});
+  s.prefill(model->tokenizer->encode("the quick brown fox", false, false));
+  s.accept(s.sample());
+  std::filesystem::resize_file(path, std::filesystem::file_size(path) / 2);
+  try {
+    for (int i = 0; i < 8; ++i) s.accept(s.sample());
+    FAIL() << "reads past the new end of the file went unnoticed";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("changed on disk"), std::string::npos) << e.what();
   }
 }
 

@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "core/cpu_features.h"
@@ -59,6 +61,9 @@ void add_run_flags(CLI::App& app, RunOptions& o) {
   app.add_flag("--ngram", o.ngram, "draft from n-gram matches in the prompt and the output so far (the default drafter)");
   app.add_option("--draft-ngram-max", o.ngram_max, "longest n-gram suffix looked up for a draft")
       ->capture_default_str()->check(CLI::Range(1, 64));
+  app.add_option("--draft-oracle", o.draft_oracle,
+                 "benchmark only: draft from the --json output of an earlier greedy run of the same prompt (still "
+                 "lossless; measures verification with drafts that are right)");
   app.add_flag("--mtp", o.mtp, "draft with the model's multi-token-prediction head (needs a GGUF that has one)");
 }
 
@@ -66,10 +71,24 @@ DraftConfig RunOptions::draft_config(const ModelConfig& config) const {
   if (mtp) {
     fail("--mtp: the {} GGUF has no multi-token-prediction (nextn) head; use --draft N --ngram", config.arch);
   }
-  if ((ngram || mtp) && draft == 0) fail("--ngram/--mtp choose a drafter for --draft N; give --draft N too");
+  if ((ngram || mtp || !draft_oracle.empty()) && draft == 0) {
+    fail("--ngram/--mtp/--draft-oracle choose a drafter for --draft N; give --draft N too");
+  }
   DraftConfig d;
   d.max_draft = draft;
   d.ngram_max = ngram_max;
+  if (!draft_oracle.empty()) {
+    std::ifstream in(draft_oracle);
+    if (!in) fail("--draft-oracle: cannot read {}", draft_oracle);
+    try {
+      const nlohmann::json j = nlohmann::json::parse(in);
+      d.oracle = j.at("prompt").get<std::vector<int32_t>>();
+      const auto tokens = j.at("tokens").get<std::vector<int32_t>>();
+      d.oracle.insert(d.oracle.end(), tokens.begin(), tokens.end());
+    } catch (const std::exception& e) {
+      fail("--draft-oracle: {} is not bmoe-cli --json output ({})", draft_oracle, e.what());
+    }
+  }
   return d;
 }
 

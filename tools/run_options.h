@@ -40,6 +40,7 @@ struct RunOptions {
   bool ngram = false;
   int ngram_max = 4;
   bool mtp = false;
+  std::string draft_oracle;  // benchmark-only: draft from an earlier run's --json output
 
   int thread_count() const;
   // The draft settings; fails where the model cannot draft as asked (--mtp without an MTP head).

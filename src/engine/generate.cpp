@@ -59,7 +59,8 @@ std::vector<int32_t> feed_token(Session& session, int32_t token, DraftController
   std::vector<int32_t> sequence = session.history();
   sequence.push_back(token);
   const DraftConfig& c = drafts->config();
-  std::vector<int32_t> draft = ngram_draft(sequence, length, c.ngram_max, c.ngram_min);
+  std::vector<int32_t> draft = c.oracle.empty() ? ngram_draft(sequence, length, c.ngram_max, c.ngram_min)
+                                                : oracle_draft(c.oracle, sequence, length);
   const int kept = session.accept_draft(token, draft);
   drafts->report(static_cast<int>(draft.size()), kept);
   draft.resize(static_cast<size_t>(kept));

@@ -4,6 +4,13 @@
 
 namespace bmoe {
 
+std::vector<int32_t> oracle_draft(const std::vector<int32_t>& oracle, const std::vector<int32_t>& sequence, int max_tokens) {
+  if (sequence.size() >= oracle.size() || !std::equal(sequence.begin(), sequence.end(), oracle.begin())) return {};
+  const size_t n = std::min(oracle.size() - sequence.size(), static_cast<size_t>(std::max(0, max_tokens)));
+  return std::vector<int32_t>(oracle.begin() + static_cast<std::ptrdiff_t>(sequence.size()),
+                              oracle.begin() + static_cast<std::ptrdiff_t>(sequence.size() + n));
+}
+
 std::vector<int32_t> ngram_draft(const std::vector<int32_t>& sequence, int max_tokens, int ngram_max, int ngram_min) {
   std::vector<int32_t> draft;
   const int n = static_cast<int>(sequence.size());

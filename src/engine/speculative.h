@@ -14,7 +14,15 @@ struct DraftConfig {
   int max_draft = 0;   // tokens drafted per step; 0: off
   int ngram_max = 4;   // longest suffix looked up in the history
   int ngram_min = 1;   // shortest suffix that may propose a draft
+  // Benchmark-only drafter (--draft-oracle): a known token sequence (prompt + output of an
+  // earlier greedy run); drafts continue it while the sequence so far is its prefix. Output
+  // stays lossless (verification keeps only what greedy decoding gives); the point is to
+  // measure batched verification with drafts that are right.
+  std::vector<int32_t> oracle;
 };
+
+// The oracle's continuation of `sequence` (empty when the sequence left the oracle).
+std::vector<int32_t> oracle_draft(const std::vector<int32_t>& oracle, const std::vector<int32_t>& sequence, int max_tokens);
 
 // Proposes the continuation of the most recent earlier occurrence of the sequence's longest
 // matching suffix (prompt lookup decoding).

@@ -52,10 +52,10 @@ F32_TENSOR = ("token_embd.weight", [8, 4], 0, struct.pack("<32f", *[i / 32 for i
 Q8_0_TENSOR = ("output.weight", [32, 1], 8, struct.pack("<e", 0.01) + bytes(range(32)))
 
 seeds = {
-    "metadata-v3.gguf": gguf(3, KVS, []),
-    "metadata-v2.gguf": gguf(2, KVS[:8], []),
-    "tensors-v3.gguf": gguf(3, KVS, [F32_TENSOR, Q8_0_TENSOR]),
-    "tensor-only.gguf": gguf(3, [], [F32_TENSOR]),
+    "metadata-v3.bin": gguf(3, KVS, []),
+    "metadata-v2.bin": gguf(2, KVS[:8], []),
+    "tensors-v3.bin": gguf(3, KVS, [F32_TENSOR, Q8_0_TENSOR]),
+    "tensor-only.bin": gguf(3, [], [F32_TENSOR]),
 }
 for name, data in seeds.items():
     with open(os.path.join(HERE, "corpus", "gguf", name), "wb") as f:
