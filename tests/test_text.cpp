@@ -78,6 +78,17 @@ TEST(Tokenizer, DecodeInvertsEncodeOnArbitraryText) {
   }
 }
 
+TEST(Tokenizer, InvalidUtf8BecomesReplacementCharacters) {
+  // Found by fuzz_tokenizer: malformed bytes reached PCRE2 in unchecked UTF mode and crashed.
+  const Tokenizer& t = tiny_tokenizer();
+  const std::string bad = std::string(" \n\xFF\xFF\xFF\n\t  x ") + "caf\xC3" + "\xE4\xBD" + "ok";
+  EXPECT_FALSE(utf8_valid(bad));
+  EXPECT_TRUE(utf8_valid("caf\xC3\xA9 \xF0\x9F\x9A\x80"));
+  const std::vector<int32_t> ids = t.encode(bad, false, false);
+  EXPECT_EQ(t.decode(ids), utf8_sanitize(bad));
+  EXPECT_EQ(ids, t.encode(utf8_sanitize(bad), false, false));
+}
+
 TEST(Tokenizer, MergesCommonWords) {
   const Tokenizer& t = tiny_tokenizer();
   const auto ids = t.encode(" the", false, false);

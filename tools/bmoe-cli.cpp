@@ -52,6 +52,7 @@ struct CliOptions {
   std::string dump_logits;
   // Telemetry and routing traces.
   std::string csv;
+  std::string teacher_force;
   std::string metrics;
   std::string route_trace;
   std::string route_replay;
@@ -82,6 +83,9 @@ void add_flags(CLI::App& app, CliOptions& o) {
   app.add_option("--dump-logits", o.dump_logits, "write the logits after the prompt (f32, binary) to a file");
   app.add_flag("--list-archs", o.list_archs, "list the architectures compiled in and exit");
 
+  app.add_option("--teacher-force", o.teacher_force,
+                 "quality check for lossy knobs: feed the tokens of an earlier --json run of the same prompt instead of "
+                 "the model's picks, and report how often the model's own greedy pick equals them");
   app.add_option("--csv", o.csv, "write one CSV row per decoded token (timings, experts, cache, bytes read)");
   app.add_option("--metrics", o.metrics, "write run metrics (peak RSS, MemAvailable floor, temperatures, config) as JSON");
   app.add_option("--route-trace", o.route_trace, "record every routing decision to a CSV trace");
@@ -336,11 +340,35 @@ int run(const CliOptions& o) {
   std::unique_ptr<DraftController> drafts;
   if (drafting_possible(draft, sampler)) drafts = std::make_unique<DraftController>(draft);
   else if (draft.max_draft > 0) fmt::print(stderr, "warning: --draft needs greedy sampling (--temp 0); drafting is off\n");
+  std::vector<int32_t> forced;  // --teacher-force: the reference continuation
+  int forced_equal = 0, forced_steps = 0;
+  if (!o.teacher_force.empty()) {
+    if (drafts) fail("--teacher-force and --draft do not mix");
+    std::ifstream in(o.teacher_force);
+    if (!in) fail("--teacher-force: cannot read {}", o.teacher_force);
+    try {
+      const nlohmann::json j = nlohmann::json::parse(in);
+      if (j.at("prompt").get<std::vector<int32_t>>() != prompt_ids) fail("--teacher-force: {} was run on another prompt", o.teacher_force);
+      forced = j.at("tokens").get<std::vector<int32_t>>();
+    } catch (const nlohmann::json::exception& e) {
+      fail("--teacher-force: {} is not bmoe-cli --json output ({})", o.teacher_force, e.what());
+    }
+  }
   std::vector<int32_t> known;  // kept draft tokens: fed already, printed next
   size_t next_known = 0;
   for (int i = 0; i < limit; ++i) {
     const bool from_draft = next_known < known.size();
-    const int32_t token = from_draft ? known[next_known++] : session.sample();
+    int32_t token = from_draft ? known[next_known++] : session.sample();
+    if (static_cast<size_t>(i) < forced.size()) {
+      // The model's pick is what --json reports; the reference token is what it is fed.
+      forced_equal += token == forced[static_cast<size_t>(i)];
+      ++forced_steps;
+      generated.push_back(token);
+      token = forced[static_cast<size_t>(i)];
+      if (i + 1 >= limit || session.state().n_past() >= o.run.ctx_size) break;
+      session.accept(token);
+      continue;
+    }
     if (!o.ignore_eos && model->tokenizer->is_end_of_generation(token)) break;
     generated.push_back(token);
     if (!o.json) {
@@ -383,6 +411,10 @@ int run(const CliOptions& o) {
                drafts->verify_steps(), draft.max_draft);
   }
   report_prefetch(o.run, *model);
+  if (forced_steps) {
+    fmt::print(stderr, "teacher-forced: {} of {} next tokens equal the reference ({:.1f} %)\n", forced_equal, forced_steps,
+               100.0 * forced_equal / forced_steps);
+  }
   if (session.state().dropped_experts()) {
     fmt::print(stderr, "drop-cold-experts: skipped {} routed experts (lossy)\n", session.state().dropped_experts());
   }

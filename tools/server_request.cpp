@@ -19,7 +19,7 @@ json parse_body(const std::string& text) {
     json j = json::parse(text);
     if (!j.is_object()) bad_request("the request body must be a JSON object");
     return j;
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // syntax errors, and numbers that overflow (out_of_range)
     bad_request(fmt::format("the request body is not valid JSON: {}", e.what()));
   }
 }

@@ -3,6 +3,9 @@
 #include <cstdlib>
 #include <cstring>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 #if defined(__aarch64__) && defined(__linux__)
 #include <asm/hwcap.h>
 #include <sys/auxv.h>
@@ -11,12 +14,19 @@
 namespace bmoe {
 namespace {
 
+#if defined(__x86_64__) || defined(__i386__)
+// F16C from CPUID leaf 1 (ECX bit 29): clang's __builtin_cpu_supports does not know "f16c".
+bool has_f16c() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 29)) != 0;
+}
+#endif
+
 CpuFeatures detect() {
   CpuFeatures f;
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
-  f.avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-           __builtin_cpu_supports("f16c");
+  f.avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c();
 #elif defined(__aarch64__)
   f.neon = true;
 #if defined(__linux__)

@@ -95,6 +95,30 @@ class HeaderReader {
   std::vector<uint8_t> buffer_;
 };
 
+// The fewest bytes one value of `type` takes in the file: bounds the counts a header may claim
+// by what is left to read, so a corrupted count fails before anything is allocated for it.
+uint64_t min_encoded_bytes(GgufValueType type) {
+  switch (type) {
+    case GgufValueType::UINT8:
+    case GgufValueType::INT8:
+    case GgufValueType::BOOL: return 1;
+    case GgufValueType::UINT16:
+    case GgufValueType::INT16: return 2;
+    case GgufValueType::UINT32:
+    case GgufValueType::INT32:
+    case GgufValueType::FLOAT32: return 4;
+    case GgufValueType::STRING:  // the length
+    case GgufValueType::UINT64:
+    case GgufValueType::INT64:
+    case GgufValueType::FLOAT64: return 8;
+    case GgufValueType::ARRAY: return 12;  // element type + count
+  }
+  return 1;
+}
+constexpr uint64_t kMinKvBytes = 8 + 4 + 1;         // key length, value type, a value byte
+constexpr uint64_t kMinTensorInfoBytes = 8 + 4 + 8 + 4 + 8;  // name length, dims, one dim, type, offset
+constexpr size_t kMaxReserve = 1 << 20;             // elements reserved up front; more grow as read
+
 GgufValue read_value(HeaderReader& in, GgufValueType type, const std::string& key, int depth,
                      const std::string& path);
 
@@ -131,11 +155,11 @@ GgufValue read_value(HeaderReader& in, GgufValueType type, const std::string& ke
       if (depth >= kMaxArrayDepth) fail("{}: corrupted metadata: key '{}' nests too deep", path, key);
       v.element_type = checked_value_type(in.scalar<uint32_t>("array type"), key, path);
       const uint64_t count = in.scalar<uint64_t>("array length");
-      // Every element takes at least one byte, so a count beyond the file size is corruption.
-      if (count > kMaxCount || count > in.size() - in.position()) {
+      // A count whose elements could not fit in the rest of the file is corruption.
+      if (count > kMaxCount || count > (in.size() - in.position()) / min_encoded_bytes(v.element_type)) {
         fail("{}: corrupted metadata: key '{}' claims an array of {} elements", path, key, count);
       }
-      v.elements.reserve(static_cast<size_t>(count));
+      v.elements.reserve(std::min(static_cast<size_t>(count), kMaxReserve));
       for (uint64_t i = 0; i < count; ++i) {
         v.elements.push_back(read_value(in, v.element_type, key, depth + 1, path));
       }
@@ -148,7 +172,7 @@ GgufValue read_value(HeaderReader& in, GgufValueType type, const std::string& ke
 bool is_power_of_two(uint64_t x) { return x != 0 && (x & (x - 1)) == 0; }
 
 void read_tensor_infos(HeaderReader& in, GgufShard& shard, uint64_t n_tensors) {
-  shard.tensors.reserve(static_cast<size_t>(n_tensors));
+  shard.tensors.reserve(std::min(static_cast<size_t>(n_tensors), kMaxReserve));
   for (uint64_t t = 0; t < n_tensors; ++t) {
     TensorInfo info;
     info.name = in.string("tensor name");
@@ -156,10 +180,15 @@ void read_tensor_infos(HeaderReader& in, GgufShard& shard, uint64_t n_tensors) {
     if (n_dims == 0 || n_dims > kMaxDims) {
       fail("{}: corrupted tensor info: '{}' has {} dimensions", shard.path, info.name, n_dims);
     }
+    uint64_t elements_so_far = 1;
     for (uint32_t d = 0; d < n_dims; ++d) {
       const uint64_t dim = in.scalar<uint64_t>("tensor dim");
       if (dim == 0 || dim > (1ull << 40)) {
         fail("{}: corrupted tensor info: '{}' has dimension {} = {}", shard.path, info.name, d, dim);
+      }
+      // The element count must stay representable (TensorInfo::elements multiplies the dims).
+      if (__builtin_mul_overflow(elements_so_far, dim, &elements_so_far) || elements_so_far > (1ull << 40)) {
+        fail("{}: corrupted tensor info: '{}' has more than 2^40 elements", shard.path, info.name);
       }
       info.dims.push_back(static_cast<int64_t>(dim));
     }
@@ -224,7 +253,8 @@ GgufShard read_gguf_shard(const std::string& path) {
   }
   const uint64_t n_tensors = in.scalar<uint64_t>("tensor count");
   const uint64_t n_kv = in.scalar<uint64_t>("metadata count");
-  if (n_tensors > kMaxCount || n_kv > kMaxCount) {
+  const uint64_t rest = in.size() - in.position();
+  if (n_tensors > kMaxCount || n_kv > kMaxCount || n_tensors > rest / kMinTensorInfoBytes || n_kv > rest / kMinKvBytes) {
     fail("{}: corrupted header ({} tensors, {} metadata keys)", path, n_tensors, n_kv);
   }
   for (uint64_t i = 0; i < n_kv; ++i) {

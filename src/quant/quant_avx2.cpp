@@ -12,8 +12,12 @@
 #include "quant/blocks.h"
 #include "quant/simd_kernels.h"
 
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
+#endif
 
 namespace bmoe::avx2 {
 namespace {
@@ -346,6 +350,10 @@ void quantize_f16(const float* src, void* dst, int64_t n) {
 
 }  // namespace bmoe::avx2
 
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 
 #endif  // __x86_64__

@@ -228,6 +228,14 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool parse_special
 }
 
 void Tokenizer::encode_text(std::string_view text, std::vector<int32_t>& out) const {
+  // The pre-tokenizer regexes run in UTF mode without re-checking (PCRE2_NO_UTF_CHECK), which
+  // is undefined on malformed input: replace each invalid byte with U+FFFD first, as
+  // llama.cpp does before it pre-tokenizes.
+  std::string clean;
+  if (!utf8_valid(text)) {
+    clean = utf8_sanitize(text);
+    text = clean;
+  }
   std::vector<std::string_view> pieces = {text};
   for (const auto& regex : pre_tokenizers_) {
     std::vector<std::string_view> split;

@@ -114,6 +114,16 @@ std::string utf8_sanitize(std::string_view bytes) {
   return out;
 }
 
+bool utf8_valid(std::string_view bytes) {
+  for (size_t i = 0; i < bytes.size();) {
+    uint32_t cp = 0;
+    const int n = decode_one(bytes, i, cp);
+    if (n <= 0) return false;
+    i += static_cast<size_t>(n);
+  }
+  return true;
+}
+
 std::string Utf8Stream::push(std::string_view bytes) {
   pending_.append(bytes);
   const size_t complete = utf8_complete_prefix(pending_);

@@ -17,8 +17,10 @@ void append_utf8(std::string& out, uint32_t cp);
 std::vector<uint32_t> utf8_codepoints(std::string_view text);
 // Length of the longest prefix of `bytes` that ends on a complete sequence boundary.
 size_t utf8_complete_prefix(std::string_view bytes);
-// Replaces every invalid sequence with U+FFFD.
+// Replaces every invalid byte with U+FFFD (one per byte, as llama.cpp's tokenizer does).
 std::string utf8_sanitize(std::string_view bytes);
+// Whether the bytes are well-formed UTF-8 throughout.
+bool utf8_valid(std::string_view bytes);
 
 // Accumulates token bytes and releases only complete UTF-8 text.
 class Utf8Stream {

@@ -191,6 +191,9 @@ class ServerTest(unittest.TestCase):
         self.assert_error(status, json.loads(text), 404)
         status, text = s.request("POST", "/v1/completions", raw="[1, 2]")
         self.assert_error(status, json.loads(text), 400)
+        # Found by fuzz_chat_request: a number too large for a double used to escape as a 500.
+        status, text = s.request("POST", "/v1/completions", raw='{"prompt": "x", "max_tokens": 888e18888888888}')
+        self.assert_error(status, json.loads(text), 400)
         self.assertEqual(s.get("/health")[0], 200)  # still alive
 
     def test_disconnect_cancels_the_generation(self):
