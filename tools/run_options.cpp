@@ -196,6 +196,11 @@ LoadedRun load_run(const RunOptions& o) {
   fmt::print(stderr, "load: {} ({}), {} layers, {} experts top-{}, {} threads, isa {}, experts {}, dense {}, {:.2f} s\n",
              o.model, cfg.arch, cfg.n_layer, cfg.n_expert, cfg.n_expert_used, o.thread_count(), active_isa_name(),
              model.experts->describe(), format_bytes(model.dense_bytes), run.load_seconds);
+  if (o.route_ahead > 0 || o.drop_cold > 0.0f) {
+    fmt::print(stderr, "warning: lossy knobs on ({}{}): output may differ from plain greedy decoding\n",
+               o.route_ahead > 0 ? fmt::format("--route-ahead {}", o.route_ahead) : "",
+               o.drop_cold > 0.0f ? fmt::format("{}--drop-cold-experts {}", o.route_ahead > 0 ? ", " : "", o.drop_cold) : "");
+  }
   return run;
 }
 
