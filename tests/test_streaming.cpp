@@ -166,6 +166,26 @@ TEST(Streaming, SplitModelEqualsResident) {
 }
 
 // The lossy knobs are off by default and, when on, do what they say, reproducibly.
+TEST(Prefetch, PausesItselfWhilePredictionsAreWrong) {
+  // A route hook that moves every routed expert: the routers' predictions (of the model's own
+  // routing) are then mostly wrong, and prefetch must stop reading ahead instead of adding bytes.
+  const std::string path = test_model_path("tiny-qwen3moe", 4);
+  auto model = streamed(path, {0, 4, true, DenseWeights::Anon, false, "", 1});
+  ThreadPool pool(2);
+  Session s(*model, pool, 512, 64, SamplerConfig{});
+  s.state().set_routing_options(RoutingOptions{1});
+  s.state().set_route_hook([](RouteEvent& e) {
+    for (int32_t& id : *e.experts) id = (id + 3) % e.n_expert;
+  });
+  s.prefill(model->tokenizer->encode("the quick brown fox", false, false));
+  for (int i = 0; i < 64; ++i) s.accept(s.sample());
+  const ExpertStats st = model->experts->stats();
+  ASSERT_GT(st.predicted, 0u);
+  EXPECT_LT(static_cast<double>(st.predicted_correct), 0.3 * static_cast<double>(st.predicted));
+  EXPECT_LT(st.prefetch_reads, st.predicted / 2);  // paused for most of the run
+  EXPECT_TRUE(model->streamer()->prefetch_paused());
+}
+
 TEST(LossyKnobs, DropColdExpertsSkipsOnlyMisses) {
   const std::string path = test_model_path("tiny-qwen3moe", 4);
   // With a cache that holds everything, nothing is cold after warm-up; without one every

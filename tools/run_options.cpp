@@ -143,6 +143,9 @@ void report_prefetch(const RunOptions& o, LoadedModel& model) {
                                100.0 * static_cast<double>(st.correct_at[d]) / static_cast<double>(st.predicted_at[d]));
   }
   if (!by_distance.empty()) fmt::print(stderr, "prefetch: prediction accuracy {}\n", by_distance);
+  if (s->prefetch_paused()) {
+    fmt::print(stderr, "prefetch: paused at the end (predictions below 30 % right read only waste; it resumes above 45 %)\n");
+  }
   if (o.predict_log.empty()) return;
   FILE* f = std::fopen(o.predict_log.c_str(), "w");
   if (!f) fail("--predict-log: cannot write {}", o.predict_log);

@@ -119,6 +119,7 @@ void StreamingExperts::hint(std::span<const LayerPrediction> predictions) {
     const auto same = std::find_if(pending.begin(), pending.end(), [&](const LayerPrediction& q) { return q.distance == p.distance; });
     if (same != pending.end()) *same = p;
     else pending.push_back(p);
+    if (prefetch_paused_) continue;
     for (int32_t e : p.experts) {
       if (e >= 0 && e < layout_.layers[static_cast<size_t>(p.layer)].n_expert) stage(p.layer, e, p.distance);
     }
@@ -175,6 +176,13 @@ void StreamingExperts::check_predictions(int layer) {
     stats_.predicted_at[d] += static_cast<uint64_t>(r.predicted);
     stats_.correct_at[d] += static_cast<uint64_t>(r.correct);
     if (options_.predict_log) prediction_log_.push_back(r);
+    if (r.predicted > 0) {
+      constexpr double kSmoothing = 0.1;  // about the last 10 layers predicted
+      constexpr double kPauseBelow = 0.3, kResumeAbove = 0.45;
+      prediction_accuracy_ += kSmoothing * (static_cast<double>(r.correct) / r.predicted - prediction_accuracy_);
+      if (prediction_accuracy_ < kPauseBelow) prefetch_paused_ = true;
+      else if (prediction_accuracy_ > kResumeAbove) prefetch_paused_ = false;
+    }
   }
   predictions_.erase(it);
 }

@@ -56,6 +56,7 @@ class StreamingExperts : public ExpertSource {
   void hint(std::span<const LayerPrediction> predictions) override;
   bool resident(int layer, int expert) const override;
   const std::vector<PredictionRecord>& prediction_log() const { return prediction_log_; }
+  bool prefetch_paused() const { return prefetch_paused_; }
   const std::vector<std::string>& io_notes() const { return notes_; }
   ExpertCache& cache() { return cache_; }
   // Bytes one expert of `layer` occupies in a buffer (windows rounded to 4 KiB).
@@ -111,6 +112,10 @@ class StreamingExperts : public ExpertSource {
   uint64_t staged_bytes_ = 0;
   std::unordered_map<int, std::vector<LayerPrediction>> predictions_;  // per layer, latest per distance
   std::vector<PredictionRecord> prediction_log_;
+  // Prefetch switches itself off while predictions are mostly wrong (reads would only add
+  // bytes), and back on when they recover; predictions keep being checked either way.
+  double prediction_accuracy_ = 1.0;  // moving average over checked predictions
+  bool prefetch_paused_ = false;
 
   ExpertStats stats_;
   uint64_t token_ = 0;
