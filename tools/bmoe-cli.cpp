@@ -344,15 +344,9 @@ int run(const CliOptions& o) {
   int forced_equal = 0, forced_steps = 0;
   if (!o.teacher_force.empty()) {
     if (drafts) fail("--teacher-force and --draft do not mix");
-    std::ifstream in(o.teacher_force);
-    if (!in) fail("--teacher-force: cannot read {}", o.teacher_force);
-    try {
-      const nlohmann::json j = nlohmann::json::parse(in);
-      if (j.at("prompt").get<std::vector<int32_t>>() != prompt_ids) fail("--teacher-force: {} was run on another prompt", o.teacher_force);
-      forced = j.at("tokens").get<std::vector<int32_t>>();
-    } catch (const nlohmann::json::exception& e) {
-      fail("--teacher-force: {} is not bmoe-cli --json output ({})", o.teacher_force, e.what());
-    }
+    JsonRun reference = read_json_run(o.teacher_force, "--teacher-force");
+    if (reference.prompt != prompt_ids) fail("--teacher-force: {} was run on another prompt", o.teacher_force);
+    forced = std::move(reference.tokens);
   }
   std::vector<int32_t> known;  // kept draft tokens: fed already, printed next
   size_t next_known = 0;

@@ -78,18 +78,22 @@ DraftConfig RunOptions::draft_config(const ModelConfig& config) const {
   d.max_draft = draft;
   d.ngram_max = ngram_max;
   if (!draft_oracle.empty()) {
-    std::ifstream in(draft_oracle);
-    if (!in) fail("--draft-oracle: cannot read {}", draft_oracle);
-    try {
-      const nlohmann::json j = nlohmann::json::parse(in);
-      d.oracle = j.at("prompt").get<std::vector<int32_t>>();
-      const auto tokens = j.at("tokens").get<std::vector<int32_t>>();
-      d.oracle.insert(d.oracle.end(), tokens.begin(), tokens.end());
-    } catch (const std::exception& e) {
-      fail("--draft-oracle: {} is not bmoe-cli --json output ({})", draft_oracle, e.what());
-    }
+    const JsonRun run = read_json_run(draft_oracle, "--draft-oracle");
+    d.oracle = run.prompt;
+    d.oracle.insert(d.oracle.end(), run.tokens.begin(), run.tokens.end());
   }
   return d;
+}
+
+JsonRun read_json_run(const std::string& path, const char* flag) {
+  std::ifstream in(path);
+  if (!in) fail("{}: cannot read {}", flag, path);
+  try {
+    const nlohmann::json j = nlohmann::json::parse(in);
+    return {j.at("prompt").get<std::vector<int32_t>>(), j.at("tokens").get<std::vector<int32_t>>()};
+  } catch (const nlohmann::json::exception& e) {
+    fail("{}: {} is not bmoe-cli --json output ({})", flag, path, e.what());
+  }
 }
 
 namespace {

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "engine/loader.h"
 #include "engine/speculative.h"
@@ -51,6 +52,14 @@ struct RunOptions {
 };
 
 void add_run_flags(CLI::App& app, RunOptions& o);
+
+// The prompt and output token ids of an earlier `bmoe-cli --json` run (for --draft-oracle and
+// --teacher-force); `flag` names the option in errors.
+struct JsonRun {
+  std::vector<int32_t> prompt;
+  std::vector<int32_t> tokens;
+};
+JsonRun read_json_run(const std::string& path, const char* flag);
 
 struct LoadedRun {
   std::unique_ptr<LoadedModel> model;

@@ -84,7 +84,9 @@ const std::vector<float>& InferenceState::eval(const int32_t* tokens, int n, boo
     dequantize_row(w.tok_embd.type, w.tok_embd.row(tokens[i]), x_.data() + static_cast<size_t>(i) * E, E);
     if (w.embd_scale != 1.0f) ops::scale(x_.data() + static_cast<size_t>(i) * E, w.embd_scale, E);
   }
-  ahead_.assign(static_cast<size_t>(cfg_.n_layer), AheadRoute{});
+  // Routes decided early live for one pass; only the predictor uses them.
+  if (routing_.prefetch > 0 || routing_.route_ahead > 0) ahead_.assign(static_cast<size_t>(cfg_.n_layer), AheadRoute{});
+  else ahead_.clear();
   for (int l = 0; l < cfg_.n_layer; ++l) {
     attention_block(l, n);
     ffn_block(l, n);

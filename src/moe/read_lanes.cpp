@@ -99,39 +99,35 @@ int ReadLanes::wait_any(const std::vector<ReadTicket*>& tickets) {
   return found;
 }
 
-int ReadLanes::cancel(ReadTicket* ticket) {
-  int cancelled = 0;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    for (auto it = speculative_.begin(); it != speculative_.end();) {
-      if (it->ticket == ticket) {
-        it = speculative_.erase(it);
-        ticket->pending_.fetch_sub(1);
-        ++cancelled;
-      } else {
-        ++it;
-      }
+std::vector<ReadLanes::Job> ReadLanes::take_speculative(ReadTicket* ticket) {
+  std::vector<Job> taken;
+  for (auto it = speculative_.begin(); it != speculative_.end();) {
+    if (it->ticket == ticket) {
+      taken.push_back(*it);
+      it = speculative_.erase(it);
+    } else {
+      ++it;
     }
   }
+  return taken;
+}
+
+int ReadLanes::cancel(ReadTicket* ticket) {
+  size_t cancelled = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    cancelled = take_speculative(ticket).size();
+    ticket->pending_.fetch_sub(static_cast<int>(cancelled));
+  }
   if (cancelled) done_.notify_all();
-  return cancelled;
+  return static_cast<int>(cancelled);
 }
 
 int ReadLanes::promote(ReadTicket* ticket) {
-  int moved = 0;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    for (auto it = speculative_.begin(); it != speculative_.end();) {
-      if (it->ticket == ticket) {
-        urgent_.push_back(*it);
-        it = speculative_.erase(it);
-        ++moved;
-      } else {
-        ++it;
-      }
-    }
-  }
-  return moved;
+  std::lock_guard<std::mutex> lock(mutex_);
+  const std::vector<Job> jobs = take_speculative(ticket);
+  urgent_.insert(urgent_.end(), jobs.begin(), jobs.end());
+  return static_cast<int>(jobs.size());
 }
 
 double ReadLanes::busy_seconds() const { return static_cast<double>(busy_ns_.load()) * 1e-9; }

@@ -70,6 +70,8 @@ class ReadLanes {
     ReadTicket* ticket;
   };
   void lane_loop();
+  // Removes the queued speculative jobs of `ticket` (caller holds mutex_).
+  std::vector<Job> take_speculative(ReadTicket* ticket);
   void complete(ReadTicket* ticket, const std::string& error);
 
   std::vector<std::thread> threads_;

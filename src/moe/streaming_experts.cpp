@@ -92,8 +92,8 @@ std::unique_ptr<StreamingExperts::Buffer> StreamingExperts::take_buffer() {
 }
 
 void StreamingExperts::stage(int layer, int expert, int distance) {
+  if (resident(layer, expert)) return;  // cached, or already being read ahead
   const ExpertKey key = make_expert_key(layer, expert);
-  if (cache_.contains(key) || staged_.count(key)) return;
   const uint64_t bytes = slot_bytes(layer, expert);
   if (staged_bytes_ + bytes > options_.prefetch_bytes) return;  // staging full: skip, never evict
   Staged s;
