@@ -5,6 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 JOBS="${BMOE_TEST_JOBS:-$(nproc)}"
 
+# The real-shape conformance cuts need up to 2.6 GB of disk at a time; say what there is.
+echo "test: free disk $(df -h --output=avail . | tail -1 | tr -d ' ')"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build
 ctest --test-dir build --output-on-failure -j "$JOBS"

@@ -369,6 +369,49 @@ TEST(Dispatch, NeonQuantKernelsEqualTheReferenceBitForBit) {
   }
 }
 
+// The multi-row kernels return, for each of their rows, exactly what the one-row kernel of the
+// same ISA returns (and the scalar reference, for the types whose one-row SIMD kernel keeps the
+// reference's order): matmul uses them wherever a whole group of rows fits.
+TEST(Dispatch, MultiRowKernelsEqualOneRowBitForBit) {
+  Rng rng(78);
+  int checked = 0;
+  for (TensorType t : kWeightTypes) {
+    for (Isa isa : available_isas()) {
+      const TypeKernels* k = kernels_for_isa(t, isa);
+      if (k == nullptr || k->dot_rows == nullptr) continue;
+      for (int trial = 0; trial < 10; ++trial) {
+        const int64_t n = 256 * (1 + static_cast<int64_t>(rng.below(12)));
+        const size_t stride = row_bytes(t, n) + 17 * static_cast<size_t>(trial % 3);  // padded rows too
+        std::vector<uint8_t> rows(stride * kDotRows);
+        for (int r = 0; r < kDotRows; ++r) {
+          const auto one = random_raw_blocks(rng, t, n);
+          std::copy(one.begin(), one.end(), rows.begin() + static_cast<std::ptrdiff_t>(r * stride));
+        }
+        const auto act = random_floats(rng, n, trial % 2 ? 1.0 : 50.0);
+        std::vector<uint8_t> qa(activation_bytes(k->activation_type, n));
+        quantize_activations(k->activation_type, act.data(), qa.data(), n);
+        float got[kDotRows];
+        k->dot_rows(rows.data(), stride, qa.data(), n, got);
+        for (int r = 0; r < kDotRows; ++r) {
+          const void* row = rows.data() + r * stride;
+          EXPECT_EQ(float_bits(got[r]), float_bits(k->dot(row, qa.data(), n))) << type_name(t) << " row " << r;
+          if (t == TensorType::Q4_0 || t == TensorType::MXFP4) {
+            const float scalar = kernels_for_isa(t, Isa::Scalar)->dot(row, qa.data(), n);
+            EXPECT_EQ(float_bits(got[r]), float_bits(scalar)) << type_name(t) << " row " << r;
+          }
+        }
+        ++checked;
+      }
+    }
+  }
+#if defined(__x86_64__)
+  if (active_isa() == Isa::Avx2) {
+    EXPECT_GE(checked, 20);  // Q4_0 and MXFP4 have AVX2 row kernels
+  }
+#endif
+  if (active_isa() == Isa::Scalar) GTEST_SKIP() << "no multi-row kernels on the scalar path";
+}
+
 TEST(Dispatch, UsesSimdWhenAvailable) {
 #if defined(__x86_64__)
   __builtin_cpu_init();

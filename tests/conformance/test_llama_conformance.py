@@ -22,7 +22,7 @@ import sys
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import bmoe_greedy, bmoe_tokenize, hard_divergence, oracle, synth  # noqa: E402
+from common import bmoe_greedy, bmoe_tokenize, hard_divergence, oracle, release, synth  # noqa: E402
 
 TOKENIZER_CORPUS = [
     "Hello world",
@@ -77,6 +77,10 @@ class Conformance:
     @classmethod
     def setUpClass(cls):
         cls.model = synth(cls.name, cls.preset, *cls.model_args)
+
+    @classmethod
+    def tearDownClass(cls):
+        release(cls.model)
 
     def test_tokenizer_ids_match(self):
         ours = bmoe_tokenize(self.model, TOKENIZER_CORPUS)

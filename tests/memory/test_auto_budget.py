@@ -22,8 +22,11 @@ class AutoBudgetUnderCap(unittest.TestCase):
         with tempfile.TemporaryDirectory() as tmp:
             model = os.path.join(tmp, "qwen3-6l.gguf")
             # 6 layers of the real Qwen3-30B shape: 2.8 GB, larger than the 2 GiB cap.
-            subprocess.run([os.path.join(BUILD, "tools", "bmoe-synth"), "--preset", "qwen3-30b-a3b", "--layers", "6",
-                            "-o", model], check=True, capture_output=True)
+            w = subprocess.run([os.path.join(BUILD, "tools", "bmoe-synth"), "--preset", "qwen3-30b-a3b",
+                                "--layers", "6", "-o", model], capture_output=True, text=True)
+            if "not enough free disk" in w.stderr:  # the machine is short, not the code under test
+                self.skipTest(f"skipped: {w.stderr.strip().splitlines()[-1]}")
+            self.assertEqual(w.returncode, 0, w.stderr[-2000:])
             self.assertGreater(os.path.getsize(model), CAP)
             with MemoryCap(f"bmoe-test-auto-{os.getpid()}", CAP) as cap:
                 cmd = cap.prefix() + [os.path.join(BUILD, "tools", "bmoe-cli"), "-m", model, "-p", "Once upon a time",
