@@ -30,9 +30,10 @@ Matrix make_matrix(TensorType type, int64_t rows, int64_t cols) {
   return m;
 }
 
-void run(benchmark::State& state, TensorType type, Isa isa) {
+// rows_at_once: use the type's kDotRows-row kernel (what matmul runs) instead of one row at a time.
+void run(benchmark::State& state, TensorType type, Isa isa, bool rows_at_once) {
   const TypeKernels* k = kernels_for_isa(type, isa);
-  if (k == nullptr) {
+  if (k == nullptr || (rows_at_once && k->dot_rows == nullptr)) {
     state.SkipWithError("not available");
     return;
   }
@@ -40,7 +41,13 @@ void run(benchmark::State& state, TensorType type, Isa isa) {
   std::vector<float> out(static_cast<size_t>(m.rows));
   const size_t stride = row_bytes(type, m.cols);
   for (auto _ : state) {
-    for (int64_t r = 0; r < m.rows; ++r) out[static_cast<size_t>(r)] = k->dot(m.weights.data() + r * stride, m.activations.data(), m.cols);
+    if (rows_at_once) {
+      for (int64_t r = 0; r < m.rows; r += kDotRows) {
+        k->dot_rows(m.weights.data() + r * stride, stride, m.activations.data(), m.cols, out.data() + r);
+      }
+    } else {
+      for (int64_t r = 0; r < m.rows; ++r) out[static_cast<size_t>(r)] = k->dot(m.weights.data() + r * stride, m.activations.data(), m.cols);
+    }
     benchmark::DoNotOptimize(out.data());
   }
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(m.weights.size()));
@@ -51,12 +58,21 @@ void register_all() {
                               TensorType::Q4_0, TensorType::MXFP4, TensorType::F16, TensorType::BF16, TensorType::F32};
   for (TensorType t : types) {
     const std::string name(type_name(t));
-    benchmark::RegisterBenchmark(("dot/" + name + "/scalar").c_str(), [t](benchmark::State& s) { run(s, t, Isa::Scalar); });
+    auto add = [&](const std::string& isa_name, Isa isa) {
+      benchmark::RegisterBenchmark(("dot/" + name + "/" + isa_name).c_str(),
+                                   [t, isa](benchmark::State& s) { run(s, t, isa, false); });
+      const TypeKernels* k = kernels_for_isa(t, isa);
+      if (k != nullptr && k->dot_rows != nullptr) {
+        benchmark::RegisterBenchmark(("dot/" + name + "/" + isa_name + "-rows").c_str(),
+                                     [t, isa](benchmark::State& s) { run(s, t, isa, true); });
+      }
+    };
+    add("scalar", Isa::Scalar);
 #if defined(__x86_64__)
-    benchmark::RegisterBenchmark(("dot/" + name + "/avx2").c_str(), [t](benchmark::State& s) { run(s, t, Isa::Avx2); });
+    add("avx2", Isa::Avx2);
 #endif
 #if defined(__aarch64__)
-    benchmark::RegisterBenchmark(("dot/" + name + "/neon").c_str(), [t](benchmark::State& s) { run(s, t, Isa::Neon); });
+    add("neon", Isa::Neon);
 #endif
   }
 }

@@ -36,21 +36,38 @@ int64_t rows_per_chunk(int64_t total_rows, int threads, int64_t n) {
   const int64_t target_chunks = static_cast<int64_t>(threads) * 8;
   int64_t rows = std::max<int64_t>(1, total_rows / target_chunks);
   if (n > 1) rows = std::min<int64_t>(rows, 64);  // batches: keep a chunk's rows hot in cache
-  return std::max<int64_t>(rows, 4);
+  // Whole groups for the multi-row kernels.
+  return std::max<int64_t>((rows + kDotRows - 1) / kDotRows * kDotRows, kDotRows);
+}
+
+// Rows [r, end) one dot product at a time.
+void run_rows_one_by_one(const MatmulJob& job, DotFn dot, int64_t r, int64_t end) {
+  const Weight& w = *job.weight;
+  for (; r < end; ++r) {
+    const uint8_t* wrow = w.row(r);
+    for (int64_t i = 0; i < job.n; ++i) {
+      const int64_t in = job.input_rows ? job.input_rows[i] : i;
+      job.output[i * job.output_stride + r] = dot(wrow, job.input->row(in), w.cols);
+    }
+  }
 }
 
 void run_chunk(const Chunk& c) {
   const MatmulJob& job = *c.job;
   const Weight& w = *job.weight;
-  const DotFn dot = kernels(w.type).dot;
-  const int64_t cols = w.cols;
-  for (int64_t r = c.row_begin; r < c.row_end; ++r) {
-    const uint8_t* wrow = w.row(r);
-    for (int64_t i = 0; i < job.n; ++i) {
-      const int64_t in = job.input_rows ? job.input_rows[i] : i;
-      job.output[i * job.output_stride + r] = dot(wrow, job.input->row(in), cols);
+  const TypeKernels& k = kernels(w.type);
+  int64_t r = c.row_begin;
+  if (k.dot_rows != nullptr) {  // groups of kDotRows rows; each output equals dot()'s
+    float group[kDotRows];
+    for (; r + kDotRows <= c.row_end; r += kDotRows) {
+      for (int64_t i = 0; i < job.n; ++i) {
+        const int64_t in = job.input_rows ? job.input_rows[i] : i;
+        k.dot_rows(w.row(r), w.row_stride, job.input->row(in), w.cols, group);
+        std::copy(group, group + kDotRows, job.output + i * job.output_stride + r);
+      }
     }
   }
+  run_rows_one_by_one(job, k.dot, r, c.row_end);
 }
 
 }  // namespace

@@ -21,6 +21,7 @@ struct KernelTable {
     by_type[static_cast<size_t>(t)] = {act, dq, dot};
     present[static_cast<size_t>(t)] = true;
   }
+  void add_rows(TensorType t, DotRowsFn rows) { by_type[static_cast<size_t>(t)].dot_rows = rows; }
   const TypeKernels* find(TensorType t) const {
     const auto i = static_cast<size_t>(t);
     return i < kTypeSlots && present[i] ? &by_type[i] : nullptr;
@@ -53,6 +54,8 @@ KernelTable avx2_table() {
   t.add(TensorType::Q4_K, TensorType::Q8_K, ref::dequantize_q4_K, avx2::dot_q4_K);
   t.add(TensorType::Q5_K, TensorType::Q8_K, ref::dequantize_q5_K, avx2::dot_q5_K);
   t.add(TensorType::Q6_K, TensorType::Q8_K, ref::dequantize_q6_K, avx2::dot_q6_K);
+  t.add_rows(TensorType::Q4_0, avx2::dot_rows_q4_0);
+  t.add_rows(TensorType::MXFP4, avx2::dot_rows_mxfp4);
   return t;
 }
 #endif

@@ -18,6 +18,12 @@ namespace bmoe {
 using DequantizeFn = void (*)(const void* src, float* dst, int64_t n);
 using QuantizeFn = void (*)(const float* src, void* dst, int64_t n);
 using DotFn = float (*)(const void* weights, const void* activations, int64_t n);
+// Dots `kDotRows` consecutive weight rows (row_stride bytes apart) with one activation row:
+// out[k] is bit-identical to dot(row k), it only shares the activation loads and the
+// horizontal sums between rows.
+using DotRowsFn = void (*)(const void* weights, size_t row_stride, const void* activations, int64_t n,
+                           float* out);
+constexpr int kDotRows = 8;
 
 
 // The kernel set for one weight type on one ISA.
@@ -25,6 +31,7 @@ struct TypeKernels {
   TensorType activation_type = TensorType::F32;  // format the activations must be in
   DequantizeFn dequantize = nullptr;
   DotFn dot = nullptr;
+  DotRowsFn dot_rows = nullptr;  // optional kDotRows-row form of `dot`
 };
 
 enum class Isa { Scalar, Avx2, Neon };

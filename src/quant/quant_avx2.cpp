@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "quant/blocks.h"
+#include "quant/quant.h"
 #include "quant/simd_kernels.h"
 
 #if defined(__clang__)
@@ -55,6 +56,9 @@ inline __m256i unpack_nibbles(const uint8_t* p) {
 }
 
 inline float f16(uint16_t h) { return _cvtsh_ss(h); }
+
+constexpr int kRows8 = kDotRows;
+static_assert(kRows8 == 8, "the AVX2 row kernels reduce eight rows per 256-bit vector");
 
 inline __m256 load_f16x8(const uint16_t* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
@@ -171,6 +175,109 @@ float dot_mxfp4(const void* w, const void* a, int64_t n) {
     acc = std::fma(static_cast<float>(hsum_i32(dot_i8_pairs(qx, qy))), e8m0_to_fp32_half(x[b].e) * f16(y[b].d), acc);
   }
   return acc;
+}
+
+namespace {
+
+// The eight int32-lane sums of eight rows, each reduced to one int32: out lane k = sum of s[k].
+// Integer sums are exact, so the association does not matter.
+inline __m256i hsum8_i32(const __m256i s[8]) {
+  const __m256i r0123 = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
+  const __m256i r4567 = _mm256_hadd_epi32(_mm256_hadd_epi32(s[4], s[5]), _mm256_hadd_epi32(s[6], s[7]));
+  // Each 128-bit half now holds rows 0-3 (or 4-7) of that half's lanes: add the halves.
+  return _mm256_add_epi32(_mm256_permute2x128_si256(r0123, r4567, 0x20),
+                          _mm256_permute2x128_si256(r0123, r4567, 0x31));
+}
+
+// e8m0_to_fp32_half on eight exponents (int32 lanes), bit for bit.
+inline __m256 e8m0_half_x8(__m256i e) {
+  const __m256i tiny = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e);  // e = 0 or 1
+  const __m256i normal = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
+  const __m256i is_tiny = _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e);
+  return _mm256_castsi256_ps(_mm256_blendv_epi8(normal, tiny, is_tiny));
+}
+
+// 32 nibbles of 16 bytes as dot_rows_blocks wants them: the 16 bytes loaded into both halves,
+// the high half shifted right by 4 (one variable shift instead of a lane insert).
+inline __m256i unpack_nibbles_broadcast(const uint8_t* p) {
+  const __m256i both = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  const __m256i shifted = _mm256_srlv_epi64(both, _mm256_setr_epi64x(0, 0, 4, 4));
+  return _mm256_and_si256(shifted, _mm256_set1_epi8(0x0F));
+}
+
+// The shape shared by the Q4_0 and MXFP4 row kernels. Per 32-element block, each of the eight
+// rows gets its exact integer block sum and every row's accumulator takes one fused
+// multiply-add per block in a vector lane: the same operations, in the same order, as the
+// one-row kernels' scalar chain, so the results are equal bit for bit.
+// The quants are taken unsigned (value + Rows::kOffset, so maddubs needs no sign fix-up) and
+// the offset is removed from the integer sum once per block: sum((q + o) * y) - o * sum(y).
+template <typename Rows>
+void dot_rows_blocks(const void* w, size_t stride, const void* a, int64_t n, float* out) {
+  using Block = typename Rows::Block;
+  const auto* base = static_cast<const uint8_t*>(w);
+  const auto* y = static_cast<const BlockQ8_0*>(a);
+  const Block* x[kRows8];
+  for (int k = 0; k < kRows8; ++k) x[k] = reinterpret_cast<const Block*>(base + k * stride);
+  const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
+  const __m256i table = Rows::table();
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t b = 0; b < n / kQK; ++b) {
+    const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[b].qs));
+    __m256i sums[kRows8];
+    for (int k = 0; k < kRows8; ++k) {
+      const __m256i xu = Rows::unsigned_quants(table, unpack_nibbles_broadcast(x[k][b].qs));
+      sums[k] = _mm256_madd_epi16(_mm256_maddubs_epi16(xu, qy), ones16);
+    }
+    const int y_sum = hsum_i32(_mm256_madd_epi16(_mm256_maddubs_epi16(ones8, qy), ones16));
+    const __m256i isum = _mm256_sub_epi32(hsum8_i32(sums), _mm256_set1_epi32(Rows::kOffset * y_sum));
+    const __m256 d = _mm256_mul_ps(Rows::scales(x, b), _mm256_set1_ps(f16(y[b].d)));
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), d, acc);
+  }
+  _mm256_storeu_ps(out, acc);
+}
+
+}  // namespace
+
+namespace {
+
+// The per-type parts of dot_rows_blocks (structs, not lambdas: the target pragma above covers
+// namespace-scope functions only).
+struct Q4_0Rows {
+  using Block = BlockQ4_0;
+  static constexpr int kOffset = 8;  // a Q4_0 nibble is value + 8 already
+  static __m256i table() { return _mm256_setzero_si256(); }
+  static __m256i unsigned_quants(__m256i, __m256i nibbles) { return nibbles; }
+  static __m256 scales(const Block* const* x, int64_t b) {
+    alignas(16) uint16_t h[kRows8];
+    for (int k = 0; k < kRows8; ++k) h[k] = x[k][b].d;
+    return _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(h)));
+  }
+};
+
+struct Mxfp4Rows {
+  using Block = BlockMXFP4;
+  static constexpr int kOffset = 12;  // doubled E2M1 values are -12..12
+  static __m256i table() {
+    alignas(16) uint8_t shifted[16];
+    for (int i = 0; i < 16; ++i) shifted[i] = static_cast<uint8_t>(kMxfp4Values[i] + kOffset);
+    return _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(shifted)));
+  }
+  static __m256i unsigned_quants(__m256i table, __m256i nibbles) { return _mm256_shuffle_epi8(table, nibbles); }
+  static __m256 scales(const Block* const* x, int64_t b) {
+    alignas(32) int32_t e[kRows8];
+    for (int k = 0; k < kRows8; ++k) e[k] = x[k][b].e;
+    return e8m0_half_x8(_mm256_load_si256(reinterpret_cast<const __m256i*>(e)));
+  }
+};
+
+}  // namespace
+
+void dot_rows_q4_0(const void* w, size_t stride, const void* a, int64_t n, float* out) {
+  dot_rows_blocks<Q4_0Rows>(w, stride, a, n, out);
+}
+
+void dot_rows_mxfp4(const void* w, size_t stride, const void* a, int64_t n, float* out) {
+  dot_rows_blocks<Mxfp4Rows>(w, stride, a, n, out);
 }
 
 namespace {
