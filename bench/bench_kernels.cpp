@@ -31,13 +31,14 @@ Matrix make_matrix(TensorType type, int64_t rows, int64_t cols) {
 }
 
 // rows_at_once: use the type's kDotRows-row kernel (what matmul runs) instead of one row at a time.
-void run(benchmark::State& state, TensorType type, Isa isa, bool rows_at_once) {
+// rows: 768 x 2048 fits in L2 (kernel speed); 65536 rows stream from DRAM (memory speed).
+void run(benchmark::State& state, TensorType type, Isa isa, bool rows_at_once, int64_t rows = 768) {
   const TypeKernels* k = kernels_for_isa(type, isa);
   if (k == nullptr || (rows_at_once && k->dot_rows == nullptr)) {
     state.SkipWithError("not available");
     return;
   }
-  const Matrix m = make_matrix(type, 768, 2048);
+  const Matrix m = make_matrix(type, rows, 2048);
   std::vector<float> out(static_cast<size_t>(m.rows));
   const size_t stride = row_bytes(type, m.cols);
   for (auto _ : state) {
@@ -68,6 +69,15 @@ void register_all() {
       }
     };
     add("scalar", Isa::Scalar);
+    if (t == TensorType::Q4_K || t == TensorType::Q8_0 || t == TensorType::MXFP4) {
+      benchmark::RegisterBenchmark(("dot-dram/" + name).c_str(), [t](benchmark::State& s) {
+        run(s, t, active_isa(), false, 65536);
+      });
+      if (kernels(t).dot_rows != nullptr) {
+        benchmark::RegisterBenchmark(("dot-dram/" + name + "-rows").c_str(),
+                                     [t](benchmark::State& s) { run(s, t, active_isa(), true, 65536); });
+      }
+    }
 #if defined(__x86_64__)
     add("avx2", Isa::Avx2);
 #endif

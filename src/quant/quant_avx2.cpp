@@ -57,6 +57,16 @@ inline __m256i unpack_nibbles(const uint8_t* p) {
 
 inline float f16(uint16_t h) { return _cvtsh_ss(h); }
 
+// Weight rows stream from DRAM once per token, and the hardware prefetcher alone keeps too few
+// lines in flight: measured here, the Q4_K kernel read a 150 MB matrix at 3.9 GB/s on one core,
+// 10.8 GB/s with these prefetches 4 KiB ahead (1-2 KiB gave 7-8 GB/s, 16 KiB 7.4 GB/s).
+constexpr int kPrefetchAhead = 4096;
+template <size_t kBytes = 64, int kAhead = kPrefetchAhead>
+inline void prefetch_ahead(const void* p) {
+  const char* c = static_cast<const char*>(p) + kAhead;
+  for (size_t off = 0; off < kBytes; off += 64) _mm_prefetch(c + off, _MM_HINT_T0);
+}
+
 constexpr int kRows8 = kDotRows;
 static_assert(kRows8 == 8, "the AVX2 row kernels reduce eight rows per 256-bit vector");
 
@@ -79,6 +89,7 @@ float dot_f32(const void* w, const void* a, int64_t n) {
   __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
+    prefetch_ahead(x + i);
     lo = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i), lo);
     hi = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8), _mm256_loadu_ps(y + i + 8), hi);
   }
@@ -96,6 +107,7 @@ float dot_f16(const void* w, const void* a, int64_t n) {
   __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
+    prefetch_ahead(x + i);
     acc0 = _mm256_fmadd_ps(load_f16x8(x + i), load_f16x8(y + i), acc0);
     acc1 = _mm256_fmadd_ps(load_f16x8(x + i + 8), load_f16x8(y + i + 8), acc1);
   }
@@ -113,6 +125,7 @@ float dot_f16_f32(const void* w, const void* a, int64_t n) {
   __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
+    prefetch_ahead(x + i);
     lo = _mm256_fmadd_ps(load_f16x8(x + i), _mm256_loadu_ps(y + i), lo);
     hi = _mm256_fmadd_ps(load_f16x8(x + i + 8), _mm256_loadu_ps(y + i + 8), hi);
   }
@@ -140,6 +153,7 @@ float dot_q8_0(const void* w, const void* a, int64_t n) {
   const auto* y = static_cast<const BlockQ8_0*>(a);
   __m256 acc = _mm256_setzero_ps();
   for (int64_t b = 0; b < n / kQK; ++b) {
+    prefetch_ahead(x + b);
     const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qs));
     const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[b].qs));
     const __m256 d = _mm256_set1_ps(f16(x[b].d) * f16(y[b].d));
@@ -156,6 +170,7 @@ float dot_q4_0(const void* w, const void* a, int64_t n) {
   const __m256i eight = _mm256_set1_epi8(8);
   float acc = 0.0f;
   for (int64_t b = 0; b < n / kQK; ++b) {
+    prefetch_ahead(x + b);
     const __m256i qx = _mm256_sub_epi8(unpack_nibbles(x[b].qs), eight);
     const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[b].qs));
     acc = std::fma(static_cast<float>(hsum_i32(dot_i8_pairs(qx, qy))), f16(x[b].d) * f16(y[b].d), acc);
@@ -170,6 +185,7 @@ float dot_mxfp4(const void* w, const void* a, int64_t n) {
   const __m256i table = _mm256_set_m128i(table128, table128);
   float acc = 0.0f;
   for (int64_t b = 0; b < n / kQK; ++b) {
+    prefetch_ahead(x + b);
     const __m256i qx = _mm256_shuffle_epi8(table, unpack_nibbles(x[b].qs));
     const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[b].qs));
     acc = std::fma(static_cast<float>(hsum_i32(dot_i8_pairs(qx, qy))), e8m0_to_fp32_half(x[b].e) * f16(y[b].d), acc);
@@ -222,6 +238,12 @@ void dot_rows_blocks(const void* w, size_t stride, const void* a, int64_t n, flo
   const __m256i table = Rows::table();
   __m256 acc = _mm256_setzero_ps();
   for (int64_t b = 0; b < n / kQK; ++b) {
+    // Prefetch the same place in the next group of rows (matmul hands a thread consecutive
+    // groups). Eight streams prefetched a few KiB ahead within their own rows stayed at
+    // 3.5-4.3 GB/s from DRAM here; one group ahead reads at 7.4 GB/s (in cache: 8.6).
+    if ((b & 1) == 0) {  // every 34 bytes, so every cache line is touched
+      for (int k = 0; k < kRows8; ++k) prefetch_ahead<64, 0>(reinterpret_cast<const char*>(x[k] + b) + kRows8 * stride);
+    }
     const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[b].qs));
     __m256i sums[kRows8];
     for (int k = 0; k < kRows8; ++k) {
@@ -329,6 +351,7 @@ float dot_q4_K(const void* w, const void* a, int64_t n) {
   const __m256i low_mask = _mm256_set1_epi8(0x0F);
   float acc = 0.0f, acc_min = 0.0f;
   for (int64_t b = 0; b < n / kQK_K; ++b) {
+    prefetch_ahead<sizeof(BlockQ4_K)>(x + b);
     __m128i scales16, mins16;
     k_scales_mins(x[b].scales, scales16, mins16);
     alignas(16) int16_t sc[8];
@@ -354,6 +377,7 @@ float dot_q5_K(const void* w, const void* a, int64_t n) {
   __m256 acc = _mm256_setzero_ps();
   float acc_min = 0.0f;
   for (int64_t b = 0; b < n / kQK_K; ++b) {
+    prefetch_ahead<sizeof(BlockQ5_K)>(x + b);
     __m128i scales16, mins16;
     k_scales_mins(x[b].scales, scales16, mins16);
     alignas(16) int16_t sc[8];
@@ -388,6 +412,7 @@ float dot_q6_K(const void* w, const void* a, int64_t n) {
   const __m256i two_bits = _mm256_set1_epi8(0x03);
   __m256 acc = _mm256_setzero_ps();
   for (int64_t b = 0; b < n / kQK_K; ++b) {
+    prefetch_ahead<sizeof(BlockQ6_K)>(x + b);
     const __m128i scales8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x[b].scales));
     const __m256i scales16 = _mm256_cvtepi8_epi16(scales8);
     const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[b].bsums));
