@@ -54,6 +54,34 @@ void run(benchmark::State& state, TensorType type, Isa isa, bool rows_at_once, i
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(m.weights.size()));
 }
 
+// Two activation rows (a batch of 2): with the pair kernel (arm64 i8mm) or one row at a time.
+void run_batch2(benchmark::State& state, TensorType type, Isa isa, bool pairs) {
+  const TypeKernels* k = kernels_for_isa(type, isa);
+  if (k == nullptr || (pairs && k->dot_2x2 == nullptr)) {
+    state.SkipWithError("not available");
+    return;
+  }
+  const Matrix m = make_matrix(type, 768, 2048);
+  const std::vector<uint8_t> second = make_matrix(type, 2, 2048).activations;
+  std::vector<float> out(static_cast<size_t>(m.rows) * 2);
+  const size_t stride = row_bytes(type, m.cols);
+  for (auto _ : state) {
+    for (int64_t r = 0; r < m.rows; r += 2) {
+      const uint8_t* w = m.weights.data() + r * stride;
+      if (pairs) {
+        k->dot_2x2(w, stride, m.activations.data(), second.data(), m.cols, out.data() + 2 * r);
+      } else {
+        for (int j = 0; j < 2; ++j) {
+          out[2 * r + 2 * j] = k->dot(w + j * stride, m.activations.data(), m.cols);
+          out[2 * r + 2 * j + 1] = k->dot(w + j * stride, second.data(), m.cols);
+        }
+      }
+    }
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(m.weights.size()));
+}
+
 void register_all() {
   const TensorType types[] = {TensorType::Q4_K, TensorType::Q6_K, TensorType::Q5_K, TensorType::Q8_0,
                               TensorType::Q4_0, TensorType::MXFP4, TensorType::F16, TensorType::BF16, TensorType::F32};
@@ -63,6 +91,12 @@ void register_all() {
       benchmark::RegisterBenchmark(("dot/" + name + "/" + isa_name).c_str(),
                                    [t, isa](benchmark::State& s) { run(s, t, isa, false); });
       const TypeKernels* k = kernels_for_isa(t, isa);
+      if (k != nullptr && k->dot_2x2 != nullptr) {
+        benchmark::RegisterBenchmark(("batch2/" + name + "/" + isa_name).c_str(),
+                                     [t, isa](benchmark::State& s) { run_batch2(s, t, isa, false); });
+        benchmark::RegisterBenchmark(("batch2/" + name + "/" + isa_name + "-pairs").c_str(),
+                                     [t, isa](benchmark::State& s) { run_batch2(s, t, isa, true); });
+      }
       if (k != nullptr && k->dot_rows != nullptr) {
         benchmark::RegisterBenchmark(("dot/" + name + "/" + isa_name + "-rows").c_str(),
                                      [t, isa](benchmark::State& s) { run(s, t, isa, true); });

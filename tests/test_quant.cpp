@@ -412,6 +412,49 @@ TEST(Dispatch, MultiRowKernelsEqualOneRowBitForBit) {
   if (active_isa() == Isa::Scalar) GTEST_SKIP() << "no multi-row kernels on the scalar path";
 }
 
+// The two-rows-by-two-inputs kernels (arm64 i8mm) return, for each (row, input) pair, exactly
+// what the one-row kernel returns: batched matmuls use them.
+TEST(Dispatch, PairKernelsEqualOneRowBitForBit) {
+  Rng rng(79);
+  int checked = 0;
+  for (TensorType t : kWeightTypes) {
+    for (Isa isa : available_isas()) {
+      const TypeKernels* k = kernels_for_isa(t, isa);
+      if (k == nullptr || k->dot_2x2 == nullptr) continue;
+      for (int trial = 0; trial < 10; ++trial) {
+        const int64_t n = 256 * (1 + static_cast<int64_t>(rng.below(12)));
+        const size_t stride = row_bytes(t, n) + 18 * static_cast<size_t>(trial % 3);
+        std::vector<uint8_t> rows(stride * 2);
+        for (int r = 0; r < 2; ++r) {
+          const auto one = random_raw_blocks(rng, t, n);
+          std::copy(one.begin(), one.end(), rows.begin() + static_cast<std::ptrdiff_t>(r * stride));
+        }
+        std::vector<uint8_t> qa[2];
+        for (auto& q : qa) {
+          const auto act = random_floats(rng, n, trial % 2 ? 1.0 : 50.0);
+          q.resize(activation_bytes(k->activation_type, n));
+          quantize_activations(k->activation_type, act.data(), q.data(), n);
+        }
+        float got[4];
+        k->dot_2x2(rows.data(), stride, qa[0].data(), qa[1].data(), n, got);
+        for (int r = 0; r < 2; ++r) {
+          for (int i = 0; i < 2; ++i) {
+            const float one = k->dot(rows.data() + r * stride, qa[i].data(), n);
+            EXPECT_EQ(float_bits(got[2 * r + i]), float_bits(one)) << type_name(t) << " row " << r << " input " << i;
+          }
+        }
+        ++checked;
+      }
+    }
+  }
+#if defined(__aarch64__)
+  if (cpu_features().i8mm) {
+    EXPECT_GE(checked, 40);  // Q8_0, Q4_0, MXFP4 and Q4_K have i8mm pair kernels
+  }
+#endif
+  if (checked == 0) GTEST_SKIP() << "no pair kernels on this CPU (arm64 i8mm only)";
+}
+
 TEST(Dispatch, UsesSimdWhenAvailable) {
 #if defined(__x86_64__)
   __builtin_cpu_init();
@@ -426,6 +469,11 @@ TEST(Dispatch, UsesSimdWhenAvailable) {
     EXPECT_EQ(active_isa(), Isa::Neon);
     EXPECT_NE(kernels(TensorType::Q4_K).dot, kernels_for_isa(TensorType::Q4_K, Isa::Scalar)->dot);
     EXPECT_EQ(active_isa_name().rfind("neon", 0), 0u);
+    // i8mm (qemu -cpu max has it): the batch kernels are installed, not the one-row fallback.
+    if (cpu_features().i8mm) {
+      EXPECT_NE(kernels(TensorType::Q4_K).dot_2x2, nullptr);
+      EXPECT_EQ(active_isa_name(), "neon-i8mm");
+    }
   }
 #endif
   EXPECT_EQ(kernels(TensorType::Q4_K).activation_type, TensorType::Q8_K);

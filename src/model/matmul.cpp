@@ -52,12 +52,39 @@ void run_rows_one_by_one(const MatmulJob& job, DotFn dot, int64_t r, int64_t end
   }
 }
 
+// Rows [r, end) two at a time against inputs two at a time (an odd last input one by one);
+// returns the first row not done.
+int64_t run_row_pairs(const MatmulJob& job, const TypeKernels& k, int64_t r, int64_t end) {
+  const Weight& w = *job.weight;
+  auto input = [&](int64_t i) { return job.input->row(job.input_rows ? job.input_rows[i] : i); };
+  float tile[4];
+  for (; r + 2 <= end; r += 2) {
+    int64_t i = 0;
+    for (; i + 2 <= job.n; i += 2) {
+      k.dot_2x2(w.row(r), w.row_stride, input(i), input(i + 1), w.cols, tile);
+      float* out0 = job.output + i * job.output_stride + r;
+      float* out1 = out0 + job.output_stride;
+      out0[0] = tile[0];
+      out1[0] = tile[1];
+      out0[1] = tile[2];
+      out1[1] = tile[3];
+    }
+    for (; i < job.n; ++i) {
+      job.output[i * job.output_stride + r] = k.dot(w.row(r), input(i), w.cols);
+      job.output[i * job.output_stride + r + 1] = k.dot(w.row(r + 1), input(i), w.cols);
+    }
+  }
+  return r;
+}
+
 void run_chunk(const Chunk& c) {
   const MatmulJob& job = *c.job;
   const Weight& w = *job.weight;
   const TypeKernels& k = kernels(w.type);
   int64_t r = c.row_begin;
-  if (k.dot_rows != nullptr) {  // groups of kDotRows rows; each output equals dot()'s
+  if (k.dot_2x2 != nullptr && job.n >= 2) {
+    r = run_row_pairs(job, k, r, c.row_end);
+  } else if (k.dot_rows != nullptr) {  // groups of kDotRows rows; each output equals dot()'s
     float group[kDotRows];
     for (; r + kDotRows <= c.row_end; r += kDotRows) {
       for (int64_t i = 0; i < job.n; ++i) {

@@ -22,6 +22,7 @@ struct KernelTable {
     present[static_cast<size_t>(t)] = true;
   }
   void add_rows(TensorType t, DotRowsFn rows) { by_type[static_cast<size_t>(t)].dot_rows = rows; }
+  void add_pairs(TensorType t, DotPairsFn pairs) { by_type[static_cast<size_t>(t)].dot_2x2 = pairs; }
   const TypeKernels* find(TensorType t) const {
     const auto i = static_cast<size_t>(t);
     return i < kTypeSlots && present[i] ? &by_type[i] : nullptr;
@@ -71,6 +72,12 @@ KernelTable neon_table() {
   t.add(TensorType::Q4_K, TensorType::Q8_K, ref::dequantize_q4_K, neon::dot_q4_K);
   t.add(TensorType::Q5_K, TensorType::Q8_K, ref::dequantize_q5_K, neon::dot_q5_K);
   t.add(TensorType::Q6_K, TensorType::Q8_K, ref::dequantize_q6_K, neon::dot_q6_K);
+  if (cpu_features().i8mm) {  // SMMLA for batches; same results as the kernels above
+    t.add_pairs(TensorType::Q8_0, neon_i8mm::dot_2x2_q8_0);
+    t.add_pairs(TensorType::Q4_0, neon_i8mm::dot_2x2_q4_0);
+    t.add_pairs(TensorType::MXFP4, neon_i8mm::dot_2x2_mxfp4);
+    t.add_pairs(TensorType::Q4_K, neon_i8mm::dot_2x2_q4_K);
+  }
   return t;
 }
 #endif

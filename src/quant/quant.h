@@ -24,6 +24,10 @@ using DotFn = float (*)(const void* weights, const void* activations, int64_t n)
 using DotRowsFn = void (*)(const void* weights, size_t row_stride, const void* activations, int64_t n,
                            float* out);
 constexpr int kDotRows = 8;
+// Dots two consecutive weight rows with two activation rows: out = {row0.a0, row0.a1,
+// row1.a0, row1.a1}, each bit-identical to dot(). For batches (arm64 i8mm).
+using DotPairsFn = void (*)(const void* weights, size_t row_stride, const void* a0, const void* a1, int64_t n,
+                            float* out);
 
 
 // The kernel set for one weight type on one ISA.
@@ -31,7 +35,8 @@ struct TypeKernels {
   TensorType activation_type = TensorType::F32;  // format the activations must be in
   DequantizeFn dequantize = nullptr;
   DotFn dot = nullptr;
-  DotRowsFn dot_rows = nullptr;  // optional kDotRows-row form of `dot`
+  DotRowsFn dot_rows = nullptr;    // optional kDotRows-row form of `dot`
+  DotPairsFn dot_2x2 = nullptr;    // optional two rows x two inputs form of `dot`
 };
 
 enum class Isa { Scalar, Avx2, Neon };

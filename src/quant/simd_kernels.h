@@ -2,6 +2,7 @@
 // reference in ref_kernels.h.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 namespace bmoe::avx2 {
@@ -34,3 +35,11 @@ float dot_q4_K(const void* w, const void* a, int64_t n);
 float dot_q5_K(const void* w, const void* a, int64_t n);
 float dot_q6_K(const void* w, const void* a, int64_t n);
 }  // namespace bmoe::neon
+
+// arm64 with i8mm: two rows x two activation rows (see DotPairsFn).
+namespace bmoe::neon_i8mm {
+void dot_2x2_q8_0(const void* w, size_t stride, const void* a0, const void* a1, int64_t n, float* out);
+void dot_2x2_q4_0(const void* w, size_t stride, const void* a0, const void* a1, int64_t n, float* out);
+void dot_2x2_mxfp4(const void* w, size_t stride, const void* a0, const void* a1, int64_t n, float* out);
+void dot_2x2_q4_K(const void* w, size_t stride, const void* a0, const void* a1, int64_t n, float* out);
+}  // namespace bmoe::neon_i8mm

@@ -645,11 +645,11 @@ std::vector<PlannedTensor> plan_tensors(const SynthSpec& s, int64_t n_vocab) {
   const int64_t F = s.n_ff_exp, NE = s.n_expert;
   auto add = [&](std::string name, std::vector<int64_t> dims, TensorClass c, float stddev) {
     t.push_back({std::move(name), std::move(dims), c == TensorClass::Norm ? TensorType::F32 : s.type_of(c), stddev,
-                 static_cast<uint64_t>(t.size())});
+                 static_cast<uint64_t>(t.size()), {}});
   };
   // Biases and sinks: small F32 tensors with random values.
   auto bias = [&](std::string name, std::vector<int64_t> dims, float stddev) {
-    t.push_back({std::move(name), std::move(dims), TensorType::F32, stddev, static_cast<uint64_t>(t.size())});
+    t.push_back({std::move(name), std::move(dims), TensorType::F32, stddev, static_cast<uint64_t>(t.size()), {}});
   };
   const float inv_e = 1.0f / std::sqrt(static_cast<float>(E));
   const bool gpt_oss = s.arch == "gpt-oss";
