@@ -381,7 +381,7 @@ TEST(Dispatch, MultiRowKernelsEqualOneRowBitForBit) {
       if (k == nullptr || k->dot_rows == nullptr) continue;
       for (int trial = 0; trial < 10; ++trial) {
         const int64_t n = 256 * (1 + static_cast<int64_t>(rng.below(12)));
-        const size_t stride = row_bytes(t, n) + 17 * static_cast<size_t>(trial % 3);  // padded rows too
+        const size_t stride = row_bytes(t, n) + type_info(t).block_bytes * static_cast<size_t>(trial % 3);  // gaps too
         std::vector<uint8_t> rows(stride * kDotRows);
         for (int r = 0; r < kDotRows; ++r) {
           const auto one = random_raw_blocks(rng, t, n);
@@ -423,7 +423,7 @@ TEST(Dispatch, PairKernelsEqualOneRowBitForBit) {
       if (k == nullptr || k->dot_2x2 == nullptr) continue;
       for (int trial = 0; trial < 10; ++trial) {
         const int64_t n = 256 * (1 + static_cast<int64_t>(rng.below(12)));
-        const size_t stride = row_bytes(t, n) + 18 * static_cast<size_t>(trial % 3);
+        const size_t stride = row_bytes(t, n) + type_info(t).block_bytes * static_cast<size_t>(trial % 3);
         std::vector<uint8_t> rows(stride * 2);
         for (int r = 0; r < 2; ++r) {
           const auto one = random_raw_blocks(rng, t, n);
@@ -449,7 +449,7 @@ TEST(Dispatch, PairKernelsEqualOneRowBitForBit) {
   }
 #if defined(__aarch64__)
   if (cpu_features().i8mm) {
-    EXPECT_GE(checked, 40);  // Q8_0, Q4_0, MXFP4 and Q4_K have i8mm pair kernels
+    EXPECT_GE(checked, 60);  // Q8_0, Q4_0, MXFP4, Q4_K, Q5_K and Q6_K have i8mm pair kernels
   }
 #endif
   if (checked == 0) GTEST_SKIP() << "no pair kernels on this CPU (arm64 i8mm only)";

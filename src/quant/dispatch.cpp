@@ -66,6 +66,7 @@ KernelTable neon_table() {
   KernelTable t = scalar_table();
   t.add(TensorType::F32, TensorType::F32, ref::dequantize_f32, neon::dot_f32);
   t.add(TensorType::F16, TensorType::F32, ref::dequantize_f16, neon::dot_f16_f32);
+  t.add(TensorType::BF16, TensorType::BF16, ref::dequantize_bf16, neon::dot_bf16);
   t.add(TensorType::Q4_0, TensorType::Q8_0, ref::dequantize_q4_0, neon::dot_q4_0);
   t.add(TensorType::Q8_0, TensorType::Q8_0, ref::dequantize_q8_0, neon::dot_q8_0);
   t.add(TensorType::MXFP4, TensorType::Q8_0, ref::dequantize_mxfp4, neon::dot_mxfp4);
@@ -77,6 +78,8 @@ KernelTable neon_table() {
     t.add_pairs(TensorType::Q4_0, neon_i8mm::dot_2x2_q4_0);
     t.add_pairs(TensorType::MXFP4, neon_i8mm::dot_2x2_mxfp4);
     t.add_pairs(TensorType::Q4_K, neon_i8mm::dot_2x2_q4_K);
+    t.add_pairs(TensorType::Q5_K, neon_i8mm::dot_2x2_q5_K);
+    t.add_pairs(TensorType::Q6_K, neon_i8mm::dot_2x2_q6_K);
   }
   return t;
 }

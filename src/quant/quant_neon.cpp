@@ -94,6 +94,27 @@ float dot_f16(const void* w, const void* a, int64_t n) {
   return static_cast<float>(sum);
 }
 
+namespace {
+// bf16 is the top half of an f32: widen by shifting into the high 16 bits.
+inline float32x4_t load_bf16x4(const uint16_t* p) { return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p), 16)); }
+}  // namespace
+
+float dot_bf16(const void* w, const void* a, int64_t n) {
+  const auto* x = static_cast<const uint16_t*>(w);
+  const auto* y = static_cast<const uint16_t*>(a);
+  float32x4_t s0 = vdupq_n_f32(0), s1 = s0, s2 = s0, s3 = s0;
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    s0 = vfmaq_f32(s0, load_bf16x4(x + i), load_bf16x4(y + i));
+    s1 = vfmaq_f32(s1, load_bf16x4(x + i + 4), load_bf16x4(y + i + 4));
+    s2 = vfmaq_f32(s2, load_bf16x4(x + i + 8), load_bf16x4(y + i + 8));
+    s3 = vfmaq_f32(s3, load_bf16x4(x + i + 12), load_bf16x4(y + i + 12));
+  }
+  double sum = reduce4(s0, s1, s2, s3);
+  for (; i < n; ++i) sum += static_cast<double>(bf16_to_fp32(x[i]) * bf16_to_fp32(y[i]));
+  return static_cast<float>(sum);
+}
+
 float dot_q8_0(const void* w, const void* a, int64_t n) {
   const auto* x = static_cast<const BlockQ8_0*>(w);
   const auto* y = static_cast<const BlockQ8_0*>(a);

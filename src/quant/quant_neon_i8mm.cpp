@@ -175,6 +175,115 @@ void dot_2x2_q4_K(const void* w, size_t stride, const void* a0, const void* a1, 
   vst1q_f32(out, vsubq_f32(sum, sum_min));
 }
 
+namespace {
+
+// The Q5_K / Q6_K float step per (row, input) lane, written as the one-row kernels write it so
+// the compiler rounds (and contracts) it the same way; SMMLA only does the integer part.
+struct Lane {
+  int row, input;
+};
+constexpr Lane kLanes[4] = {{0, 0}, {0, 1}, {1, 0}, {1, 1}};
+
+inline int8x16_t with_fifth_bit(uint8x16_t nibbles, uint8x16_t qh, uint8x16_t bit) {
+  return vreinterpretq_s8_u8(vaddq_u8(nibbles, vandq_u8(vtstq_u8(qh, bit), vdupq_n_u8(16))));
+}
+
+inline int32x4_t scale_lanes(int s0, int s1) {
+  const int32_t v[4] = {s0, s0, s1, s1};
+  return vld1q_s32(v);
+}
+
+// Part p (elements 32p..32p+31) of half h of a Q6_K block: two groups of 16, minus 32.
+inline void q6_part(const BlockQ6_K& x, int half, int part, int8x16_t out[2]) {
+  const uint8_t* ql = x.ql + 64 * half;
+  const uint8_t* qh = x.qh + 32 * half;
+  const uint8x16_t m4 = vdupq_n_u8(0x0F), m2 = vdupq_n_u8(0x03);
+  for (int g = 0; g < 2; ++g) {
+    const uint8x16_t lo = vld1q_u8(ql + 16 * g + (part & 1 ? 32 : 0));
+    const uint8x16_t nib = part < 2 ? vandq_u8(lo, m4) : vshrq_n_u8(lo, 4);
+    const uint8x16_t hi = vandq_u8(vshlq_u8(vld1q_u8(qh + 16 * g), vdupq_n_s8(static_cast<int8_t>(-2 * part))), m2);
+    out[g] = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(nib, vshlq_n_u8(hi, 4))), vdupq_n_s8(32));
+  }
+}
+
+}  // namespace
+
+void dot_2x2_q5_K(const void* w, size_t stride, const void* a0, const void* a1, int64_t n, float* out) {
+  const BlockQ5_K* x[2] = {reinterpret_cast<const BlockQ5_K*>(row_at(w, stride, 0)),
+                           reinterpret_cast<const BlockQ5_K*>(row_at(w, stride, 1))};
+  const BlockQ8_K* y[2] = {static_cast<const BlockQ8_K*>(a0), static_cast<const BlockQ8_K*>(a1)};
+  const uint8x16_t low_mask = vdupq_n_u8(0x0F);
+  float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (int64_t b = 0; b < n / kQK_K; ++b) {
+    int32x4_t isum = vdupq_n_s32(0);
+    for (int chunk = 0; chunk < 4; ++chunk) {
+      const uint8x16_t bit0 = vdupq_n_u8(static_cast<uint8_t>(1u << (2 * chunk)));
+      const uint8x16_t bit1 = vdupq_n_u8(static_cast<uint8_t>(2u << (2 * chunk)));
+      int8x16_t lo[2][2], hi[2][2];  // [row][16-element half]
+      uint8_t sc[2][2], m[2][2];     // [row][sub-block 2c, 2c+1]
+      for (int r = 0; r < 2; ++r) {
+        const BlockQ5_K& blk = x[r][b];
+        for (int g = 0; g < 2; ++g) {
+          const uint8x16_t q = vld1q_u8(blk.qs + 32 * chunk + 16 * g);
+          const uint8x16_t qh = vld1q_u8(blk.qh + 16 * g);
+          lo[r][g] = with_fifth_bit(vandq_u8(q, low_mask), qh, bit0);
+          hi[r][g] = with_fifth_bit(vshrq_n_u8(q, 4), qh, bit1);
+        }
+        k_scale_min(2 * chunk, blk.scales, sc[r][0], m[r][0]);
+        k_scale_min(2 * chunk + 1, blk.scales, sc[r][1], m[r][1]);
+      }
+      const int8_t* q8_0 = y[0][b].qs + 64 * chunk;
+      const int8_t* q8_1 = y[1][b].qs + 64 * chunk;
+      isum = vmlaq_s32(isum, tile32(lo[0], lo[1], q8_0, q8_1), scale_lanes(sc[0][0], sc[1][0]));
+      isum = vmlaq_s32(isum, tile32(hi[0], hi[1], q8_0 + 32, q8_1 + 32), scale_lanes(sc[0][1], sc[1][1]));
+    }
+    int32_t is[4];
+    vst1q_s32(is, isum);
+    for (int k = 0; k < 4; ++k) {
+      const BlockQ5_K& xb = x[kLanes[k].row][b];
+      const BlockQ8_K& yb = y[kLanes[k].input][b];
+      const float d = yb.d * fp16_to_fp32(xb.d);
+      const float dmin = yb.d * fp16_to_fp32(xb.dmin);
+      sum[k] += d * static_cast<float>(is[k]) - dmin * static_cast<float>(k_min_sum(xb.scales, yb.bsums));
+    }
+  }
+  for (int k = 0; k < 4; ++k) out[k] = sum[k];
+}
+
+void dot_2x2_q6_K(const void* w, size_t stride, const void* a0, const void* a1, int64_t n, float* out) {
+  const BlockQ6_K* x[2] = {reinterpret_cast<const BlockQ6_K*>(row_at(w, stride, 0)),
+                           reinterpret_cast<const BlockQ6_K*>(row_at(w, stride, 1))};
+  const BlockQ8_K* y[2] = {static_cast<const BlockQ8_K*>(a0), static_cast<const BlockQ8_K*>(a1)};
+  float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (int64_t b = 0; b < n / kQK_K; ++b) {
+    int32x4_t isum = vdupq_n_s32(0);
+    for (int half = 0; half < 2; ++half) {
+      const int8_t* sc0 = x[0][b].scales + 8 * half;
+      const int8_t* sc1 = x[1][b].scales + 8 * half;
+      for (int part = 0; part < 4; ++part) {
+        int8x16_t v0[2], v1[2];
+        q6_part(x[0][b], half, part, v0);
+        q6_part(x[1][b], half, part, v1);
+        const int8_t* q8_0 = y[0][b].qs + 128 * half + 32 * part;
+        const int8_t* q8_1 = y[1][b].qs + 128 * half + 32 * part;
+        // Each group of 16 has its own scale.
+        for (int g = 0; g < 2; ++g) {
+          const int32x4_t t = tile16(vdupq_n_s32(0), v0[g], v1[g], vld1q_s8(q8_0 + 16 * g), vld1q_s8(q8_1 + 16 * g));
+          isum = vmlaq_s32(isum, t, scale_lanes(sc0[2 * part + g], sc1[2 * part + g]));
+        }
+      }
+    }
+    int32_t is[4];
+    vst1q_s32(is, isum);
+    for (int k = 0; k < 4; ++k) {
+      const BlockQ6_K& xb = x[kLanes[k].row][b];
+      const BlockQ8_K& yb = y[kLanes[k].input][b];
+      sum[k] += fp16_to_fp32(xb.d) * yb.d * static_cast<float>(is[k]);
+    }
+  }
+  for (int k = 0; k < 4; ++k) out[k] = sum[k];
+}
+
 }  // namespace bmoe::neon_i8mm
 
 #endif  // __aarch64__

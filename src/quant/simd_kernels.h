@@ -28,6 +28,7 @@ namespace bmoe::neon {
 float dot_f32(const void* w, const void* a, int64_t n);
 float dot_f16(const void* w, const void* a, int64_t n);
 float dot_f16_f32(const void* w, const void* a, int64_t n);
+float dot_bf16(const void* w, const void* a, int64_t n);
 float dot_q4_0(const void* w, const void* a, int64_t n);
 float dot_q8_0(const void* w, const void* a, int64_t n);
 float dot_mxfp4(const void* w, const void* a, int64_t n);
@@ -42,4 +43,6 @@ void dot_2x2_q8_0(const void* w, size_t stride, const void* a0, const void* a1, 
 void dot_2x2_q4_0(const void* w, size_t stride, const void* a0, const void* a1, int64_t n, float* out);
 void dot_2x2_mxfp4(const void* w, size_t stride, const void* a0, const void* a1, int64_t n, float* out);
 void dot_2x2_q4_K(const void* w, size_t stride, const void* a0, const void* a1, int64_t n, float* out);
+void dot_2x2_q5_K(const void* w, size_t stride, const void* a0, const void* a1, int64_t n, float* out);
+void dot_2x2_q6_K(const void* w, size_t stride, const void* a0, const void* a1, int64_t n, float* out);
 }  // namespace bmoe::neon_i8mm
