@@ -40,7 +40,7 @@ TEST(NgramDraft, FallsBackToShorterSuffixesAndStopsAtTheMinimum) {
 }
 
 TEST(DraftController, GrowsOnFullAcceptanceShrinksOnRejectionAndPausesWhenLow) {
-  DraftController c(DraftConfig{6, 4, 1});
+  DraftController c(DraftConfig{6, 4, 1, {}});
   EXPECT_EQ(c.length(), 6);
   c.report(6, 2);
   EXPECT_EQ(c.length(), 3);  // the accepted prefix plus one
@@ -160,9 +160,9 @@ TEST(Speculative, AcceptsAndRejectsAndRecordsEveryToken) {
 TEST(Speculative, SamplingTurnsDraftingOff) {
   SamplerConfig sampled;
   sampled.temperature = 0.7f;
-  EXPECT_FALSE(drafting_possible(DraftConfig{4, 4, 1}, sampled));
-  EXPECT_TRUE(drafting_possible(DraftConfig{4, 4, 1}, SamplerConfig{}));
-  EXPECT_FALSE(drafting_possible(DraftConfig{0, 4, 1}, SamplerConfig{}));
+  EXPECT_FALSE(drafting_possible(DraftConfig{4, 4, 1, {}}, sampled));
+  EXPECT_TRUE(drafting_possible(DraftConfig{4, 4, 1, {}}, SamplerConfig{}));
+  EXPECT_FALSE(drafting_possible(DraftConfig{0, 4, 1, {}}, SamplerConfig{}));
 }
 
 }  // namespace

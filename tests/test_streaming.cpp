@@ -16,7 +16,11 @@
 #include <fstream>
 #include <map>
 #include <set>
+#include "moe/cache_file.h"
 #include "moe/cache_policy.h"
+#include "moe/streaming_experts.h"
+#include <fmt/format.h>
+#include <unistd.h>
 #include "moe/direct_io.h"
 #include "moe/read_lanes.h"
 #include "moe/route_trace.h"
@@ -234,6 +238,70 @@ TEST(Streaming, NoCacheReadsEveryExpert) {
   EXPECT_EQ(st.misses, st.requests);
   EXPECT_EQ(st.cache_used_bytes, 0u);
   EXPECT_GT(st.bytes_read, 0u);
+}
+
+// --cache-file: a second session that starts from the first one's saved experts hits from its
+// first token, reads fewer bytes, and computes exactly what a resident model computes.
+TEST(CacheFile, WarmStartHitsFromTheFirstTokenAndKeepsTheOutput) {
+  const std::string path = test_model_path("tiny-qwen3moe", 4);
+  const std::string saved = ::testing::TempDir() + "bmoe-warm-" + std::to_string(::getpid()) + ".cache";
+  const StreamConfig config{10, 4};  // 1 MiB: part of the experts fit
+  uint64_t cold_bytes = 0;
+  {
+    auto first = streamed(path, config);
+    EXPECT_EQ(greedy(*first), resident_reference(path));
+    cold_bytes = first->experts->stats().bytes_read;
+    write_cache_file(saved, first->expert_layout, first->streamer()->cache().residents());
+  }
+  auto second = streamed(path, config);
+  std::vector<ExpertKey> keys;
+  std::string why;
+  ASSERT_TRUE(read_cache_file(saved, second->expert_layout, keys, why)) << why;
+  ASSERT_FALSE(keys.empty());
+  const StreamingExperts::WarmStart w = second->streamer()->warm(keys);
+  EXPECT_EQ(w.experts, static_cast<int>(keys.size()));
+  EXPECT_GT(w.bytes, 0u);
+  EXPECT_EQ(second->experts->stats().bytes_read, 0u);  // warm-start reads are no token's
+  EXPECT_LE(second->streamer()->cache().used_bytes(), second->streamer()->cache().budget_bytes());
+  EXPECT_EQ(greedy(*second), resident_reference(path));
+  const ExpertStats st = second->experts->stats();
+  EXPECT_LT(st.bytes_read, cold_bytes);
+  std::filesystem::remove(saved);
+}
+
+TEST(CacheFile, ForeignOrDamagedFilesAreIgnoredWithAReason) {
+  const std::string path = test_model_path("tiny-qwen3moe", 4);
+  auto model = streamed(path, {10, 4});
+  const ExpertLayout& layout = model->expert_layout;
+  const std::string file = ::testing::TempDir() + "bmoe-cachefile-" + std::to_string(::getpid());
+  std::vector<ExpertKey> keys;
+  std::string why;
+  EXPECT_FALSE(read_cache_file(file + ".missing", layout, keys, why));
+  EXPECT_EQ(why, "no saved cache yet");
+
+  write_cache_file(file, layout, std::vector<ExpertKey>{make_expert_key(0, 1), make_expert_key(1, 3)});
+  ASSERT_TRUE(read_cache_file(file, layout, keys, why)) << why;
+  EXPECT_EQ(keys, (std::vector<ExpertKey>{make_expert_key(0, 1), make_expert_key(1, 3)}));
+
+  ExpertLayout other = layout;
+  other.layers[0].matrices[0].offset += 4096;
+  EXPECT_FALSE(read_cache_file(file, other, keys, why));
+  EXPECT_EQ(why, "saved for a model with another expert layout");
+
+  auto rewrite = [&](const std::string& text) {
+    std::ofstream(file, std::ios::trunc) << text;
+  };
+  const std::string header = "bmoe-expert-cache 1\nlayout " + fmt::format("{:x}", expert_layout_fingerprint(layout)) + "\n";
+  rewrite(header + "0 99999\n");
+  EXPECT_FALSE(read_cache_file(file, layout, keys, why));
+  EXPECT_NE(why.find("line 3"), std::string::npos) << why;
+  EXPECT_TRUE(keys.empty());
+  rewrite(header + "0 1 extra\n");
+  EXPECT_FALSE(read_cache_file(file, layout, keys, why));
+  rewrite("GGUF\x03");
+  EXPECT_FALSE(read_cache_file(file, layout, keys, why));
+  EXPECT_EQ(why, "not a bmoe expert-cache file");
+  std::filesystem::remove(file);
 }
 
 // Budget accounting on a synthetic access stream: never above budget, exact byte totals.

@@ -245,6 +245,7 @@ int interactive(const CliOptions& o) {
     g_interrupted.store(false);
   }
   fmt::print("\n");
+  save_cache_file(o.run, model);
   return 0;
 }
 
@@ -348,11 +349,10 @@ int run(const CliOptions& o) {
     if (reference.prompt != prompt_ids) fail("--teacher-force: {} was run on another prompt", o.teacher_force);
     forced = std::move(reference.tokens);
   }
-  std::vector<int32_t> known;  // kept draft tokens: fed already, printed next
-  size_t next_known = 0;
+  DecodeCursor cursor(session, drafts.get());
   for (int i = 0; i < limit; ++i) {
-    const bool from_draft = next_known < known.size();
-    int32_t token = from_draft ? known[next_known++] : session.sample();
+    bool from_draft = false;
+    int32_t token = cursor.next(from_draft);
     if (static_cast<size_t>(i) < forced.size()) {
       // The model's pick is what --json reports; the reference token is what it is fed.
       forced_equal += token == forced[static_cast<size_t>(i)];
@@ -375,8 +375,7 @@ int run(const CliOptions& o) {
     if (from_draft) continue;
     if (i + 1 >= limit || session.state().n_past() >= o.run.ctx_size) break;
     const size_t before = session.records().size();
-    known = feed_token(session, token, drafts.get(), limit - i - 2);
-    next_known = 0;
+    cursor.feed(token, limit - i - 2);
     if (o.progress) print_progress(session.records(), before, limit, tty);
   }
   if (o.progress && tty) fmt::print(stderr, "\n");
@@ -405,6 +404,7 @@ int run(const CliOptions& o) {
                drafts->verify_steps(), draft.max_draft);
   }
   report_prefetch(o.run, *model);
+  save_cache_file(o.run, *model);
   if (forced_steps) {
     fmt::print(stderr, "teacher-forced: {} of {} next tokens equal the reference ({:.1f} %)\n", forced_equal, forced_steps,
                100.0 * forced_equal / forced_steps);

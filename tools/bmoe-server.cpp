@@ -500,6 +500,7 @@ int serve(const ServerOptions& o) {
   http.listen_after_bind();
   pthread_kill(stopper.native_handle(), SIGTERM);  // if the server stopped by itself
   stopper.join();
+  save_cache_file(o.run, engine.model());
   return 0;
 }
 

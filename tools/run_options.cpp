@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "core/progress.h"
 #include "core/timer.h"
+#include "moe/cache_file.h"
 #include "moe/cache_policy.h"
 #include "telemetry/system.h"
 
@@ -47,6 +48,9 @@ void add_run_flags(CLI::App& app, RunOptions& o) {
                  "them ahead on idle lanes into a small staging area (lossless)")
       ->capture_default_str()->check(CLI::Range(0, 8));
   app.add_option("--predict-log", o.predict_log, "streaming: write the prefetch predictions checked against the real routing (CSV)");
+  app.add_option("--cache-file", o.cache_file,
+                 "streaming: start with the experts listed in FILE read into the cache (if it exists and was saved for "
+                 "this model), and save the cache's experts there at exit");
   app.add_option("--route-ahead", o.route_ahead,
                  "LOSSY: route each layer from the residual N layers earlier so its reads start early (decode only)")
       ->capture_default_str()->check(CLI::Range(0, 8));
@@ -161,10 +165,39 @@ void report_prefetch(const RunOptions& o, LoadedModel& model) {
   if (std::fclose(f) != 0) fail("--predict-log: cannot write {}", o.predict_log);
 }
 
+namespace {
+
+// --cache-file at start: read the saved experts (budget permitting) before the first token.
+void warm_start(const RunOptions& o, LoadedModel& model) {
+  std::vector<ExpertKey> keys;
+  std::string why;
+  if (!read_cache_file(o.cache_file, model.expert_layout, keys, why)) {
+    // It is overwritten at exit: never clobber something else (a model file given by mistake).
+    if (why == kNotACacheFile) fail("--cache-file: {} exists and is not a bmoe expert-cache file; refusing to overwrite it", o.cache_file);
+    fmt::print(stderr, "moe-cache: cold start ({}: {})\n", o.cache_file, why);
+    return;
+  }
+  Stopwatch timer;
+  const StreamingExperts::WarmStart w = model.streamer()->warm(keys);
+  fmt::print(stderr, "moe-cache: warm start from {}: {} of {} experts, {} in {:.2f} s{}\n", o.cache_file, w.experts,
+             keys.size(), format_bytes(w.bytes), timer.seconds(), w.failed ? fmt::format(" ({} reads failed)", w.failed) : "");
+}
+
+}  // namespace
+
+void save_cache_file(const RunOptions& o, LoadedModel& model) {
+  StreamingExperts* s = model.streamer();
+  if (o.cache_file.empty() || s == nullptr) return;
+  const std::vector<ExpertKey> keys = s->cache().residents();
+  write_cache_file(o.cache_file, model.expert_layout, keys);
+  fmt::print(stderr, "moe-cache: saved {} experts to {}\n", keys.size(), o.cache_file);
+}
+
 LoadedRun load_run(const RunOptions& o) {
   if (o.model.empty()) fail("no model given (-m FILE)");
   if ((o.prefetch > 0 || !o.predict_log.empty()) && !o.moe_stream) fail("--prefetch/--predict-log need --moe-stream");
   if (!o.predict_log.empty() && o.prefetch == 0 && o.route_ahead == 0) fail("--predict-log needs --prefetch N (or --route-ahead N)");
+  if (!o.cache_file.empty() && !o.moe_stream) fail("--cache-file needs --moe-stream");
   const uint64_t fixed_budget = o.cache_mb == "auto" ? 0 : parse_mib(o.cache_mb, "--cache-mb");
   LoadedRun run;
   Stopwatch timer;
@@ -191,6 +224,7 @@ LoadedRun load_run(const RunOptions& o) {
     so.overlap = o.overlap;
     attach_streaming(model, so);
     for (const auto& note : model.streamer()->io_notes()) fmt::print(stderr, "warning: {}\n", note);
+    if (!o.cache_file.empty()) warm_start(o, model);
     const uint64_t cycle = model.expert_layout.token_cycle_bytes(cfg.n_expert_used);
     if (so.policy == "lru" && run.cache_budget > 0 && run.cache_budget < cycle) {
       fmt::print(stderr,

@@ -33,6 +33,7 @@ struct RunOptions {
   bool overlap = false;
   int prefetch = 0;
   std::string predict_log;
+  std::string cache_file;  // --cache-file: warm start from / save the hot set to this file
   // Lossy knobs (off by default).
   int route_ahead = 0;
   float drop_cold = 0.0f;
@@ -69,6 +70,9 @@ struct LoadedRun {
 
 // Writes --predict-log (one row per checked prediction) when asked; prints the prefetch line.
 void report_prefetch(const RunOptions& o, LoadedModel& model);
+
+// --cache-file: saves the streaming cache's residents (at the end of a run or a server's life).
+void save_cache_file(const RunOptions& o, LoadedModel& model);
 
 // Loads the model, sizes and attaches the expert cache when streaming, and prints the "load:"
 // line (and any warnings) on stderr.

@@ -67,6 +67,16 @@ std::vector<int32_t> feed_token(Session& session, int32_t token, DraftController
   return draft;
 }
 
+int32_t DecodeCursor::next(bool& fed) {
+  fed = next_known_ < known_.size();
+  return fed ? known_[next_known_++] : session_.sample();
+}
+
+void DecodeCursor::feed(int32_t token, int budget) {
+  known_ = feed_token(session_, token, drafts_, budget);
+  next_known_ = 0;
+}
+
 GenerateResult generate(Session& session, const std::vector<int32_t>& prompt, const GenerateParams& params,
                         const PieceCallback& on_piece, const std::atomic<bool>* cancel) {
   GenerateResult result;
@@ -95,8 +105,7 @@ GenerateResult generate(Session& session, const std::vector<int32_t>& prompt, co
   const int limit = std::min(params.max_tokens, n_ctx - static_cast<int>(prompt.size()));
   std::unique_ptr<DraftController> drafts;
   if (drafting_possible(params.draft, params.sampler)) drafts = std::make_unique<DraftController>(params.draft);
-  std::vector<int32_t> known;  // kept draft tokens: fed already, emitted next
-  size_t next_known = 0;
+  DecodeCursor cursor(session, drafts.get());
   // Emits one token; false when generation ends with it (end token or stop string).
   auto take = [&](int32_t token) {
     if (!params.ignore_eos && tok.is_end_of_generation(token)) {
@@ -116,12 +125,11 @@ GenerateResult generate(Session& session, const std::vector<int32_t>& prompt, co
       result.finish_reason = "cancelled";
       break;
     }
-    const bool from_draft = next_known < known.size();
-    const int32_t token = from_draft ? known[next_known++] : session.sample();
+    bool fed = false;
+    const int32_t token = cursor.next(fed);
     if (!take(token)) break;
-    if (from_draft || i + 1 >= limit) continue;  // the last token of the budget is not fed
-    known = feed_token(session, token, drafts.get(), limit - i - 2);
-    next_known = 0;
+    if (fed || i + 1 >= limit) continue;  // the last token of the budget is not fed
+    cursor.feed(token, limit - i - 2);
   }
   if (drafts) {
     result.drafted = drafts->drafted_total();

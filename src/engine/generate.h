@@ -45,6 +45,23 @@ GenerateResult generate(Session& session, const std::vector<int32_t>& prompt, co
 // ones, already fed, to be emitted in order before sampling again.
 std::vector<int32_t> feed_token(Session& session, int32_t token, DraftController* drafts, int budget);
 
+// The token source of a decode loop, drafting or not: the tokens of a kept draft were fed by
+// the verification pass and come out first, then the session samples again.
+class DecodeCursor {
+ public:
+  DecodeCursor(Session& session, DraftController* drafts) : session_(session), drafts_(drafts) {}
+  // The next token; `fed` says whether the model has seen it already (a kept draft token).
+  int32_t next(bool& fed);
+  // Feeds `token` so that the next one can be sampled (see feed_token).
+  void feed(int32_t token, int budget);
+
+ private:
+  Session& session_;
+  DraftController* drafts_;
+  std::vector<int32_t> known_;
+  size_t next_known_ = 0;
+};
+
 // Whether speculative decoding can run with these settings (lossless needs greedy sampling).
 bool drafting_possible(const DraftConfig& draft, const SamplerConfig& sampler);
 

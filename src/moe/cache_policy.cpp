@@ -97,7 +97,8 @@ std::vector<ExpertKey> ExpertCache::residents() const {
 }
 
 bool ExpertCache::preload(const Access& a) {
-  if (residents_.contains(a.key) || used_ + a.bytes > budget_) return false;
+  // No eviction for a preload: it only fills room the budget (and the policy's partition) has.
+  if (residents_.contains(a.key) || policy_->needs_room(a, used_, budget_)) return false;
   insert(a);
   end_visit();
   return true;

@@ -79,6 +79,42 @@ void StreamingExperts::queue_reads(int layer, int expert, Buffer& buffer, ReadTi
   }
 }
 
+StreamingExperts::WarmStart StreamingExperts::warm(std::span<const ExpertKey> keys) {
+  if (layer_ >= 0) fail("internal: warm start while layer {} is open", layer_);
+  struct Pending {
+    ExpertKey key;
+    std::unique_ptr<ReadTicket> ticket;
+  };
+  std::vector<Pending> pending;
+  const uint64_t counted = stats_.bytes_read;
+  for (ExpertKey k : keys) {
+    const int layer = key_layer(k), expert = key_expert(k);
+    Access a;
+    a.key = k;
+    a.bytes = slot_bytes(layer, expert);
+    if (!cache_.preload(a)) continue;  // already there, or no room left for it
+    auto buffer = std::make_unique<Buffer>();
+    auto ticket = std::make_unique<ReadTicket>();
+    queue_reads(layer, expert, *buffer, *ticket, 0);
+    cached_[k] = std::move(buffer);
+    pending.push_back({k, std::move(ticket)});
+  }
+  WarmStart result;
+  for (Pending& p : pending) {
+    if (lanes_.wait(*p.ticket)) {
+      ++result.experts;
+      continue;
+    }
+    ++result.failed;
+    cached_.erase(p.key);
+    cache_.remove(p.key);
+  }
+  result.bytes = stats_.bytes_read - counted;
+  stats_.bytes_read = counted;
+  stats_.cache_used_bytes = cache_.used_bytes();
+  return result;
+}
+
 bool StreamingExperts::resident(int layer, int expert) const {
   const ExpertKey key = make_expert_key(layer, expert);
   return cache_.contains(key) || staged_.count(key) != 0;

@@ -59,6 +59,14 @@ class StreamingExperts : public ExpertSource {
   bool prefetch_paused() const { return prefetch_paused_; }
   const std::vector<std::string>& io_notes() const { return notes_; }
   ExpertCache& cache() { return cache_; }
+  // Warm start (--cache-file): reads `keys` into the cache before the first token, as many as
+  // the budget holds. Those reads are nobody's token, so they stay out of the statistics.
+  struct WarmStart {
+    int experts = 0;
+    uint64_t bytes = 0;
+    int failed = 0;  // reads that failed: left out of the cache
+  };
+  WarmStart warm(std::span<const ExpertKey> keys);
   // Bytes one expert of `layer` occupies in a buffer (windows rounded to 4 KiB).
   uint64_t slot_bytes(int layer, int expert) const;
 

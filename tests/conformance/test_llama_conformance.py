@@ -255,9 +255,6 @@ class Mixtral_Cut2(Conformance, unittest.TestCase):
     strict = False
 
 
-if __name__ == "__main__":
-    unittest.main(verbosity=2)
-
 
 class TinyGemma4(Conformance, unittest.TestCase):
     """Sliding and full layers (V = K, proportional RoPE), dense FFN beside fused gate+up experts."""
@@ -275,3 +272,7 @@ class Gemma4_26B_Cut2(Conformance, unittest.TestCase):
     model_args = ("--layers", "2", "--swa-period", "2")
     chat = "gemma4"
     strict = False
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
