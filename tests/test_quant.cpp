@@ -369,6 +369,24 @@ TEST(Dispatch, NeonQuantKernelsEqualTheReferenceBitForBit) {
   }
 }
 
+// `count` rows of random raw blocks of `t` with `n` elements each, `stride` bytes apart.
+std::vector<uint8_t> random_rows(Rng& rng, TensorType t, int64_t n, int count, size_t stride) {
+  std::vector<uint8_t> rows(stride * static_cast<size_t>(count));
+  for (int r = 0; r < count; ++r) {
+    const auto one = random_raw_blocks(rng, t, n);
+    std::copy(one.begin(), one.end(), rows.begin() + static_cast<std::ptrdiff_t>(r * stride));
+  }
+  return rows;
+}
+
+// A random activation row in the activation format of kernels `k`.
+std::vector<uint8_t> random_activations(Rng& rng, const TypeKernels& k, int64_t n, double stddev) {
+  const auto act = random_floats(rng, n, stddev);
+  std::vector<uint8_t> qa(activation_bytes(k.activation_type, n));
+  quantize_activations(k.activation_type, act.data(), qa.data(), n);
+  return qa;
+}
+
 // The multi-row kernels return, for each of their rows, exactly what the one-row kernel of the
 // same ISA returns (and the scalar reference, for the types whose one-row SIMD kernel keeps the
 // reference's order): matmul uses them wherever a whole group of rows fits.
@@ -382,14 +400,8 @@ TEST(Dispatch, MultiRowKernelsEqualOneRowBitForBit) {
       for (int trial = 0; trial < 10; ++trial) {
         const int64_t n = 256 * (1 + static_cast<int64_t>(rng.below(12)));
         const size_t stride = row_bytes(t, n) + type_info(t).block_bytes * static_cast<size_t>(trial % 3);  // gaps too
-        std::vector<uint8_t> rows(stride * kDotRows);
-        for (int r = 0; r < kDotRows; ++r) {
-          const auto one = random_raw_blocks(rng, t, n);
-          std::copy(one.begin(), one.end(), rows.begin() + static_cast<std::ptrdiff_t>(r * stride));
-        }
-        const auto act = random_floats(rng, n, trial % 2 ? 1.0 : 50.0);
-        std::vector<uint8_t> qa(activation_bytes(k->activation_type, n));
-        quantize_activations(k->activation_type, act.data(), qa.data(), n);
+        const std::vector<uint8_t> rows = random_rows(rng, t, n, kDotRows, stride);
+        const std::vector<uint8_t> qa = random_activations(rng, *k, n, trial % 2 ? 1.0 : 50.0);
         float got[kDotRows];
         k->dot_rows(rows.data(), stride, qa.data(), n, got);
         for (int r = 0; r < kDotRows; ++r) {
@@ -424,17 +436,9 @@ TEST(Dispatch, PairKernelsEqualOneRowBitForBit) {
       for (int trial = 0; trial < 10; ++trial) {
         const int64_t n = 256 * (1 + static_cast<int64_t>(rng.below(12)));
         const size_t stride = row_bytes(t, n) + type_info(t).block_bytes * static_cast<size_t>(trial % 3);
-        std::vector<uint8_t> rows(stride * 2);
-        for (int r = 0; r < 2; ++r) {
-          const auto one = random_raw_blocks(rng, t, n);
-          std::copy(one.begin(), one.end(), rows.begin() + static_cast<std::ptrdiff_t>(r * stride));
-        }
-        std::vector<uint8_t> qa[2];
-        for (auto& q : qa) {
-          const auto act = random_floats(rng, n, trial % 2 ? 1.0 : 50.0);
-          q.resize(activation_bytes(k->activation_type, n));
-          quantize_activations(k->activation_type, act.data(), q.data(), n);
-        }
+        const std::vector<uint8_t> rows = random_rows(rng, t, n, 2, stride);
+        const double stddev = trial % 2 ? 1.0 : 50.0;
+        const std::vector<uint8_t> qa[2] = {random_activations(rng, *k, n, stddev), random_activations(rng, *k, n, stddev)};
         float got[4];
         k->dot_2x2(rows.data(), stride, qa[0].data(), qa[1].data(), n, got);
         for (int r = 0; r < 2; ++r) {

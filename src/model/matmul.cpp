@@ -40,28 +40,42 @@ int64_t rows_per_chunk(int64_t total_rows, int threads, int64_t n) {
   return std::max<int64_t>((rows + kDotRows - 1) / kDotRows * kDotRows, kDotRows);
 }
 
+// Activation row of the job's i-th input.
+const uint8_t* input_of(const MatmulJob& job, int64_t i) {
+  return job.input->row(job.input_rows ? job.input_rows[i] : i);
+}
+
 // Rows [r, end) one dot product at a time.
 void run_rows_one_by_one(const MatmulJob& job, DotFn dot, int64_t r, int64_t end) {
   const Weight& w = *job.weight;
   for (; r < end; ++r) {
-    const uint8_t* wrow = w.row(r);
+    for (int64_t i = 0; i < job.n; ++i) job.output[i * job.output_stride + r] = dot(w.row(r), input_of(job, i), w.cols);
+  }
+}
+
+// Rows [r, end) in whole groups of kDotRows (each output equals dot()'s); returns the first
+// row not done.
+int64_t run_row_groups(const MatmulJob& job, const TypeKernels& k, int64_t r, int64_t end) {
+  const Weight& w = *job.weight;
+  float group[kDotRows];
+  for (; r + kDotRows <= end; r += kDotRows) {
     for (int64_t i = 0; i < job.n; ++i) {
-      const int64_t in = job.input_rows ? job.input_rows[i] : i;
-      job.output[i * job.output_stride + r] = dot(wrow, job.input->row(in), w.cols);
+      k.dot_rows(w.row(r), w.row_stride, input_of(job, i), w.cols, group);
+      std::copy(group, group + kDotRows, job.output + i * job.output_stride + r);
     }
   }
+  return r;
 }
 
 // Rows [r, end) two at a time against inputs two at a time (an odd last input one by one);
 // returns the first row not done.
 int64_t run_row_pairs(const MatmulJob& job, const TypeKernels& k, int64_t r, int64_t end) {
   const Weight& w = *job.weight;
-  auto input = [&](int64_t i) { return job.input->row(job.input_rows ? job.input_rows[i] : i); };
   float tile[4];
   for (; r + 2 <= end; r += 2) {
     int64_t i = 0;
     for (; i + 2 <= job.n; i += 2) {
-      k.dot_2x2(w.row(r), w.row_stride, input(i), input(i + 1), w.cols, tile);
+      k.dot_2x2(w.row(r), w.row_stride, input_of(job, i), input_of(job, i + 1), w.cols, tile);
       float* out0 = job.output + i * job.output_stride + r;
       float* out1 = out0 + job.output_stride;
       out0[0] = tile[0];
@@ -70,8 +84,8 @@ int64_t run_row_pairs(const MatmulJob& job, const TypeKernels& k, int64_t r, int
       out1[1] = tile[3];
     }
     for (; i < job.n; ++i) {
-      job.output[i * job.output_stride + r] = k.dot(w.row(r), input(i), w.cols);
-      job.output[i * job.output_stride + r + 1] = k.dot(w.row(r + 1), input(i), w.cols);
+      job.output[i * job.output_stride + r] = k.dot(w.row(r), input_of(job, i), w.cols);
+      job.output[i * job.output_stride + r + 1] = k.dot(w.row(r + 1), input_of(job, i), w.cols);
     }
   }
   return r;
@@ -79,21 +93,10 @@ int64_t run_row_pairs(const MatmulJob& job, const TypeKernels& k, int64_t r, int
 
 void run_chunk(const Chunk& c) {
   const MatmulJob& job = *c.job;
-  const Weight& w = *job.weight;
-  const TypeKernels& k = kernels(w.type);
+  const TypeKernels& k = kernels(job.weight->type);
   int64_t r = c.row_begin;
-  if (k.dot_2x2 != nullptr && job.n >= 2) {
-    r = run_row_pairs(job, k, r, c.row_end);
-  } else if (k.dot_rows != nullptr) {  // groups of kDotRows rows; each output equals dot()'s
-    float group[kDotRows];
-    for (; r + kDotRows <= c.row_end; r += kDotRows) {
-      for (int64_t i = 0; i < job.n; ++i) {
-        const int64_t in = job.input_rows ? job.input_rows[i] : i;
-        k.dot_rows(w.row(r), w.row_stride, job.input->row(in), w.cols, group);
-        std::copy(group, group + kDotRows, job.output + i * job.output_stride + r);
-      }
-    }
-  }
+  if (k.dot_2x2 != nullptr && job.n >= 2) r = run_row_pairs(job, k, r, c.row_end);
+  else if (k.dot_rows != nullptr) r = run_row_groups(job, k, r, c.row_end);
   run_rows_one_by_one(job, k.dot, r, c.row_end);
 }
 

@@ -75,6 +75,18 @@ inline void k_scale_min(int j, const uint8_t* q, uint8_t& scale, uint8_t& min) {
   }
 }
 
+// The K-quant min term: sum over sub-blocks j of min_j * (sum of sub-block j's activations),
+// from the Q8_K block sums of 16 (integer, exact).
+inline int k_min_sum(const uint8_t* scales, const int16_t* bsums) {
+  int sum = 0;
+  for (int j = 0; j < 8; ++j) {
+    uint8_t sc, m;
+    k_scale_min(j, scales, sc, m);
+    sum += m * (bsums[2 * j] + bsums[2 * j + 1]);
+  }
+  return sum;
+}
+
 // Round to nearest, ties to even: the rounding ggml's nearest_int and _mm256_round_ps use.
 inline int round_even(float x) {
   return static_cast<int>(__builtin_rintf(x));

@@ -25,95 +25,56 @@ inline int sum_i32(int32x4_t v) { return vaddvq_s32(v); }
 inline int8x16_t low_nibbles(uint8x16_t q) { return vreinterpretq_s8_u8(vandq_u8(q, vdupq_n_u8(0x0F))); }
 inline int8x16_t high_nibbles(uint8x16_t q) { return vreinterpretq_s8_u8(vshrq_n_u8(q, 4)); }
 
-// Sum of sub-block j's min times its activation sum (the K-quant min term), as the reference.
-inline int k_min_sum(const uint8_t* scales, const int16_t* bsums) {
-  int sum = 0;
-  for (int j = 0; j < 8; ++j) {
-    uint8_t sc, m;
-    k_scale_min(j, scales, sc, m);
-    sum += m * (bsums[2 * j] + bsums[2 * j + 1]);
-  }
-  return sum;
-}
-
 inline float reduce4(float32x4_t a, float32x4_t b, float32x4_t c, float32x4_t d) {
   return vaddvq_f32(vaddq_f32(vaddq_f32(a, c), vaddq_f32(b, d)));
 }
 
 }  // namespace
 
-float dot_f32(const void* w, const void* a, int64_t n) {
-  const auto* x = static_cast<const float*>(w);
-  const auto* y = static_cast<const float*>(a);
+namespace {
+
+// Element formats of the float kernels: a four-lane load and a one-element conversion.
+struct F32Elements {
+  using T = float;
+  static float32x4_t load4(const float* p) { return vld1q_f32(p); }
+  static float one(float v) { return v; }
+};
+struct F16Elements {
+  using T = uint16_t;
+  static float32x4_t load4(const uint16_t* p) { return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p))); }
+  static float one(uint16_t v) { return fp16_to_fp32(v); }
+};
+struct BF16Elements {  // bf16 is the top half of an f32: widen by shifting into the high 16 bits
+  using T = uint16_t;
+  static float32x4_t load4(const uint16_t* p) { return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p), 16)); }
+  static float one(uint16_t v) { return bf16_to_fp32(v); }
+};
+
+// Four vector accumulators of fused multiply-adds over 16 elements a step, reduced like ggml's
+// NEON path; the tail is summed in double.
+template <typename X, typename Y>
+float dot_float(const void* w, const void* a, int64_t n) {
+  const auto* x = static_cast<const typename X::T*>(w);
+  const auto* y = static_cast<const typename Y::T*>(a);
   float32x4_t s0 = vdupq_n_f32(0), s1 = s0, s2 = s0, s3 = s0;
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    s0 = vfmaq_f32(s0, vld1q_f32(x + i), vld1q_f32(y + i));
-    s1 = vfmaq_f32(s1, vld1q_f32(x + i + 4), vld1q_f32(y + i + 4));
-    s2 = vfmaq_f32(s2, vld1q_f32(x + i + 8), vld1q_f32(y + i + 8));
-    s3 = vfmaq_f32(s3, vld1q_f32(x + i + 12), vld1q_f32(y + i + 12));
+    s0 = vfmaq_f32(s0, X::load4(x + i), Y::load4(y + i));
+    s1 = vfmaq_f32(s1, X::load4(x + i + 4), Y::load4(y + i + 4));
+    s2 = vfmaq_f32(s2, X::load4(x + i + 8), Y::load4(y + i + 8));
+    s3 = vfmaq_f32(s3, X::load4(x + i + 12), Y::load4(y + i + 12));
   }
   double sum = reduce4(s0, s1, s2, s3);
-  for (; i < n; ++i) sum += static_cast<double>(x[i] * y[i]);
+  for (; i < n; ++i) sum += static_cast<double>(X::one(x[i]) * Y::one(y[i]));
   return static_cast<float>(sum);
 }
 
-namespace {
-inline float32x4_t load_f16x4(const uint16_t* p) { return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p))); }
 }  // namespace
 
-float dot_f16_f32(const void* w, const void* a, int64_t n) {
-  const auto* x = static_cast<const uint16_t*>(w);
-  const auto* y = static_cast<const float*>(a);
-  float32x4_t s0 = vdupq_n_f32(0), s1 = s0, s2 = s0, s3 = s0;
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    s0 = vfmaq_f32(s0, load_f16x4(x + i), vld1q_f32(y + i));
-    s1 = vfmaq_f32(s1, load_f16x4(x + i + 4), vld1q_f32(y + i + 4));
-    s2 = vfmaq_f32(s2, load_f16x4(x + i + 8), vld1q_f32(y + i + 8));
-    s3 = vfmaq_f32(s3, load_f16x4(x + i + 12), vld1q_f32(y + i + 12));
-  }
-  double sum = reduce4(s0, s1, s2, s3);
-  for (; i < n; ++i) sum += static_cast<double>(fp16_to_fp32(x[i]) * y[i]);
-  return static_cast<float>(sum);
-}
-
-float dot_f16(const void* w, const void* a, int64_t n) {
-  const auto* x = static_cast<const uint16_t*>(w);
-  const auto* y = static_cast<const uint16_t*>(a);
-  float32x4_t s0 = vdupq_n_f32(0), s1 = s0, s2 = s0, s3 = s0;
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    s0 = vfmaq_f32(s0, load_f16x4(x + i), load_f16x4(y + i));
-    s1 = vfmaq_f32(s1, load_f16x4(x + i + 4), load_f16x4(y + i + 4));
-    s2 = vfmaq_f32(s2, load_f16x4(x + i + 8), load_f16x4(y + i + 8));
-    s3 = vfmaq_f32(s3, load_f16x4(x + i + 12), load_f16x4(y + i + 12));
-  }
-  double sum = reduce4(s0, s1, s2, s3);
-  for (; i < n; ++i) sum += static_cast<double>(fp16_to_fp32(x[i]) * fp16_to_fp32(y[i]));
-  return static_cast<float>(sum);
-}
-
-namespace {
-// bf16 is the top half of an f32: widen by shifting into the high 16 bits.
-inline float32x4_t load_bf16x4(const uint16_t* p) { return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p), 16)); }
-}  // namespace
-
-float dot_bf16(const void* w, const void* a, int64_t n) {
-  const auto* x = static_cast<const uint16_t*>(w);
-  const auto* y = static_cast<const uint16_t*>(a);
-  float32x4_t s0 = vdupq_n_f32(0), s1 = s0, s2 = s0, s3 = s0;
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    s0 = vfmaq_f32(s0, load_bf16x4(x + i), load_bf16x4(y + i));
-    s1 = vfmaq_f32(s1, load_bf16x4(x + i + 4), load_bf16x4(y + i + 4));
-    s2 = vfmaq_f32(s2, load_bf16x4(x + i + 8), load_bf16x4(y + i + 8));
-    s3 = vfmaq_f32(s3, load_bf16x4(x + i + 12), load_bf16x4(y + i + 12));
-  }
-  double sum = reduce4(s0, s1, s2, s3);
-  for (; i < n; ++i) sum += static_cast<double>(bf16_to_fp32(x[i]) * bf16_to_fp32(y[i]));
-  return static_cast<float>(sum);
-}
+float dot_f32(const void* w, const void* a, int64_t n) { return dot_float<F32Elements, F32Elements>(w, a, n); }
+float dot_f16_f32(const void* w, const void* a, int64_t n) { return dot_float<F16Elements, F32Elements>(w, a, n); }
+float dot_f16(const void* w, const void* a, int64_t n) { return dot_float<F16Elements, F16Elements>(w, a, n); }
+float dot_bf16(const void* w, const void* a, int64_t n) { return dot_float<BF16Elements, BF16Elements>(w, a, n); }
 
 float dot_q8_0(const void* w, const void* a, int64_t n) {
   const auto* x = static_cast<const BlockQ8_0*>(w);

@@ -107,17 +107,6 @@ void dot_2x2_blocks(const void* w, size_t stride, const void* a0, const void* a1
   vst1q_f32(out, acc);
 }
 
-// Sum of sub-block j's min times its activation sum, as neon::dot_q4_K computes it.
-inline int k_min_sum(const uint8_t* scales, const int16_t* bsums) {
-  int sum = 0;
-  for (int j = 0; j < 8; ++j) {
-    uint8_t sc, m;
-    k_scale_min(j, scales, sc, m);
-    sum += m * (bsums[2 * j] + bsums[2 * j + 1]);
-  }
-  return sum;
-}
-
 }  // namespace
 
 void dot_2x2_q8_0(const void* w, size_t stride, const void* a0, const void* a1, int64_t n, float* out) {

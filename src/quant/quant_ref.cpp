@@ -270,17 +270,6 @@ float dot_mxfp4(const void* w, const void* a, int64_t n) {
   return sum;
 }
 
-// K-quant min term: sum over sub-blocks of min_j * (sum of that sub-block's activations).
-static inline int k_min_sum(const uint8_t* scales, const int16_t* bsums) {
-  int sum = 0;
-  for (int j = 0; j < 8; ++j) {
-    uint8_t sc, m;
-    k_scale_min(j, scales, sc, m);
-    sum += m * (bsums[2 * j] + bsums[2 * j + 1]);
-  }
-  return sum;
-}
-
 // Q4_0, MXFP4 and Q4_K accumulate one fused multiply-add per block, like llama.cpp's
 // interleaved kernels (so the scalar and AVX2 paths agree bit for bit).
 float dot_q4_K(const void* w, const void* a, int64_t n) {
