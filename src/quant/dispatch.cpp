@@ -55,6 +55,7 @@ KernelTable avx2_table() {
   t.add(TensorType::Q4_K, TensorType::Q8_K, ref::dequantize_q4_K, avx2::dot_q4_K);
   t.add(TensorType::Q5_K, TensorType::Q8_K, ref::dequantize_q5_K, avx2::dot_q5_K);
   t.add(TensorType::Q6_K, TensorType::Q8_K, ref::dequantize_q6_K, avx2::dot_q6_K);
+  t.add_rows(TensorType::Q8_0, avx2::dot_rows_q8_0);
   t.add_rows(TensorType::Q4_0, avx2::dot_rows_q4_0);
   t.add_rows(TensorType::MXFP4, avx2::dot_rows_mxfp4);
   return t;

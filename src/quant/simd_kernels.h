@@ -17,6 +17,7 @@ float dot_q4_K(const void* w, const void* a, int64_t n);
 float dot_q5_K(const void* w, const void* a, int64_t n);
 float dot_q6_K(const void* w, const void* a, int64_t n);
 // kDotRows (8) rows at once; see DotRowsFn.
+void dot_rows_q8_0(const void* w, size_t stride, const void* a, int64_t n, float* out);
 void dot_rows_q4_0(const void* w, size_t stride, const void* a, int64_t n, float* out);
 void dot_rows_mxfp4(const void* w, size_t stride, const void* a, int64_t n, float* out);
 void quantize_f16(const float* src, void* dst, int64_t n);
