@@ -36,6 +36,18 @@ TEST(Model, BatchSizeAndThreadsDoNotChangeLogits) {
   for (float v : reference) ASSERT_TRUE(std::isfinite(v));
 }
 
+// q, k and v in three weight types need three activation formats (Q8_K, Q8_0, F16) in one
+// batch of matmuls. The converted activations once lived in a vector that reallocated under
+// the earlier jobs' feet (a crash on a Gemma shape with attn_v=Q8_0; ASan names the bug).
+TEST(Model, MixedActivationFormatsInOneBatch) {
+  const std::string path = test_model_path("tiny-qwen3moe", 0, {"attn_q=Q4_K", "attn_k=Q8_0", "attn_v=F16"});
+  auto model = load_model(path, LoadOptions{});
+  const auto prompt = model->tokenizer->encode("mixed formats in one batch of matmuls", false, false);
+  const auto reference = logits_after(*model, 1, 512, prompt);
+  EXPECT_EQ(logits_after(*model, 2, 1, prompt), reference);
+  for (float v : reference) ASSERT_TRUE(std::isfinite(v));
+}
+
 TEST(Model, TruncateThenReplayMatchesFreshRun) {
   auto model = load_model(test_model_path("tiny-qwen3moe"), LoadOptions{});
   ThreadPool pool(2);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <deque>
 #include <map>
 #include <numeric>
 
@@ -49,7 +50,7 @@ class Activations {
     const float* source = nullptr;
     ActivationBuffer buffer;
   };
-  std::vector<Entry> entries_;
+  std::deque<Entry> entries_;  // a deque: get() hands out references that must survive later gets
 };
 
 void add_bias(float* rows, const Vector& bias, int64_t n, int64_t width) {
