@@ -19,21 +19,27 @@ THREADS = os.environ.get("BMOE_TEST_THREADS", "2")
 # vs 12 s per test). Conformance leaves that one out, so the peer picks its best non-AMX path;
 # benchmarks keep the peer at its best.
 PEER_EXCLUDED_CPU = [v for v in os.environ.get("BMOE_PEER_CPU_EXCLUDE", "sapphirerapids").split(",") if v]
+# Every AVX-512 level of llama.cpp's CPU backend. On the OLMoE shape they disagree with llama.cpp's
+# own AVX2 builds (haswell, alderlake): one prompt's next-token log-probabilities move by up to
+# 0.08 in a 2-layer cut, and the difference goes away when the expert down projections are Q8_0
+# instead of Q6_K. bmoe equals the AVX2 builds there to 8e-6 (measured 2026-12-03).
+PEER_AVX512 = ["skylakex", "cannonlake", "cascadelake", "cooperlake", "icelake", "zen4"]
 NODE_MODULES = os.path.join(REPO, "node_modules")
 PEER_PACKAGE = os.path.join("@node-llama-cpp", "linux-x64")
 
 
-def pinned_peer_root():
+def pinned_peer_root(extra_exclude=()):
     """A node_modules mirror (under the build folder) without the excluded llama.cpp CPU
     backends: every package is a symlink except the prebuilt-binary package, whose files are
     hard links minus the excluded libggml-cpu-* variants. Node runs with --preserve-symlinks so
     node-llama-cpp resolves its binaries inside the mirror. Returns the mirror root, or None
     where there is nothing to leave out."""
     bins = os.path.join(NODE_MODULES, PEER_PACKAGE, "bins", "linux-x64")
-    dropped = {f"libggml-cpu-{v}.so" for v in PEER_EXCLUDED_CPU}
+    excluded = sorted(set(PEER_EXCLUDED_CPU) | set(extra_exclude))
+    dropped = {f"libggml-cpu-{v}.so" for v in excluded}
     if not os.path.isdir(bins) or not dropped & set(os.listdir(bins)):
         return None
-    root = os.path.join(BUILD, "peer-" + "-".join(sorted(PEER_EXCLUDED_CPU)))
+    root = os.path.join(BUILD, "peer-" + "-".join(excluded))
     stamp = os.path.join(root, ".stamp")
     key = f"{os.path.getmtime(bins)} {sorted(dropped)}"
     if os.path.exists(stamp) and open(stamp).read() == key:
@@ -67,9 +73,10 @@ def pinned_peer_root():
     return root
 
 
-def oracle_command():
-    """The node command line that runs the oracle script (pinned peer where possible)."""
-    root = pinned_peer_root()
+def oracle_command(extra_exclude=()):
+    """The node command line that runs the oracle script (pinned peer where possible), leaving
+    out the llama.cpp CPU levels in extra_exclude as well as the default ones."""
+    root = pinned_peer_root(extra_exclude)
     if root is None:
         return ["node", ORACLE]
     return ["node", "--preserve-symlinks", "--preserve-symlinks-main", os.path.join(root, "oracle", "oracle.mjs")]
@@ -124,14 +131,15 @@ def release(path):
             os.unlink(path + ".args")
 
 
-def oracle(mode, model, payload, n=32, env=None):
+def oracle(mode, model, payload, n=32, env=None, exclude=()):
     """Runs tests/oracle/oracle.mjs (llama.cpp) on a JSON payload, returns its JSON answer.
-    env: extra ORACLE_* settings (ORACLE_KV=f32, ORACLE_FA=0, ORACLE_BATCH=1)."""
+    env: extra ORACLE_* settings (ORACLE_KV=f32, ORACLE_FA=0, ORACLE_BATCH=1); exclude: llama.cpp
+    CPU levels to leave out besides the default ones."""
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(payload, f)
         name = f.name
     try:
-        out = run([*oracle_command(), mode, model, name, str(n), THREADS], cwd=REPO,
+        out = run([*oracle_command(exclude), mode, model, name, str(n), THREADS], cwd=REPO,
                   env={**os.environ, **(env or {})})
     finally:
         os.unlink(name)

@@ -22,7 +22,7 @@ import sys
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import bmoe_greedy, bmoe_tokenize, hard_divergence, oracle, release, synth  # noqa: E402
+from common import PEER_AVX512, bmoe_greedy, bmoe_tokenize, hard_divergence, oracle, release, synth  # noqa: E402
 
 TOKENIZER_CORPUS = [
     "Hello world",
@@ -73,6 +73,7 @@ class Conformance:
     preset = ""
     chat = "chatml"      # the family's chat format (bmoe-cli --chat renders it)
     strict = True        # also run the all-f32 attention comparison
+    peer_exclude = ()    # llama.cpp CPU levels to leave out for this model (see common.PEER_AVX512)
 
     @classmethod
     def setUpClass(cls):
@@ -84,14 +85,14 @@ class Conformance:
 
     def test_tokenizer_ids_match(self):
         ours = bmoe_tokenize(self.model, TOKENIZER_CORPUS)
-        theirs = oracle("tokenize", self.model, TOKENIZER_CORPUS)
+        theirs = oracle("tokenize", self.model, TOKENIZER_CORPUS, exclude=self.peer_exclude)
         for text, a, b in zip(TOKENIZER_CORPUS, ours, theirs):
             self.assertEqual(a, b, f"tokenization differs for {text!r}")
 
     def check_greedy(self, env, bmoe_flags):
         texts = PROMPTS + [CHAT_FORMATS[self.chat](p) for p in CHAT_PROMPTS]
-        ref = oracle("greedy", self.model, texts, N, env)
-        alt = oracle("greedy", self.model, texts, N, {**env, "ORACLE_BATCH": "1"})
+        ref = oracle("greedy", self.model, texts, N, env, self.peer_exclude)
+        alt = oracle("greedy", self.model, texts, N, {**env, "ORACLE_BATCH": "1"}, self.peer_exclude)
         ours = [bmoe_greedy(self.model, p, N, *bmoe_flags) for p in PROMPTS]
         ours += [bmoe_greedy(self.model, p, N, "--chat", *bmoe_flags) for p in CHAT_PROMPTS]
         ours_hard, self_hard = [], []
@@ -138,7 +139,7 @@ class Conformance:
         import subprocess
         import tempfile
         from common import tool
-        ref = oracle("greedy", self.model, ["Hello"], 1)[0]
+        ref = oracle("greedy", self.model, ["Hello"], 1, exclude=self.peer_exclude)[0]
         with tempfile.NamedTemporaryFile(suffix=".bin") as f:
             subprocess.run([tool("bmoe-cli"), "-m", self.model, "-p", "Hello", "-n", "1",
                             "--dump-logits", f.name], check=True, capture_output=True)
@@ -238,12 +239,15 @@ class GptOss20B_Cut2(Conformance, unittest.TestCase):
 
 
 class Olmoe_Cut4(Conformance, unittest.TestCase):
-    """4 layers of the OLMoE-1B-7B shape (llama3 vocabulary)."""
+    """4 layers of the OLMoE-1B-7B shape (llama3 vocabulary). Checked against llama.cpp's AVX2
+    builds: its AVX-512 builds disagree with them on this shape's Q6_K expert down projections
+    (see common.PEER_AVX512)."""
     name = "olmoe-1b-7b-4l"
     preset = "olmoe-1b-7b"
     model_args = ("--layers", "4")
     chat = "llama3"
     strict = False
+    peer_exclude = PEER_AVX512
 
 
 class Mixtral_Cut2(Conformance, unittest.TestCase):
