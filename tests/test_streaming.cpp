@@ -244,18 +244,22 @@ TEST(Streaming, NoCacheReadsEveryExpert) {
 // right places: the output is still the resident one, with and without overlap.
 TEST(Streaming, ChunkedReadsEqualResident) {
   const std::string path = test_model_path("tiny-qwen3moe", 4);
-  for (bool overlap : {false, true}) {
-    LoadOptions lo;
-    lo.stream_experts = true;
-    auto model = load_model(path, lo);
-    StreamingOptions so;
-    so.cache_bytes = 1 << 20;
-    so.io_threads = 3;
-    so.overlap = overlap;
-    so.read_chunk_bytes = 4096;
-    attach_streaming(*model, so);
-    EXPECT_EQ(greedy(*model), resident_reference(path)) << "overlap " << overlap;
-    EXPECT_GT(model->experts->stats().bytes_read, 0u);
+  // 4 KiB: one alignment unit per read; 12 KiB: windows split into unequal counts of whole units
+  // (a 20 KiB window becomes 12 + 8 KiB).
+  for (uint64_t chunk : {4096u, 12288u}) {
+    for (bool overlap : {false, true}) {
+      LoadOptions lo;
+      lo.stream_experts = true;
+      auto model = load_model(path, lo);
+      StreamingOptions so;
+      so.cache_bytes = 1 << 20;
+      so.io_threads = 3;
+      so.overlap = overlap;
+      so.read_chunk_bytes = chunk;
+      attach_streaming(*model, so);
+      EXPECT_EQ(greedy(*model), resident_reference(path)) << "overlap " << overlap << ", chunk " << chunk;
+      EXPECT_GT(model->experts->stats().bytes_read, 0u);
+    }
   }
 }
 

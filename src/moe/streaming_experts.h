@@ -29,8 +29,8 @@ struct StreamingOptions {
   // loader sizes it to (window + 1) x top-k experts.
   uint64_t prefetch_bytes = 0;
   bool predict_log = false;  // keep one record per prediction (--predict-log)
-  // Largest single read; longer windows are split so every lane stays busy to the end of a
-  // layer. A multiple of the O_DIRECT alignment (4 KiB).
+  // Target read size; longer windows are split into equal reads of 2/3 to 3/2 of this so every
+  // lane stays busy to the end of a layer. A multiple of the O_DIRECT alignment (4 KiB).
   uint64_t read_chunk_bytes = 1 << 20;
 };
 
@@ -83,10 +83,11 @@ class StreamingExperts : public ExpertSource {
   // Lays out the reads of (layer, expert) into `buffer`; priority > 0 queues them behind
   // every urgent read.
   void queue_reads(int layer, int expert, Buffer& buffer, ReadTicket& ticket, int priority);
-  // One aligned window as reads of at most read_chunk_bytes each (the caller has counted them
-  // into the ticket).
+  // One aligned window as equal reads of about read_chunk_bytes each (the caller has counted
+  // them into the ticket).
   void submit_window(const DirectFile& file, uint64_t offset, uint64_t length, uint64_t required, uint8_t* dst,
                      ReadTicket& ticket, int priority);
+  uint64_t read_chunk_size(uint64_t window) const;
   uint64_t read_chunks(uint64_t window) const;
   // Prefetch staging: experts read ahead for a later layer.
   struct Staged {
