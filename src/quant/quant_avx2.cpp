@@ -196,7 +196,8 @@ float dot_mxfp4(const void* w, const void* a, int64_t n) {
 namespace {
 
 // The eight int32-lane sums of eight rows, each reduced to one int32: out lane k = sum of s[k].
-// Integer sums are exact, so the association does not matter.
+// Integer sums are exact, so the association does not matter. (Adding the maddubs outputs in
+// int16 first, exact for these ranges, takes fewer instructions but was not faster on Zen.)
 inline __m256i hsum8_i32(const __m256i s[8]) {
   const __m256i r0123 = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
   const __m256i r4567 = _mm256_hadd_epi32(_mm256_hadd_epi32(s[4], s[5]), _mm256_hadd_epi32(s[6], s[7]));
@@ -211,14 +212,6 @@ inline __m256 e8m0_half_x8(__m256i e) {
   const __m256i normal = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
   const __m256i is_tiny = _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e);
   return _mm256_castsi256_ps(_mm256_blendv_epi8(normal, tiny, is_tiny));
-}
-
-// The four bytes at the start of block b of each of the eight rows, one row per int32 lane.
-// One gather: writing the eight scales to memory one by one and loading them as a vector stalled
-// on store forwarding (a quarter of the MXFP4 row kernel's time, measured with perf annotate).
-template <typename Block>
-inline __m256i gather_block_words(const Block* const* x, int64_t b, __m256i row_offsets) {
-  return _mm256_i32gather_epi32(reinterpret_cast<const int*>(x[0] + b), row_offsets, 1);
 }
 
 // 32 nibbles of 16 bytes as dot_rows_blocks wants them: the 16 bytes loaded into both halves,
@@ -244,14 +237,13 @@ void dot_rows_blocks(const void* w, size_t stride, const void* a, int64_t n, flo
   for (int k = 0; k < kRows8; ++k) x[k] = reinterpret_cast<const Block*>(base + k * stride);
   const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
   const __m256i table = Rows::table();
-  const __m256i row_offsets = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
-                                                 _mm256_set1_epi32(static_cast<int>(stride)));
   __m256 acc = _mm256_setzero_ps();
   for (int64_t b = 0; b < n / kQK; ++b) {
     // Prefetch the same place in the next group of rows (matmul hands a thread consecutive
     // groups). Eight streams prefetched a few KiB ahead within their own rows stayed at
     // 3.5-4.3 GB/s from DRAM here; one group ahead reads at 7.4 GB/s (in cache: 8.6).
     if ((b & 1) == 0) {  // every 34 bytes, so every cache line is touched
+#pragma GCC unroll 8
       for (int k = 0; k < kRows8; ++k) prefetch_ahead<64, 0>(reinterpret_cast<const char*>(x[k] + b) + kRows8 * stride);
     }
     const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[b].qs));
@@ -263,7 +255,7 @@ void dot_rows_blocks(const void* w, size_t stride, const void* a, int64_t n, flo
     }
     const int y_sum = hsum_i32(_mm256_madd_epi16(_mm256_maddubs_epi16(ones8, qy), ones16));
     const __m256i isum = _mm256_sub_epi32(hsum8_i32(sums), _mm256_set1_epi32(Rows::kOffset * y_sum));
-    const __m256 d = _mm256_mul_ps(Rows::scales(x, b, row_offsets), _mm256_set1_ps(f16(y[b].d)));
+    const __m256 d = _mm256_mul_ps(Rows::scales(x, b), _mm256_set1_ps(f16(y[b].d)));
     acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), d, acc);
   }
   _mm256_storeu_ps(out, acc);
@@ -274,17 +266,19 @@ void dot_rows_blocks(const void* w, size_t stride, const void* a, int64_t n, flo
 namespace {
 
 // The per-type parts of dot_rows_blocks (structs, not lambdas: the target pragma above covers
-// namespace-scope functions only).
+// namespace-scope functions only). The eight rows' block scales are loaded one by one into a
+// vector: one AVX2 gather was a third slower on AMD Zen (MXFP4 rows 11.1 -> 15.5 GB/s in L2
+// without it), and storing them to the stack to load as a vector stalls on store forwarding.
 struct Q4_0Rows {
   using Block = BlockQ4_0;
   static constexpr int kOffset = 8;  // a Q4_0 nibble is value + 8 already
   static __m256i table() { return _mm256_setzero_si256(); }
   static __m256i unsigned_quants(__m256i, __m256i nibbles) { return nibbles; }
-  static __m256 scales(const Block* const* x, int64_t b, __m256i row_offsets) {
-    // d is the block's first two bytes; the gather reads four, still inside the block.
-    const __m256i words = _mm256_and_si256(gather_block_words(x, b, row_offsets), _mm256_set1_epi32(0xFFFF));
-    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(words, words), _MM_SHUFFLE(3, 1, 2, 0));
-    return _mm256_cvtph_ps(_mm256_castsi256_si128(packed));
+  static __m256 scales(const Block* const* x, int64_t b) {
+    const __m128i d = _mm_setr_epi16(static_cast<short>(x[0][b].d), static_cast<short>(x[1][b].d), static_cast<short>(x[2][b].d),
+                                     static_cast<short>(x[3][b].d), static_cast<short>(x[4][b].d), static_cast<short>(x[5][b].d),
+                                     static_cast<short>(x[6][b].d), static_cast<short>(x[7][b].d));
+    return _mm256_cvtph_ps(d);
   }
 };
 
@@ -297,10 +291,8 @@ struct Mxfp4Rows {
     return _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(shifted)));
   }
   static __m256i unsigned_quants(__m256i table, __m256i nibbles) { return _mm256_shuffle_epi8(table, nibbles); }
-  static __m256 scales(const Block* const* x, int64_t b, __m256i row_offsets) {
-    // e is the block's first byte; the gather reads four, still inside the block.
-    const __m256i e = _mm256_and_si256(gather_block_words(x, b, row_offsets), _mm256_set1_epi32(0xFF));
-    return e8m0_half_x8(e);
+  static __m256 scales(const Block* const* x, int64_t b) {
+    return e8m0_half_x8(_mm256_setr_epi32(x[0][b].e, x[1][b].e, x[2][b].e, x[3][b].e, x[4][b].e, x[5][b].e, x[6][b].e, x[7][b].e));
   }
 };
 
@@ -319,6 +311,7 @@ void dot_rows_q8_0(const void* w, size_t stride, const void* a, int64_t n, float
   for (int k = 0; k < kRows8; ++k) acc[k] = _mm256_setzero_ps();
   for (int64_t b = 0; b < n / kQK; ++b) {
     if ((b & 1) == 0) {  // every 68 bytes: each cache line is touched at least once
+#pragma GCC unroll 8
       for (int k = 0; k < kRows8; ++k) prefetch_ahead<64, 0>(reinterpret_cast<const char*>(x[k] + b) + kRows8 * stride);
     }
     const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[b].qs));
