@@ -523,6 +523,24 @@ TEST(RouteTrace, RoundTripsAndReplaysKnownBeladyAndLru) {
   for (const auto& p : cache_policy_names()) EXPECT_EQ(replay_trace(t, p, 3 << 20).hits, 27u) << p;
 }
 
+TEST(RouteTrace, LayerBeladyPaysForItsEqualShares) {
+  // Two layers, 1 MiB experts, cache 4 MiB: layer 0 cycles through experts 0,1,2, layer 1 always
+  // routes to expert 0. Belady gives layer 0 three slots and layer 1 one: everything after the
+  // first visit of each expert hits (27 + 29). An even split leaves layer 0 two slots on its
+  // cycle of three: 18 hits there (as in the one-layer case above), 29 in layer 1.
+  const std::string path = temp_path("two-layer.route.csv");
+  {
+    RouteTraceWriter w(path, "m", "qwen3moe", 2, 4, 1, {1 << 20, 1 << 20}, {0, 0});
+    for (int step = 0; step < 30; ++step) {
+      w.write({0, 1, step, 0, 0, step % 3, 1.0f, 0, 1 << 20});
+      w.write({0, 1, step, 1, 0, 0, 1.0f, 0, 1 << 20});
+    }
+  }
+  const RouteTrace t = RouteTrace::load(path);
+  EXPECT_EQ(replay_trace(t, "belady", 4 << 20).hits, 56u);
+  EXPECT_EQ(replay_trace(t, "layer-belady", 4 << 20).hits, 47u);
+}
+
 TEST(RouteTrace, MalformedTraceIsRejected) {
   const std::string path = temp_path("bad.route.csv");
   {

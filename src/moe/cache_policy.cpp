@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <optional>
 #include <unordered_set>
 
 #include "core/error.h"
@@ -158,20 +159,37 @@ class LfuPolicy : public CachePolicy {
   std::unordered_map<ExpertKey, uint64_t> last_;
 };
 
-// The reference engine's policy: the budget split evenly between layers, LFU inside each.
-class LayerLfuPolicy : public LfuPolicy {
+// The budget split evenly between layers: each layer's bytes and whether a newcomer fits its
+// share (used by the partitioned policies).
+class LayerShares {
  public:
-  LayerLfuPolicy(int n_layers, uint64_t budget) : share_(budget / static_cast<uint64_t>(std::max(1, n_layers))) {}
-  std::string name() const override { return "layer-lfu"; }
-  void on_insert(const Access& a) override {
+  LayerShares(int n_layers, uint64_t budget) : share_(budget / static_cast<uint64_t>(std::max(1, n_layers))) {}
+  void inserted(const Access& a) {
     layer_used_[key_layer(a.key)] += a.bytes;
     bytes_[a.key] = a.bytes;
   }
-  void on_evict(ExpertKey k) override { layer_used_[key_layer(k)] -= bytes_[k]; }
-  bool needs_room(const Access& incoming, uint64_t used, uint64_t budget) const override {
+  void evicted(ExpertKey k) { layer_used_[key_layer(k)] -= bytes_[k]; }
+  bool full_for(const Access& incoming) const {
     const auto it = layer_used_.find(key_layer(incoming.key));
     const uint64_t layer_used = it == layer_used_.end() ? 0 : it->second;
-    return layer_used + incoming.bytes > share_ || used + incoming.bytes > budget;
+    return layer_used + incoming.bytes > share_;
+  }
+
+ private:
+  uint64_t share_;
+  std::unordered_map<int, uint64_t> layer_used_;
+  std::unordered_map<ExpertKey, uint64_t> bytes_;
+};
+
+// The reference engine's policy: the budget split evenly between layers, LFU inside each.
+class LayerLfuPolicy : public LfuPolicy {
+ public:
+  LayerLfuPolicy(int n_layers, uint64_t budget) : shares_(n_layers, budget) {}
+  std::string name() const override { return "layer-lfu"; }
+  void on_insert(const Access& a) override { shares_.inserted(a); }
+  void on_evict(ExpertKey k) override { shares_.evicted(k); }
+  bool needs_room(const Access& incoming, uint64_t used, uint64_t budget) const override {
+    return shares_.full_for(incoming) || used + incoming.bytes > budget;
   }
   bool choose_victim(const Access& incoming, const ResidentSet& residents, ExpertKey& victim) override {
     const int layer = key_layer(incoming.key);
@@ -191,9 +209,7 @@ class LayerLfuPolicy : public LfuPolicy {
   }
 
  private:
-  uint64_t share_;
-  std::unordered_map<int, uint64_t> layer_used_;
-  std::unordered_map<ExpertKey, uint64_t> bytes_;
+  LayerShares shares_;
 };
 
 // Exponentially decayed frequency: each access adds 1, the score halves every `half_life`
@@ -244,17 +260,31 @@ class EwmaPolicy : public CachePolicy {
 
 // Belady's MIN with bypass: evict the resident needed farthest ahead; do not cache a newcomer
 // needed later than all of them.
+// Belady's offline optimum: evicts the resident needed farthest in the future, and caches a
+// newcomer only if it is needed sooner than that. With `shares`, the same rule inside an even
+// per-layer split of the budget ("layer-belady"): the best any per-layer partition with equal
+// shares can do, which separates what partitioning costs from what not knowing the future costs.
 class BeladyPolicy : public CachePolicy {
  public:
-  explicit BeladyPolicy(std::span<const Access> future) {
+  BeladyPolicy(std::span<const Access> future, std::optional<LayerShares> shares) : shares_(std::move(shares)) {
     for (const Access& a : future) uses_[a.key].push_back(a.time);
   }
-  std::string name() const override { return "belady"; }
+  std::string name() const override { return shares_ ? "layer-belady" : "belady"; }
   void on_access(const Access& a, bool) override { now_ = a.time; }
+  void on_insert(const Access& a) override {
+    if (shares_) shares_->inserted(a);
+  }
+  void on_evict(ExpertKey k) override {
+    if (shares_) shares_->evicted(k);
+  }
+  bool needs_room(const Access& incoming, uint64_t used, uint64_t budget) const override {
+    return (shares_ && shares_->full_for(incoming)) || used + incoming.bytes > budget;
+  }
   bool choose_victim(const Access& incoming, const ResidentSet& residents, ExpertKey& victim) override {
     bool found = false;
     uint64_t farthest = 0;
     residents.for_each_evictable([&](ExpertKey k) {
+      if (shares_ && key_layer(k) != key_layer(incoming.key)) return;
       const uint64_t t = next_use(k);
       if (!found || t > farthest || (t == farthest && k < victim)) {
         found = true;
@@ -275,6 +305,7 @@ class BeladyPolicy : public CachePolicy {
   }
   uint64_t now_ = 0;
   std::unordered_map<ExpertKey, std::vector<uint64_t>> uses_;
+  std::optional<LayerShares> shares_;
 };
 
 // Expected reuse distance: Belady's rule (evict what is needed farthest ahead) with the future
@@ -386,7 +417,11 @@ std::unique_ptr<CachePolicy> make_cache_policy(const std::string& name, int n_la
 }
 
 std::unique_ptr<CachePolicy> make_belady_policy(std::span<const Access> future) {
-  return std::make_unique<BeladyPolicy>(future);
+  return std::make_unique<BeladyPolicy>(future, std::nullopt);
+}
+
+std::unique_ptr<CachePolicy> make_layer_belady_policy(std::span<const Access> future, int n_layers, uint64_t budget_bytes) {
+  return std::make_unique<BeladyPolicy>(future, LayerShares(n_layers, budget_bytes));
 }
 
 }  // namespace bmoe

@@ -128,5 +128,8 @@ const char* default_cache_policy();
 // Belady's offline optimum: evicts the resident used farthest in the future. `future` is the
 // whole access sequence (by time) the simulation will replay.
 std::unique_ptr<CachePolicy> make_belady_policy(std::span<const Access> future);
+// Belady inside an even per-layer split of the budget (offline, for comparison: what the best
+// equal-share partition reaches).
+std::unique_ptr<CachePolicy> make_layer_belady_policy(std::span<const Access> future, int n_layers, uint64_t budget_bytes);
 
 }  // namespace bmoe

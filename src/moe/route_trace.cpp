@@ -181,10 +181,10 @@ ReplayResult replay_trace(const RouteTrace& trace, const std::string& policy, ui
   const auto visits = trace_visits(trace, &decode);
   Rng rng(options.seed);
   std::unique_ptr<CachePolicy> p;
-  if (policy == "belady") {
+  if (policy == "belady" || policy == "layer-belady") {
     std::vector<Access> all;
     for (const auto& v : visits) all.insert(all.end(), v.begin(), v.end());
-    p = make_belady_policy(all);
+    p = policy == "belady" ? make_belady_policy(all) : make_layer_belady_policy(all, trace.n_layer, budget_bytes);
   } else {
     p = make_cache_policy(policy, trace.n_layer, budget_bytes);
   }
