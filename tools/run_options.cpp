@@ -41,6 +41,12 @@ void add_run_flags(CLI::App& app, RunOptions& o) {
                    return s;
                  }(), default_cache_policy()));
   app.add_option("--io-threads", o.io_threads, "streaming: parallel read lanes")->capture_default_str()->check(CLI::Range(1, 32));
+  app.add_option("--read-chunk-kb", o.read_chunk_kb,
+                 "streaming: target size of one read in KiB (a multiple of 4); an expert's matrices are split into "
+                 "equal reads of about this size so that several lanes share one expert")
+      ->capture_default_str()->check(CLI::Range(4, 65536))->check(CLI::Validator(
+          [](const std::string& v) { return std::stoi(v) % 4 == 0 ? std::string() : v + " is not a multiple of 4"; },
+          "MULTIPLE OF 4"));
   app.add_flag("--no-odirect", o.no_odirect, "streaming: buffered reads instead of O_DIRECT");
   app.add_flag("--overlap", o.overlap, "streaming: compute resident experts while the missing ones are read");
   app.add_option("--prefetch", o.prefetch,
@@ -220,6 +226,7 @@ LoadedRun load_run(const RunOptions& o) {
     so.cache_bytes = run.cache_budget;
     so.policy = o.cache_policy;
     so.io_threads = o.io_threads;
+    so.read_chunk_bytes = static_cast<uint64_t>(o.read_chunk_kb) << 10;
     so.odirect = !o.no_odirect;
     so.overlap = o.overlap;
     attach_streaming(model, so);
