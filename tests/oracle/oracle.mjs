@@ -54,7 +54,9 @@ if (mode === "tokenize") {
   process.exit(0);
 }
 
-async function greedy(ctx, text, withTop2) {
+// progress: one stderr line per generated token (bench), so that a run stopped by a timeout
+// still tells how far it got.
+async function greedy(ctx, text, withTop2, progress = false) {
   const seq = ctx.getSequence();
   const prompt = tokenize(text);
   const tokens = [];
@@ -80,6 +82,7 @@ async function greedy(ctx, text, withTop2) {
     } else {
       tokens.push(step);
     }
+    if (progress) console.error(`llama.cpp: token ${tokens.length} at ${(Number(now - t0) / 1e9).toFixed(3)} s`);
     if (tokens.length >= n) break;
   }
   const t1 = process.hrtime.bigint();
@@ -118,7 +121,7 @@ if (mode === "probs") {
 if (mode === "bench") {
   const ctx = await model.createContext(contextOptions(4096));
   console.error(`llama.cpp: model loaded, decoding ${n} tokens`);
-  const r = await greedy(ctx, arg ?? "", false);
+  const r = await greedy(ctx, arg ?? "", false, true);
   // Decode rate from the first generated token to the last (prefill excluded).
   emit(JSON.stringify({tokens: r.tokens.length - 1, seconds: r.decode_s,
                         tok_s: (r.tokens.length - 1) / r.decode_s, first_token_s: r.first_token_s,
