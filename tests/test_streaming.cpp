@@ -52,6 +52,7 @@ struct StreamConfig {
   bool overlap = false;
   std::string policy;
   int prefetch = 0;
+  bool adapt = false;  // with overlap: probe both modes and keep the faster (--overlap)
 };
 
 std::unique_ptr<LoadedModel> streamed(const std::string& path, const StreamConfig& c) {
@@ -65,6 +66,7 @@ std::unique_ptr<LoadedModel> streamed(const std::string& path, const StreamConfi
   so.io_threads = c.lanes;
   so.odirect = c.odirect;
   so.overlap = c.overlap;
+  so.overlap_adapt = c.adapt;
   so.policy = c.policy;
   so.prefetch_bytes = prefetch_staging_bytes(model->expert_layout, model->transformer->config().n_expert_used, c.prefetch);
   attach_streaming(*model, so);
@@ -104,6 +106,15 @@ TEST_P(StreamingIdentity, GreedyOutputEqualsResident) {
   } else {
     EXPECT_EQ(st.prefetch_reads, 0u);
   }
+  if (GetParam().overlap && GetParam().adapt) {
+    // A probe ran: passes of both kinds, and the output above is still the resident one.
+    EXPECT_GE(st.overlapped_passes, static_cast<uint64_t>(OverlapChooser::kProbe));
+    EXPECT_GE(st.serial_passes, static_cast<uint64_t>(OverlapChooser::kProbe));
+    EXPECT_GT(st.probe_overlap_seconds, 0.0);
+    EXPECT_GT(st.probe_serial_seconds, 0.0);
+  } else {
+    EXPECT_EQ(st.serial_passes == 0, GetParam().overlap);
+  }
 }
 
 // One tiny-model expert slot is ~0.2 MiB; its 4 layers x 8 experts take ~6.6 MiB in all.
@@ -124,7 +135,49 @@ INSTANTIATE_TEST_SUITE_P(
                       StreamConfig{8, 2, true, DenseWeights::Anon, false, "", 2},
                       StreamConfig{8, 4, true, DenseWeights::Anon, true, "", 1},
                       StreamConfig{0, 1, true, DenseWeights::Anon, true, "", 3},
-                      StreamConfig{25, 4, true, DenseWeights::Anon, true, "lru", 2}));
+                      StreamConfig{25, 4, true, DenseWeights::Anon, true, "lru", 2},
+                      // adaptive overlap: probes switch modes pass by pass
+                      StreamConfig{8, 4, true, DenseWeights::Anon, true, "", 0, true},
+                      StreamConfig{0, 2, true, DenseWeights::Anon, true, "", 1, true}));
+
+// The chooser on a made-up clock: passes in the probe alternate the modes; afterwards the mode
+// with the shorter median pass time runs until the next probe.
+TEST(OverlapChooser, KeepsTheFasterModeAfterEachProbe) {
+  for (const bool serial_wins : {true, false}) {
+    OverlapChooser c(true, true);
+    double now = 0.0;
+    std::vector<bool> modes;
+    for (int p = 0; p < OverlapChooser::kPeriod + 2 * OverlapChooser::kProbe + 10; ++p) {
+      const bool overlapped = c.start_pass(now);
+      modes.push_back(overlapped);
+      // Overlapped passes take 1.0 s (or 0.5), serial ones 0.7 s; one outlier of each kind.
+      double t = overlapped ? (serial_wins ? 1.0 : 0.5) : 0.7;
+      if (p == OverlapChooser::kWarmup || p == OverlapChooser::kWarmup + 1) t *= 20;
+      now += t;
+    }
+    const int w = OverlapChooser::kWarmup, probe = 2 * OverlapChooser::kProbe;
+    for (int p = 0; p < w; ++p) EXPECT_TRUE(modes[p]);
+    for (int p = w; p < w + probe; ++p) EXPECT_EQ(modes[p], (p - w) % 2 == 0) << p;
+    for (int p = w + probe; p < w + OverlapChooser::kPeriod; ++p) EXPECT_EQ(modes[p], !serial_wins) << p;
+    EXPECT_NEAR(c.probe_overlap_seconds(), serial_wins ? 1.0 : 0.5, 1e-9);
+    EXPECT_NEAR(c.probe_serial_seconds(), 0.7, 1e-9);
+    // The next probe alternates again.
+    EXPECT_TRUE(modes[w + OverlapChooser::kPeriod]);
+    EXPECT_FALSE(modes[w + OverlapChooser::kPeriod + 1]);
+    EXPECT_EQ(c.overlapped_passes() + c.serial_passes(), modes.size());
+  }
+}
+
+TEST(OverlapChooser, FixedModes) {
+  OverlapChooser off(false, true), always(true, false);
+  for (int p = 0; p < 40; ++p) {
+    EXPECT_FALSE(off.start_pass(p));
+    EXPECT_TRUE(always.start_pass(p));
+  }
+  EXPECT_EQ(off.serial_passes(), 40u);
+  EXPECT_EQ(always.overlapped_passes(), 40u);
+  EXPECT_EQ(always.probe_overlap_seconds(), 0.0);
+}
 
 // Every family streams losslessly: shared experts (qwen2moe), MXFP4 experts with biases
 // (gpt-oss), gemma4's fused gate+up slices beside its dense FFN.

@@ -143,7 +143,8 @@ std::string config_json(const CliOptions& c, int threads, const LoadedModel& mod
     j["cache_policy"] = o.cache_policy.empty() ? default_cache_policy() : o.cache_policy;
     j["io_threads"] = o.io_threads;
     j["odirect"] = !o.no_odirect;
-    j["overlap"] = o.overlap;
+    j["overlap"] = o.overlap || o.overlap_always;
+    j["overlap_adaptive"] = o.overlap && !o.overlap_always;
     j["prefetch"] = o.prefetch;
   }
   j["route_ahead"] = o.route_ahead;
@@ -393,7 +394,7 @@ int run(const CliOptions& o) {
   }
 
   const ExpertStats final_stats = model->experts->stats();
-  const RunSummary summary = summarize(session.records(), o.run.overlap, final_stats);
+  const RunSummary summary = summarize(session.records(), final_stats);
   fmt::print(stderr, "{}", summary_lines(summary, o.run.moe_stream, o.run.io_threads, budget));
   if (drafts) {
     fmt::print(stderr, "speculative: drafted {}, accepted {} ({:.1f} %), {} verify passes, max draft {}\n",

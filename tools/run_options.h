@@ -32,6 +32,7 @@ struct RunOptions {
   int read_chunk_kb = 1024;
   bool no_odirect = false;
   bool overlap = false;
+  bool overlap_always = false;  // --overlap-always: no probing, overlap every pass
   int prefetch = 0;
   std::string predict_log;
   std::string cache_file;  // --cache-file: warm start from / save the hot set to this file

@@ -9,7 +9,7 @@
 
 namespace bmoe {
 
-RunSummary summarize(const std::vector<TokenRecord>& records, bool overlap, const ExpertStats& final_stats) {
+RunSummary summarize(const std::vector<TokenRecord>& records, const ExpertStats& final_stats) {
   RunSummary s;
   s.tokens = records.size();
   double compute = 0, io = 0, stall = 0, bytes = 0;
@@ -17,7 +17,8 @@ RunSummary summarize(const std::vector<TokenRecord>& records, bool overlap, cons
   for (const TokenRecord& r : records) {
     s.decode_seconds += r.wall_ms / 1e3;
     compute += r.compute_ms / 1e3;
-    io += (overlap ? r.io_ms : r.stall_ms) / 1e3;
+    io += (r.overlapped ? r.io_ms : r.stall_ms) / 1e3;
+    s.overlapped_tokens += r.overlapped ? 1 : 0;
     stall += r.stall_ms / 1e3;
     bytes += static_cast<double>(r.bytes_read);
     hits += r.hits;
@@ -34,18 +35,20 @@ RunSummary summarize(const std::vector<TokenRecord>& records, bool overlap, cons
   s.lookups = lookups;
   s.hit_rate = lookups ? static_cast<double>(hits) / static_cast<double>(lookups) : 0.0;
   s.evictions = final_stats.evictions;
+  s.probe_overlap_s = final_stats.probe_overlap_seconds;
+  s.probe_serial_s = final_stats.probe_serial_seconds;
   return s;
 }
 
 void write_token_csv(const std::string& path, const std::vector<TokenRecord>& records) {
   FILE* f = std::fopen(path.c_str(), "w");
   if (!f) fail_errno("cannot create " + path);
-  std::fprintf(f, "index,token,wall_ms,compute_ms,io_ms,stall_ms,experts_routed,cache_hits,cache_misses,bytes_read,cache_used_bytes,batch\n");
+  std::fprintf(f, "index,token,wall_ms,compute_ms,io_ms,stall_ms,experts_routed,cache_hits,cache_misses,bytes_read,cache_used_bytes,batch,overlapped\n");
   for (const TokenRecord& r : records) {
-    std::fprintf(f, "%d,%d,%.3f,%.3f,%.3f,%.3f,%llu,%llu,%llu,%llu,%llu,%d\n", r.index, r.token, r.wall_ms, r.compute_ms,
+    std::fprintf(f, "%d,%d,%.3f,%.3f,%.3f,%.3f,%llu,%llu,%llu,%llu,%llu,%d,%d\n", r.index, r.token, r.wall_ms, r.compute_ms,
                  r.io_ms, r.stall_ms, static_cast<unsigned long long>(r.routed), static_cast<unsigned long long>(r.hits),
                  static_cast<unsigned long long>(r.misses), static_cast<unsigned long long>(r.bytes_read),
-                 static_cast<unsigned long long>(r.cache_used), r.batch);
+                 static_cast<unsigned long long>(r.cache_used), r.batch, r.overlapped ? 1 : 0);
   }
   if (std::fclose(f) != 0) fail_errno("cannot write " + path);
 }
@@ -57,6 +60,13 @@ std::string summary_lines(const RunSummary& s, bool streaming, int lanes, uint64
                        s.compute_s_per_token, s.io_s_per_token, s.stall_s_per_token, s.read_mib_per_token, lanes);
     out += fmt::format("moe-cache: budget {} MiB, hit {:.1f} %, evictions {}\n", budget_bytes >> 20, 100.0 * s.hit_rate,
                        s.evictions);
+    if (s.probe_overlap_s > 0 || s.overlapped_tokens > 0) {
+      out += fmt::format("moe-overlap: {} of {} tokens overlapped", s.overlapped_tokens, s.tokens);
+      if (s.probe_overlap_s > 0) {
+        out += fmt::format("; latest probe {:.3f} s/pass overlapped vs {:.3f} serial", s.probe_overlap_s, s.probe_serial_s);
+      }
+      out += "\n";
+    }
   }
   out += fmt::format("generation: {} tokens, {:.4f} s/token, {:.2f} tok/s\n", s.tokens, s.seconds_per_token,
                      s.seconds_per_token > 0 ? 1.0 / s.seconds_per_token : 0.0);
@@ -78,7 +88,10 @@ void write_metrics(const std::string& path, const MetricsInput& m) {
                  {"stall_s_per_token", s.stall_s_per_token},
                  {"flash_read_mib_per_token", s.read_mib_per_token},
                  {"cache_hit_rate", s.hit_rate},
-                 {"cache_evictions", s.evictions}};
+                 {"cache_evictions", s.evictions},
+                 {"overlapped_tokens", s.overlapped_tokens},
+                 {"probe_overlap_s_per_pass", s.probe_overlap_s},
+                 {"probe_serial_s_per_pass", s.probe_serial_s}};
   nlohmann::json mem;
   mem["peak_rss_bytes"] = m.end_memory.peak_rss;
   mem["rss_bytes"] = m.end_memory.rss;

@@ -22,9 +22,13 @@ struct RunSummary {
   double hit_rate = 0;           // cache hits / expert lookups over decode
   uint64_t evictions = 0;
   uint64_t lookups = 0;
+  // --overlap: decode tokens whose pass overlapped, and the latest probe (0: none ran).
+  size_t overlapped_tokens = 0;
+  double probe_overlap_s = 0;
+  double probe_serial_s = 0;
 };
 
-RunSummary summarize(const std::vector<TokenRecord>& records, bool overlap, const ExpertStats& final_stats);
+RunSummary summarize(const std::vector<TokenRecord>& records, const ExpertStats& final_stats);
 
 void write_token_csv(const std::string& path, const std::vector<TokenRecord>& records);
 

@@ -111,6 +111,7 @@ void Session::record(int32_t token, double wall_seconds, const ExpertStats& befo
   r.misses = r.routed >= r.hits ? r.routed - r.hits : 0;
   r.bytes_read = part(after.bytes_read - before.bytes_read);
   r.cache_used = after.cache_used_bytes;
+  r.overlapped = after.overlapped_passes > before.overlapped_passes;
   records_.push_back(r);
 }
 

@@ -73,6 +73,11 @@ struct ExpertStats {
   uint64_t prefetch_wasted_bytes = 0;  // bytes read ahead that nobody used
   uint64_t cache_used_bytes = 0;
   uint64_t cache_budget_bytes = 0;
+  // --overlap: forward passes run in each mode, and the latest probe's median pass times.
+  uint64_t overlapped_passes = 0;
+  uint64_t serial_passes = 0;
+  double probe_overlap_seconds = 0;
+  double probe_serial_seconds = 0;
 };
 
 class ExpertSource {

@@ -14,7 +14,8 @@ StreamingExperts::StreamingExperts(ExpertLayout layout, const StreamingOptions& 
       lanes_(options.io_threads),
       cache_(options.cache_bytes,
              make_cache_policy(options.policy.empty() ? default_cache_policy() : options.policy,
-                               static_cast<int>(layout_.layers.size()), options.cache_bytes)) {
+                               static_cast<int>(layout_.layers.size()), options.cache_bytes)),
+      overlap_chooser_(options.overlap, options.overlap_adapt) {
   for (const std::string& path : layout_.files) {
     files_.push_back(std::make_unique<DirectFile>(path, options.odirect));
     if (!files_.back()->direct_note().empty()) notes_.push_back(path + ": " + files_.back()->direct_note());
@@ -281,7 +282,10 @@ void StreamingExperts::begin_layer(int layer, std::span<const int32_t> experts, 
     fail("internal: layer {} has no streamed experts", layer);
   }
   if (layer_ >= 0) fail("internal: begin_layer({}) while layer {} is open", layer, layer_);
-  if (layer <= last_layer_) ++token_;  // layers restart: a new token (or batch)
+  if (layer <= last_layer_) {  // layers restart: a new token (or batch)
+    ++token_;
+    overlap_now_ = overlap_chooser_.start_pass(now_seconds());
+  }
   last_layer_ = layer;
   layer_ = layer;
   experts_.assign(experts.begin(), experts.end());
@@ -391,7 +395,7 @@ int StreamingExperts::take_ready(std::vector<int>& ready) {
   };
   // Everything already in memory goes first (in serial mode only once all reads landed).
   const Stopwatch wait;
-  if (!options_.overlap) {
+  if (!overlap_now_) {
     for (size_t i = 0; i < n; ++i) {
       if (tickets_[i] && !lanes_.wait(*tickets_[i])) fail_layer(tickets_[i]->error());
     }
@@ -430,13 +434,17 @@ void StreamingExperts::end_layer() {
 ExpertStats StreamingExperts::stats() const {
   ExpertStats s = stats_;
   s.io_busy_seconds = lanes_.busy_seconds();
+  s.overlapped_passes = overlap_chooser_.overlapped_passes();
+  s.serial_passes = overlap_chooser_.serial_passes();
+  s.probe_overlap_seconds = overlap_chooser_.probe_overlap_seconds();
+  s.probe_serial_seconds = overlap_chooser_.probe_serial_seconds();
   return s;
 }
 
 std::string StreamingExperts::describe() const {
   return fmt::format("streamed ({} lanes, {}, cache {} MiB, policy {}{}{})", options_.io_threads,
                      files_.front()->direct_active() ? "O_DIRECT" : "buffered",
-                     options_.cache_bytes >> 20, cache_.policy_name(), options_.overlap ? ", overlap" : "",
+                     options_.cache_bytes >> 20, cache_.policy_name(), options_.overlap ? (options_.overlap_adapt ? ", overlap (adaptive)" : ", overlap") : "",
                      options_.prefetch_bytes ? fmt::format(", prefetch staging {} MiB", options_.prefetch_bytes >> 20) : "");
 }
 

@@ -15,6 +15,7 @@
 #include "moe/cache_policy.h"
 #include "moe/direct_io.h"
 #include "moe/expert_source.h"
+#include "moe/overlap_chooser.h"
 #include "moe/read_lanes.h"
 
 namespace bmoe {
@@ -25,6 +26,9 @@ struct StreamingOptions {
   int io_threads = 4;
   bool odirect = true;
   bool overlap = false;
+  // With overlap: measure both modes now and then and use the faster (see overlap_chooser.h);
+  // false: overlap every pass.
+  bool overlap_adapt = true;
   // Staging area for predictive prefetch (0: prefetch off). Outside the cache budget; the
   // loader sizes it to (window + 1) x top-k experts.
   uint64_t prefetch_bytes = 0;
@@ -135,6 +139,8 @@ class StreamingExperts : public ExpertSource {
   bool prefetch_paused_ = false;
 
   ExpertStats stats_;
+  OverlapChooser overlap_chooser_;
+  bool overlap_now_ = false;  // the mode of the current forward pass
   uint64_t token_ = 0;
   uint64_t time_ = 0;
   int last_layer_ = 1 << 30;
