@@ -96,7 +96,7 @@ void run_chunk(const Chunk& c) {
   const TypeKernels& k = kernels(job.weight->type);
   int64_t r = c.row_begin;
   if (k.dot_2x2 != nullptr && job.n >= 2) r = run_row_pairs(job, k, r, c.row_end);
-  else if (k.dot_rows != nullptr && job.weight->row_stride <= kMaxDotRowsStride) r = run_row_groups(job, k, r, c.row_end);
+  else if (k.dot_rows != nullptr) r = run_row_groups(job, k, r, c.row_end);
   run_rows_one_by_one(job, k.dot, r, c.row_end);
 }
 

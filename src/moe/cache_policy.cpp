@@ -258,8 +258,6 @@ class EwmaPolicy : public CachePolicy {
   std::unordered_map<ExpertKey, Score> score_;
 };
 
-// Belady's MIN with bypass: evict the resident needed farthest ahead; do not cache a newcomer
-// needed later than all of them.
 // Belady's offline optimum: evicts the resident needed farthest in the future, and caches a
 // newcomer only if it is needed sooner than that. With `shares`, the same rule inside an even
 // per-layer split of the budget ("layer-belady"): the best any per-layer partition with equal

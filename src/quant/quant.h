@@ -20,12 +20,10 @@ using QuantizeFn = void (*)(const float* src, void* dst, int64_t n);
 using DotFn = float (*)(const void* weights, const void* activations, int64_t n);
 // Dots `kDotRows` consecutive weight rows (row_stride bytes apart) with one activation row:
 // out[k] is bit-identical to dot(row k), it only shares the activation loads and the
-// horizontal sums between rows. Callers keep (kDotRows - 1) * row_stride below 2^31 (the x86
-// kernels gather the rows' block scales with 32-bit offsets).
+// horizontal sums between rows.
 using DotRowsFn = void (*)(const void* weights, size_t row_stride, const void* activations, int64_t n,
                            float* out);
 constexpr int kDotRows = 8;
-constexpr size_t kMaxDotRowsStride = 0x7FFFFFFF / (kDotRows - 1);
 // Dots two consecutive weight rows with two activation rows: out = {row0.a0, row0.a1,
 // row1.a0, row1.a1}, each bit-identical to dot(). For batches (arm64 i8mm).
 using DotPairsFn = void (*)(const void* weights, size_t row_stride, const void* a0, const void* a1, int64_t n,
