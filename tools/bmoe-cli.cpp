@@ -143,8 +143,8 @@ std::string config_json(const CliOptions& c, int threads, const LoadedModel& mod
     j["cache_policy"] = o.cache_policy.empty() ? default_cache_policy() : o.cache_policy;
     j["io_threads"] = o.io_threads;
     j["odirect"] = !o.no_odirect;
-    j["overlap"] = o.overlap || o.overlap_always;
-    j["overlap_adaptive"] = o.overlap && !o.overlap_always;
+    j["overlap"] = o.overlapping();
+    j["overlap_adaptive"] = o.adaptive_overlap();
     j["prefetch"] = o.prefetch;
   }
   j["route_ahead"] = o.route_ahead;

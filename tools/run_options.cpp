@@ -13,6 +13,7 @@
 #include "core/timer.h"
 #include "moe/cache_file.h"
 #include "moe/cache_policy.h"
+#include "moe/overlap_chooser.h"
 #include "telemetry/system.h"
 
 namespace bmoe {
@@ -49,8 +50,10 @@ void add_run_flags(CLI::App& app, RunOptions& o) {
           "MULTIPLE OF 4"));
   app.add_flag("--no-odirect", o.no_odirect, "streaming: buffered reads instead of O_DIRECT");
   app.add_flag("--overlap", o.overlap,
-               "streaming: compute resident experts while the missing ones are read; every 96 passes a short probe "
-               "alternates overlapped and serial passes and the faster mode is kept (output is the same either way)");
+               fmt::format("streaming: compute resident experts while the missing ones are read; every {} passes a "
+                           "probe alternates {} overlapped and {} serial passes and the faster mode is kept (output is "
+                           "the same either way)",
+                           OverlapChooser::kPeriod, OverlapChooser::kProbe, OverlapChooser::kProbe));
   app.add_flag("--overlap-always", o.overlap_always, "streaming: --overlap on every pass, without probing");
   app.add_option("--prefetch", o.prefetch,
                  "streaming: after each layer routes, predict the next N layers' experts with their routers and read "
@@ -231,8 +234,8 @@ LoadedRun load_run(const RunOptions& o) {
     so.io_threads = o.io_threads;
     so.read_chunk_bytes = static_cast<uint64_t>(o.read_chunk_kb) << 10;
     so.odirect = !o.no_odirect;
-    so.overlap = o.overlap || o.overlap_always;
-    so.overlap_adapt = !o.overlap_always;
+    so.overlap = o.overlapping();
+    so.overlap_adapt = o.adaptive_overlap();
     attach_streaming(model, so);
     for (const auto& note : model.streamer()->io_notes()) fmt::print(stderr, "warning: {}\n", note);
     if (!o.cache_file.empty()) warm_start(o, model);

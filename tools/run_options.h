@@ -51,6 +51,8 @@ struct RunOptions {
   DraftConfig draft_config(const ModelConfig& config) const;
   KvType kv() const { return kv_type == "f32" ? KvType::F32 : KvType::F16; }
   RoutingOptions routing() const { return {prefetch, route_ahead, drop_cold}; }
+  bool overlapping() const { return overlap || overlap_always; }
+  bool adaptive_overlap() const { return overlap && !overlap_always; }
   bool lossy() const { return route_ahead > 0 || drop_cold > 0.0f || n_expert_used > 0; }
 };
 

@@ -36,6 +36,8 @@ class OverlapChooser {
   static constexpr int kPeriod = 96;
 
  private:
+  // A pass's place in the probe (0 .. 2 kProbe - 1), or -1 outside one (warm-up included).
+  static int probe_slot(uint64_t pass);
   bool mode_for(uint64_t pass) const;
   void settle_probe();
 
