@@ -13,6 +13,7 @@
 #include "quant/blocks.h"
 #include "quant/quant.h"
 #include "quant/ref_kernels.h"
+#include "quant/simd_kernels.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -423,6 +424,28 @@ TEST(Dispatch, MultiRowKernelsEqualOneRowBitForBit) {
 #endif
   if (active_isa() == Isa::Scalar) GTEST_SKIP() << "no multi-row kernels on the scalar path";
 }
+
+#if defined(__x86_64__)
+// The eight-row Q8_0 kernel is in matmul's table on Intel only (dispatch.cpp), so the test
+// above skips it on AMD: check it directly, on every x86 machine with AVX2.
+TEST(Dispatch, EightRowQ8_0KernelEqualsOneRowOnEveryVendor) {
+  if (active_isa() != Isa::Avx2) GTEST_SKIP() << "no AVX2";
+  Rng rng(80);
+  const TypeKernels& k = kernels(TensorType::Q8_0);
+  for (int trial = 0; trial < 10; ++trial) {
+    const int64_t n = 256 * (1 + static_cast<int64_t>(rng.below(12)));
+    const size_t stride = row_bytes(TensorType::Q8_0, n) + sizeof(BlockQ8_0) * static_cast<size_t>(trial % 3);
+    const std::vector<uint8_t> rows = random_rows(rng, TensorType::Q8_0, n, kDotRows, stride);
+    const std::vector<uint8_t> qa = random_activations(rng, k, n, trial % 2 ? 1.0 : 50.0);
+    float got[kDotRows];
+    avx2::dot_rows_q8_0(rows.data(), stride, qa.data(), n, got);
+    for (int r = 0; r < kDotRows; ++r) {
+      EXPECT_EQ(float_bits(got[r]), float_bits(avx2::dot_q8_0(rows.data() + r * stride, qa.data(), n))) << "row " << r;
+    }
+  }
+  EXPECT_EQ(k.dot_rows != nullptr, !cpu_features().amd);
+}
+#endif
 
 // The two-rows-by-two-inputs kernels (arm64 i8mm) return, for each (row, input) pair, exactly
 // what the one-row kernel returns: batched matmuls use them.

@@ -20,6 +20,17 @@ bool has_f16c() {
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
   return __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 29)) != 0;
 }
+
+// CPUID leaf 0 spells the vendor in EBX, EDX, ECX.
+bool is_amd() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (!__get_cpuid(0, &eax, &ebx, &ecx, &edx)) return false;
+  char vendor[12];
+  std::memcpy(vendor, &ebx, 4);
+  std::memcpy(vendor + 4, &edx, 4);
+  std::memcpy(vendor + 8, &ecx, 4);
+  return std::memcmp(vendor, "AuthenticAMD", 12) == 0;
+}
 #endif
 
 CpuFeatures detect() {
@@ -27,6 +38,7 @@ CpuFeatures detect() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
   f.avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c();
+  f.amd = is_amd();
 #elif defined(__aarch64__)
   f.neon = true;
 #if defined(__linux__)

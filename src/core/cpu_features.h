@@ -11,6 +11,7 @@ struct CpuFeatures {
   bool dotprod = false;
   bool i8mm = false;
   bool fp16 = false;
+  bool amd = false;   // x86 vendor "AuthenticAMD": some kernel choices differ per vendor (dispatch.cpp)
 };
 
 // Detected features, possibly narrowed by the BMOE_ISA environment variable
