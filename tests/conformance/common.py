@@ -28,6 +28,14 @@ NODE_MODULES = os.path.join(REPO, "node_modules")
 PEER_PACKAGE = os.path.join("@node-llama-cpp", "linux-x64")
 
 
+def read_stamp(path):
+    """The text of a stamp file, or None when there is none."""
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return f.read()
+
+
 def pinned_peer_root(extra_exclude=()):
     """A node_modules mirror (under the build folder) without the excluded llama.cpp CPU
     backends: every package is a symlink except the prebuilt-binary package, whose files are
@@ -42,7 +50,7 @@ def pinned_peer_root(extra_exclude=()):
     root = os.path.join(BUILD, "peer-" + "-".join(excluded))
     stamp = os.path.join(root, ".stamp")
     key = f"{os.path.getmtime(bins)} {sorted(dropped)}"
-    if os.path.exists(stamp) and open(stamp).read() == key:
+    if read_stamp(stamp) == key:
         return root
     # Tests run in parallel: build in a private folder, then rename it into place.
     tmp = tempfile.mkdtemp(prefix="peer-", dir=BUILD)
@@ -109,7 +117,7 @@ def synth(name, preset, *extra):
     stamp = path + ".args"
     args = [tool("bmoe-synth"), "--preset", preset, "-o", path, *extra]
     key = json.dumps([args, os.path.getmtime(tool("bmoe-synth"))])  # rewrite when the generator changes
-    if not (os.path.exists(path) and os.path.exists(stamp) and open(stamp).read() == key):
+    if not (os.path.exists(path) and read_stamp(stamp) == key):
         try:
             run(args)
         except RuntimeError as e:
@@ -160,6 +168,16 @@ def bmoe_greedy(model, prompt, n=32, *extra):
     out = run([tool("bmoe-cli"), "-m", model, "-p", prompt, "-n", str(n), "--json", "--ignore-eos",
                "-t", THREADS, *extra])
     return json.loads(out.strip().splitlines()[-1])
+
+
+def bmoe_logits(model, prompt, env=None):
+    """The logits bmoe-cli computes after `prompt` (env: extra environment, e.g. BMOE_ISA)."""
+    import struct
+    with tempfile.NamedTemporaryFile(suffix=".bin") as f:
+        run([tool("bmoe-cli"), "-m", model, "-p", prompt, "-n", "1", "-t", THREADS, "--dump-logits", f.name],
+            env={**os.environ, **(env or {})})
+        raw = open(f.name, "rb").read()
+    return struct.unpack(f"{len(raw) // 4}f", raw)
 
 
 def first_divergence(a, b):

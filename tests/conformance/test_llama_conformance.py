@@ -17,12 +17,13 @@ Two numerical modes are checked: llama.cpp's default (f16 KV cache, flash attent
 bmoe's default, and a strict all-f32 attention (f32 KV, llama.cpp's classic attention path)
 against `bmoe-cli --kv-type f32`.
 """
+import math
 import os
 import sys
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import PEER_AVX512, bmoe_greedy, bmoe_tokenize, hard_divergence, oracle, release, synth  # noqa: E402
+from common import PEER_AVX512, bmoe_greedy, bmoe_logits, bmoe_tokenize, hard_divergence, oracle, release, synth  # noqa: E402
 
 TOKENIZER_CORPUS = [
     "Hello world",
@@ -74,6 +75,10 @@ class Conformance:
     chat = "chatml"      # the family's chat format (bmoe-cli --chat renders it)
     strict = True        # also run the all-f32 attention comparison
     peer_exclude = ()    # llama.cpp CPU levels to leave out for this model (see common.PEER_AVX512)
+    # Single-token check: widen the 2e-3 tolerance to twice the spread between two correct
+    # implementations measured in the same run (bmoe's scalar vs SIMD kernels, llama.cpp's
+    # AVX-512 vs AVX2 builds), for shapes where that spread alone is larger than 2e-3; at most 5e-2.
+    noise_floor = False
 
     @classmethod
     def setUpClass(cls):
@@ -134,24 +139,25 @@ class Conformance:
         """One prompt token: no attention mixing or batching differences, so the next-token
         distributions must agree closely (ratio of the top two probabilities within 2e-3)."""
         import json
-        import struct
-        import math
-        import subprocess
-        import tempfile
-        from common import tool
         ref = oracle("greedy", self.model, ["Hello"], 1, exclude=self.peer_exclude)[0]
-        with tempfile.NamedTemporaryFile(suffix=".bin") as f:
-            subprocess.run([tool("bmoe-cli"), "-m", self.model, "-p", "Hello", "-n", "1",
-                            "--dump-logits", f.name], check=True, capture_output=True)
-            raw = open(f.name, "rb").read()
-        logits = struct.unpack(f"{len(raw) // 4}f", raw)
-        top = max(logits)
-        total = sum(math.exp(x - top) for x in logits)
+        logits = bmoe_logits(self.model, "Hello")
         best, p1, second, p2 = ref["top2"][0]
         self.assertEqual(max(range(len(logits)), key=lambda i: logits[i]), best)
         # node-llama-cpp renormalises over a truncated candidate list, so compare ratios.
         ours_ratio = math.exp(logits[best] - logits[second])
-        self.assertAlmostEqual(ours_ratio / (p1 / p2), 1.0, delta=2e-3, msg=json.dumps(ref["top2"][0]))
+        tolerance = 2e-3
+        if self.noise_floor:
+            scalar = bmoe_logits(self.model, "Hello", {"BMOE_ISA": "scalar"})
+            own_spread = abs(math.exp(scalar[best] - scalar[second]) / ours_ratio - 1)
+            alt = oracle("greedy", self.model, ["Hello"], 1, exclude=sorted(set(self.peer_exclude) | set(PEER_AVX512)))[0]
+            alt_ratio = next((a1 / a2 for b, a1, s, a2 in alt["top2"][:1] if (b, s) == (best, second)), p1 / p2)
+            peer_spread = abs(alt_ratio / (p1 / p2) - 1)
+            # Capped: a wrong formula moves this ratio by far more than rounding can.
+            tolerance = min(max(tolerance, 2 * max(own_spread, peer_spread)), 5e-2)
+            print(f"\n{self.name}: top-2 ratio bmoe/llama.cpp {ours_ratio / (p1 / p2) - 1:+.2e}; noise floor: "
+                  f"bmoe scalar vs SIMD {own_spread:.2e}, llama.cpp AVX2 vs its default build {peer_spread:.2e}; "
+                  f"tolerance {tolerance:.2e}")
+        self.assertAlmostEqual(ours_ratio / (p1 / p2), 1.0, delta=tolerance, msg=json.dumps(ref["top2"][0]))
 
 
 class TinyQwen3Moe(Conformance, unittest.TestCase):
@@ -270,12 +276,19 @@ class TinyGemma4(Conformance, unittest.TestCase):
 
 class Gemma4_26B_Cut2(Conformance, unittest.TestCase):
     """2 layers of the Gemma-4-26B-A4B shape, the second one full attention (--swa-period 2),
-    real Gemma vocabulary."""
+    real Gemma vocabulary. This shape amplifies rounding: a last-bit difference before an
+    activation is quantized to Q8_K can move one quantized value by a step, and the top-2
+    ratio after "Hello" moved by 0.9 % between bmoe's own scalar and AVX2 kernels (both exact
+    to their summation order) and by up to 1.4 % between llama.cpp's AVX2 and AVX-512 builds
+    on other type mixes (measured 2026-12-03; the routing gaps there were 0.02-0.36, so no
+    expert choice flipped). With Q8_0 attention all three agree to 1e-7. The single-token
+    check therefore uses the measured noise floor (see Conformance.noise_floor)."""
     name = "gemma4-26b-cut2"
     preset = "gemma-4-26b-a4b"
     model_args = ("--layers", "2", "--swa-period", "2")
     chat = "gemma4"
     strict = False
+    noise_floor = True
 
 
 if __name__ == "__main__":
