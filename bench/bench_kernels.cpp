@@ -103,7 +103,7 @@ void register_all() {
       }
     };
     add("scalar", Isa::Scalar);
-    if (t == TensorType::Q4_K || t == TensorType::Q8_0 || t == TensorType::MXFP4) {
+    if (t == TensorType::Q4_K || t == TensorType::Q6_K || t == TensorType::Q8_0 || t == TensorType::MXFP4) {
       benchmark::RegisterBenchmark(("dot-dram/" + name).c_str(), [t](benchmark::State& s) {
         run(s, t, active_isa(), false, 65536);
       });
