@@ -435,8 +435,8 @@ float dot_q5_K(const void* w, const void* a, int64_t n) {
   return hsum(acc) - acc_min;
 }
 
-// Q6_K: the quants are summed unsigned (0..63) and the -32 offset is removed once per block
-// through the activation block sums, which is also how the int32 lanes are grouped in ggml.
+namespace {
+
 // pshufb indices that fill the low 128-bit lane with int16 scale 2 * part of a lane's eight
 // and the high lane with scale 2 * part + 1: one shuffle per 32 quants instead of two scalar
 // broadcasts and an insert (Q6_K 15.5-17.5 -> 19.7 GB/s in L2 on AMD EPYC, same results).
@@ -446,6 +446,10 @@ inline __m256i q6_scale_pick(int part) {
   return _mm256_add_epi8(first, _mm256_set1_epi8(static_cast<char>(4 * part)));
 }
 
+}  // namespace
+
+// Q6_K: the quants are summed unsigned (0..63) and the -32 offset is removed once per block
+// through the activation block sums, which is also how the int32 lanes are grouped in ggml.
 float dot_q6_K(const void* w, const void* a, int64_t n) {
   const auto* x = static_cast<const BlockQ6_K*>(w);
   const auto* y = static_cast<const BlockQ8_K*>(a);
