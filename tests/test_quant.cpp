@@ -388,6 +388,26 @@ std::vector<uint8_t> random_activations(Rng& rng, const TypeKernels& k, int64_t 
   return qa;
 }
 
+// One trial of a multi-row kernel: random rows of `t` (with gaps between them on some trials)
+// and a random activation row; each of the kDotRows outputs must equal k.dot on its row bit for
+// bit (and the scalar reference's, for the types whose one-row SIMD kernel keeps its order).
+void expect_rows_equal_one_row(Rng& rng, TensorType t, const TypeKernels& k, DotRowsFn rows_kernel, int trial) {
+  const int64_t n = 256 * (1 + static_cast<int64_t>(rng.below(12)));
+  const size_t stride = row_bytes(t, n) + type_info(t).block_bytes * static_cast<size_t>(trial % 3);
+  const std::vector<uint8_t> rows = random_rows(rng, t, n, kDotRows, stride);
+  const std::vector<uint8_t> qa = random_activations(rng, k, n, trial % 2 ? 1.0 : 50.0);
+  float got[kDotRows];
+  rows_kernel(rows.data(), stride, qa.data(), n, got);
+  for (int r = 0; r < kDotRows; ++r) {
+    const void* row = rows.data() + r * stride;
+    EXPECT_EQ(float_bits(got[r]), float_bits(k.dot(row, qa.data(), n))) << type_name(t) << " row " << r;
+    if (t == TensorType::Q4_0 || t == TensorType::MXFP4) {
+      const float scalar = kernels_for_isa(t, Isa::Scalar)->dot(row, qa.data(), n);
+      EXPECT_EQ(float_bits(got[r]), float_bits(scalar)) << type_name(t) << " row " << r;
+    }
+  }
+}
+
 // The multi-row kernels return, for each of their rows, exactly what the one-row kernel of the
 // same ISA returns (and the scalar reference, for the types whose one-row SIMD kernel keeps the
 // reference's order): matmul uses them wherever a whole group of rows fits.
@@ -399,20 +419,7 @@ TEST(Dispatch, MultiRowKernelsEqualOneRowBitForBit) {
       const TypeKernels* k = kernels_for_isa(t, isa);
       if (k == nullptr || k->dot_rows == nullptr) continue;
       for (int trial = 0; trial < 10; ++trial) {
-        const int64_t n = 256 * (1 + static_cast<int64_t>(rng.below(12)));
-        const size_t stride = row_bytes(t, n) + type_info(t).block_bytes * static_cast<size_t>(trial % 3);  // gaps too
-        const std::vector<uint8_t> rows = random_rows(rng, t, n, kDotRows, stride);
-        const std::vector<uint8_t> qa = random_activations(rng, *k, n, trial % 2 ? 1.0 : 50.0);
-        float got[kDotRows];
-        k->dot_rows(rows.data(), stride, qa.data(), n, got);
-        for (int r = 0; r < kDotRows; ++r) {
-          const void* row = rows.data() + r * stride;
-          EXPECT_EQ(float_bits(got[r]), float_bits(k->dot(row, qa.data(), n))) << type_name(t) << " row " << r;
-          if (t == TensorType::Q4_0 || t == TensorType::MXFP4) {
-            const float scalar = kernels_for_isa(t, Isa::Scalar)->dot(row, qa.data(), n);
-            EXPECT_EQ(float_bits(got[r]), float_bits(scalar)) << type_name(t) << " row " << r;
-          }
-        }
+        expect_rows_equal_one_row(rng, t, *k, k->dot_rows, trial);
         ++checked;
       }
     }
@@ -432,17 +439,8 @@ TEST(Dispatch, EightRowQ8_0KernelEqualsOneRowOnEveryVendor) {
   if (active_isa() != Isa::Avx2) GTEST_SKIP() << "no AVX2";
   Rng rng(80);
   const TypeKernels& k = kernels(TensorType::Q8_0);
-  for (int trial = 0; trial < 10; ++trial) {
-    const int64_t n = 256 * (1 + static_cast<int64_t>(rng.below(12)));
-    const size_t stride = row_bytes(TensorType::Q8_0, n) + sizeof(BlockQ8_0) * static_cast<size_t>(trial % 3);
-    const std::vector<uint8_t> rows = random_rows(rng, TensorType::Q8_0, n, kDotRows, stride);
-    const std::vector<uint8_t> qa = random_activations(rng, k, n, trial % 2 ? 1.0 : 50.0);
-    float got[kDotRows];
-    avx2::dot_rows_q8_0(rows.data(), stride, qa.data(), n, got);
-    for (int r = 0; r < kDotRows; ++r) {
-      EXPECT_EQ(float_bits(got[r]), float_bits(avx2::dot_q8_0(rows.data() + r * stride, qa.data(), n))) << "row " << r;
-    }
-  }
+  ASSERT_EQ(k.dot, &avx2::dot_q8_0);
+  for (int trial = 0; trial < 10; ++trial) expect_rows_equal_one_row(rng, TensorType::Q8_0, k, avx2::dot_rows_q8_0, trial);
   EXPECT_EQ(k.dot_rows != nullptr, !cpu_features().amd);
 }
 #endif

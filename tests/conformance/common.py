@@ -2,6 +2,7 @@
 import json
 import os
 import shutil
+import struct
 import subprocess
 import tempfile
 import unittest
@@ -172,11 +173,10 @@ def bmoe_greedy(model, prompt, n=32, *extra):
 
 def bmoe_logits(model, prompt, env=None):
     """The logits bmoe-cli computes after `prompt` (env: extra environment, e.g. BMOE_ISA)."""
-    import struct
     with tempfile.NamedTemporaryFile(suffix=".bin") as f:
         run([tool("bmoe-cli"), "-m", model, "-p", prompt, "-n", "1", "-t", THREADS, "--dump-logits", f.name],
             env={**os.environ, **(env or {})})
-        raw = open(f.name, "rb").read()
+        raw = f.read()  # bmoe-cli wrote the file through its own handle; this one is still at 0
     return struct.unpack(f"{len(raw) // 4}f", raw)
 
 
