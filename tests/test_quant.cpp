@@ -443,6 +443,31 @@ TEST(Dispatch, EightRowQ8_0KernelEqualsOneRowOnEveryVendor) {
   for (int trial = 0; trial < 10; ++trial) expect_rows_equal_one_row(rng, TensorType::Q8_0, k, avx2::dot_rows_q8_0, trial);
   EXPECT_EQ(k.dot_rows != nullptr, !cpu_features().amd);
 }
+
+// The AVX-512 Q4_K and Q6_K kernels return exactly what the AVX2 ones return (dispatch installs
+// them in the AVX2 table), on random blocks, several row lengths, small and large activations.
+TEST(Dispatch, Avx512KernelsEqualAvx2BitForBit) {
+  if (!cpu_features().avx512bw) GTEST_SKIP() << "no AVX-512 BW on this CPU (or BMOE_ISA narrowed it)";
+  struct Pair {
+    TensorType type;
+    DotFn avx2, avx512;
+  };
+  const Pair pairs[] = {{TensorType::Q4_K, avx2::dot_q4_K, avx512::dot_q4_K},
+                        {TensorType::Q6_K, avx2::dot_q6_K, avx512::dot_q6_K}};
+  Rng rng(81);
+  for (const Pair& p : pairs) {
+    EXPECT_EQ(kernels(p.type).dot, p.avx512) << type_name(p.type) << ": the dispatcher should pick the AVX-512 kernel";
+    for (int trial = 0; trial < 40; ++trial) {
+      const int64_t n = 256 * (1 + static_cast<int64_t>(rng.below(12)));
+      const auto w = random_raw_blocks(rng, p.type, n);
+      const std::vector<uint8_t> qa = random_activations(rng, kernels(p.type), n, trial % 2 ? 1.0 : 50.0);
+      const float want = p.avx2(w.data(), qa.data(), n);
+      EXPECT_EQ(float_bits(p.avx512(w.data(), qa.data(), n)), float_bits(want)) << type_name(p.type) << " n=" << n;
+      EXPECT_TRUE(std::isfinite(want));
+    }
+  }
+  EXPECT_EQ(active_isa_name(), "avx2+avx512");
+}
 #endif
 
 // The two-rows-by-two-inputs kernels (arm64 i8mm) return, for each (row, input) pair, exactly

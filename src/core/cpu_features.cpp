@@ -31,6 +31,19 @@ bool is_amd() {
   std::memcpy(vendor + 8, &ecx, 4);
   return std::memcmp(vendor, "AuthenticAMD", 12) == 0;
 }
+
+// AVX-512 F + BW (CPUID leaf 7, EBX bits 16 and 30), usable only where the OS saves the opmask
+// and 512-bit register state: XCR0 bits 1-2 (SSE, AVX) and 5-7 (opmask, ZMM0-15 upper halves,
+// ZMM16-31).
+bool has_avx512bw() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx) || (ecx & (1u << 27)) == 0) return false;  // OSXSAVE
+  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+  if ((ebx & (1u << 16)) == 0 || (ebx & (1u << 30)) == 0) return false;
+  unsigned xcr0_lo = 0, xcr0_hi = 0;
+  __asm__("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+  return (xcr0_lo & 0xE6u) == 0xE6u;
+}
 #endif
 
 CpuFeatures detect() {
@@ -38,6 +51,7 @@ CpuFeatures detect() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
   f.avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c();
+  f.avx512bw = f.avx2 && has_avx512bw();
   f.amd = is_amd();
 #elif defined(__aarch64__)
   f.neon = true;
@@ -54,6 +68,7 @@ CpuFeatures detect() {
 #endif
   const char* force = std::getenv("BMOE_ISA");
   if (force != nullptr && std::strcmp(force, "scalar") == 0) f = CpuFeatures{};
+  if (force != nullptr && std::strcmp(force, "avx2") == 0) f.avx512bw = false;
   return f;
 }
 
@@ -66,7 +81,7 @@ const CpuFeatures& cpu_features() {
 
 std::string active_isa_name() {
   const CpuFeatures& f = cpu_features();
-  if (f.avx2) return "avx2";
+  if (f.avx2) return f.avx512bw ? "avx2+avx512" : "avx2";
   if (f.neon) return f.dotprod ? (f.i8mm ? "neon-i8mm" : "neon-dotprod") : "neon";
   return "scalar";
 }

@@ -55,6 +55,10 @@ KernelTable avx2_table() {
   t.add(TensorType::Q4_K, TensorType::Q8_K, ref::dequantize_q4_K, avx2::dot_q4_K);
   t.add(TensorType::Q5_K, TensorType::Q8_K, ref::dequantize_q5_K, avx2::dot_q5_K);
   t.add(TensorType::Q6_K, TensorType::Q8_K, ref::dequantize_q6_K, avx2::dot_q6_K);
+  if (cpu_features().avx512bw) {  // same results, about twice the speed in cache on AMD Zen 5
+    t.add(TensorType::Q4_K, TensorType::Q8_K, ref::dequantize_q4_K, avx512::dot_q4_K);
+    t.add(TensorType::Q6_K, TensorType::Q8_K, ref::dequantize_q6_K, avx512::dot_q6_K);
+  }
   // Eight Q8_0 rows at once read a matrix from DRAM faster on the Intel Xeon we measured
   // (12.7 vs 9.7 GB/s, one core) and slower on AMD EPYC (20-22 vs 28-30 GB/s; gpt-oss-20b cut
   // 22.3 -> 26.7 tok/s without it): eight concurrent row streams against one sequential one.

@@ -25,6 +25,13 @@ void f16_scale(uint16_t* acc, float s, int64_t n);
 void f16_fma_into(uint16_t* acc, const uint16_t* v, float s, int64_t n);
 }  // namespace bmoe::avx2
 
+// AVX-512 F + BW versions of the heaviest AVX2 kernels, equal to them bit for bit; the AVX2
+// table uses them where cpu_features().avx512bw.
+namespace bmoe::avx512 {
+float dot_q4_K(const void* w, const void* a, int64_t n);
+float dot_q6_K(const void* w, const void* a, int64_t n);
+}  // namespace bmoe::avx512
+
 namespace bmoe::neon {
 float dot_f32(const void* w, const void* a, int64_t n);
 float dot_f16(const void* w, const void* a, int64_t n);
