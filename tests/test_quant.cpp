@@ -444,7 +444,7 @@ TEST(Dispatch, EightRowQ8_0KernelEqualsOneRowOnEveryVendor) {
   EXPECT_EQ(k.dot_rows != nullptr, !cpu_features().amd);
 }
 
-// The AVX-512 Q4_K and Q6_K kernels return exactly what the AVX2 ones return (dispatch installs
+// The AVX-512 Q4_K, Q6_K and MXFP4 eight-row kernels return exactly what the AVX2 ones return (dispatch installs
 // them in the AVX2 table), on random blocks, several row lengths, small and large activations.
 TEST(Dispatch, Avx512KernelsEqualAvx2BitForBit) {
   if (!cpu_features().avx512bw) GTEST_SKIP() << "no AVX-512 BW on this CPU (or BMOE_ISA narrowed it)";
@@ -465,6 +465,18 @@ TEST(Dispatch, Avx512KernelsEqualAvx2BitForBit) {
       EXPECT_EQ(float_bits(p.avx512(w.data(), qa.data(), n)), float_bits(want)) << type_name(p.type) << " n=" << n;
       EXPECT_TRUE(std::isfinite(want));
     }
+  }
+  // The eight-row MXFP4 kernel, odd block counts (the AVX2 fallback) included.
+  EXPECT_EQ(kernels(TensorType::MXFP4).dot_rows, &avx512::dot_rows_mxfp4);
+  for (int trial = 0; trial < 20; ++trial) {
+    const int64_t n = 32 * (1 + static_cast<int64_t>(rng.below(40)));
+    const size_t stride = row_bytes(TensorType::MXFP4, n) + type_info(TensorType::MXFP4).block_bytes * static_cast<size_t>(trial % 3);
+    const std::vector<uint8_t> rows = random_rows(rng, TensorType::MXFP4, n, kDotRows, stride);
+    const std::vector<uint8_t> qa = random_activations(rng, kernels(TensorType::MXFP4), n, trial % 2 ? 1.0 : 50.0);
+    float want[kDotRows], got[kDotRows];
+    avx2::dot_rows_mxfp4(rows.data(), stride, qa.data(), n, want);
+    avx512::dot_rows_mxfp4(rows.data(), stride, qa.data(), n, got);
+    for (int r = 0; r < kDotRows; ++r) EXPECT_EQ(float_bits(got[r]), float_bits(want[r])) << "MXFP4 rows, n=" << n << " row " << r;
   }
   EXPECT_EQ(active_isa_name(), "avx2+avx512");
 }

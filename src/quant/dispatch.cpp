@@ -65,7 +65,7 @@ KernelTable avx2_table() {
   // The results are the same either way.
   if (!cpu_features().amd) t.add_rows(TensorType::Q8_0, avx2::dot_rows_q8_0);
   t.add_rows(TensorType::Q4_0, avx2::dot_rows_q4_0);
-  t.add_rows(TensorType::MXFP4, avx2::dot_rows_mxfp4);
+  t.add_rows(TensorType::MXFP4, cpu_features().avx512bw ? avx512::dot_rows_mxfp4 : avx2::dot_rows_mxfp4);
   return t;
 }
 #endif

@@ -1,5 +1,6 @@
-// AVX-512 (F + BW) versions of the K-quant dot products that dominate decode: Q6_K (output
-// heads, down projections) and Q4_K (most expert and attention matrices of a Q4_K_M file).
+// AVX-512 (F + BW) versions of the dot products that dominate decode: Q6_K (output heads, down
+// projections), Q4_K (most expert and attention matrices of a Q4_K_M file) and the eight-row
+// MXFP4 kernel (gpt-oss's experts).
 // They are installed in the AVX2 kernel table where the CPU has AVX-512 (dispatch.cpp), and
 // they return exactly what the AVX2 kernels return: every 512-bit integer sum is folded to the
 // same int32 lanes (or the same single int32) the AVX2 kernel forms, before the same float
@@ -46,6 +47,41 @@ inline __m512i repeat_scales(int first, int lanes_per_scale) {
 // The low 256 bits plus the high 256 bits: lane j of the result sums lanes j and j + 8.
 inline __m256i fold_halves(__m512i v) {
   return _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+}
+
+// vphaddd within each 128-bit lane of a 512-bit vector: [a0+a1, a2+a3, b0+b1, b2+b3] per lane.
+inline __m512i hadd_lanes(__m512i a, __m512i b) {
+  const __m512 fa = _mm512_castsi512_ps(a), fb = _mm512_castsi512_ps(b);
+  return _mm512_add_epi32(_mm512_castps_si512(_mm512_shuffle_ps(fa, fb, 0x88)),
+                          _mm512_castps_si512(_mm512_shuffle_ps(fa, fb, 0xDD)));
+}
+
+// Eight rows' sums for two blocks: s[k] holds row k's int32 lanes of block b in its low 256
+// bits and of block b + 1 in its high ones. Returns row k's total for block b in lane k and for
+// block b + 1 in lane 8 + k.
+inline __m512i hsum8_i32_x2(const __m512i s[8]) {
+  const __m512i r0123 = hadd_lanes(hadd_lanes(s[0], s[1]), hadd_lanes(s[2], s[3]));
+  const __m512i r4567 = hadd_lanes(hadd_lanes(s[4], s[5]), hadd_lanes(s[6], s[7]));
+  // Each 128-bit lane holds four rows' partial sums: lanes 0-1 block b, lanes 2-3 block b + 1.
+  const __m512i sum = _mm512_add_epi32(_mm512_shuffle_i32x4(r0123, r4567, 0x88), _mm512_shuffle_i32x4(r0123, r4567, 0xDD));
+  return _mm512_shuffle_i32x4(sum, sum, 0xD8);  // (b: 0-3, b+1: 0-3, b: 4-7, b+1: 4-7) -> in order
+}
+
+// e8m0_to_fp32_half on sixteen exponents, bit for bit.
+inline __m512 e8m0_half_x16(__m512i e) {
+  const __m512i tiny = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e);  // e = 0 or 1
+  const __m512i normal = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
+  return _mm512_castsi512_ps(_mm512_mask_blend_epi32(_mm512_cmpgt_epi32_mask(_mm512_set1_epi32(2), e), normal, tiny));
+}
+
+inline __m256 high_half(__m512 v) { return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)); }
+
+// Two 32-byte halves from two places.
+inline __m512i join(__m256i low, __m256i high) { return _mm512_inserti64x4(_mm512_castsi256_si512(low), high, 1); }
+
+// A block's 16 bytes of quants in both 128-bit lanes.
+inline __m256i block_bytes(const BlockMXFP4& blk) {
+  return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk.qs)));
 }
 
 }  // namespace
@@ -126,6 +162,57 @@ float dot_q4_K(const void* w, const void* a, int64_t n) {
     acc_min = std::fma(static_cast<float>(k_min_term(mins16, y[b].bsums)), f16(x[b].dmin) * y[b].d, acc_min);
   }
   return acc - acc_min;
+}
+
+// Eight MXFP4 rows, two blocks at a time: the AVX2 kernel's per-block work (each row's exact
+// integer block sum, less 12 x the activation sum; then one multiply-add per block into lane k of
+// one accumulator) done for blocks b and b + 1 side by side in the two halves of each 512-bit
+// vector, then applied to the accumulator block b first. Equal to avx2::dot_rows_mxfp4 bit for
+// bit, which also takes an odd block count (one block at a time would gain nothing here).
+void dot_rows_mxfp4(const void* w, size_t stride, const void* a, int64_t n, float* out) {
+  const int64_t blocks = n / kQK;
+  if (blocks % 2 != 0) {
+    avx2::dot_rows_mxfp4(w, stride, a, n, out);
+    return;
+  }
+  constexpr int kRows = kDotRows;
+  const auto* base = static_cast<const uint8_t*>(w);
+  const auto* y = static_cast<const BlockQ8_0*>(a);
+  const BlockMXFP4* x[kRows];
+  for (int k = 0; k < kRows; ++k) x[k] = reinterpret_cast<const BlockMXFP4*>(base + k * stride);
+  constexpr int kOffset = 12;  // doubled E2M1 values are -12..12: table entries value + 12
+  alignas(16) uint8_t shifted[16];
+  for (int i = 0; i < 16; ++i) shifted[i] = static_cast<uint8_t>(kMxfp4Values[i] + kOffset);
+  const __m512i table = _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(shifted)));
+  const __m512i ones8 = _mm512_set1_epi8(1), ones16 = _mm512_set1_epi16(1), low_mask = _mm512_set1_epi8(0x0F);
+  // A block's 16 bytes sit in both 128-bit lanes of its half; the upper lane takes the high nibbles.
+  const __m512i nibble_shift = _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t b = 0; b < blocks; b += 2) {
+    // The next group of rows, as the AVX2 kernel prefetches (68 bytes per row per step here).
+#pragma GCC unroll 8
+    for (int k = 0; k < kRows; ++k) prefetch_ahead<64, 0>(reinterpret_cast<const char*>(x[k] + b) + kRows * stride);
+    const __m512i qy = join(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[b].qs)),
+                            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[b + 1].qs)));
+    __m512i sums[kRows];
+#pragma GCC unroll 8  // keeps the eight sums in registers
+    for (int k = 0; k < kRows; ++k) {
+      const __m512i nibbles = _mm512_and_si512(_mm512_srlv_epi64(join(block_bytes(x[k][b]), block_bytes(x[k][b + 1])), nibble_shift), low_mask);
+      sums[k] = _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_shuffle_epi8(table, nibbles), qy), ones16);
+    }
+    const __m512i y_sums = _mm512_madd_epi16(_mm512_maddubs_epi16(ones8, qy), ones16);
+    const int y0 = hsum_i32(_mm512_castsi512_si256(y_sums)), y1 = hsum_i32(_mm512_extracti64x4_epi64(y_sums, 1));
+    const __m512i offset = join(_mm256_set1_epi32(kOffset * y0), _mm256_set1_epi32(kOffset * y1));
+    const __m512 isum = _mm512_cvtepi32_ps(_mm512_sub_epi32(hsum8_i32_x2(sums), offset));
+    const __m512 scales = e8m0_half_x16(_mm512_setr_epi32(x[0][b].e, x[1][b].e, x[2][b].e, x[3][b].e, x[4][b].e, x[5][b].e, x[6][b].e, x[7][b].e,
+                                                          x[0][b + 1].e, x[1][b + 1].e, x[2][b + 1].e, x[3][b + 1].e, x[4][b + 1].e,
+                                                          x[5][b + 1].e, x[6][b + 1].e, x[7][b + 1].e));
+    const __m256 d0 = _mm256_mul_ps(_mm512_castps512_ps256(scales), _mm256_set1_ps(f16(y[b].d)));
+    const __m256 d1 = _mm256_mul_ps(high_half(scales), _mm256_set1_ps(f16(y[b + 1].d)));
+    acc = _mm256_fmadd_ps(_mm512_castps512_ps256(isum), d0, acc);
+    acc = _mm256_fmadd_ps(high_half(isum), d1, acc);
+  }
+  _mm256_storeu_ps(out, acc);
 }
 
 }  // namespace bmoe::avx512

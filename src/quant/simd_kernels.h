@@ -30,6 +30,7 @@ void f16_fma_into(uint16_t* acc, const uint16_t* v, float s, int64_t n);
 namespace bmoe::avx512 {
 float dot_q4_K(const void* w, const void* a, int64_t n);
 float dot_q6_K(const void* w, const void* a, int64_t n);
+void dot_rows_mxfp4(const void* w, size_t stride, const void* a, int64_t n, float* out);
 }  // namespace bmoe::avx512
 
 namespace bmoe::neon {
