@@ -53,6 +53,7 @@ struct StreamConfig {
   std::string policy;
   int prefetch = 0;
   bool adapt = false;  // with overlap: probe both modes and keep the faster (--overlap)
+  int affinity = 0;    // prefetch from the routing history, this many layers ahead (--predictor affinity)
 };
 
 std::unique_ptr<LoadedModel> streamed(const std::string& path, const StreamConfig& c) {
@@ -68,7 +69,11 @@ std::unique_ptr<LoadedModel> streamed(const std::string& path, const StreamConfi
   so.overlap = c.overlap;
   so.overlap_adapt = c.adapt;
   so.policy = c.policy;
-  so.prefetch_bytes = prefetch_staging_bytes(model->expert_layout, model->transformer->config().n_expert_used, c.prefetch);
+  const int top_k = model->transformer->config().n_expert_used;
+  so.top_k = top_k;
+  so.affinity_window = c.affinity;
+  so.prefetch_bytes = prefetch_staging_bytes(model->expert_layout, (c.prefetch ? top_k : 0) + (c.affinity ? top_k : 0),
+                                             std::max(c.prefetch, c.affinity));
   attach_streaming(*model, so);
   return model;
 }
@@ -94,6 +99,14 @@ TEST_P(StreamingIdentity, GreedyOutputEqualsResident) {
   EXPECT_GT(st.requests, 0u);
   EXPECT_EQ(st.hits + st.misses, st.requests);
   EXPECT_LE(st.cache_used_bytes, st.cache_budget_bytes);
+  if (GetParam().affinity > 0) {
+    // The history predictor learned from the decoded tokens and made checked guesses.
+    EXPECT_GT(st.predicted_by[static_cast<int>(PredictionSource::Affinity)], 0u);
+    EXPECT_LE(st.prefetch_used, st.prefetch_reads);
+  }
+  if (GetParam().prefetch == 0) {
+    EXPECT_EQ(st.predicted_by[static_cast<int>(PredictionSource::Router)], 0u);
+  }
   if (GetParam().prefetch > 0) {
     // Predictions were made and checked, and some reads ahead were used (this model routes
     // 2 of 8 experts: even chance guessing gets a quarter right).
@@ -103,7 +116,7 @@ TEST_P(StreamingIdentity, GreedyOutputEqualsResident) {
     EXPECT_GT(st.prefetch_used, 0u);
     EXPECT_LE(st.prefetch_used, st.prefetch_reads);
     EXPECT_LE(st.prefetch_used, st.misses);
-  } else {
+  } else if (GetParam().affinity == 0) {
     EXPECT_EQ(st.prefetch_reads, 0u);
   }
   if (GetParam().overlap && GetParam().adapt) {
@@ -138,7 +151,12 @@ INSTANTIATE_TEST_SUITE_P(
                       StreamConfig{25, 4, true, DenseWeights::Anon, true, "lru", 2},
                       // adaptive overlap: probes switch modes pass by pass
                       StreamConfig{8, 4, true, DenseWeights::Anon, true, "", 0, true},
-                      StreamConfig{0, 2, true, DenseWeights::Anon, true, "", 1, true}));
+                      StreamConfig{0, 2, true, DenseWeights::Anon, true, "", 1, true},
+                      // prefetch from the routing history: alone, two layers ahead with overlap,
+                      // beside the routers' predictions
+                      StreamConfig{0, 4, true, DenseWeights::Anon, false, "", 0, false, 1},
+                      StreamConfig{8, 2, true, DenseWeights::Anon, true, "", 0, false, 2},
+                      StreamConfig{8, 4, true, DenseWeights::Anon, true, "", 1, true, 1}));
 
 // The chooser on a made-up clock: passes in the probe alternate the modes; afterwards the mode
 // with the shorter median pass time runs until the next probe.
@@ -241,6 +259,95 @@ TEST(Prefetch, PausesItselfWhilePredictionsAreWrong) {
   EXPECT_LT(static_cast<double>(st.predicted_correct), 0.3 * static_cast<double>(st.predicted));
   EXPECT_LT(st.prefetch_reads, st.predicted / 2);  // paused for most of the run
   EXPECT_TRUE(model->streamer()->prefetch_paused());
+}
+
+// Routing forced into a pattern the model's routers cannot know (as --route-replay forces a
+// real trace): layer l routes {a + l, a + l + 4} (mod 8) with a = position mod 8, so an expert at
+// layer l is always followed by its successor at layer l + 1. The routers' guesses are then wrong
+// and pause themselves, the routing history predicts the pattern, and either way the tokens are
+// the ones decoding without prefetch gives under the same routing.
+TEST(Prefetch, AffinityPredictsForcedRoutingWhileRoutersPause) {
+  const std::string path = test_model_path("tiny-qwen3moe", 4);
+  const auto force = [](RouteEvent& e) {
+    const int a = e.position % e.n_expert;
+    (*e.experts)[0] = (a + e.layer) % e.n_expert;
+    (*e.experts)[1] = (a + e.layer + 4) % e.n_expert;
+  };
+  const auto run = [&](LoadedModel& model, RoutingOptions routing) {
+    ThreadPool pool(2);
+    Session s(model, pool, 512, 64, SamplerConfig{});
+    s.state().set_routing_options(routing);
+    s.state().set_route_hook(force);
+    s.prefill(model.tokenizer->encode("the quick brown fox", false, false));
+    std::vector<int32_t> out;
+    for (int i = 0; i < 48; ++i) {
+      out.push_back(s.sample());
+      s.accept(out.back());
+    }
+    return out;
+  };
+  auto plain = streamed(path, {0, 4});
+  const std::vector<int32_t> want = run(*plain, {});
+  auto model = streamed(path, {0, 4, true, DenseWeights::Anon, true, "", 1, false, 1});
+  EXPECT_EQ(run(*model, RoutingOptions{1}), want);
+  const ExpertStats st = model->experts->stats();
+  const int router = static_cast<int>(PredictionSource::Router), affinity = static_cast<int>(PredictionSource::Affinity);
+  ASSERT_GT(st.predicted_by[affinity], 0u);
+  // Each (expert, successor) pair is learned the first time it is seen: after the first 8
+  // tokens every guess is right.
+  EXPECT_GT(static_cast<double>(st.correct_by[affinity]), 0.8 * static_cast<double>(st.predicted_by[affinity]));
+  EXPECT_GT(st.prefetch_used_by[affinity], 0u);
+  EXPECT_FALSE(model->streamer()->prefetch_paused(PredictionSource::Affinity));
+  EXPECT_LT(static_cast<double>(st.correct_by[router]), 0.5 * static_cast<double>(st.predicted_by[router]));
+  EXPECT_TRUE(model->streamer()->prefetch_paused(PredictionSource::Router));
+}
+
+TEST(AffinityPredictor, CountsPairsWithinATokenAndRanksByScore) {
+  // Two layers of 4 experts, top-2. Tokens: {0,1} -> {2,3}, {0,1} -> {2,3}, {0,2} -> {2,1}.
+  AffinityOptions o;
+  o.window = 1;
+  o.min_score = 0.5;
+  AffinityPredictor p({4, 4}, o);
+  const std::vector<std::vector<int32_t>> tokens[] = {{{0, 1}, {2, 3}}, {{0, 1}, {2, 3}}, {{0, 2}, {2, 1}}};
+  for (const auto& t : tokens) {
+    p.observe(0, t[0]);
+    p.observe(1, t[1]);
+  }
+  EXPECT_EQ(p.tokens_learned(), 3u);
+  // A token routing {0, 1} at layer 0: P(2|0) = 1, P(3|0) = 2/3, P(1|0) = 1/3; P(2|1) = 1,
+  // P(3|1) = 1. Mean scores: 2 -> 1, 3 -> 5/6, 1 -> 1/6 (below 0.5).
+  p.observe(0, std::vector<int32_t>{0, 1});
+  EXPECT_EQ(p.predict(0, 1), (std::vector<int32_t>{2, 3}));
+  // Expert 2 at layer 0 was seen once, followed by {2, 1}: both score 1, ties by id.
+  p.observe(0, std::vector<int32_t>{2});
+  EXPECT_EQ(p.predict(0, 1), (std::vector<int32_t>{1, 2}));
+  // Never-seen experts predict nothing; nor does a layer past the window or the last layer.
+  p.observe(0, std::vector<int32_t>{3});
+  EXPECT_TRUE(p.predict(0, 1).empty());
+  EXPECT_TRUE(p.predict(0, 2).empty());
+  EXPECT_TRUE(p.predict(1, 1).empty());
+}
+
+TEST(AffinityPredictor, WindowTwoAndTokenBreaks) {
+  AffinityOptions o;
+  o.window = 2;
+  o.min_score = 0.9;
+  AffinityPredictor p({4, 4, 4}, o);
+  for (int t = 0; t < 3; ++t) {
+    p.observe(0, std::vector<int32_t>{t});
+    p.observe(1, std::vector<int32_t>{3});
+    p.observe(2, std::vector<int32_t>{(t + 1) % 4});
+  }
+  p.observe(0, std::vector<int32_t>{1});
+  EXPECT_EQ(p.predict(0, 1), (std::vector<int32_t>{3}));
+  EXPECT_EQ(p.predict(0, 2), (std::vector<int32_t>{2}));  // layer 0 expert t -> layer 2 expert t + 1
+  // A visit of several tokens at once breaks the token: nothing to predict from until the
+  // next token's first layer, and no pairs learned across the break.
+  p.break_token();
+  EXPECT_TRUE(p.predict(0, 1).empty());
+  p.observe(2, std::vector<int32_t>{0});
+  p.observe(0, std::vector<int32_t>{1});
+  EXPECT_EQ(p.predict(0, 2), (std::vector<int32_t>{2}));
 }
 
 TEST(LossyKnobs, DropColdExpertsSkipsOnlyMisses) {
@@ -592,6 +699,41 @@ TEST(RouteTrace, LayerBeladyPaysForItsEqualShares) {
   const RouteTrace t = RouteTrace::load(path);
   EXPECT_EQ(replay_trace(t, "belady", 4 << 20).hits, 56u);
   EXPECT_EQ(replay_trace(t, "layer-belady", 4 << 20).hits, 47u);
+}
+
+TEST(RouteTrace, AffinityPrefetchCoversWhatItLearned) {
+  // Two layers, 1 MiB experts, top-1: layer 0 cycles through experts 0..3, layer 1 always routes
+  // to expert e + 4 after expert e. With no cache nothing hits; once a pair has been seen (the
+  // first 4 tokens), reading ahead covers every layer-1 lookup and nothing is wasted. Layer 0 is
+  // never covered: predictions stay within a token.
+  const std::string path = temp_path("affinity.route.csv");
+  {
+    RouteTraceWriter w(path, "m", "qwen3moe", 2, 8, 1, {1 << 20, 1 << 20}, {0, 0});
+    for (int step = 0; step < 30; ++step) {
+      w.write({0, 1, step, 0, 0, step % 4, 1.0f, 0, 1 << 20});
+      w.write({0, 1, step, 1, 0, 4 + step % 4, 1.0f, 0, 1 << 20});
+    }
+  }
+  const RouteTrace t = RouteTrace::load(path);
+  ReplayOptions o;
+  o.prefetch_window = 1;
+  const ReplayResult none = replay_trace(t, "reuse", 0, o);
+  EXPECT_EQ(none.lookups, 60u);
+  EXPECT_EQ(none.hits, 0u);
+  EXPECT_EQ(none.covered, 26u);
+  EXPECT_EQ(none.prefetch_reads, 26u);
+  EXPECT_EQ(none.prefetch_wasted_bytes, 0u);
+  EXPECT_EQ(none.bytes_read, 60u << 20);  // the same bytes, read earlier
+  EXPECT_NEAR(none.in_memory_rate(), 26.0 / 60.0, 1e-12);
+  // Room for every expert: after the first cycle all hit, and cached experts are never read ahead.
+  const ReplayResult all = replay_trace(t, "reuse", 8 << 20, o);
+  EXPECT_EQ(all.hits, 52u);
+  EXPECT_EQ(all.covered, 0u);
+  EXPECT_EQ(all.prefetch_reads, 0u);
+  // Without prefetch the figures are the plain cache's.
+  const ReplayResult off = replay_trace(t, "reuse", 0);
+  EXPECT_EQ(off.covered, 0u);
+  EXPECT_EQ(off.hits, 0u);
 }
 
 TEST(RouteTrace, MalformedTraceIsRejected) {

@@ -146,6 +146,7 @@ std::string config_json(const CliOptions& c, int threads, const LoadedModel& mod
     j["overlap"] = o.overlapping();
     j["overlap_adaptive"] = o.adaptive_overlap();
     j["prefetch"] = o.prefetch;
+    j["predictor"] = o.predictor;
   }
   j["route_ahead"] = o.route_ahead;
   j["drop_cold_experts"] = o.drop_cold;

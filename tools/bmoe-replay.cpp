@@ -1,6 +1,8 @@
 // bmoe-replay: replay a routing trace through the expert cache policies and print hit rates.
-//   bmoe-replay TRACE --budgets 1000,2000,3000,4000 [--policies lru,lfu,...]
-// One row per budget (MiB): the budget, then the decode-phase hit % of each policy.
+//   bmoe-replay TRACE --budgets 1000,2000,3000,4000 [--policies lru,lfu,...] [--prefetch N]
+// One row per budget (MiB): the budget, then the decode-phase hit % of each policy; with
+// --prefetch also the % of lookups found in memory (cached or read ahead); with --bytes the
+// MiB read per token (and, with --prefetch, how much of that was read ahead for nothing).
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
@@ -33,6 +35,13 @@ int main(int argc, char** argv) {
   app.add_flag("--bytes", bytes, "also print MiB read per decoded token for each policy");
   app.add_option("--predict", options.predict_window, "hint the policies with the current token's next N layers' experts (simulated router prediction)")->check(CLI::Range(0, 64));
   app.add_option("--predict-accuracy", options.predict_accuracy, "fraction of predicted experts that are right")->check(CLI::Range(0.0, 1.0))->capture_default_str();
+  app.add_option("--prefetch", options.prefetch_window,
+                 "read ahead as bmoe-cli --prefetch N --predictor affinity: guess each token's next N layers from "
+                 "routing history and read the best uncached guesses into a staging area outside the budget")
+      ->check(CLI::Range(0, 8));
+  app.add_option("--prefetch-reads", options.prefetch_reads, "reads ahead per predicted layer (default: top-k / 2)")->check(CLI::Range(0, 64));
+  app.add_option("--min-score", options.min_score, "affinity score a guess needs (mean pair probability)")
+      ->check(CLI::Range(0.0, 1.0))->capture_default_str();
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -62,21 +71,25 @@ int main(int argc, char** argv) {
       for (size_t i = 0; i < decode.size(); ++i) decode_tokens += decode[i] ? 1 : 0;
       decode_tokens /= static_cast<uint64_t>(trace.n_layer);
     }
+    const bool prefetch = options.prefetch_window > 0;
     fmt::print("{:>10}", "budget_mib");
     for (const auto& n : names) fmt::print(" {:>13}", n + "_hit%");
+    if (prefetch) for (const auto& n : names) fmt::print(" {:>15}", n + "_inmem%");
     if (bytes) for (const auto& n : names) fmt::print(" {:>16}", n + "_MiB/tok");
+    if (bytes && prefetch) for (const auto& n : names) fmt::print(" {:>18}", n + "_wasteMiB/tok");
     fmt::print("\n");
+    const auto per_token = [&](uint64_t b) {
+      return static_cast<double>(b) / 1048576.0 / static_cast<double>(std::max<uint64_t>(1, decode_tokens));
+    };
     for (double m : mib) {
       const uint64_t budget = static_cast<uint64_t>(m * 1024.0 * 1024.0);
       std::vector<ReplayResult> results;
       for (const auto& n : names) results.push_back(replay_trace(trace, n, budget, options));
       fmt::print("{:>10.0f}", m);
       for (const auto& r : results) fmt::print(" {:>13.1f}", 100.0 * r.hit_rate());
-      if (bytes) {
-        for (const auto& r : results) {
-          fmt::print(" {:>16.1f}", static_cast<double>(r.bytes_read) / 1048576.0 / static_cast<double>(std::max<uint64_t>(1, decode_tokens)));
-        }
-      }
+      if (prefetch) for (const auto& r : results) fmt::print(" {:>15.1f}", 100.0 * r.in_memory_rate());
+      if (bytes) for (const auto& r : results) fmt::print(" {:>16.1f}", per_token(r.bytes_read));
+      if (bytes && prefetch) for (const auto& r : results) fmt::print(" {:>18.1f}", per_token(r.prefetch_wasted_bytes));
       fmt::print("\n");
     }
     return 0;

@@ -56,9 +56,14 @@ void add_run_flags(CLI::App& app, RunOptions& o) {
                            OverlapChooser::kPeriod, OverlapChooser::kProbe, OverlapChooser::kProbe));
   app.add_flag("--overlap-always", o.overlap_always, "streaming: --overlap on every pass, without probing");
   app.add_option("--prefetch", o.prefetch,
-                 "streaming: after each layer routes, predict the next N layers' experts with their routers and read "
-                 "them ahead on idle lanes into a small staging area (lossless)")
+                 "streaming: after each layer routes, predict the next N layers' experts and read them ahead on idle "
+                 "lanes into a small staging area (lossless)")
       ->capture_default_str()->check(CLI::Range(0, 8));
+  app.add_option("--predictor", o.predictor,
+                 "streaming: what --prefetch predicts with: router (the next layers' routers applied to the current "
+                 "hidden state), affinity (which experts followed this token's experts in earlier tokens, learned as "
+                 "it runs), or both; each pauses itself while mostly wrong")
+      ->capture_default_str()->check(CLI::IsMember({"router", "affinity", "both"}));
   app.add_option("--predict-log", o.predict_log, "streaming: write the prefetch predictions checked against the real routing (CSV)");
   app.add_option("--cache-file", o.cache_file,
                  "streaming: start with the experts listed in FILE read into the cache (if it exists and was saved for "
@@ -150,12 +155,24 @@ void report_prefetch(const RunOptions& o, LoadedModel& model) {
   StreamingExperts* s = model.streamer();
   if (!s || (o.prefetch == 0 && o.route_ahead == 0)) return;
   const ExpertStats st = s->stats();
+  const auto percent = [](uint64_t part, uint64_t whole) {
+    return whole ? 100.0 * static_cast<double>(part) / static_cast<double>(whole) : 0.0;
+  };
   fmt::print(stderr,
              "prefetch: predicted {} experts, {:.1f} % right; read ahead {}, used {} ({:.1f} %), wasted {:.1f} MiB\n",
-             st.predicted, st.predicted ? 100.0 * static_cast<double>(st.predicted_correct) / static_cast<double>(st.predicted) : 0.0,
-             st.prefetch_reads, st.prefetch_used,
-             st.prefetch_reads ? 100.0 * static_cast<double>(st.prefetch_used) / static_cast<double>(st.prefetch_reads) : 0.0,
-             static_cast<double>(st.prefetch_wasted_bytes) / (1 << 20));
+             st.predicted, percent(st.predicted_correct, st.predicted), st.prefetch_reads, st.prefetch_used,
+             percent(st.prefetch_used, st.prefetch_reads), static_cast<double>(st.prefetch_wasted_bytes) / (1 << 20));
+  std::string by_source;
+  for (int i = 0; i < kPredictionSources; ++i) {
+    if (st.predicted_by[i] == 0) continue;
+    const auto source = static_cast<PredictionSource>(i);
+    by_source += fmt::format("{}{}: predicted {}, {:.1f} % right, read ahead {}, used {} ({:.1f} %){}",
+                             by_source.empty() ? "" : "; ", prediction_source_name(source), st.predicted_by[i],
+                             percent(st.correct_by[i], st.predicted_by[i]), st.prefetch_reads_by[i], st.prefetch_used_by[i],
+                             percent(st.prefetch_used_by[i], st.prefetch_reads_by[i]),
+                             s->prefetch_paused(source) ? ", paused at the end" : "");
+  }
+  if (!by_source.empty()) fmt::print(stderr, "prefetch: by predictor {}\n", by_source);
   std::string by_distance;
   for (int d = 1; d <= ExpertStats::kMaxDistance; ++d) {
     if (st.predicted_at[d] == 0) continue;
@@ -163,16 +180,16 @@ void report_prefetch(const RunOptions& o, LoadedModel& model) {
                                100.0 * static_cast<double>(st.correct_at[d]) / static_cast<double>(st.predicted_at[d]));
   }
   if (!by_distance.empty()) fmt::print(stderr, "prefetch: prediction accuracy {}\n", by_distance);
-  if (s->prefetch_paused()) {
-    fmt::print(stderr, "prefetch: paused at the end (predictions below 30 % right read only waste; it resumes above 45 %)\n");
+  if (s->prefetch_paused(PredictionSource::Router) || s->prefetch_paused(PredictionSource::Affinity)) {
+    fmt::print(stderr, "prefetch: a predictor paused at the end (predictions below 30 % right read only waste; it resumes above 45 %)\n");
   }
   if (o.predict_log.empty()) return;
   FILE* f = std::fopen(o.predict_log.c_str(), "w");
   if (!f) fail("--predict-log: cannot write {}", o.predict_log);
-  std::fprintf(f, "token,layer,distance,predicted,correct,prefetched\n");
+  std::fprintf(f, "token,layer,distance,predicted,correct,prefetched,predictor\n");
   for (const PredictionRecord& r : s->prediction_log()) {
-    std::fprintf(f, "%llu,%d,%d,%d,%d,%d\n", static_cast<unsigned long long>(r.token), r.layer, r.distance, r.predicted,
-                 r.correct, r.prefetched);
+    std::fprintf(f, "%llu,%d,%d,%d,%d,%d,%s\n", static_cast<unsigned long long>(r.token), r.layer, r.distance, r.predicted,
+                 r.correct, r.prefetched, prediction_source_name(r.source));
   }
   if (std::fclose(f) != 0) fail("--predict-log: cannot write {}", o.predict_log);
 }
@@ -224,11 +241,19 @@ LoadedRun load_run(const RunOptions& o) {
   if (o.moe_stream) {
     const uint64_t kv_bytes = static_cast<uint64_t>(cfg.kv_bytes_per_token()) * static_cast<uint64_t>(o.ctx_size) *
                               (o.kv_type == "f32" ? 2 : 1);
-    const uint64_t staging = prefetch_staging_bytes(model.expert_layout, cfg.n_expert_used, std::max(o.prefetch, o.route_ahead));
+    // Room for what may be read ahead per predicted layer: the routers' whole guess, the
+    // affinity predictor's few best (top-k / 2).
+    const int affinity_reads = o.affinity_prefetch() > 0 ? std::max(1, cfg.n_expert_used / 2) : 0;
+    const int ahead_per_layer = (o.router_prefetch() > 0 || o.route_ahead > 0 ? cfg.n_expert_used : 0) + affinity_reads;
+    const uint64_t staging =
+        prefetch_staging_bytes(model.expert_layout, ahead_per_layer, std::max(o.prefetch, o.route_ahead));
     run.cache_budget = o.cache_mb == "auto" ? auto_cache_budget(o, kv_bytes, staging) : fixed_budget;
     StreamingOptions so;
     so.prefetch_bytes = staging;
     so.predict_log = !o.predict_log.empty();
+    so.affinity_window = o.affinity_prefetch();
+    so.affinity_reads = affinity_reads;
+    so.top_k = cfg.n_expert_used;
     so.cache_bytes = run.cache_budget;
     so.policy = o.cache_policy;
     so.io_threads = o.io_threads;

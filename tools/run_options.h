@@ -34,6 +34,7 @@ struct RunOptions {
   bool overlap = false;
   bool overlap_always = false;  // --overlap-always: no probing, overlap every pass
   int prefetch = 0;
+  std::string predictor = "both";  // --predictor: router, affinity or both
   std::string predict_log;
   std::string cache_file;  // --cache-file: warm start from / save the hot set to this file
   // Lossy knobs (off by default).
@@ -50,7 +51,10 @@ struct RunOptions {
   // The draft settings; fails where the model cannot draft as asked (--mtp without an MTP head).
   DraftConfig draft_config(const ModelConfig& config) const;
   KvType kv() const { return kv_type == "f32" ? KvType::F32 : KvType::F16; }
-  RoutingOptions routing() const { return {prefetch, route_ahead, drop_cold}; }
+  // The routers predict (in the model) only where --predictor asks for them.
+  RoutingOptions routing() const { return {router_prefetch(), route_ahead, drop_cold}; }
+  int router_prefetch() const { return predictor == "affinity" ? 0 : prefetch; }
+  int affinity_prefetch() const { return predictor == "router" ? 0 : prefetch; }
   bool overlapping() const { return overlap || overlap_always; }
   bool adaptive_overlap() const { return overlap && !overlap_always; }
   bool lossy() const { return route_ahead > 0 || drop_cold > 0.0f || n_expert_used > 0; }

@@ -192,14 +192,14 @@ std::unique_ptr<LoadedModel> load_model(const std::string& path, const LoadOptio
   return model;
 }
 
-uint64_t prefetch_staging_bytes(const ExpertLayout& layout, int top_k, int window) {
+uint64_t prefetch_staging_bytes(const ExpertLayout& layout, int per_layer, int window) {
   if (window <= 0) return 0;
   uint64_t largest = 0;
   for (const ExpertLayerLayout& l : layout.layers) {
     // Each matrix window is rounded out to the direct-I/O alignment on both ends.
     largest = std::max<uint64_t>(largest, l.expert_bytes() + l.matrices.size() * 2 * kDirectAlignment);
   }
-  return static_cast<uint64_t>(window + 1) * static_cast<uint64_t>(top_k) * largest;
+  return static_cast<uint64_t>(window + 1) * static_cast<uint64_t>(per_layer) * largest;
 }
 
 void attach_streaming(LoadedModel& model, const StreamingOptions& options) {

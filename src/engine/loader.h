@@ -49,9 +49,10 @@ struct LoadedModel {
 std::unique_ptr<LoadedModel> load_model(const std::string& path, const LoadOptions& options);
 
 // Staging room for read-ahead experts (--prefetch / --route-ahead `window`): (window + 1) x
-// top-k of the largest expert, one window in flight while the layer being computed still holds
-// the previous prediction's reads. 0 when window is 0.
-uint64_t prefetch_staging_bytes(const ExpertLayout& layout, int top_k, int window);
+// `per_layer` of the largest expert (per_layer: what may be read ahead for one layer, e.g. the
+// routers' top-k guess), one window in flight while the layer being computed still holds the
+// previous prediction's reads. 0 when window is 0.
+uint64_t prefetch_staging_bytes(const ExpertLayout& layout, int per_layer, int window);
 
 // Streaming: creates the expert store (after loading, once the cache budget is decided).
 void attach_streaming(LoadedModel& model, const StreamingOptions& options);

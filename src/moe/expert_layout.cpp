@@ -14,4 +14,8 @@ uint64_t ExpertLayout::token_cycle_bytes(int top_k) const {
   return total;
 }
 
+const char* prediction_source_name(PredictionSource source) {
+  return source == PredictionSource::Router ? "router" : "affinity";
+}
+
 }  // namespace bmoe

@@ -44,11 +44,18 @@ struct ExpertLayout {
   uint64_t token_cycle_bytes(int top_k) const;
 };
 
+// Who made a prediction: the model's routers applied early (--predictor router), or the
+// routing history (--predictor affinity, see affinity_predictor.h).
+enum class PredictionSource { Router = 0, Affinity = 1 };
+constexpr int kPredictionSources = 2;
+const char* prediction_source_name(PredictionSource source);
+
 // The experts a predictor expects `layer` to route, made `distance` layers before it.
 struct LayerPrediction {
   int layer = 0;
   int distance = 1;
   std::vector<int32_t> experts;
+  PredictionSource source = PredictionSource::Router;
 };
 
 // Counters every source keeps (cumulative since creation).
@@ -68,9 +75,13 @@ struct ExpertStats {
   static constexpr int kMaxDistance = 8;
   uint64_t predicted_at[kMaxDistance + 1] = {};  // the same split by distance (layers ahead)
   uint64_t correct_at[kMaxDistance + 1] = {};
+  uint64_t predicted_by[kPredictionSources] = {};  // the same split by source
+  uint64_t correct_by[kPredictionSources] = {};
   uint64_t prefetch_reads = 0;     // experts read ahead
   uint64_t prefetch_used = 0;      // read-ahead experts the routing then asked for
   uint64_t prefetch_wasted_bytes = 0;  // bytes read ahead that nobody used
+  uint64_t prefetch_reads_by[kPredictionSources] = {};  // the same split by the source that asked first
+  uint64_t prefetch_used_by[kPredictionSources] = {};
   uint64_t cache_used_bytes = 0;
   uint64_t cache_budget_bytes = 0;
   // --overlap: forward passes run in each mode, and the latest probe's median pass times.

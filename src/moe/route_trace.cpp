@@ -175,6 +175,90 @@ std::vector<std::vector<Access>> trace_visits(const RouteTrace& trace, std::vect
   return visits;
 }
 
+namespace {
+
+// The engine's affinity prefetch, without timing: what it would read ahead and what of that the
+// routing then uses.
+class ReplayPrefetch {
+ public:
+  ReplayPrefetch(const RouteTrace& trace, const ReplayOptions& options) : trace_(trace), options_(options) {
+    if (options.prefetch_window <= 0) return;
+    AffinityOptions a;
+    a.window = options.prefetch_window;
+    a.min_score = options.min_score;
+    predictor_ = std::make_unique<AffinityPredictor>(std::vector<int>(static_cast<size_t>(trace.n_layer), trace.n_expert), a);
+    top_k_ = std::max(1, trace.n_expert_used);
+    reads_ = options.prefetch_reads > 0 ? options.prefetch_reads : std::max(1, top_k_ / 2);
+    const uint64_t largest = *std::max_element(trace.expert_bytes.begin(), trace.expert_bytes.end());
+    staging_limit_ = static_cast<uint64_t>(options.prefetch_window + 1) * static_cast<uint64_t>(top_k_) * largest;
+  }
+
+  // A prompt visit (many tokens at once): nothing is learned or predicted from it.
+  void skip_visit() {
+    if (predictor_) predictor_->break_token();
+  }
+
+  // Whether `key` was read ahead (it is then consumed).
+  bool take(ExpertKey key) {
+    const auto it = staged_.find(key);
+    if (it == staged_.end()) return false;
+    staged_bytes_ -= it->second;
+    staged_.erase(it);
+    return true;
+  }
+
+  // After a decode visit: unused reads ahead of its layer are waste; learn, then read ahead.
+  void after_visit(const std::vector<Access>& visit, const ExpertCache& cache, ReplayResult& r) {
+    if (!predictor_ || visit.empty()) return;
+    const int layer = key_layer(visit.front().key);
+    for (auto it = staged_.begin(); it != staged_.end();) {
+      if (key_layer(it->first) != layer) {
+        ++it;
+        continue;
+      }
+      r.prefetch_wasted_bytes += it->second;
+      staged_bytes_ -= it->second;
+      it = staged_.erase(it);
+    }
+    std::vector<int32_t> experts;
+    for (const Access& a : visit) experts.push_back(key_expert(a.key));
+    if (static_cast<int>(experts.size()) > top_k_) {
+      predictor_->break_token();
+      return;
+    }
+    predictor_->observe(layer, experts);
+    for (int d = 1; d <= options_.prefetch_window && layer + d < trace_.n_layer; ++d) {
+      std::vector<int32_t> guess = predictor_->predict(layer, d);
+      if (static_cast<int>(guess.size()) > top_k_) guess.resize(static_cast<size_t>(top_k_));
+      int reads_left = reads_;
+      for (int32_t e : guess) {
+        if (reads_left == 0) break;
+        const ExpertKey key = make_expert_key(layer + d, e);
+        if (cache.contains(key)) continue;
+        --reads_left;
+        const uint64_t bytes = trace_.expert_bytes[static_cast<size_t>(layer + d)];
+        if (staged_.count(key) || staged_bytes_ + bytes > staging_limit_) continue;
+        staged_[key] = bytes;
+        staged_bytes_ += bytes;
+        ++r.prefetch_reads;
+        r.bytes_read += bytes;
+      }
+    }
+  }
+
+ private:
+  const RouteTrace& trace_;
+  const ReplayOptions& options_;
+  std::unique_ptr<AffinityPredictor> predictor_;
+  int top_k_ = 1;
+  int reads_ = 1;
+  uint64_t staging_limit_ = 0;
+  uint64_t staged_bytes_ = 0;
+  std::map<ExpertKey, uint64_t> staged_;
+};
+
+}  // namespace
+
 ReplayResult replay_trace(const RouteTrace& trace, const std::string& policy, uint64_t budget_bytes,
                           const ReplayOptions& options) {
   std::vector<bool> decode;
@@ -190,6 +274,7 @@ ReplayResult replay_trace(const RouteTrace& trace, const std::string& policy, ui
   }
   ExpertCache cache(budget_bytes, std::move(p));
   ReplayResult r;
+  ReplayPrefetch prefetch(trace, options);
   std::vector<ExpertKey> predicted;
   for (size_t i = 0; i < visits.size(); ++i) {
     if (options.predict_window > 0 && decode[i]) {
@@ -207,12 +292,17 @@ ReplayResult replay_trace(const RouteTrace& trace, const std::string& policy, ui
     }
     const VisitPlan plan = cache.begin_visit(visits[i]);
     cache.end_visit();
-    if (!decode[i]) continue;
+    if (!decode[i]) {
+      prefetch.skip_visit();
+      continue;
+    }
     for (size_t j = 0; j < visits[i].size(); ++j) {
       ++r.lookups;
       if (plan.hit[j]) ++r.hits;
+      else if (prefetch.take(visits[i][j].key)) ++r.covered;
       else r.bytes_read += visits[i][j].bytes;
     }
+    prefetch.after_visit(visits[i], cache, r);
   }
   r.evictions = cache.evictions();
   return r;

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "moe/affinity_predictor.h"
 #include "moe/cache_policy.h"
 
 namespace bmoe {
@@ -58,9 +59,18 @@ class RouteTraceWriter {
 struct ReplayResult {
   uint64_t lookups = 0;
   uint64_t hits = 0;
-  uint64_t bytes_read = 0;
+  uint64_t bytes_read = 0;  // every byte read: misses not read ahead, and all reads ahead
   uint64_t evictions = 0;
+  // With prefetch: misses whose expert had been read ahead, reads ahead, and their unused bytes.
+  uint64_t covered = 0;
+  uint64_t prefetch_reads = 0;
+  uint64_t prefetch_wasted_bytes = 0;
   double hit_rate() const { return lookups ? static_cast<double>(hits) / static_cast<double>(lookups) : 0.0; }
+  // Lookups that found their expert in memory: cached, or read ahead (assuming every read ahead
+  // lands in time, which the engine's stall measures).
+  double in_memory_rate() const {
+    return lookups ? static_cast<double>(hits + covered) / static_cast<double>(lookups) : 0.0;
+  }
 };
 
 // The layer visits a trace implies, in order (prompt tokens batched into one visit per layer,
@@ -71,10 +81,20 @@ std::vector<std::vector<Access>> trace_visits(const RouteTrace& trace, std::vect
 // is hinted the experts of the current token's next `predict_window` layers as a router-based
 // predictor would give them: each true expert is kept with probability predict_accuracy,
 // otherwise replaced by another expert of that layer (seeded, reproducible).
+//
+// With prefetch_window > 0 the replay also reads ahead as the engine's --prefetch N
+// --predictor affinity does, with the same AffinityPredictor: after each decode visit it guesses
+// the token's next prefetch_window layers, and up to prefetch_reads uncached experts per layer
+// are read into a staging area outside the budget ((window + 1) x top-k experts of the largest
+// size, as the engine sizes it). A read-ahead expert that its layer then routes to is still a
+// cache miss, but one already in memory ("covered").
 struct ReplayOptions {
   int predict_window = 0;
   double predict_accuracy = 1.0;
   uint64_t seed = 1;
+  int prefetch_window = 0;
+  int prefetch_reads = 0;  // 0: top-k / 2, at least 1
+  double min_score = AffinityOptions{}.min_score;
 };
 ReplayResult replay_trace(const RouteTrace& trace, const std::string& policy, uint64_t budget_bytes,
                           const ReplayOptions& options = {});

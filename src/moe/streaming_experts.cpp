@@ -24,6 +24,16 @@ StreamingExperts::StreamingExperts(ExpertLayout layout, const StreamingOptions& 
   if (options_.read_chunk_bytes == 0 || options_.read_chunk_bytes % kDirectAlignment != 0) {
     fail("internal: read chunk of {} bytes is not a multiple of {}", options_.read_chunk_bytes, kDirectAlignment);
   }
+  if (options_.affinity_window > 0 && options_.prefetch_bytes > 0) {
+    if (options_.top_k <= 0) fail("internal: affinity prefetch needs the model's top-k");
+    std::vector<int> experts_per_layer;
+    for (const ExpertLayerLayout& l : layout_.layers) experts_per_layer.push_back(l.matrices.empty() ? 0 : l.n_expert);
+    AffinityOptions a;
+    a.window = options_.affinity_window;
+    a.min_score = options_.affinity_min_score;
+    affinity_ = std::make_unique<AffinityPredictor>(std::move(experts_per_layer), a);
+    if (options_.affinity_reads <= 0) options_.affinity_reads = std::max(1, options_.top_k / 2);
+  }
 }
 
 StreamingExperts::~StreamingExperts() {
@@ -163,7 +173,7 @@ std::unique_ptr<StreamingExperts::Buffer> StreamingExperts::take_buffer() {
   return b;
 }
 
-void StreamingExperts::stage(int layer, int expert, int distance) {
+void StreamingExperts::stage(int layer, int expert, int distance, PredictionSource source) {
   if (resident(layer, expert)) return;  // cached, or already being read ahead
   const ExpertKey key = make_expert_key(layer, expert);
   const uint64_t bytes = slot_bytes(layer, expert);
@@ -171,30 +181,62 @@ void StreamingExperts::stage(int layer, int expert, int distance) {
   Staged s;
   s.layer = layer;
   s.bytes = bytes;
+  s.source = source;
   s.buffer = take_buffer();
   s.ticket = std::make_unique<ReadTicket>();
   queue_reads(layer, expert, *s.buffer, *s.ticket, distance);
   staged_bytes_ += bytes;
   ++stats_.prefetch_reads;
+  ++stats_.prefetch_reads_by[static_cast<int>(source)];
   staged_.emplace(key, std::move(s));
 }
 
 void StreamingExperts::hint(std::span<const LayerPrediction> predictions) {
   if (options_.prefetch_bytes == 0) return;
   reap_draining(false);
-  for (const LayerPrediction& p : predictions) {
-    if (p.layer < 0 || p.layer >= static_cast<int>(layout_.layers.size()) ||
-        layout_.layers[static_cast<size_t>(p.layer)].matrices.empty()) {
-      continue;
-    }
-    auto& pending = predictions_[p.layer];
-    const auto same = std::find_if(pending.begin(), pending.end(), [&](const LayerPrediction& q) { return q.distance == p.distance; });
-    if (same != pending.end()) *same = p;
-    else pending.push_back(p);
-    if (prefetch_paused_) continue;
-    for (int32_t e : p.experts) {
-      if (e >= 0 && e < layout_.layers[static_cast<size_t>(p.layer)].n_expert) stage(p.layer, e, p.distance);
-    }
+  for (const LayerPrediction& p : predictions) take_prediction(p);
+}
+
+void StreamingExperts::take_prediction(const LayerPrediction& p) {
+  if (p.layer < 0 || p.layer >= static_cast<int>(layout_.layers.size()) ||
+      layout_.layers[static_cast<size_t>(p.layer)].matrices.empty()) {
+    return;
+  }
+  auto& pending = predictions_[p.layer];
+  const auto same = std::find_if(pending.begin(), pending.end(), [&](const LayerPrediction& q) {
+    return q.distance == p.distance && q.source == p.source;
+  });
+  if (same != pending.end()) *same = p;
+  else pending.push_back(p);
+  if (prefetch_paused_[static_cast<int>(p.source)]) return;
+  // An affinity prediction ranks many candidates: only its best few that are not cached are
+  // worth a read (the rest would mostly be wasted bytes).
+  int reads_left = p.source == PredictionSource::Affinity ? options_.affinity_reads : 1 << 30;
+  for (int32_t e : p.experts) {
+    if (reads_left == 0) break;
+    if (e < 0 || e >= layout_.layers[static_cast<size_t>(p.layer)].n_expert) continue;
+    if (cache_.contains(make_expert_key(p.layer, e))) continue;
+    stage(p.layer, e, p.distance, p.source);
+    --reads_left;
+  }
+}
+
+void StreamingExperts::predict_from_history(int layer) {
+  if (static_cast<int>(experts_.size()) > options_.top_k) {
+    affinity_->break_token();  // several tokens in one visit (a prompt batch): nothing to learn
+    return;
+  }
+  affinity_->observe(layer, experts_);
+  const int n_layers = static_cast<int>(layout_.layers.size());
+  for (int distance = 1; distance <= options_.affinity_window && layer + distance < n_layers; ++distance) {
+    LayerPrediction p;
+    p.layer = layer + distance;
+    p.distance = distance;
+    p.source = PredictionSource::Affinity;
+    p.experts = affinity_->predict(layer, distance);
+    // A layer routes top_k experts: more guesses than that cannot all be right.
+    if (static_cast<int>(p.experts.size()) > options_.top_k) p.experts.resize(static_cast<size_t>(options_.top_k));
+    if (!p.experts.empty()) take_prediction(p);
   }
 }
 
@@ -237,6 +279,7 @@ void StreamingExperts::check_predictions(int layer) {
     r.layer = layer;
     r.distance = p.distance;
     r.predicted = static_cast<int>(p.experts.size());
+    r.source = p.source;
     for (int32_t e : p.experts) {
       if (std::find(experts_.begin(), experts_.end(), e) == experts_.end()) continue;
       ++r.correct;
@@ -247,30 +290,46 @@ void StreamingExperts::check_predictions(int layer) {
     const int d = std::clamp(p.distance, 0, ExpertStats::kMaxDistance);
     stats_.predicted_at[d] += static_cast<uint64_t>(r.predicted);
     stats_.correct_at[d] += static_cast<uint64_t>(r.correct);
+    const int source = static_cast<int>(p.source);
+    stats_.predicted_by[source] += static_cast<uint64_t>(r.predicted);
+    stats_.correct_by[source] += static_cast<uint64_t>(r.correct);
     if (options_.predict_log) prediction_log_.push_back(r);
     if (r.predicted > 0) {
+      // An affinity prediction lists every candidate above its score threshold but reads only
+      // the best few: judge it by those, the ones that cost reads.
+      const int judged = p.source == PredictionSource::Affinity ? std::min(r.predicted, options_.affinity_reads) : r.predicted;
+      int right = 0;
+      for (int i = 0; i < judged; ++i) {
+        right += std::find(experts_.begin(), experts_.end(), p.experts[static_cast<size_t>(i)]) != experts_.end();
+      }
       constexpr double kSmoothing = 0.1;  // about the last 10 layers predicted
       constexpr double kPauseBelow = 0.3, kResumeAbove = 0.45;
-      prediction_accuracy_ += kSmoothing * (static_cast<double>(r.correct) / r.predicted - prediction_accuracy_);
-      if (prediction_accuracy_ < kPauseBelow) prefetch_paused_ = true;
-      else if (prediction_accuracy_ > kResumeAbove) prefetch_paused_ = false;
+      double& accuracy = prediction_accuracy_[source];
+      accuracy += kSmoothing * (static_cast<double>(right) / judged - accuracy);
+      if (accuracy < kPauseBelow) prefetch_paused_[source] = true;
+      else if (accuracy > kResumeAbove) prefetch_paused_[source] = false;
     }
   }
   predictions_.erase(it);
 }
 
-// Prefetch's view for the cache policy: the experts predicted for the layers right after
-// `layer`, for as many consecutive layers as predictions exist (bmoe-replay --predict).
+// Prefetch's view for the cache policy: the experts the routers predicted for the layers right
+// after `layer`, for as many consecutive layers as predictions exist (bmoe-replay --predict).
+// Only router predictions: they guess a layer's whole routing, so a policy may take an expert
+// they leave out as not needed by this token; an affinity guess names only a few likely ones.
 static std::vector<ExpertKey> policy_hint(const std::unordered_map<int, std::vector<LayerPrediction>>& predictions, int layer,
                                           int n_layers, int& window) {
   std::vector<ExpertKey> keys;
   window = 0;
   for (int l = layer + 1; l < n_layers; ++l) {
     const auto it = predictions.find(l);
-    if (it == predictions.end() || it->second.empty()) break;
+    if (it == predictions.end()) break;
     // The latest prediction (the smallest distance) is the best informed.
-    const auto best = std::min_element(it->second.begin(), it->second.end(),
-                                       [](const LayerPrediction& a, const LayerPrediction& b) { return a.distance < b.distance; });
+    const LayerPrediction* best = nullptr;
+    for (const LayerPrediction& p : it->second) {
+      if (p.source == PredictionSource::Router && (!best || p.distance < best->distance)) best = &p;
+    }
+    if (!best) break;
     for (int32_t e : best->experts) keys.push_back(make_expert_key(l, e));
     ++window;
   }
@@ -330,6 +389,7 @@ void StreamingExperts::begin_layer(int layer, std::span<const int32_t> experts, 
       staged_bytes_ -= staged.bytes;
       lanes_.promote(staged.ticket.get());
       ++stats_.prefetch_used;
+      ++stats_.prefetch_used_by[static_cast<int>(staged.source)];
       if (plan.cache[i]) {
         cached_[key] = std::move(staged.buffer);
         buffer_of_[i] = cached_[key].get();
@@ -362,6 +422,7 @@ void StreamingExperts::begin_layer(int layer, std::span<const int32_t> experts, 
       ++it;
     }
   }
+  if (affinity_) predict_from_history(layer);
   stats_.evictions = cache_.evictions();
   stats_.cache_used_bytes = cache_.used_bytes();
 }

@@ -12,6 +12,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "moe/affinity_predictor.h"
 #include "moe/cache_policy.h"
 #include "moe/direct_io.h"
 #include "moe/expert_source.h"
@@ -33,6 +34,14 @@ struct StreamingOptions {
   // loader sizes it to (window + 1) x top-k experts.
   uint64_t prefetch_bytes = 0;
   bool predict_log = false;  // keep one record per prediction (--predict-log)
+  // Prefetch from the routing history (--predictor affinity; 0: off): after each visit of a
+  // single token (at most top_k experts), an AffinityPredictor guesses the next
+  // affinity_window layers and up to affinity_reads experts per layer that are not in memory
+  // are read ahead, like the routers' guesses. Needs prefetch_bytes.
+  int affinity_window = 0;
+  int affinity_reads = 0;  // 0: top_k / 2, at least 1
+  double affinity_min_score = AffinityOptions{}.min_score;
+  int top_k = 0;
   // Target read size; longer windows are split into equal reads of 2/3 to 3/2 of this so every
   // lane stays busy to the end of a layer. A multiple of the O_DIRECT alignment (4 KiB).
   uint64_t read_chunk_bytes = 1 << 20;
@@ -46,6 +55,7 @@ struct PredictionRecord {
   int predicted = 0;
   int correct = 0;
   int prefetched = 0;  // of the correct ones, how many had been read ahead
+  PredictionSource source = PredictionSource::Router;
 };
 
 class StreamingExperts : public ExpertSource {
@@ -63,7 +73,10 @@ class StreamingExperts : public ExpertSource {
   void hint(std::span<const LayerPrediction> predictions) override;
   bool resident(int layer, int expert) const override;
   const std::vector<PredictionRecord>& prediction_log() const { return prediction_log_; }
-  bool prefetch_paused() const { return prefetch_paused_; }
+  // Whether prefetch from `source` is paused now (its recent predictions were mostly wrong).
+  bool prefetch_paused(PredictionSource source = PredictionSource::Router) const {
+    return prefetch_paused_[static_cast<int>(source)];
+  }
   const std::vector<std::string>& io_notes() const { return notes_; }
   ExpertCache& cache() { return cache_; }
   // Warm start (--cache-file): reads `keys` into the cache before the first token, as many as
@@ -99,8 +112,17 @@ class StreamingExperts : public ExpertSource {
     std::unique_ptr<Buffer> buffer;
     std::unique_ptr<ReadTicket> ticket;
     uint64_t bytes = 0;
+    PredictionSource source = PredictionSource::Router;
   };
-  void stage(int layer, int expert, int distance);
+  // Reads (layer, expert) ahead unless it is in memory or being read ahead already, or the
+  // staging area is full.
+  void stage(int layer, int expert, int distance, PredictionSource source);
+  // Records a prediction (checked when its layer routes) and reads its experts ahead unless its
+  // source is paused: all of a router prediction, the first affinity_reads experts of an
+  // affinity prediction that are not cached.
+  void take_prediction(const LayerPrediction& p);
+  // After a single-token visit of `layer`: learn from it and predict the layers after it.
+  void predict_from_history(int layer);
   // Settles predictions and staged reads for the layer about to be visited.
   void check_predictions(int layer);
   // Cancels a staged read nobody needs; its buffer lingers until reads in flight land.
@@ -131,12 +153,15 @@ class StreamingExperts : public ExpertSource {
   std::vector<std::unique_ptr<Buffer>> spare_;  // staging buffers to reuse
   std::vector<std::unique_ptr<Buffer>> visit_staged_;  // staged buffers the open visit uses
   uint64_t staged_bytes_ = 0;
-  std::unordered_map<int, std::vector<LayerPrediction>> predictions_;  // per layer, latest per distance
+  std::unordered_map<int, std::vector<LayerPrediction>> predictions_;  // per layer, latest per (distance, source)
   std::vector<PredictionRecord> prediction_log_;
-  // Prefetch switches itself off while predictions are mostly wrong (reads would only add
-  // bytes), and back on when they recover; predictions keep being checked either way.
-  double prediction_accuracy_ = 1.0;  // moving average over checked predictions
-  bool prefetch_paused_ = false;
+  // Prefetch from a source switches itself off while its predictions are mostly wrong (reads
+  // would only add bytes), and back on when they recover; predictions keep being checked
+  // either way. (Under --route-replay the routers guess the trace's routing 5 % right, while
+  // the routing history still predicts it.)
+  double prediction_accuracy_[kPredictionSources] = {1.0, 1.0};  // moving averages
+  bool prefetch_paused_[kPredictionSources] = {false, false};
+  std::unique_ptr<AffinityPredictor> affinity_;
 
   ExpertStats stats_;
   OverlapChooser overlap_chooser_;
