@@ -227,6 +227,7 @@ void StreamingExperts::predict_from_history(int layer) {
     return;
   }
   affinity_->observe(layer, experts_);
+  reap_draining(false);  // buffers of cancelled reads come back for reuse (hint() does the same)
   const int n_layers = static_cast<int>(layout_.layers.size());
   for (int distance = 1; distance <= options_.affinity_window && layer + distance < n_layers; ++distance) {
     LayerPrediction p;

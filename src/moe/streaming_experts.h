@@ -78,6 +78,8 @@ class StreamingExperts : public ExpertSource {
     return prefetch_paused_[static_cast<int>(source)];
   }
   const std::vector<std::string>& io_notes() const { return notes_; }
+  // Buffers the prefetch staging area holds now: staged, still draining after a cancel, spare.
+  size_t staging_buffers() const { return staged_.size() + draining_.size() + spare_.size(); }
   ExpertCache& cache() { return cache_; }
   // Warm start (--cache-file): reads `keys` into the cache before the first token, as many as
   // the budget holds. Those reads are nobody's token, so they stay out of the statistics.
