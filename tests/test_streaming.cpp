@@ -742,6 +742,47 @@ TEST(RouteTrace, AffinityPrefetchCoversWhatItLearned) {
   EXPECT_EQ(off.hits, 0u);
 }
 
+TEST(RouteTrace, EngineHitRateEqualsReplay) {
+  // The engine's cache and bmoe-replay run the same policy code: a run's own routing, written as
+  // a trace with the sizes the engine's cache counts (cached_bytes) and replayed at the same
+  // budget, gives exactly the engine's decode-phase lookups and hits. Reading ahead from the
+  // routing history changes what is read, not what the cache holds: the same hits with it.
+  const std::string path = test_model_path("tiny-qwen3moe", 4);
+  for (const uint64_t tenths : {8u, 14u, 25u}) {
+    for (const int affinity : {0, 1}) {
+      auto model = streamed(path, {tenths, 4, true, DenseWeights::Anon, false, "", 0, false, affinity});
+      const ModelConfig& cfg = model->transformer->config();
+      std::vector<uint64_t> slot(static_cast<size_t>(cfg.n_layer));
+      for (int l = 0; l < cfg.n_layer; ++l) slot[static_cast<size_t>(l)] = model->streamer()->cached_bytes(l);
+      const std::string trace = temp_path(fmt::format("engine-{}.route.csv", tenths));
+      ExpertStats after_prompt;
+      {
+        RouteTraceWriter w(trace, "m", cfg.arch, cfg.n_layer, cfg.n_expert, cfg.n_expert_used, slot,
+                           std::vector<uint64_t>(slot.size(), 0));
+        ThreadPool pool(2);
+        Session s(*model, pool, 512, 64, SamplerConfig{});
+        s.state().set_route_hook([&](RouteEvent& e) {
+          for (size_t i = 0; i < e.experts->size(); ++i) {
+            w.write({0, e.prefill ? 0 : 1, e.position, e.layer, static_cast<int>(i), (*e.experts)[i], (*e.weights)[i], 0, 0});
+          }
+        });
+        s.prefill(model->tokenizer->encode("the quick brown fox jumps over the lazy dog", false, false));
+        after_prompt = model->experts->stats();
+        for (int i = 0; i < 48; ++i) s.accept(s.sample());
+      }
+      const ExpertStats end = model->experts->stats();
+      const ReplayResult r = replay_trace(RouteTrace::load(trace), default_cache_policy(), (tenths << 20) / 10);
+      EXPECT_EQ(r.lookups, end.requests - after_prompt.requests) << tenths << " " << affinity;
+      EXPECT_EQ(r.hits, end.hits - after_prompt.hits) << tenths << " " << affinity;
+      EXPECT_GT(r.hits, 0u);
+      EXPECT_LT(r.hits, r.lookups);
+      if (affinity) {
+        EXPECT_GT(end.prefetch_reads, 0u);
+      }
+    }
+  }
+}
+
 TEST(RouteTrace, MalformedTraceIsRejected) {
   const std::string path = temp_path("bad.route.csv");
   {

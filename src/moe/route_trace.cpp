@@ -144,10 +144,19 @@ std::vector<std::vector<Access>> trace_visits(const RouteTrace& trace, std::vect
       return std::tie(turn, phase, step, layer) < std::tie(o.turn, o.phase, o.step, o.layer);
     }
   };
-  std::map<Group, std::map<int, float>> groups;
+  // Each visit's experts in order of first use, as the engine asks for them (the order decides
+  // which of two misses a full cache admits).
+  struct Used {
+    int expert;
+    float weight;
+  };
+  std::map<Group, std::vector<Used>> groups;
   for (const RouteRecord& r : trace.records) {
     const Group g{r.turn, r.phase, r.phase == 0 ? 0 : r.step, r.layer};
-    groups[g][r.expert] += r.weight;
+    std::vector<Used>& used = groups[g];
+    const auto it = std::find_if(used.begin(), used.end(), [&](const Used& u) { return u.expert == r.expert; });
+    if (it != used.end()) it->weight += r.weight;
+    else used.push_back({r.expert, r.weight});
   }
   std::vector<std::vector<Access>> visits;
   if (decode_visit) decode_visit->clear();
@@ -159,11 +168,11 @@ std::vector<std::vector<Access>> trace_visits(const RouteTrace& trace, std::vect
     last_phase = g.phase;
     last_step = g.step;
     std::vector<Access> v;
-    for (const auto& [e, w] : experts) {
+    for (const Used& u : experts) {
       Access a;
-      a.key = make_expert_key(g.layer, e);
+      a.key = make_expert_key(g.layer, u.expert);
       a.bytes = trace.expert_bytes[static_cast<size_t>(g.layer)];
-      a.weight = w;
+      a.weight = u.weight;
       a.time = time;
       a.token = token;
       v.push_back(a);

@@ -21,6 +21,13 @@ StreamingExperts::StreamingExperts(ExpertLayout layout, const StreamingOptions& 
     if (!files_.back()->direct_note().empty()) notes_.push_back(path + ": " + files_.back()->direct_note());
   }
   stats_.cache_budget_bytes = options.cache_bytes;
+  for (size_t l = 0; l < layout_.layers.size(); ++l) {
+    uint64_t largest = 0;
+    for (int e = 0; e < layout_.layers[l].n_expert && !layout_.layers[l].matrices.empty(); ++e) {
+      largest = std::max(largest, slot_bytes(static_cast<int>(l), e));
+    }
+    cached_bytes_.push_back(largest);
+  }
   if (options_.read_chunk_bytes == 0 || options_.read_chunk_bytes % kDirectAlignment != 0) {
     fail("internal: read chunk of {} bytes is not a multiple of {}", options_.read_chunk_bytes, kDirectAlignment);
   }
@@ -105,7 +112,7 @@ StreamingExperts::WarmStart StreamingExperts::warm(std::span<const ExpertKey> ke
     const int layer = key_layer(k), expert = key_expert(k);
     Access a;
     a.key = k;
-    a.bytes = slot_bytes(layer, expert);
+    a.bytes = cached_bytes(layer);
     if (!cache_.preload(a)) continue;  // already there, or no room left for it
     auto buffer = std::make_unique<Buffer>();
     auto ticket = std::make_unique<ReadTicket>();
@@ -354,7 +361,7 @@ void StreamingExperts::begin_layer(int layer, std::span<const int32_t> experts, 
   std::vector<Access> accesses(n);
   for (size_t i = 0; i < n; ++i) {
     accesses[i].key = make_expert_key(layer, experts_[i]);
-    accesses[i].bytes = slot_bytes(layer, experts_[i]);
+    accesses[i].bytes = cached_bytes(layer);
     accesses[i].weight = i < weights.size() ? weights[i] : 0.0f;
     accesses[i].time = time_;
     accesses[i].token = token_;

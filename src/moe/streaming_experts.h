@@ -91,6 +91,10 @@ class StreamingExperts : public ExpertSource {
   WarmStart warm(std::span<const ExpertKey> keys);
   // Bytes one expert of `layer` occupies in a buffer (windows rounded to 4 KiB).
   uint64_t slot_bytes(int layer, int expert) const;
+  // What any expert of `layer` counts against the cache budget: the layer's largest slot. One
+  // size per layer, as a route trace records it, so bmoe-replay of this run's routing with
+  // these sizes gives exactly the engine's hits (rounding leaves slots a page apart).
+  uint64_t cached_bytes(int layer) const { return cached_bytes_.at(static_cast<size_t>(layer)); }
 
  private:
   struct Buffer {
@@ -135,6 +139,7 @@ class StreamingExperts : public ExpertSource {
   ExpertLayout layout_;
   StreamingOptions options_;
   std::vector<std::unique_ptr<DirectFile>> files_;
+  std::vector<uint64_t> cached_bytes_;  // per layer, see cached_bytes()
   std::vector<std::string> notes_;
   ReadLanes lanes_;
   ExpertCache cache_;
