@@ -75,6 +75,44 @@ class BenchSmoke(unittest.TestCase):
             if c == "c0-l2":
                 self.assertTrue(all(int(r["cache_hits"]) == 0 for r in rows))
 
+    def test_every_bmoe_run_logged_its_progress(self):
+        # One --progress line per decode step (the first of the 16 tokens comes from the prompt's
+        # pass): what a timed-out run is judged by.
+        for c in CONFIGS:
+            if c == "llama-mmap":
+                continue
+            with open(os.path.join(self.out, f"{c}-r1.log")) as f:
+                lines = [line for line in f if line.startswith("[")]
+            self.assertGreaterEqual(len(lines), 15, c)
+            self.assertTrue(lines[-1].startswith("[15/16] "), (c, lines[-1]))
+
+
+class PartialProgress(unittest.TestCase):
+    """How far a run stopped by run-matrix's timeout got, from either engine's stderr."""
+
+    @classmethod
+    def setUpClass(cls):
+        import importlib.util
+        from importlib.machinery import SourceFileLoader
+        path = os.path.join(REPO, "bench", "run-matrix")
+        spec = importlib.util.spec_from_loader("run_matrix", SourceFileLoader("run_matrix", path))
+        cls.matrix = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(cls.matrix)
+
+    def test_bmoe_progress_lines(self):
+        log = "load: m.gguf\nprompt: 9 tokens\n[1/256] 0.10 tok/s (this 9800 ms), hit 0.0 %\n" \
+              "[2/256] 0.14 tok/s (this 4500 ms), hit 0.0 %, read 0.0 MiB/tok, stall 0 ms/tok\n"
+        self.assertEqual(self.matrix.partial_progress(log), {"tokens": 2, "decode_tok_s": 0.14, "loaded": True})
+
+    def test_llama_token_lines(self):
+        p = self.matrix.partial_progress("llama.cpp: model loaded\nllama.cpp: token 1 at 10.0 s\n"
+                                         "llama.cpp: token 5 at 30.0 s\n")
+        self.assertEqual((p["tokens"], p["decode_tok_s"]), (5, 0.2))
+
+    def test_nothing_decoded(self):
+        self.assertEqual(self.matrix.partial_progress("load: m.gguf\n"), {"tokens": 0, "loaded": True})
+        self.assertEqual(self.matrix.partial_progress(""), {"tokens": 0, "loaded": False})
+
 
 if __name__ == "__main__":
     unittest.main()
