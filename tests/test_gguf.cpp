@@ -13,6 +13,8 @@
 #include "core/rng.h"
 #include "gguf/gguf.h"
 #include "gguf/gguf_writer.h"
+#include "quant/types.h"
+#include "synth/synth.h"
 
 namespace bmoe {
 namespace {
@@ -301,6 +303,33 @@ TEST(Gguf, ShardNamesParse) {
 TEST(Gguf, UnreadableFileIsReported) {
   EXPECT_NE(error_of("/nonexistent/dir/model.gguf").find("cannot open"), std::string::npos);
   EXPECT_NE(error_of("/").find("not a regular file"), std::string::npos);
+}
+
+// The Qwen3-30B-A3B preset has the real Q4_K_M file's per-layer types: Q6_K down projections
+// (and attn_v) on llama.cpp's "more bits" layers, Q4_K elsewhere, so each layer's expert has the
+// size the phone trace's header lists for it (3,059,712 or 2,654,208 bytes).
+TEST(Synth, Qwen3PresetFollowsTheQ4KMLayerRule) {
+  const SynthSpec s = synth_preset("qwen3-30b-a3b");
+  const auto expert_bytes = [&](const SynthSpec& spec, int l) {
+    return 2 * row_bytes(spec.type_of(TensorClass::Experts, l), spec.n_embd) * static_cast<size_t>(spec.n_ff_exp) +
+           row_bytes(spec.type_of(TensorClass::ExpertsDown, l), spec.n_ff_exp) * static_cast<size_t>(spec.n_embd);
+  };
+  int big = 0;
+  for (int l = 0; l < s.n_layer; ++l) {
+    const bool more_bits = l < 6 || l >= 42 || (l - 6) % 3 == 2;
+    EXPECT_EQ(expert_bytes(s, l), more_bits ? 3059712u : 2654208u) << "layer " << l;
+    EXPECT_EQ(s.type_of(TensorClass::AttnV, l), more_bits ? TensorType::Q6_K : TensorType::Q4_K) << "layer " << l;
+    EXPECT_EQ(s.type_of(TensorClass::AttnQ, l), TensorType::Q4_K);
+    big += more_bits;
+  }
+  EXPECT_EQ(big, 24);
+  // A type asked for explicitly applies to every layer.
+  SynthSpec q6 = s;
+  apply_type_override(q6, "down=Q6_K");
+  for (int l = 0; l < q6.n_layer; ++l) EXPECT_EQ(expert_bytes(q6, l), 3059712u) << "layer " << l;
+  // Other presets keep one type per class.
+  const SynthSpec olmoe = synth_preset("olmoe-1b-7b");
+  EXPECT_EQ(olmoe.type_of(TensorClass::ExpertsDown, 7), olmoe.type_of(TensorClass::ExpertsDown));
 }
 
 }  // namespace

@@ -68,8 +68,12 @@ void StreamingExperts::queue_reads(int layer, int expert, Buffer& buffer, ReadTi
   const ExpertLayerLayout& l = layout_.layers[static_cast<size_t>(layer)];
   const uint64_t need = slot_bytes(layer, expert);
   if (buffer.capacity < need) {
-    buffer.data = allocate_aligned(need);
-    buffer.capacity = need;
+    // Room for any expert of the layer (slots differ by a page with their alignment), so a
+    // buffer handed from one expert to another is never reallocated for a page.
+    const uint64_t size = std::max(need, cached_bytes_.empty() ? 0 : cached_bytes(layer));
+    buffer.data = allocate_aligned(size);
+    buffer.capacity = size;
+    ++buffer_allocations_;
   }
   buffer.views.clear();
   // Count every read first: the ticket must not reach zero while reads are still being queued.
@@ -171,6 +175,22 @@ void StreamingExperts::submit_window(const DirectFile& file, uint64_t offset, ui
 bool StreamingExperts::resident(int layer, int expert) const {
   const ExpertKey key = make_expert_key(layer, expert);
   return cache_.contains(key) || staged_.count(key) != 0;
+}
+
+std::unique_ptr<StreamingExperts::Buffer> StreamingExperts::cache_buffer(uint64_t need) {
+  if (evicted_.empty()) return std::make_unique<Buffer>();
+  const auto capacity_below = [](const std::unique_ptr<Buffer>& a, const std::unique_ptr<Buffer>& b) {
+    return a->capacity < b->capacity;
+  };
+  // The smallest evicted buffer that fits, else the largest (queue_reads grows it).
+  auto best = evicted_.end();
+  for (auto it = evicted_.begin(); it != evicted_.end(); ++it) {
+    if ((*it)->capacity >= need && (best == evicted_.end() || capacity_below(*it, *best))) best = it;
+  }
+  if (best == evicted_.end()) best = std::max_element(evicted_.begin(), evicted_.end(), capacity_below);
+  std::unique_ptr<Buffer> b = std::move(*best);
+  evicted_.erase(best);
+  return b;
 }
 
 std::unique_ptr<StreamingExperts::Buffer> StreamingExperts::take_buffer() {
@@ -373,7 +393,12 @@ void StreamingExperts::begin_layer(int layer, std::span<const int32_t> experts, 
     cache_.policy().hint(keys, window);
   }
   const VisitPlan plan = cache_.begin_visit(accesses);
-  for (ExpertKey k : plan.evicted) cached_.erase(k);
+  for (ExpertKey k : plan.evicted) {
+    const auto it = cached_.find(k);
+    if (it == cached_.end()) continue;
+    evicted_.push_back(std::move(it->second));
+    cached_.erase(it);
+  }
 
   buffer_of_.assign(n, nullptr);
   tickets_.clear();
@@ -411,7 +436,7 @@ void StreamingExperts::begin_layer(int layer, std::span<const int32_t> experts, 
     Buffer* buffer;
     if (plan.cache[i]) {
       auto& slot = cached_[key];
-      slot = std::make_unique<Buffer>();
+      slot = cache_buffer(slot_bytes(layer, experts_[i]));
       buffer = slot.get();
     } else {
       if (transient_.size() <= transient_used) transient_.push_back(std::make_unique<Buffer>());
@@ -430,6 +455,10 @@ void StreamingExperts::begin_layer(int layer, std::span<const int32_t> experts, 
       ++it;
     }
   }
+  // Evictions make room for this visit's misses, so what is left over is a few buffers at most
+  // (two small experts evicted for one large); keep a handful for the next visit.
+  constexpr size_t kKeepEvicted = 16;
+  if (evicted_.size() > kKeepEvicted) evicted_.resize(kKeepEvicted);
   if (affinity_) predict_from_history(layer);
   stats_.evictions = cache_.evictions();
   stats_.cache_used_bytes = cache_.used_bytes();

