@@ -393,19 +393,26 @@ TEST(Streaming, EvictedBuffersAreReused) {
   // A cache that evicts on almost every visit must not allocate a new buffer per miss: each
   // allocation is fresh pages the kernel zeroes while the read lands (on the gpt-oss-120b shape
   // at 4 % hits that cost more than computing the experts). After warm-up the buffers of
-  // evicted experts carry the next ones.
+  // evicted experts carry the next ones, and reads ahead that end up cached hand theirs over
+  // the same way.
   const std::string path = test_model_path("tiny-qwen3moe", 4);
-  for (const bool overlap : {false, true}) {
-    auto model = streamed(path, {8, 4, true, DenseWeights::Anon, overlap});
-    ThreadPool pool(2);
-    Session s(*model, pool, 512, 64, SamplerConfig{});
-    s.prefill(model->tokenizer->encode("the quick brown fox jumps over the lazy dog", false, false));
-    for (int i = 0; i < 16; ++i) s.accept(s.sample());
-    const uint64_t warm = model->streamer()->buffer_allocations();
-    const uint64_t evictions = model->experts->stats().evictions;
-    for (int i = 0; i < 48; ++i) s.accept(s.sample());
-    EXPECT_GT(model->experts->stats().evictions, evictions + 48);  // it kept evicting
-    EXPECT_LE(model->streamer()->buffer_allocations(), warm + 2) << (overlap ? "overlap" : "serial");
+  for (const int prefetch : {0, 1}) {
+    for (const bool overlap : {false, true}) {
+      auto model = streamed(path, {8, 4, true, DenseWeights::Anon, overlap, "", prefetch});
+      ThreadPool pool(2);
+      Session s(*model, pool, 512, 64, SamplerConfig{});
+      s.state().set_routing_options(RoutingOptions{prefetch});
+      s.prefill(model->tokenizer->encode("the quick brown fox jumps over the lazy dog", false, false));
+      for (int i = 0; i < 16; ++i) s.accept(s.sample());
+      const uint64_t warm = model->streamer()->buffer_allocations();
+      const uint64_t evictions = model->experts->stats().evictions;
+      for (int i = 0; i < 48; ++i) s.accept(s.sample());
+      EXPECT_GT(model->experts->stats().evictions, evictions + 48);  // it kept evicting
+      EXPECT_LE(model->streamer()->buffer_allocations(), warm + 2) << (overlap ? "overlap" : "serial") << prefetch;
+      if (prefetch) {
+        EXPECT_GT(model->experts->stats().prefetch_used, 0u);
+      }
+    }
   }
 }
 
@@ -616,8 +623,10 @@ TEST(StreamingFaults, PrefetchWithSlowAndFailingReadsNeverChangesTokens) {
       EXPECT_EQ(greedy(*model, 2, 48, RoutingOptions{router}), want) << (overlap ? "overlap" : "serial") << router;
       EXPECT_GT(model->experts->stats().prefetch_reads, 0u);
       // Buffers of cancelled reads are reused, not piled up: at most (window + 1) x top-k
-      // experts staged, as many draining and as many spare.
-      EXPECT_LE(model->streamer()->staging_buffers(), 3u * 3u * 2u) << (overlap ? "overlap" : "serial") << router;
+      // experts staged and as many draining; the free ones stay within the staging area's size
+      // and a few experts' more.
+      EXPECT_LE(model->streamer()->staging_buffers(), 2u * 3u * 2u) << (overlap ? "overlap" : "serial") << router;
+      EXPECT_LE(model->streamer()->free_buffers(), 3u * 2u + 16u) << (overlap ? "overlap" : "serial") << router;
     }
   }
 }

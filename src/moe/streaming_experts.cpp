@@ -28,6 +28,10 @@ StreamingExperts::StreamingExperts(ExpertLayout layout, const StreamingOptions& 
     }
     cached_bytes_.push_back(largest);
   }
+  // Free buffers worth keeping: a staging area's worth, and a few experts' for the evictions of
+  // the next visit (two small experts evicted for one large leave one over).
+  const uint64_t largest = cached_bytes_.empty() ? 0 : *std::max_element(cached_bytes_.begin(), cached_bytes_.end());
+  free_limit_bytes_ = options_.prefetch_bytes + 16 * largest;
   if (options_.read_chunk_bytes == 0 || options_.read_chunk_bytes % kDirectAlignment != 0) {
     fail("internal: read chunk of {} bytes is not a multiple of {}", options_.read_chunk_bytes, kDirectAlignment);
   }
@@ -177,27 +181,28 @@ bool StreamingExperts::resident(int layer, int expert) const {
   return cache_.contains(key) || staged_.count(key) != 0;
 }
 
-std::unique_ptr<StreamingExperts::Buffer> StreamingExperts::cache_buffer(uint64_t need) {
-  if (evicted_.empty()) return std::make_unique<Buffer>();
+std::unique_ptr<StreamingExperts::Buffer> StreamingExperts::reuse_buffer(uint64_t need) {
+  if (free_.empty()) return std::make_unique<Buffer>();
   const auto capacity_below = [](const std::unique_ptr<Buffer>& a, const std::unique_ptr<Buffer>& b) {
     return a->capacity < b->capacity;
   };
-  // The smallest evicted buffer that fits, else the largest (queue_reads grows it).
-  auto best = evicted_.end();
-  for (auto it = evicted_.begin(); it != evicted_.end(); ++it) {
-    if ((*it)->capacity >= need && (best == evicted_.end() || capacity_below(*it, *best))) best = it;
+  auto best = free_.end();
+  for (auto it = free_.begin(); it != free_.end(); ++it) {
+    if ((*it)->capacity >= need && (best == free_.end() || capacity_below(*it, *best))) best = it;
   }
-  if (best == evicted_.end()) best = std::max_element(evicted_.begin(), evicted_.end(), capacity_below);
+  if (best == free_.end()) best = std::max_element(free_.begin(), free_.end(), capacity_below);
   std::unique_ptr<Buffer> b = std::move(*best);
-  evicted_.erase(best);
+  free_.erase(best);
   return b;
 }
 
-std::unique_ptr<StreamingExperts::Buffer> StreamingExperts::take_buffer() {
-  if (spare_.empty()) return std::make_unique<Buffer>();
-  std::unique_ptr<Buffer> b = std::move(spare_.back());
-  spare_.pop_back();
-  return b;
+void StreamingExperts::trim_free() {
+  uint64_t bytes = 0;
+  for (auto it = free_.begin(); it != free_.end();) {
+    bytes += (*it)->capacity;
+    if (bytes > free_limit_bytes_) it = free_.erase(it);
+    else ++it;
+  }
 }
 
 void StreamingExperts::stage(int layer, int expert, int distance, PredictionSource source) {
@@ -209,7 +214,7 @@ void StreamingExperts::stage(int layer, int expert, int distance, PredictionSour
   s.layer = layer;
   s.bytes = bytes;
   s.source = source;
-  s.buffer = take_buffer();
+  s.buffer = reuse_buffer(bytes);
   s.ticket = std::make_unique<ReadTicket>();
   queue_reads(layer, expert, *s.buffer, *s.ticket, distance);
   staged_bytes_ += bytes;
@@ -273,7 +278,7 @@ void StreamingExperts::discard(Staged staged) {
   staged_bytes_ -= staged.bytes;
   stats_.prefetch_wasted_bytes += staged.bytes;
   if (staged.ticket->done()) {
-    spare_.push_back(std::move(staged.buffer));
+    free_.push_back(std::move(staged.buffer));
   } else {
     draining_.push_back(std::move(staged));  // a lane is still writing into it
   }
@@ -283,19 +288,13 @@ void StreamingExperts::reap_draining(bool wait) {
   for (auto it = draining_.begin(); it != draining_.end();) {
     if (wait) lanes_.wait(*it->ticket);
     if (it->ticket->done()) {
-      spare_.push_back(std::move(it->buffer));
+      free_.push_back(std::move(it->buffer));
       it = draining_.erase(it);
     } else {
       ++it;
     }
   }
-  // Keep no more spares than the staging area can use at once.
-  uint64_t spare_bytes = 0;
-  for (auto it = spare_.begin(); it != spare_.end();) {
-    spare_bytes += (*it)->capacity;
-    if (spare_bytes > options_.prefetch_bytes) it = spare_.erase(it);
-    else ++it;
-  }
+  trim_free();
 }
 
 void StreamingExperts::check_predictions(int layer) {
@@ -396,7 +395,7 @@ void StreamingExperts::begin_layer(int layer, std::span<const int32_t> experts, 
   for (ExpertKey k : plan.evicted) {
     const auto it = cached_.find(k);
     if (it == cached_.end()) continue;
-    evicted_.push_back(std::move(it->second));
+    free_.push_back(std::move(it->second));
     cached_.erase(it);
   }
 
@@ -436,7 +435,7 @@ void StreamingExperts::begin_layer(int layer, std::span<const int32_t> experts, 
     Buffer* buffer;
     if (plan.cache[i]) {
       auto& slot = cached_[key];
-      slot = cache_buffer(slot_bytes(layer, experts_[i]));
+      slot = reuse_buffer(slot_bytes(layer, experts_[i]));
       buffer = slot.get();
     } else {
       if (transient_.size() <= transient_used) transient_.push_back(std::make_unique<Buffer>());
@@ -455,10 +454,7 @@ void StreamingExperts::begin_layer(int layer, std::span<const int32_t> experts, 
       ++it;
     }
   }
-  // Evictions make room for this visit's misses, so what is left over is a few buffers at most
-  // (two small experts evicted for one large); keep a handful for the next visit.
-  constexpr size_t kKeepEvicted = 16;
-  if (evicted_.size() > kKeepEvicted) evicted_.resize(kKeepEvicted);
+  trim_free();
   if (affinity_) predict_from_history(layer);
   stats_.evictions = cache_.evictions();
   stats_.cache_used_bytes = cache_.used_bytes();
@@ -477,7 +473,7 @@ void StreamingExperts::fail_layer(const std::string& error) {
   }
   cache_.end_visit();
   layer_ = -1;
-  for (auto& b : visit_staged_) spare_.push_back(std::move(b));
+  for (auto& b : visit_staged_) free_.push_back(std::move(b));
   visit_staged_.clear();
   stats_.cache_used_bytes = cache_.used_bytes();
   throw Error("expert read failed: " + error);
@@ -523,7 +519,7 @@ std::span<const Weight> StreamingExperts::matrices(int index) {
 
 void StreamingExperts::end_layer() {
   tickets_.clear();
-  for (auto& b : visit_staged_) spare_.push_back(std::move(b));
+  for (auto& b : visit_staged_) free_.push_back(std::move(b));
   visit_staged_.clear();
   cache_.end_visit();
   layer_ = -1;

@@ -78,8 +78,10 @@ class StreamingExperts : public ExpertSource {
     return prefetch_paused_[static_cast<int>(source)];
   }
   const std::vector<std::string>& io_notes() const { return notes_; }
-  // Buffers the prefetch staging area holds now: staged, still draining after a cancel, spare.
-  size_t staging_buffers() const { return staged_.size() + draining_.size() + spare_.size(); }
+  // Buffers the prefetch staging area holds now: staged, and still draining after a cancel.
+  size_t staging_buffers() const { return staged_.size() + draining_.size(); }
+  // Expert buffers kept free for reuse.
+  size_t free_buffers() const { return free_.size(); }
   // Expert buffers allocated so far (each is new memory the kernel zeroes on first touch).
   uint64_t buffer_allocations() const { return buffer_allocations_; }
   ExpertCache& cache() { return cache_; }
@@ -136,10 +138,11 @@ class StreamingExperts : public ExpertSource {
   // Cancels a staged read nobody needs; its buffer lingers until reads in flight land.
   void discard(Staged staged);
   void reap_draining(bool wait);
-  std::unique_ptr<Buffer> take_buffer();
-  // A buffer for an expert about to be cached: an evicted expert's (large enough if one is),
-  // else a new one.
-  std::unique_ptr<Buffer> cache_buffer(uint64_t need);
+  // A buffer for `need` bytes: a free one (the smallest that fits, else the largest, which
+  // queue_reads grows), or a new one when none is free.
+  std::unique_ptr<Buffer> reuse_buffer(uint64_t need);
+  // Keeps the free buffers within what the next visit and the staging area can use.
+  void trim_free();
 
   ExpertLayout layout_;
   StreamingOptions options_;
@@ -151,10 +154,12 @@ class StreamingExperts : public ExpertSource {
   ExpertCache cache_;
   std::unordered_map<ExpertKey, std::unique_ptr<Buffer>> cached_;
   std::vector<std::unique_ptr<Buffer>> transient_;  // reused for misses that are not cached
-  // Buffers of evicted experts, reused by the next experts cached. A fresh multi-megabyte
-  // allocation is new pages that the kernel faults in and zeroes while the read lands: at a
-  // 4 % hit rate on the gpt-oss-120b shape that cost more compute time than the experts.
-  std::vector<std::unique_ptr<Buffer>> evicted_;
+  // Free expert buffers: of evicted experts, of reads ahead that were cancelled or used without
+  // being cached. Every buffer comes from here when one is free: a fresh multi-megabyte
+  // allocation is new pages that the kernel faults in and zeroes while the read lands (on the
+  // gpt-oss-120b shape at 4 % hits that cost more compute time than the experts themselves).
+  std::vector<std::unique_ptr<Buffer>> free_;
+  uint64_t free_limit_bytes_ = 0;
 
   // The current layer visit.
   int layer_ = -1;
@@ -167,7 +172,6 @@ class StreamingExperts : public ExpertSource {
   // Prefetch.
   std::unordered_map<ExpertKey, Staged> staged_;
   std::vector<Staged> draining_;              // discarded, reads still in flight
-  std::vector<std::unique_ptr<Buffer>> spare_;  // staging buffers to reuse
   std::vector<std::unique_ptr<Buffer>> visit_staged_;  // staged buffers the open visit uses
   uint64_t staged_bytes_ = 0;
   std::unordered_map<int, std::vector<LayerPrediction>> predictions_;  // per layer, latest per (distance, source)
