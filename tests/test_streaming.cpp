@@ -407,7 +407,9 @@ TEST(Streaming, EvictedBuffersAreReused) {
       const uint64_t warm = model->streamer()->buffer_allocations();
       const uint64_t evictions = model->experts->stats().evictions;
       for (int i = 0; i < 48; ++i) s.accept(s.sample());
-      EXPECT_GT(model->experts->stats().evictions, evictions + 48);  // it kept evicting
+      // It kept evicting (about one expert per token at this size; the exact count depends on
+      // the tokens, which differ between kernel tiers).
+      EXPECT_GT(model->experts->stats().evictions, evictions + 24);
       EXPECT_LE(model->streamer()->buffer_allocations(), warm + 2) << (overlap ? "overlap" : "serial") << prefetch;
       if (prefetch) {
         EXPECT_GT(model->experts->stats().prefetch_used, 0u);
