@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cctype>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <thread>
 
@@ -54,6 +55,7 @@ struct StreamConfig {
   int prefetch = 0;
   bool adapt = false;  // with overlap: probe both modes and keep the faster (--overlap)
   int affinity = 0;    // prefetch from the routing history, this many layers ahead (--predictor affinity)
+  IoEngine engine = IoEngine::Threads;
 };
 
 std::unique_ptr<LoadedModel> streamed(const std::string& path, const StreamConfig& c) {
@@ -65,6 +67,7 @@ std::unique_ptr<LoadedModel> streamed(const std::string& path, const StreamConfi
   StreamingOptions so;
   so.cache_bytes = (c.cache_mib_x10 << 20) / 10;
   so.io_threads = c.lanes;
+  so.io_engine = c.engine;
   so.odirect = c.odirect;
   so.overlap = c.overlap;
   so.overlap_adapt = c.adapt;
@@ -156,7 +159,13 @@ INSTANTIATE_TEST_SUITE_P(
                       // beside the routers' predictions
                       StreamConfig{0, 4, true, DenseWeights::Anon, false, "", 0, false, 1},
                       StreamConfig{8, 2, true, DenseWeights::Anon, true, "", 0, false, 2},
-                      StreamConfig{8, 4, true, DenseWeights::Anon, true, "", 1, true, 1}));
+                      StreamConfig{8, 4, true, DenseWeights::Anon, true, "", 1, true, 1},
+                      // io_uring instead of reader threads: serial, overlap, prefetch from both
+                      // predictors while evicting, buffered reads
+                      StreamConfig{8, 4, true, DenseWeights::Anon, false, "", 0, false, 0, IoEngine::Uring},
+                      StreamConfig{0, 2, true, DenseWeights::Anon, true, "", 0, false, 0, IoEngine::Uring},
+                      StreamConfig{8, 1, true, DenseWeights::Anon, true, "", 1, true, 1, IoEngine::Uring},
+                      StreamConfig{25, 2, false, DenseWeights::Anon, false, "", 2, false, 0, IoEngine::Uring}));
 
 // The chooser on a made-up clock: passes in the probe alternate the modes; afterwards the mode
 // with the shorter median pass time runs until the next probe.
@@ -697,6 +706,74 @@ TEST(ReadLanes, UrgentFirstCancelAndPromote) {
   EXPECT_TRUE(lanes.wait(blocker));
   EXPECT_EQ(buf[2 << 12], 'x');
   EXPECT_EQ(buf[1 << 12], 0);  // the cancelled read never ran
+}
+
+// io_uring lanes read the same bytes as a plain read, start urgent reads at once but reads
+// ahead only while fewer than `lanes` reads are in flight, accept a window that runs past the
+// end of the file, and report a short read as an error naming the file.
+TEST(ReadLanes, IoUringReadsCapsReadsAheadAndReportsShortReads) {
+  if (!io_uring_built()) GTEST_SKIP() << "built without liburing";
+  const std::string path = temp_path("uring.bin");
+  const size_t size = (16 << 12) + 100;  // 16 blocks and a short tail
+  auto pattern = [](size_t i) { return static_cast<char>((i * 7 + i / 4096) % 251); };
+  {
+    std::string bytes(size, '\0');
+    for (size_t i = 0; i < size; ++i) bytes[i] = pattern(i);
+    std::ofstream(path, std::ios::binary) << bytes;
+  }
+  DirectFile file(path, true);
+  ReadLanes lanes(1, IoEngine::Uring);
+  if (!lanes.uring()) GTEST_SKIP() << lanes.note();
+  EXPECT_EQ(lanes.lanes(), 1);
+  AlignedBuffer buf = allocate_aligned(20 << 12);
+  std::memset(buf.get(), 0, 20 << 12);
+  auto request = [&](size_t block, int priority, uint64_t required = 1 << 12) {
+    ReadRequest r;
+    r.file = &file;
+    r.offset = block << 12;
+    r.length = 1 << 12;
+    r.required = required;
+    r.dst = buf.get() + (block << 12);
+    r.priority = priority;
+    return r;
+  };
+  ReadTicket urgent, ahead, later_ahead, tail;
+  urgent.add(8);
+  for (size_t b = 0; b < 8; ++b) lanes.submit(request(b, 0), &urgent);
+  ahead.add(2);
+  lanes.submit(request(8, 1), &ahead);
+  lanes.submit(request(9, 1), &ahead);
+  // Eight urgent reads are in flight (nothing is collected until poll or wait), so with one
+  // lane the reads ahead are still queued and can be dropped.
+  EXPECT_EQ(lanes.cancel(&ahead), 2);
+  EXPECT_TRUE(ahead.done());
+  later_ahead.add(2);
+  lanes.submit(request(10, 1), &later_ahead);
+  lanes.submit(request(11, 1), &later_ahead);
+  tail.add(1);
+  lanes.submit(request(16, 0, 100), &tail);  // past the end of the file: 100 bytes required
+  EXPECT_TRUE(lanes.wait(urgent));
+  EXPECT_TRUE(lanes.wait(later_ahead));  // started once the urgent reads were collected
+  EXPECT_TRUE(lanes.wait(tail));
+  EXPECT_GT(lanes.busy_seconds(), 0.0);
+  auto read_back = [&](size_t block, size_t n) {
+    for (size_t i = block << 12; i < (block << 12) + n; ++i) {
+      if (buf.get()[i] != static_cast<uint8_t>(pattern(i))) return false;
+    }
+    return true;
+  };
+  for (size_t b : {0, 5, 7, 10, 11}) EXPECT_TRUE(read_back(b, 1 << 12)) << "block " << b;
+  EXPECT_TRUE(read_back(16, 100));
+  EXPECT_EQ(buf.get()[8 << 12], 0);  // the cancelled reads never ran
+  EXPECT_EQ(buf.get()[9 << 12], 0);
+  // A read that needs bytes the file does not have is an error, not zeros.
+  ReadTicket short_read;
+  short_read.add(1);
+  lanes.submit(request(16, 0), &short_read);
+  EXPECT_FALSE(lanes.wait(short_read));
+  EXPECT_NE(short_read.error().find("short read"), std::string::npos) << short_read.error();
+  EXPECT_NE(short_read.error().find(path), std::string::npos);
+  std::filesystem::remove(path);
 }
 
 TEST(RouteTrace, RoundTripsAndReplaysKnownBeladyAndLru) {

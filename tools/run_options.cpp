@@ -42,6 +42,11 @@ void add_run_flags(CLI::App& app, RunOptions& o) {
                    return s;
                  }(), default_cache_policy()));
   app.add_option("--io-threads", o.io_threads, "streaming: parallel read lanes")->capture_default_str()->check(CLI::Range(1, 32));
+  app.add_option("--io-engine", o.io_engine,
+                 "streaming: who runs the reads: threads (one reader thread per lane) or uring (io_uring, no threads: "
+                 "--io-threads then caps only reads ahead; falls back to threads where the kernel refuses it)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"threads", "uring"}));
   app.add_option("--read-chunk-kb", o.read_chunk_kb,
                  "streaming: target size of one read in KiB (a multiple of 4); an expert's matrices are split into "
                  "equal reads of about this size so that several lanes share one expert")
@@ -257,6 +262,7 @@ LoadedRun load_run(const RunOptions& o) {
     so.cache_bytes = run.cache_budget;
     so.policy = o.cache_policy;
     so.io_threads = o.io_threads;
+    so.io_engine = o.io_engine == "uring" ? IoEngine::Uring : IoEngine::Threads;
     so.read_chunk_bytes = static_cast<uint64_t>(o.read_chunk_kb) << 10;
     so.odirect = !o.no_odirect;
     so.overlap = o.overlapping();

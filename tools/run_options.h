@@ -29,6 +29,7 @@ struct RunOptions {
   int64_t cache_ceil_mb = -1;
   std::string cache_policy;
   int io_threads = 4;
+  std::string io_engine = "threads";
   int read_chunk_kb = 1024;
   bool no_odirect = false;
   bool overlap = false;

@@ -36,6 +36,8 @@ AlignedBuffer allocate_aligned(size_t bytes) {
   return AlignedBuffer(static_cast<uint8_t*>(p));
 }
 
+bool read_fault_hook_active() { return static_cast<bool>(current_hook()); }
+
 void set_read_fault_hook(ReadFaultHook hook) {
   std::lock_guard<std::mutex> lock(g_hook_mutex);
   g_hook = std::move(hook);

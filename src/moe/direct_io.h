@@ -37,6 +37,7 @@ class DirectFile {
   // Why O_DIRECT is not in effect (unsupported, or accepted but not enforced, e.g. FUSE); empty
   // when it is.
   const std::string& direct_note() const { return note_; }
+  int fd() const { return fd_; }
 
   // Reads up to `length` bytes at `offset` into `dst` and requires at least `required` of them
   // (a window rounded up past the end of the file comes back short). With O_DIRECT active,
@@ -61,5 +62,7 @@ class DirectFile {
 // reads. Returns the number of bytes the read should pretend to deliver (length = no fault).
 using ReadFaultHook = std::function<uint64_t(const std::string& path, uint64_t offset, uint64_t length)>;
 void set_read_fault_hook(ReadFaultHook hook);
+// True while a hook is installed (io_uring reads then run through read_window so it applies).
+bool read_fault_hook_active();
 
 }  // namespace bmoe

@@ -11,7 +11,7 @@ namespace bmoe {
 StreamingExperts::StreamingExperts(ExpertLayout layout, const StreamingOptions& options)
     : layout_(std::move(layout)),
       options_(options),
-      lanes_(options.io_threads),
+      lanes_(options.io_threads, options.io_engine),
       cache_(options.cache_bytes,
              make_cache_policy(options.policy.empty() ? default_cache_policy() : options.policy,
                                static_cast<int>(layout_.layers.size()), options.cache_bytes)),
@@ -20,6 +20,7 @@ StreamingExperts::StreamingExperts(ExpertLayout layout, const StreamingOptions& 
     files_.push_back(std::make_unique<DirectFile>(path, options.odirect));
     if (!files_.back()->direct_note().empty()) notes_.push_back(path + ": " + files_.back()->direct_note());
   }
+  if (!lanes_.note().empty()) notes_.push_back(lanes_.note());
   stats_.cache_budget_bytes = options.cache_bytes;
   for (size_t l = 0; l < layout_.layers.size(); ++l) {
     uint64_t largest = 0;
@@ -275,6 +276,7 @@ void StreamingExperts::predict_from_history(int layer) {
 
 void StreamingExperts::discard(Staged staged) {
   lanes_.cancel(staged.ticket.get());
+  lanes_.poll();
   staged_bytes_ -= staged.bytes;
   stats_.prefetch_wasted_bytes += staged.bytes;
   if (staged.ticket->done()) {
@@ -285,6 +287,7 @@ void StreamingExperts::discard(Staged staged) {
 }
 
 void StreamingExperts::reap_draining(bool wait) {
+  lanes_.poll();
   for (auto it = draining_.begin(); it != draining_.end();) {
     if (wait) lanes_.wait(*it->ticket);
     if (it->ticket->done()) {
@@ -495,6 +498,7 @@ int StreamingExperts::take_ready(std::vector<int>& ready) {
     }
   }
   for (;;) {
+    lanes_.poll();
     const size_t before = ready.size();
     for (size_t i = 0; i < n; ++i) {
       if (handed_[i]) continue;
@@ -536,7 +540,7 @@ ExpertStats StreamingExperts::stats() const {
 }
 
 std::string StreamingExperts::describe() const {
-  return fmt::format("streamed ({} lanes, {}, cache {} MiB, policy {}{}{})", options_.io_threads,
+  return fmt::format("streamed ({} lanes{}, {}, cache {} MiB, policy {}{}{})", options_.io_threads, lanes_.uring() ? " io_uring" : "",
                      files_.front()->direct_active() ? "O_DIRECT" : "buffered",
                      options_.cache_bytes >> 20, cache_.policy_name(), options_.overlap ? (options_.overlap_adapt ? ", overlap (adaptive)" : ", overlap") : "",
                      options_.prefetch_bytes ? fmt::format(", prefetch staging {} MiB", options_.prefetch_bytes >> 20) : "");

@@ -25,6 +25,7 @@ struct StreamingOptions {
   uint64_t cache_bytes = 0;
   std::string policy;  // empty: default_cache_policy()
   int io_threads = 4;
+  IoEngine io_engine = IoEngine::Threads;
   bool odirect = true;
   bool overlap = false;
   // With overlap: measure both modes now and then and use the faster (see overlap_chooser.h);

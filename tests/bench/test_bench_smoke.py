@@ -15,7 +15,7 @@ BUILD = os.environ.get("BMOE_BUILD", os.path.join(REPO, "build"))
 sys.path.insert(0, os.path.join(REPO, "bench"))
 from cgroup import available as cgroup_available  # noqa: E402
 
-CONFIGS = ["llama-mmap", "mmap", "c0-l2", "c1-l2-overlap", "c1-l2-overlap-pf1", "c1-l2-draft2"]
+CONFIGS = ["llama-mmap", "mmap", "c0-l2", "c1-l2-overlap", "c1-l2-overlap-pf1", "c1-l2-uring-overlap", "c1-l2-draft2"]
 
 
 class BenchSmoke(unittest.TestCase):
