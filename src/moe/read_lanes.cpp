@@ -15,7 +15,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // Submission queue entries: enough for every urgent read of a layer (a few per missing expert).
-constexpr unsigned kRingEntries = 256;
+[[maybe_unused]] constexpr unsigned kRingEntries = 256;
 
 uint64_t nanoseconds_since(Clock::time_point start) {
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count());
