@@ -36,6 +36,19 @@ TEST(Model, BatchSizeAndThreadsDoNotChangeLogits) {
   for (float v : reference) ASSERT_TRUE(std::isfinite(v));
 }
 
+// Prompt batches of 64 rows or more take the tiled attention path; a row's result there does not
+// depend on the batch it is in, so any split into such batches gives the same logits.
+TEST(Model, PromptBatchesOf64OrMoreGiveTheSameLogits) {
+  auto model = load_model(test_model_path("tiny-qwen3moe"), LoadOptions{});
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 192; ++i) prompt.push_back(static_cast<int32_t>((i * 7919 + 13) % 400 + 3));
+  const auto reference = logits_after(*model, 1, 192, prompt);
+  for (auto [threads, batch] : {std::pair{3, 64}, {2, 96}, {2, 512}}) {
+    EXPECT_EQ(logits_after(*model, threads, batch, prompt), reference) << threads << " threads, batch " << batch;
+  }
+  for (float v : reference) ASSERT_TRUE(std::isfinite(v));
+}
+
 // q, k and v in three weight types need three activation formats (Q8_K, Q8_0, F16) in one
 // batch of matmuls. The converted activations once lived in a vector that reallocated under
 // the earlier jobs' feet (a crash on a Gemma shape with attn_v=Q8_0; ASan names the bug).

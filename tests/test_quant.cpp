@@ -11,6 +11,7 @@
 #include "core/fp16.h"
 #include "core/rng.h"
 #include "quant/blocks.h"
+#include "quant/float_kernels.h"
 #include "quant/quant.h"
 #include "quant/ref_kernels.h"
 #include "quant/simd_kernels.h"
@@ -515,6 +516,64 @@ TEST(Dispatch, PairKernelsEqualOneRowBitForBit) {
   }
 #endif
   if (checked == 0) GTEST_SKIP() << "no pair kernels on this CPU (arm64 i8mm only)";
+}
+
+// The f32 kernels of tiled attention: every ISA's gemm equals the scalar reference bit for bit,
+// for shapes with and without whole register blocks (row, column and depth tails).
+TEST(FloatKernels, GemmEqualsReferenceBitForBit) {
+  Rng rng(90);
+  const FloatKernels& ref_k = *float_kernels_for_isa(Isa::Scalar);
+  for (Isa isa : available_isas()) {
+    const FloatKernels* k = float_kernels_for_isa(isa);
+    ASSERT_NE(k, nullptr);
+    for (int trial = 0; trial < 30; ++trial) {
+      const int64_t m = 1 + rng.below(20), kk = 1 + rng.below(140), n = 1 + rng.below(80);
+      const int64_t lda = kk + rng.below(3), ldb = n + rng.below(3), ldc = n + rng.below(3);
+      const auto a = random_floats(rng, m * lda, 1.0);
+      const auto b = random_floats(rng, kk * ldb, 1.0);
+      const auto c0 = random_floats(rng, m * ldc, 1.0);
+      auto want = c0, got = c0;
+      ref_k.gemm(want.data(), ldc, a.data(), lda, b.data(), ldb, m, kk, n);
+      k->gemm(got.data(), ldc, a.data(), lda, b.data(), ldb, m, kk, n);
+      for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(float_bits(got[i]), float_bits(want[i])) << "m=" << m << " k=" << kk << " n=" << n << " at " << i;
+      // And it is the product: compare one element with a double-precision sum.
+      double exact = c0[0];
+      for (int64_t p = 0; p < kk; ++p) exact += static_cast<double>(a[static_cast<size_t>(p)]) * b[static_cast<size_t>(p * ldb)];
+      EXPECT_NEAR(want[0], exact, 1e-4 * (1.0 + std::fabs(exact)) * kk);
+    }
+  }
+}
+
+// exp_sum: same values and the same sum on every ISA, including masked scores (-inf), values
+// whose exponential is denormal or zero, and large ones; and close to std::exp.
+TEST(FloatKernels, ExpSumEqualsReferenceBitForBit) {
+  Rng rng(91);
+  const FloatKernels& ref_k = *float_kernels_for_isa(Isa::Scalar);
+  for (Isa isa : available_isas()) {
+    const FloatKernels* k = float_kernels_for_isa(isa);
+    for (int trial = 0; trial < 40; ++trial) {
+      const int64_t n = kExpSumBlock * (1 + rng.below(6));
+      std::vector<float> x = random_floats(rng, n, trial % 4 == 0 ? 60.0 : 4.0);
+      for (float& v : x) {
+        if (rng.below(8) == 0) v = -INFINITY;
+        if (trial % 5 == 0 && rng.below(8) == 0) v = -100.0f - static_cast<float>(rng.below(60));  // denormal results
+      }
+      const float max = trial % 3 == 0 ? 0.0f : *std::max_element(x.begin(), x.end());
+      auto want = x, got = x;
+      const double sum_want = ref_k.exp_sum(want.data(), n, max);
+      const double sum_got = k->exp_sum(got.data(), n, max);
+      EXPECT_EQ(sum_got, sum_want);
+      for (int64_t i = 0; i < n; ++i) {
+        ASSERT_EQ(float_bits(got[i]), float_bits(want[i])) << "x=" << x[i] << " max=" << max;
+        const double e = std::exp(static_cast<double>(x[i] - max));  // of the argument the kernel sees
+        if (e > 1e-30 && e < 1e30) {
+          EXPECT_NEAR(want[i] / e, 1.0, 1e-6) << x[i];
+        }
+      }
+    }
+  }
+  EXPECT_EQ(fast_expf(-INFINITY), 0.0f);
+  EXPECT_EQ(fast_expf(0.0f), 1.0f);
 }
 
 TEST(Dispatch, UsesSimdWhenAvailable) {

@@ -5,6 +5,8 @@
 #include <cstring>
 
 #include "core/fp16.h"
+#include "model/ops.h"
+#include "quant/float_kernels.h"
 #include "quant/quant.h"
 
 namespace bmoe {
@@ -212,10 +214,143 @@ void attend_one(const KvCache& cache, int layer, const AttentionParams& p, int h
   }
 }
 
+// Prompt batches: ggml's tiled flash-attention path, with several query rows at once. The
+// queries stay f32; keys and values are converted to f32 one tile of kKvTile positions at a
+// time (tiles start at multiples of kKvTile, as ggml's do), scores come from an f32 GEMM, each
+// row keeps an online softmax updated once per tile, and V is accumulated in f32. A query tile
+// holds every head of one KV group for a few consecutive rows, so the group shares each
+// converted K and V tile. Memory is per thread and independent of the prompt length.
+constexpr int kKvTile = 64;
+constexpr int kQueryTileRows = 64;
+static_assert(kKvTile % kExpSumBlock == 0, "a score row is exponentiated in whole blocks");
+
+struct TileScratch {
+  std::vector<float> q, kt, v, scores, acc, max, sum;
+  std::vector<int> first, last;  // visible key positions of each row
+};
+
+// Rows [row0, row0 + n_rows) of the batch, all heads of KV head `kv_head`: query tile row t is
+// batch row row0 + t / group, head kv_head * group + t % group.
+void attend_tile(const KvCache& cache, int layer, const AttentionParams& p, int kv_head, const float* q,
+                 const int* pos, int row0, int n_rows, float* out) {
+  const FloatKernels& fk = float_kernels();
+  const int dk = p.head_dim_k, dv = p.head_dim_v;
+  const int group = p.n_head / p.n_head_kv;
+  const int rows = n_rows * group;
+  thread_local TileScratch s;
+  s.q.resize(static_cast<size_t>(rows) * dk);
+  s.kt.resize(static_cast<size_t>(dk) * kKvTile);
+  s.v.resize(static_cast<size_t>(kKvTile) * dv);
+  s.scores.resize(static_cast<size_t>(rows) * kKvTile);
+  s.acc.assign(static_cast<size_t>(rows) * dv, 0.0f);
+  s.max.assign(static_cast<size_t>(rows), -INFINITY);
+  s.sum.assign(static_cast<size_t>(rows), 0.0f);
+  s.first.resize(static_cast<size_t>(rows));
+  s.last.resize(static_cast<size_t>(rows));
+  int lo = pos[row0], hi = pos[row0];
+  for (int t = 0; t < rows; ++t) {
+    const int row = row0 + t / group, head = kv_head * group + t % group;
+    std::copy_n(q + (static_cast<size_t>(row) * p.n_head + head) * dk, dk, s.q.data() + static_cast<size_t>(t) * dk);
+    s.last[t] = pos[row];
+    s.first[t] = p.sliding_window > 0 ? std::max(0, pos[row] - p.sliding_window + 1) : 0;
+    lo = std::min(lo, s.first[t]);
+    hi = std::max(hi, s.last[t]);
+  }
+  const bool f16_cache = cache.type() == KvType::F16;
+  const size_t el = cache.element_bytes();
+  float scale = p.scale;
+  if (p.softcap != 0.0f) scale /= p.softcap;
+
+  for (int c = lo / kKvTile * kKvTile; c <= hi; c += kKvTile) {
+    const int valid = std::min(kKvTile, hi + 1 - c);  // positions of this tile that are stored
+    // K transposed (kt[d][j]) and V (v[j][d]) in f32; positions past `valid` are zero.
+    std::fill(s.kt.begin(), s.kt.end(), 0.0f);
+    std::fill(s.v.begin(), s.v.end(), 0.0f);
+    for (int j = 0; j < valid; ++j) {
+      const auto* k = static_cast<const uint8_t*>(cache.k_row(layer, c + j)) + static_cast<size_t>(kv_head) * dk * el;
+      const auto* v = static_cast<const uint8_t*>(cache.v_row(layer, c + j)) + static_cast<size_t>(kv_head) * dv * el;
+      float* vrow = s.v.data() + static_cast<size_t>(j) * dv;
+      if (f16_cache) {
+        const auto* k16 = reinterpret_cast<const uint16_t*>(k);
+        for (int d = 0; d < dk; ++d) s.kt[static_cast<size_t>(d) * kKvTile + j] = fp16_to_fp32(k16[d]);
+        dequantize_row(TensorType::F16, v, vrow, dv);
+      } else {
+        const auto* k32 = reinterpret_cast<const float*>(k);
+        for (int d = 0; d < dk; ++d) s.kt[static_cast<size_t>(d) * kKvTile + j] = k32[d];
+        std::memcpy(vrow, v, static_cast<size_t>(dv) * sizeof(float));
+      }
+    }
+    std::fill(s.scores.begin(), s.scores.end(), 0.0f);
+    fk.gemm(s.scores.data(), kKvTile, s.q.data(), dk, s.kt.data(), kKvTile, rows, dk, kKvTile);
+    for (int t = 0; t < rows; ++t) {
+      float* row = s.scores.data() + static_cast<size_t>(t) * kKvTile;
+      for (int j = 0; j < kKvTile; ++j) {
+        float x = row[j] * scale;
+        if (p.softcap != 0.0f) x = std::tanh(x) * p.softcap;
+        const int key = c + j;
+        row[j] = key < s.first[t] || key > s.last[t] ? -INFINITY : x;
+      }
+      const float tile_max = *std::max_element(row, row + kKvTile);
+      if (tile_max == -INFINITY) {  // nothing visible in this tile: the row takes no weight
+        std::fill(row, row + kKvTile, 0.0f);
+        continue;
+      }
+      const float old = s.max[t];
+      const float m = std::max(old, tile_max);
+      if (m > old) {
+        const float ms = std::exp(old - m);
+        ops::scale(s.acc.data() + static_cast<size_t>(t) * dv, ms, dv);
+        s.sum[t] *= ms;
+      }
+      s.max[t] = m;
+      s.sum[t] = static_cast<float>(static_cast<double>(s.sum[t]) + fk.exp_sum(row, kKvTile, m));
+    }
+    fk.gemm(s.acc.data(), dv, s.scores.data(), kKvTile, s.v.data(), dv, rows, kKvTile, dv);
+  }
+
+  for (int t = 0; t < rows; ++t) {
+    const int row = row0 + t / group, head = kv_head * group + t % group;
+    float* acc = s.acc.data() + static_cast<size_t>(t) * dv;
+    if (p.sinks != nullptr) {  // an extra logit with weight and no value
+      const float sink = p.sinks[head];
+      float ms = 1.0f, vs = 1.0f;
+      if (sink > s.max[t]) {
+        ms = std::exp(s.max[t] - sink);
+        ops::scale(acc, ms, dv);
+      } else {
+        vs = std::exp(sink - s.max[t]);
+      }
+      s.sum[t] = s.sum[t] * ms + vs;
+    }
+    const float inv = s.sum[t] == 0.0f ? 0.0f : 1.0f / s.sum[t];
+    float* dst = out + (static_cast<size_t>(row) * p.n_head + head) * dv;
+    for (int d = 0; d < dv; ++d) dst[d] = acc[d] * inv;
+  }
+}
+
+void attention_tiled(ThreadPool& pool, const KvCache& cache, int layer, const AttentionParams& p, const float* q,
+                     const int* pos, int n, float* out) {
+  const int group = p.n_head / p.n_head_kv;
+  const int rows_per_tile = std::max(1, kQueryTileRows / group);
+  const int tiles_per_head = (n + rows_per_tile - 1) / rows_per_tile;
+  const int64_t tasks = static_cast<int64_t>(tiles_per_head) * p.n_head_kv;
+  // Later rows see more keys: hand out the last tiles first so the pool ends evenly.
+  pool.run(tasks, [&](int64_t t, int) {
+    const int64_t task = tasks - 1 - t;
+    const int kv_head = static_cast<int>(task % p.n_head_kv);
+    const int row0 = static_cast<int>(task / p.n_head_kv) * rows_per_tile;
+    attend_tile(cache, layer, p, kv_head, q, pos, row0, std::min(rows_per_tile, n - row0), out);
+  });
+}
+
 }  // namespace
 
 void attention(ThreadPool& pool, const KvCache& cache, int layer, const AttentionParams& p,
                const float* q, const int* pos, int n, float* out) {
+  if (n >= kTiledBatch && p.numerics == AttentionNumerics::Flash) {
+    attention_tiled(pool, cache, layer, p, q, pos, n, out);
+    return;
+  }
   const bool small_batch = n < kTiledBatch;
   const int64_t tasks = static_cast<int64_t>(n) * p.n_head;
   pool.run(tasks, [&](int64_t t, int) {

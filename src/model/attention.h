@@ -6,7 +6,11 @@
 //  - Flash (llama.cpp's flash attention): online softmax; on an f16 cache and for small query
 //    batches (< 64 rows, i.e. decode) the weighted V sum is accumulated in f16. That running
 //    f16 sum turns float noise into ulp-sized steps, so it agrees less well with any other
-//    implementation (llama.cpp's own two paths included).
+//    implementation (llama.cpp's own two paths included). Batches of 64 rows or more take
+//    ggml's tiled path: f32 queries, keys and values converted a 64-position tile at a time,
+//    scores and the V sum by f32 GEMM (quant/float_kernels.h), the softmax updated per tile.
+//    Its tiles start at multiples of 64 positions, so a row's result there does not depend on
+//    which rows share its batch, and its memory does not grow with the prompt.
 #pragma once
 
 #include <cstdint>

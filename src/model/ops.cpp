@@ -83,36 +83,12 @@ void rope(float* x, int n_heads, int head_dim, int pos, const RopeConfig& rope, 
   }
 }
 
-float fast_expf(float x) {
-  const float shift = 0x1.8p23f;
-  const float z = std::fma(x, 0x1.715476p+0f, shift);
-  const float n = z - shift;  // round(x / ln 2)
-  const float b = std::fma(-n, 0x1.7f7d1cp-20f, std::fma(-n, 0x1.62e4p-1f, x));
-  if (std::fabs(n) > 192.0f) return n <= 0.0f ? 0.0f : INFINITY;
-  const float u = b * b;
-  const float j = std::fma(std::fma(std::fma(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u, std::fma(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)),
-                           u, std::fma(0x1.ffffecp-1f, b, 1.0f));
-  return std::ldexp(j, static_cast<int>(n));
-}
-
-// Sum of 16 floats in the pairwise order of _mm512_reduce_add_ps.
-static float reduce16(const float* v) {
-  float t8[8], t4[4];
-  for (int i = 0; i < 8; ++i) t8[i] = v[i + 8] + v[i];
-  for (int i = 0; i < 4; ++i) t4[i] = t8[i + 4] + t8[i];
-  return (t4[0] + t4[2]) + (t4[1] + t4[3]);
-}
-
 void softmax(float* x, int64_t n) {
   float max = -INFINITY;
   for (int64_t i = 0; i < n; ++i) max = std::max(max, x[i]);
   // Exponentials summed 16 at a time into a double, as ggml's vectorised softmax does.
-  double sum = 0.0;
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    for (int64_t k = i; k < i + 16; ++k) x[k] = fast_expf(x[k] - max);
-    sum += static_cast<double>(reduce16(x + i));
-  }
+  int64_t i = n / kExpSumBlock * kExpSumBlock;
+  double sum = float_kernels().exp_sum(x, i, max);
   for (; i < n; ++i) {
     x[i] = std::exp(x[i] - max);
     sum += static_cast<double>(x[i]);

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "model/config.h"
+#include "quant/float_kernels.h"
 
 namespace bmoe::ops {
 
@@ -18,11 +19,6 @@ void rope(float* x, int n_heads, int head_dim, int pos, const RopeConfig& rope, 
 
 // In-place softmax over n values.
 void softmax(float* x, int64_t n);
-
-// exp(x) by the polynomial ggml's vectorised softmax and SiLU use (ARM optimized-routines
-// coefficients, about 1.5 ulp), evaluated with the same fused operations so the values match
-// llama.cpp's AVX-512 build bit for bit.
-float fast_expf(float x);
 
 inline float silu(float x) { return x / (1.0f + fast_expf(0.0f - x)); }
 

@@ -5,6 +5,7 @@
 #include "core/cpu_features.h"
 #include "core/error.h"
 #include "quant/blocks.h"
+#include "quant/float_kernels.h"
 #include "quant/quant.h"
 #include "quant/ref_kernels.h"
 #include "quant/simd_kernels.h"
@@ -130,6 +131,24 @@ const TypeKernels& kernels(TensorType weights) {
   const TypeKernels* k = kernels_for_isa(weights, active_isa());
   if (k == nullptr) fail("tensor type {} is not supported for computation", type_name(weights));
   return *k;
+}
+
+const FloatKernels* float_kernels_for_isa(Isa isa) {
+  static const FloatKernels scalar{ref::gemm_f32, ref::exp_sum};
+#if defined(__x86_64__)
+  static const FloatKernels avx2{avx2::gemm_f32, avx2::exp_sum};
+  if (isa == Isa::Avx2) return cpu_features().avx2 ? &avx2 : nullptr;
+#endif
+#if defined(__aarch64__)
+  static const FloatKernels neon{neon::gemm_f32, neon::exp_sum};
+  if (isa == Isa::Neon) return cpu_features().neon ? &neon : nullptr;
+#endif
+  return isa == Isa::Scalar ? &scalar : nullptr;
+}
+
+const FloatKernels& float_kernels() {
+  static const FloatKernels& active = *float_kernels_for_isa(active_isa());
+  return active;
 }
 
 size_t activation_bytes(TensorType format, int64_t n) { return row_bytes(format, n); }

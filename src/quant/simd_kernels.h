@@ -23,6 +23,10 @@ void dot_rows_mxfp4(const void* w, size_t stride, const void* a, int64_t n, floa
 void quantize_f16(const float* src, void* dst, int64_t n);
 void f16_scale(uint16_t* acc, float s, int64_t n);
 void f16_fma_into(uint16_t* acc, const uint16_t* v, float s, int64_t n);
+// float_kernels.h
+void gemm_f32(float* c, int64_t ldc, const float* a, int64_t lda, const float* b, int64_t ldb, int64_t m,
+              int64_t k, int64_t n);
+double exp_sum(float* x, int64_t n, float max);
 }  // namespace bmoe::avx2
 
 // AVX-512 F + BW versions of the heaviest AVX2 kernels, equal to them bit for bit; the AVX2
@@ -44,6 +48,10 @@ float dot_mxfp4(const void* w, const void* a, int64_t n);
 float dot_q4_K(const void* w, const void* a, int64_t n);
 float dot_q5_K(const void* w, const void* a, int64_t n);
 float dot_q6_K(const void* w, const void* a, int64_t n);
+// float_kernels.h
+void gemm_f32(float* c, int64_t ldc, const float* a, int64_t lda, const float* b, int64_t ldb, int64_t m,
+              int64_t k, int64_t n);
+double exp_sum(float* x, int64_t n, float max);
 }  // namespace bmoe::neon
 
 // arm64 with i8mm: two rows x two activation rows (see DotPairsFn).

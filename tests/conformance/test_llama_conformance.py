@@ -45,12 +45,22 @@ TOKENIZER_CORPUS = [
     "",
 ]
 
+# The last prompt is longer than 64 tokens in every vocabulary: both engines evaluate it with
+# their tiled prompt attention (bmoe's attention.cpp, llama.cpp's tiled flash path).
+LONG_PROMPT = (
+    "The harbour town woke slowly that spring. Before the light came over the hills, the bakers had already "
+    "lit their ovens, and the smell of bread drifted down the narrow streets toward the water, where fishermen "
+    "were checking nets that had dried overnight on wooden frames. Nobody in the town could remember a year "
+    "when the boats had gone out so late; the winter storms had lasted into April, and the sea had thrown "
+    "stones over the breakwater more than once. The harbour master, a quiet woman who kept her records in a "
+    "green ledger, wrote down every arrival and departure with the same careful hand her father had used.")
 PROMPTS = [
     "The capital of France is",
     "def fibonacci(n):",
     "Once upon a time, in a land far away,",
     "1, 2, 3, 4, 5,",
     "你好，请介绍一下你自己。",
+    LONG_PROMPT,
 ]
 CHAT_PROMPTS = PROMPTS[:3]
 N = 32
