@@ -82,6 +82,36 @@ void run_batch2(benchmark::State& state, TensorType type, Isa isa, bool pairs) {
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(m.weights.size()));
 }
 
+// A prompt batch: `acts` activation rows against a chunk of 64 weight rows of 2048 columns (the
+// rows one matmul task takes), with the tile kernel or one dot product at a time. Reports
+// GFLOP/s (two per weight x activation element).
+void run_gemm(benchmark::State& state, TensorType type, Isa isa, bool tiles, int acts) {
+  const TypeKernels* k = kernels_for_isa(type, isa);
+  if (k == nullptr || (tiles && k->dot_tile == nullptr)) {
+    state.SkipWithError("not available");
+    return;
+  }
+  const Matrix m = make_matrix(type, 64, 2048);
+  std::vector<std::vector<uint8_t>> inputs;
+  std::vector<const void*> ptrs;
+  for (int a = 0; a < acts; ++a) inputs.push_back(make_matrix(type, 1, 2048).activations);
+  for (const auto& in : inputs) ptrs.push_back(in.data());
+  std::vector<float> out(static_cast<size_t>(m.rows) * acts);
+  const size_t stride = row_bytes(type, m.cols);
+  for (auto _ : state) {
+    if (tiles) {
+      k->dot_tile(m.weights.data(), stride, m.rows, ptrs.data(), acts, m.cols, out.data(), m.rows);
+    } else {
+      for (int64_t r = 0; r < m.rows; ++r) {
+        for (int a = 0; a < acts; ++a) out[static_cast<size_t>(a * m.rows + r)] = k->dot(m.weights.data() + r * stride, ptrs[static_cast<size_t>(a)], m.cols);
+      }
+    }
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * static_cast<double>(m.rows * m.cols * acts) * static_cast<double>(state.iterations()),
+                                                 benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
+}
+
 void register_all() {
   const TensorType types[] = {TensorType::Q4_K, TensorType::Q6_K, TensorType::Q5_K, TensorType::Q8_0,
                               TensorType::Q4_0, TensorType::MXFP4, TensorType::F16, TensorType::BF16, TensorType::F32};
@@ -115,6 +145,10 @@ void register_all() {
 #if defined(__x86_64__)
     add("avx2", Isa::Avx2);
 #endif
+    benchmark::RegisterBenchmark(("gemm32/" + name + "/one-row").c_str(),
+                                 [t](benchmark::State& s) { run_gemm(s, t, active_isa(), false, 32); });
+    benchmark::RegisterBenchmark(("gemm32/" + name + "/tile").c_str(),
+                                 [t](benchmark::State& s) { run_gemm(s, t, active_isa(), true, 32); });
 #if defined(__aarch64__)
     add("neon", Isa::Neon);
 #endif

@@ -483,6 +483,49 @@ TEST(Dispatch, Avx512KernelsEqualAvx2BitForBit) {
 }
 #endif
 
+// The tile kernels (prompt batches) return, for each (row, activation) pair, exactly what the
+// one-row kernel of the same ISA returns: a row's result does not depend on the batch it is in.
+// Row and activation counts cover whole tiles, partial tiles and lone activations.
+TEST(Dispatch, TileKernelsEqualOneRowBitForBit) {
+  Rng rng(92);
+  int checked = 0;
+  for (TensorType t : kWeightTypes) {
+    for (Isa isa : available_isas()) {
+      const TypeKernels* k = kernels_for_isa(t, isa);
+      if (k == nullptr || k->dot_tile == nullptr) continue;
+      for (int trial = 0; trial < 12; ++trial) {
+        const int64_t n = 256 * (1 + static_cast<int64_t>(rng.below(6))) + (trial % 4 == 3 ? 32 : 0);
+        if (n % type_info(t).block_size != 0) continue;
+        const int rows = 1 + static_cast<int>(rng.below(13));
+        const int n_act = 1 + static_cast<int>(rng.below(19));
+        const size_t stride = row_bytes(t, n) + type_info(t).block_bytes * static_cast<size_t>(trial % 3);
+        const std::vector<uint8_t> w = random_rows(rng, t, n, rows, stride);
+        std::vector<std::vector<uint8_t>> acts;
+        std::vector<const void*> act_ptrs;
+        for (int a = 0; a < n_act; ++a) acts.push_back(random_activations(rng, *k, n, trial % 2 ? 1.0 : 50.0));
+        for (const auto& a : acts) act_ptrs.push_back(a.data());
+        const int64_t out_stride = rows + static_cast<int64_t>(rng.below(3));
+        std::vector<float> out(static_cast<size_t>(n_act * out_stride), -1.0f);
+        k->dot_tile(w.data(), stride, rows, act_ptrs.data(), n_act, n, out.data(), out_stride);
+        for (int a = 0; a < n_act; ++a) {
+          for (int r = 0; r < rows; ++r) {
+            const float one = k->dot(w.data() + r * stride, acts[static_cast<size_t>(a)].data(), n);
+            ASSERT_EQ(float_bits(out[static_cast<size_t>(a * out_stride + r)]), float_bits(one))
+                << type_name(t) << " n=" << n << " row " << r << " act " << a << " of " << n_act;
+          }
+        }
+        ++checked;
+      }
+    }
+  }
+#if defined(__x86_64__)
+  if (active_isa() == Isa::Avx2) {
+    EXPECT_GE(checked, 80);  // every quantized and 16-bit type has an AVX2 tile kernel
+  }
+#endif
+  if (checked == 0) GTEST_SKIP() << "no tile kernels on this path";
+}
+
 // The two-rows-by-two-inputs kernels (arm64 i8mm) return, for each (row, input) pair, exactly
 // what the one-row kernel returns: batched matmuls use them.
 TEST(Dispatch, PairKernelsEqualOneRowBitForBit) {

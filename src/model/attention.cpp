@@ -225,12 +225,30 @@ constexpr int kQueryTileRows = 64;
 static_assert(kKvTile % kExpSumBlock == 0, "a score row is exponentiated in whole blocks");
 
 struct TileScratch {
-  std::vector<float> q, kt, v, scores, acc, max, sum;
+  std::vector<float> qt, k, v, scores_t, scores, acc, max, sum;
   std::vector<int> first, last;  // visible key positions of each row
 };
 
+// Rows [0, valid) of `dst` (width floats each, zero beyond) from cache rows c.. of `layer`.
+void load_tile(const KvCache& cache, bool keys, int layer, int c, int valid, int head, int width, float* dst) {
+  const size_t el = cache.element_bytes();
+  for (int j = 0; j < kKvTile; ++j) {
+    float* row = dst + static_cast<size_t>(j) * width;
+    if (j >= valid) {
+      std::fill(row, row + width, 0.0f);
+      continue;
+    }
+    const void* stored = keys ? cache.k_row(layer, c + j) : cache.v_row(layer, c + j);
+    const auto* src = static_cast<const uint8_t*>(stored) + static_cast<size_t>(head) * width * el;
+    if (cache.type() == KvType::F16) kernels(TensorType::F16).dequantize(src, row, width);
+    else std::memcpy(row, src, static_cast<size_t>(width) * sizeof(float));
+  }
+}
+
 // Rows [row0, row0 + n_rows) of the batch, all heads of KV head `kv_head`: query tile row t is
-// batch row row0 + t / group, head kv_head * group + t % group.
+// batch row row0 + t / group, head kv_head * group + t % group. The scores are computed
+// transposed (keys x queries: K as stored times the transposed query tile, so no key tile
+// needs transposing) and turned around while they are scaled and masked.
 void attend_tile(const KvCache& cache, int layer, const AttentionParams& p, int kv_head, const float* q,
                  const int* pos, int row0, int n_rows, float* out) {
   const FloatKernels& fk = float_kernels();
@@ -238,9 +256,10 @@ void attend_tile(const KvCache& cache, int layer, const AttentionParams& p, int 
   const int group = p.n_head / p.n_head_kv;
   const int rows = n_rows * group;
   thread_local TileScratch s;
-  s.q.resize(static_cast<size_t>(rows) * dk);
-  s.kt.resize(static_cast<size_t>(dk) * kKvTile);
+  s.qt.resize(static_cast<size_t>(dk) * rows);
+  s.k.resize(static_cast<size_t>(kKvTile) * dk);
   s.v.resize(static_cast<size_t>(kKvTile) * dv);
+  s.scores_t.resize(static_cast<size_t>(kKvTile) * rows);
   s.scores.resize(static_cast<size_t>(rows) * kKvTile);
   s.acc.assign(static_cast<size_t>(rows) * dv, 0.0f);
   s.max.assign(static_cast<size_t>(rows), -INFINITY);
@@ -250,42 +269,26 @@ void attend_tile(const KvCache& cache, int layer, const AttentionParams& p, int 
   int lo = pos[row0], hi = pos[row0];
   for (int t = 0; t < rows; ++t) {
     const int row = row0 + t / group, head = kv_head * group + t % group;
-    std::copy_n(q + (static_cast<size_t>(row) * p.n_head + head) * dk, dk, s.q.data() + static_cast<size_t>(t) * dk);
+    const float* qrow = q + (static_cast<size_t>(row) * p.n_head + head) * dk;
+    for (int d = 0; d < dk; ++d) s.qt[static_cast<size_t>(d) * rows + t] = qrow[d];
     s.last[t] = pos[row];
     s.first[t] = p.sliding_window > 0 ? std::max(0, pos[row] - p.sliding_window + 1) : 0;
     lo = std::min(lo, s.first[t]);
     hi = std::max(hi, s.last[t]);
   }
-  const bool f16_cache = cache.type() == KvType::F16;
-  const size_t el = cache.element_bytes();
   float scale = p.scale;
   if (p.softcap != 0.0f) scale /= p.softcap;
 
   for (int c = lo / kKvTile * kKvTile; c <= hi; c += kKvTile) {
     const int valid = std::min(kKvTile, hi + 1 - c);  // positions of this tile that are stored
-    // K transposed (kt[d][j]) and V (v[j][d]) in f32; positions past `valid` are zero.
-    std::fill(s.kt.begin(), s.kt.end(), 0.0f);
-    std::fill(s.v.begin(), s.v.end(), 0.0f);
-    for (int j = 0; j < valid; ++j) {
-      const auto* k = static_cast<const uint8_t*>(cache.k_row(layer, c + j)) + static_cast<size_t>(kv_head) * dk * el;
-      const auto* v = static_cast<const uint8_t*>(cache.v_row(layer, c + j)) + static_cast<size_t>(kv_head) * dv * el;
-      float* vrow = s.v.data() + static_cast<size_t>(j) * dv;
-      if (f16_cache) {
-        const auto* k16 = reinterpret_cast<const uint16_t*>(k);
-        for (int d = 0; d < dk; ++d) s.kt[static_cast<size_t>(d) * kKvTile + j] = fp16_to_fp32(k16[d]);
-        dequantize_row(TensorType::F16, v, vrow, dv);
-      } else {
-        const auto* k32 = reinterpret_cast<const float*>(k);
-        for (int d = 0; d < dk; ++d) s.kt[static_cast<size_t>(d) * kKvTile + j] = k32[d];
-        std::memcpy(vrow, v, static_cast<size_t>(dv) * sizeof(float));
-      }
-    }
-    std::fill(s.scores.begin(), s.scores.end(), 0.0f);
-    fk.gemm(s.scores.data(), kKvTile, s.q.data(), dk, s.kt.data(), kKvTile, rows, dk, kKvTile);
+    load_tile(cache, true, layer, c, valid, kv_head, dk, s.k.data());
+    load_tile(cache, false, layer, c, valid, kv_head, dv, s.v.data());
+    std::fill(s.scores_t.begin(), s.scores_t.end(), 0.0f);
+    fk.gemm(s.scores_t.data(), rows, s.k.data(), dk, s.qt.data(), rows, kKvTile, dk, rows);
     for (int t = 0; t < rows; ++t) {
       float* row = s.scores.data() + static_cast<size_t>(t) * kKvTile;
       for (int j = 0; j < kKvTile; ++j) {
-        float x = row[j] * scale;
+        float x = s.scores_t[static_cast<size_t>(j) * rows + t] * scale;
         if (p.softcap != 0.0f) x = std::tanh(x) * p.softcap;
         const int key = c + j;
         row[j] = key < s.first[t] || key > s.last[t] ? -INFINITY : x;

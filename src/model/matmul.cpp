@@ -1,6 +1,7 @@
 #include "model/matmul.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "core/error.h"
 #include "quant/quant.h"
@@ -91,9 +92,22 @@ int64_t run_row_pairs(const MatmulJob& job, const TypeKernels& k, int64_t r, int
   return r;
 }
 
+// Rows [r, end) against every input with the tile kernel.
+void run_tile(const MatmulJob& job, const TypeKernels& k, int64_t r, int64_t end) {
+  const Weight& w = *job.weight;
+  thread_local std::vector<const void*> inputs;
+  inputs.resize(static_cast<size_t>(job.n));
+  for (int64_t i = 0; i < job.n; ++i) inputs[static_cast<size_t>(i)] = input_of(job, i);
+  k.dot_tile(w.row(r), w.row_stride, end - r, inputs.data(), job.n, w.cols, job.output + r, job.output_stride);
+}
+
 void run_chunk(const Chunk& c) {
   const MatmulJob& job = *c.job;
   const TypeKernels& k = kernels(job.weight->type);
+  if (k.dot_tile != nullptr && job.n >= 2) {
+    run_tile(job, k, c.row_begin, c.row_end);
+    return;
+  }
   int64_t r = c.row_begin;
   if (k.dot_2x2 != nullptr && job.n >= 2) r = run_row_pairs(job, k, r, c.row_end);
   else if (k.dot_rows != nullptr) r = run_row_groups(job, k, r, c.row_end);

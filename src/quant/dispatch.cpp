@@ -24,6 +24,7 @@ struct KernelTable {
   }
   void add_rows(TensorType t, DotRowsFn rows) { by_type[static_cast<size_t>(t)].dot_rows = rows; }
   void add_pairs(TensorType t, DotPairsFn pairs) { by_type[static_cast<size_t>(t)].dot_2x2 = pairs; }
+  void add_tile(TensorType t, DotTileFn tile) { by_type[static_cast<size_t>(t)].dot_tile = tile; }
   const TypeKernels* find(TensorType t) const {
     const auto i = static_cast<size_t>(t);
     return i < kTypeSlots && present[i] ? &by_type[i] : nullptr;
@@ -48,7 +49,7 @@ KernelTable scalar_table() {
 KernelTable avx2_table() {
   KernelTable t = scalar_table();
   t.add(TensorType::F32, TensorType::F32, ref::dequantize_f32, avx2::dot_f32);
-  t.add(TensorType::F16, TensorType::F32, ref::dequantize_f16, avx2::dot_f16_f32);
+  t.add(TensorType::F16, TensorType::F32, avx2::dequantize_f16, avx2::dot_f16_f32);
   t.add(TensorType::BF16, TensorType::BF16, ref::dequantize_bf16, avx2::dot_bf16);
   t.add(TensorType::Q4_0, TensorType::Q8_0, ref::dequantize_q4_0, avx2::dot_q4_0);
   t.add(TensorType::Q8_0, TensorType::Q8_0, ref::dequantize_q8_0, avx2::dot_q8_0);
@@ -69,6 +70,19 @@ KernelTable avx2_table() {
   if (!cpu_features().amd) t.add_rows(TensorType::Q8_0, avx2::dot_rows_q8_0);
   t.add_rows(TensorType::Q4_0, avx2::dot_rows_q4_0);
   t.add_rows(TensorType::MXFP4, cpu_features().avx512bw ? avx512::dot_rows_mxfp4 : avx2::dot_rows_mxfp4);
+  // Batches: one weight row against eight activation rows (same results as the kernels above).
+  t.add_tile(TensorType::F16, avx2::dot_tile_f16);
+  t.add_tile(TensorType::BF16, avx2::dot_tile_bf16);
+  t.add_tile(TensorType::Q4_0, avx2::dot_tile_q4_0);
+  t.add_tile(TensorType::Q8_0, avx2::dot_tile_q8_0);
+  t.add_tile(TensorType::MXFP4, avx2::dot_tile_mxfp4);
+  t.add_tile(TensorType::Q4_K, avx2::dot_tile_q4_K);
+  t.add_tile(TensorType::Q5_K, avx2::dot_tile_q5_K);
+  t.add_tile(TensorType::Q6_K, avx2::dot_tile_q6_K);
+  if (cpu_features().avx512bw) {
+    t.add_tile(TensorType::Q4_K, avx512::dot_tile_q4_K);
+    t.add_tile(TensorType::Q6_K, avx512::dot_tile_q6_K);
+  }
   return t;
 }
 #endif
@@ -77,7 +91,7 @@ KernelTable avx2_table() {
 KernelTable neon_table() {
   KernelTable t = scalar_table();
   t.add(TensorType::F32, TensorType::F32, ref::dequantize_f32, neon::dot_f32);
-  t.add(TensorType::F16, TensorType::F32, ref::dequantize_f16, neon::dot_f16_f32);
+  t.add(TensorType::F16, TensorType::F32, neon::dequantize_f16, neon::dot_f16_f32);
   t.add(TensorType::BF16, TensorType::BF16, ref::dequantize_bf16, neon::dot_bf16);
   t.add(TensorType::Q4_0, TensorType::Q8_0, ref::dequantize_q4_0, neon::dot_q4_0);
   t.add(TensorType::Q8_0, TensorType::Q8_0, ref::dequantize_q8_0, neon::dot_q8_0);
@@ -136,7 +150,7 @@ const TypeKernels& kernels(TensorType weights) {
 const FloatKernels* float_kernels_for_isa(Isa isa) {
   static const FloatKernels scalar{ref::gemm_f32, ref::exp_sum};
 #if defined(__x86_64__)
-  static const FloatKernels avx2{avx2::gemm_f32, avx2::exp_sum};
+  static const FloatKernels avx2{cpu_features().avx512bw ? avx512::gemm_f32 : avx2::gemm_f32, avx2::exp_sum};
   if (isa == Isa::Avx2) return cpu_features().avx2 ? &avx2 : nullptr;
 #endif
 #if defined(__aarch64__)

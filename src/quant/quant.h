@@ -28,7 +28,12 @@ constexpr int kDotRows = 8;
 // row1.a0, row1.a1}, each bit-identical to dot(). For batches (arm64 i8mm).
 using DotPairsFn = void (*)(const void* weights, size_t row_stride, const void* a0, const void* a1, int64_t n,
                             float* out);
-
+// Dots `rows` consecutive weight rows (row_stride bytes apart) with `n_act` activation rows:
+// out[a * out_stride + r] is bit-identical to dot(row r, acts[a]). For prompt batches: each
+// weight block is unpacked once for several activation rows and their per-block float work
+// shares vector lanes, so a row's result does not depend on the batch it is in.
+using DotTileFn = void (*)(const void* weights, size_t row_stride, int64_t rows, const void* const* acts,
+                           int64_t n_act, int64_t n, float* out, int64_t out_stride);
 
 // The kernel set for one weight type on one ISA.
 struct TypeKernels {
@@ -37,6 +42,7 @@ struct TypeKernels {
   DotFn dot = nullptr;
   DotRowsFn dot_rows = nullptr;    // optional kDotRows-row form of `dot`
   DotPairsFn dot_2x2 = nullptr;    // optional two rows x two inputs form of `dot`
+  DotTileFn dot_tile = nullptr;    // optional rows x inputs form of `dot` for batches
 };
 
 enum class Isa { Scalar, Avx2, Neon };

@@ -25,36 +25,8 @@
 namespace bmoe::avx2 {
 using namespace bmoe::x86;
 namespace {
-
-// Sum of products of 32 signed bytes, as 8 int32 lanes. maddubs needs an unsigned left
-// operand, so move x's sign onto y: |x| * (y * sign(x)).
-inline __m256i dot_i8_pairs(__m256i x, __m256i y) {
-  const __m256i ax = _mm256_sign_epi8(x, x);
-  const __m256i sy = _mm256_sign_epi8(y, x);
-  const __m256i dot16 = _mm256_maddubs_epi16(ax, sy);
-  return _mm256_madd_epi16(dot16, _mm256_set1_epi16(1));
-}
-
-// 32 nibbles of 16 bytes: low nibbles in the first 16 lanes, high nibbles in the last 16.
-inline __m256i unpack_nibbles(const uint8_t* p) {
-  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  const __m256i both = _mm256_set_m128i(_mm_srli_epi16(bytes, 4), bytes);
-  return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
-}
-
-
 constexpr int kRows8 = kDotRows;
 static_assert(kRows8 == 8, "the AVX2 row kernels reduce eight rows per 256-bit vector");
-
-inline __m256 load_f16x8(const uint16_t* p) {
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
-
-inline __m256 load_bf16x8(const uint16_t* p) {
-  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
-}
-
 }  // namespace
 
 // F32: 16 lanes of fused multiply-adds (two 8-lane halves) reduced pairwise, the order of
@@ -171,33 +143,6 @@ float dot_mxfp4(const void* w, const void* a, int64_t n) {
 
 namespace {
 
-// The eight int32-lane sums of eight rows, each reduced to one int32: out lane k = sum of s[k].
-// Integer sums are exact, so the association does not matter. (Adding the maddubs outputs in
-// int16 first, exact for these ranges, takes fewer instructions but was not faster on Zen.)
-inline __m256i hsum8_i32(const __m256i s[8]) {
-  const __m256i r0123 = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
-  const __m256i r4567 = _mm256_hadd_epi32(_mm256_hadd_epi32(s[4], s[5]), _mm256_hadd_epi32(s[6], s[7]));
-  // Each 128-bit half now holds rows 0-3 (or 4-7) of that half's lanes: add the halves.
-  return _mm256_add_epi32(_mm256_permute2x128_si256(r0123, r4567, 0x20),
-                          _mm256_permute2x128_si256(r0123, r4567, 0x31));
-}
-
-// e8m0_to_fp32_half on eight exponents (int32 lanes), bit for bit.
-inline __m256 e8m0_half_x8(__m256i e) {
-  const __m256i tiny = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e);  // e = 0 or 1
-  const __m256i normal = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
-  const __m256i is_tiny = _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e);
-  return _mm256_castsi256_ps(_mm256_blendv_epi8(normal, tiny, is_tiny));
-}
-
-// 32 nibbles of 16 bytes as dot_rows_blocks wants them: the 16 bytes loaded into both halves,
-// the high half shifted right by 4 (one variable shift instead of a lane insert).
-inline __m256i unpack_nibbles_broadcast(const uint8_t* p) {
-  const __m256i both = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  const __m256i shifted = _mm256_srlv_epi64(both, _mm256_setr_epi64x(0, 0, 4, 4));
-  return _mm256_and_si256(shifted, _mm256_set1_epi8(0x0F));
-}
-
 // The shape shared by the Q4_0 and MXFP4 row kernels. Per 32-element block, each of the eight
 // rows gets its exact integer block sum and every row's accumulator takes one fused
 // multiply-add per block in a vector lane: the same operations, in the same order, as the
@@ -310,19 +255,6 @@ void dot_rows_mxfp4(const void* w, size_t stride, const void* a, int64_t n, floa
   dot_rows_blocks<Mxfp4Rows>(w, stride, a, n, out);
 }
 
-namespace {
-
-// Weighted sum of two 32-element sub-blocks: scale0 * <lo, q8a> + scale1 * <hi, q8b>,
-// where lo/hi hold unsigned quants (< 128).
-inline __m256i k_pair(__m256i lo, __m256i hi, const int8_t* q8, int16_t scale0, int16_t scale1) {
-  const __m256i y0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q8));
-  const __m256i y1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q8 + 32));
-  const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, y0), _mm256_set1_epi16(scale0));
-  const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, y1), _mm256_set1_epi16(scale1));
-  return _mm256_add_epi32(p0, p1);
-}
-
-}  // namespace
 
 // Q4_K: one exact integer sum per super-block for the scaled quants and one for the mins, each
 // accumulated with a fused multiply-add (the order of llama.cpp's interleaved AVX2 kernel).
@@ -384,18 +316,6 @@ float dot_q5_K(const void* w, const void* a, int64_t n) {
   return hsum(acc) - acc_min;
 }
 
-namespace {
-
-// pshufb indices that fill the low 128-bit lane with int16 scale 2 * part of a lane's eight
-// and the high lane with scale 2 * part + 1: one shuffle per 32 quants instead of two scalar
-// broadcasts and an insert (Q6_K 15.5-17.5 -> 19.7 GB/s in L2 on AMD EPYC, same results).
-inline __m256i q6_scale_pick(int part) {
-  const __m256i first = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1,
-                                         2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
-  return _mm256_add_epi8(first, _mm256_set1_epi8(static_cast<char>(4 * part)));
-}
-
-}  // namespace
 
 // Q6_K: the quants are summed unsigned (0..63) and the -32 offset is removed once per block
 // through the activation block sums, which is also how the int32 lanes are grouped in ggml.
@@ -464,6 +384,13 @@ void f16_fma_into(uint16_t* acc, const uint16_t* v, float s, int64_t n) {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(acc + i), _mm256_cvtps_ph(a, _MM_FROUND_TO_NEAREST_INT));
   }
   for (; i < n; ++i) acc[i] = fp32_to_fp16(std::fma(f16(v[i]), s, f16(acc[i])));
+}
+
+void dequantize_f16(const void* src, float* dst, int64_t n) {
+  const auto* h = static_cast<const uint16_t*>(src);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, load_f16x8(h + i));
+  for (; i < n; ++i) dst[i] = f16(h[i]);
 }
 
 void quantize_f16(const float* src, void* dst, int64_t n) {

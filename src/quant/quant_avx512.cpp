@@ -16,6 +16,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "quant/blocks.h"
 #include "quant/quant.h"
@@ -32,6 +33,7 @@
 #endif
 
 #include "quant/x86_shared.h"  // after the target pragma: compiled for AVX-512 here
+#include "quant/x86_tiles.h"
 
 namespace bmoe::avx512 {
 using namespace bmoe::x86;
@@ -213,6 +215,108 @@ void dot_rows_mxfp4(const void* w, size_t stride, const void* a, int64_t n, floa
     acc = _mm256_fmadd_ps(high_half(isum), d1, acc);
   }
   _mm256_storeu_ps(out, acc);
+}
+
+namespace {
+
+// Tile kernels (DotTileFn, see quant_avx2_tiles.cpp): one weight row against eight activation
+// rows, with the one-row kernels above for each (row, activation) pair's integer work and the
+// AVX2 tile kernels' float work, so every output equals avx2::dot_* bit for bit.
+
+// Q4_K: each activation's 512-bit block sum is folded and reduced to one int32 (lane t), then
+// each pair's two scalar multiply-add chains run in lane t of `acc` and `acc_min`.
+void q4_K_row(const void* w, const Q8KGroup& g, int64_t n, float* out) {
+  const auto* x = static_cast<const BlockQ4_K*>(w);
+  const __m512i low_mask = _mm512_set1_epi8(0x0F);
+  const __m512i nibble_shift = _mm512_setr_epi64(0, 0, 0, 0, 4, 4, 4, 4);
+  const __m512i scale_pick[4] = {repeat_scales(0, 16), repeat_scales(2, 16), repeat_scales(4, 16), repeat_scales(6, 16)};
+  __m256 acc = _mm256_setzero_ps(), acc_min = _mm256_setzero_ps();
+  for (int64_t b = 0; b < n / kQK_K; ++b) {
+    __m128i scales16, mins16;
+    k_scales_mins(x[b].scales, scales16, mins16);
+    const __m512i scales = _mm512_castsi128_si512(scales16);
+    __m512i isum[kActs];
+#pragma GCC unroll 8
+    for (auto& v : isum) v = _mm512_setzero_si512();
+    for (int chunk = 0; chunk < 4; ++chunk) {
+      const __m512i q = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qs + 32 * chunk)));
+      const __m512i nibbles = _mm512_and_si512(_mm512_srlv_epi64(q, nibble_shift), low_mask);
+      const __m512i s = _mm512_permutexvar_epi16(scale_pick[chunk], scales);
+#pragma GCC unroll 8
+      for (int t = 0; t < kActs; ++t) {
+        const __m512i qy = _mm512_loadu_si512(g.y[t][b].qs + 64 * chunk);
+        isum[t] = _mm512_add_epi32(isum[t], _mm512_madd_epi16(s, _mm512_maddubs_epi16(nibbles, qy)));
+      }
+    }
+    __m256i folded[kActs];
+#pragma GCC unroll 8
+    for (int t = 0; t < kActs; ++t) folded[t] = fold_halves(isum[t]);
+    const __m256 dy = g.scales(b);
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hsum8_i32(folded)), _mm256_mul_ps(_mm256_set1_ps(f16(x[b].d)), dy), acc);
+    acc_min = _mm256_fmadd_ps(_mm256_cvtepi32_ps(g.min_terms(b, mins16)), _mm256_mul_ps(_mm256_set1_ps(f16(x[b].dmin)), dy),
+                              acc_min);
+  }
+  _mm256_storeu_ps(out, _mm256_sub_ps(acc, acc_min));
+}
+
+// Q6_K: the one-row kernel's two 512-bit part pairs per half-block, folded to the AVX2 kernel's
+// eight int32 lanes; each pair keeps its own vector accumulator.
+void q6_K_row(const void* w, const Q8KGroup& g, int64_t n, float* out) {
+  const auto* x = static_cast<const BlockQ6_K*>(w);
+  const __m512i low_mask = _mm512_set1_epi8(0x0F);
+  const __m512i two_bits = _mm512_set1_epi8(0x03);
+  const __m512i shift_01 = _mm512_setr_epi64(0, 0, 0, 0, 2, 2, 2, 2);
+  const __m512i shift_23 = _mm512_setr_epi64(4, 4, 4, 4, 6, 6, 6, 6);
+  const __m512i scale_pick[4] = {repeat_scales(0, 8), repeat_scales(4, 8), repeat_scales(8, 8), repeat_scales(12, 8)};
+  __m256 acc[kActs];
+#pragma GCC unroll 8
+  for (auto& a : acc) a = _mm256_setzero_ps();
+  for (int64_t b = 0; b < n / kQK_K; ++b) {
+    const __m256i scales16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[b].scales)));
+    const __m512i scales = _mm512_castsi256_si512(scales16);
+    __m512i isum[kActs];
+#pragma GCC unroll 8
+    for (auto& v : isum) v = _mm512_setzero_si512();
+    for (int half = 0; half < 2; ++half) {
+      const __m512i ql = _mm512_loadu_si512(x[b].ql + 64 * half);
+      const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qh + 32 * half)));
+      const __m512i q01 = _mm512_or_si512(_mm512_and_si512(ql, low_mask),
+                                          _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi64(qh, shift_01), two_bits), 4));
+      const __m512i q23 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), low_mask),
+                                          _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi64(qh, shift_23), two_bits), 4));
+      const __m512i s01 = _mm512_permutexvar_epi16(scale_pick[2 * half], scales);
+      const __m512i s23 = _mm512_permutexvar_epi16(scale_pick[2 * half + 1], scales);
+#pragma GCC unroll 8
+      for (int t = 0; t < kActs; ++t) {
+        const int8_t* q8 = g.y[t][b].qs + 128 * half;
+        const __m512i y01 = _mm512_loadu_si512(q8);
+        const __m512i y23 = _mm512_loadu_si512(q8 + 64);
+        isum[t] = _mm512_add_epi32(isum[t], _mm512_add_epi32(_mm512_madd_epi16(s01, _mm512_maddubs_epi16(q01, y01)),
+                                                             _mm512_madd_epi16(s23, _mm512_maddubs_epi16(q23, y23))));
+      }
+    }
+    const float dx = f16(x[b].d);
+#pragma GCC unroll 8
+    for (int t = 0; t < kActs; ++t) {
+      const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g.y[t][b].bsums));
+      const __m256i offset = _mm256_slli_epi32(_mm256_madd_epi16(bsums, scales16), 5);
+      const __m256i isum8 = _mm256_sub_epi32(fold_halves(isum[t]), offset);
+      acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(g.y[t][b].d * dx), _mm256_cvtepi32_ps(isum8), acc[t]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int t = 0; t < kActs; ++t) out[t] = hsum(acc[t]);
+}
+
+}  // namespace
+
+void dot_tile_q4_K(const void* w, size_t stride, int64_t rows, const void* const* acts, int64_t n_act, int64_t n,
+                   float* out, int64_t out_stride) {
+  tile<Q8KGroup, q4_K_row>(w, stride, rows, acts, n_act, n, out, out_stride, dot_q4_K, kQK_K, true);
+}
+void dot_tile_q6_K(const void* w, size_t stride, int64_t rows, const void* const* acts, int64_t n_act, int64_t n,
+                   float* out, int64_t out_stride) {
+  tile<Q8KGroup, q6_K_row>(w, stride, rows, acts, n_act, n, out, out_stride, dot_q6_K, kQK_K, false);
 }
 
 }  // namespace bmoe::avx512

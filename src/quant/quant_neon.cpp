@@ -72,6 +72,13 @@ float dot_float(const void* w, const void* a, int64_t n) {
 }  // namespace
 
 float dot_f32(const void* w, const void* a, int64_t n) { return dot_float<F32Elements, F32Elements>(w, a, n); }
+
+void dequantize_f16(const void* src, float* dst, int64_t n) {
+  const auto* h = static_cast<const uint16_t*>(src);
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) vst1q_f32(dst + i, F16Elements::load4(h + i));
+  for (; i < n; ++i) dst[i] = fp16_to_fp32(h[i]);
+}
 float dot_f16_f32(const void* w, const void* a, int64_t n) { return dot_float<F16Elements, F32Elements>(w, a, n); }
 float dot_f16(const void* w, const void* a, int64_t n) { return dot_float<F16Elements, F16Elements>(w, a, n); }
 float dot_bf16(const void* w, const void* a, int64_t n) { return dot_float<BF16Elements, BF16Elements>(w, a, n); }

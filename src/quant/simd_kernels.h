@@ -21,12 +21,25 @@ void dot_rows_q8_0(const void* w, size_t stride, const void* a, int64_t n, float
 void dot_rows_q4_0(const void* w, size_t stride, const void* a, int64_t n, float* out);
 void dot_rows_mxfp4(const void* w, size_t stride, const void* a, int64_t n, float* out);
 void quantize_f16(const float* src, void* dst, int64_t n);
+void dequantize_f16(const void* src, float* dst, int64_t n);
 void f16_scale(uint16_t* acc, float s, int64_t n);
 void f16_fma_into(uint16_t* acc, const uint16_t* v, float s, int64_t n);
 // float_kernels.h
 void gemm_f32(float* c, int64_t ldc, const float* a, int64_t lda, const float* b, int64_t ldb, int64_t m,
               int64_t k, int64_t n);
 double exp_sum(float* x, int64_t n, float max);
+// Tile kernels (quant_avx2_tiles.cpp); see DotTileFn.
+#define BMOE_DOT_TILE(name)                                                                                       \
+  void name(const void* w, size_t stride, int64_t rows, const void* const* acts, int64_t n_act, int64_t n, float* out, \
+            int64_t out_stride)
+BMOE_DOT_TILE(dot_tile_q4_K);
+BMOE_DOT_TILE(dot_tile_q5_K);
+BMOE_DOT_TILE(dot_tile_q6_K);
+BMOE_DOT_TILE(dot_tile_q8_0);
+BMOE_DOT_TILE(dot_tile_q4_0);
+BMOE_DOT_TILE(dot_tile_mxfp4);
+BMOE_DOT_TILE(dot_tile_f16);
+BMOE_DOT_TILE(dot_tile_bf16);
 }  // namespace bmoe::avx2
 
 // AVX-512 F + BW versions of the heaviest AVX2 kernels, equal to them bit for bit; the AVX2
@@ -35,6 +48,10 @@ namespace bmoe::avx512 {
 float dot_q4_K(const void* w, const void* a, int64_t n);
 float dot_q6_K(const void* w, const void* a, int64_t n);
 void dot_rows_mxfp4(const void* w, size_t stride, const void* a, int64_t n, float* out);
+BMOE_DOT_TILE(dot_tile_q4_K);
+BMOE_DOT_TILE(dot_tile_q6_K);
+void gemm_f32(float* c, int64_t ldc, const float* a, int64_t lda, const float* b, int64_t ldb, int64_t m,
+              int64_t k, int64_t n);
 }  // namespace bmoe::avx512
 
 namespace bmoe::neon {
@@ -48,6 +65,7 @@ float dot_mxfp4(const void* w, const void* a, int64_t n);
 float dot_q4_K(const void* w, const void* a, int64_t n);
 float dot_q5_K(const void* w, const void* a, int64_t n);
 float dot_q6_K(const void* w, const void* a, int64_t n);
+void dequantize_f16(const void* src, float* dst, int64_t n);
 // float_kernels.h
 void gemm_f32(float* c, int64_t ldc, const float* a, int64_t lda, const float* b, int64_t ldb, int64_t m,
               int64_t k, int64_t n);

@@ -1,0 +1,318 @@
+// AVX2 tile kernels for prompt batches (DotTileFn): one weight row against eight activation
+// rows at a time. Each weight block is unpacked once for the eight rows, and the per-block
+// float work of the eight (row, activation) pairs runs in the eight lanes of one vector.
+//
+// Every output equals the one-row AVX2 kernel's (quant_avx2.cpp) bit for bit: integer block
+// sums are exact whatever their grouping, and each pair's float operations are the one-row
+// kernel's, in its order: a scalar fused multiply-add chain becomes a vector lane of the same
+// chain, a vector accumulator stays that pair's own vector accumulator.
+#if defined(__x86_64__)
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <type_traits>
+#include <vector>
+
+#include "quant/blocks.h"
+#include "quant/quant.h"
+#include "quant/simd_kernels.h"
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#endif
+
+#include "quant/x86_shared.h"  // after the target pragma: compiled for AVX2
+#include "quant/x86_tiles.h"
+
+namespace bmoe::avx2 {
+using namespace bmoe::x86;
+namespace {
+
+
+// Q4_K (dot_q4_K): per block one exact integer sum for the scaled quants and one for the mins,
+// each pair's two scalar multiply-add chains in one lane of `acc` and `acc_min`.
+void q4_K_row(const void* w, const Q8KGroup& g, int64_t n, float* out) {
+  const auto* x = static_cast<const BlockQ4_K*>(w);
+  const __m256i low_mask = _mm256_set1_epi8(0x0F);
+  __m256 acc = _mm256_setzero_ps(), acc_min = _mm256_setzero_ps();
+  for (int64_t b = 0; b < n / kQK_K; ++b) {
+    __m128i scales16, mins16;
+    k_scales_mins(x[b].scales, scales16, mins16);
+    alignas(16) int16_t sc[8];
+    _mm_store_si128(reinterpret_cast<__m128i*>(sc), scales16);
+    __m256i isum[kActs];
+#pragma GCC unroll 8
+    for (auto& s : isum) s = _mm256_setzero_si256();
+    for (int chunk = 0; chunk < 4; ++chunk) {
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qs + 32 * chunk));
+      const __m256i lo = _mm256_and_si256(q, low_mask);
+      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low_mask);
+#pragma GCC unroll 8
+      for (int t = 0; t < kActs; ++t) {
+        isum[t] = _mm256_add_epi32(isum[t], k_pair(lo, hi, g.y[t][b].qs + 64 * chunk, sc[2 * chunk], sc[2 * chunk + 1]));
+      }
+    }
+    const __m256 dy = g.scales(b);
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hsum8_i32(isum)), _mm256_mul_ps(_mm256_set1_ps(f16(x[b].d)), dy), acc);
+    acc_min = _mm256_fmadd_ps(_mm256_cvtepi32_ps(g.min_terms(b, mins16)), _mm256_mul_ps(_mm256_set1_ps(f16(x[b].dmin)), dy),
+                              acc_min);
+  }
+  _mm256_storeu_ps(out, _mm256_sub_ps(acc, acc_min));
+}
+
+// Q5_K (dot_q5_K): each pair keeps its own vector accumulator; the min terms' scalar chain
+// (a product, then an unfused add) runs in the lanes of `acc_min`.
+void q5_K_row(const void* w, const Q8KGroup& g, int64_t n, float* out) {
+  const auto* x = static_cast<const BlockQ5_K*>(w);
+  const __m256i low_mask = _mm256_set1_epi8(0x0F);
+  const __m256i sixteen = _mm256_set1_epi8(16);
+  __m256 acc[kActs];
+#pragma GCC unroll 8
+  for (auto& a : acc) a = _mm256_setzero_ps();
+  __m256 acc_min = _mm256_setzero_ps();
+  for (int64_t b = 0; b < n / kQK_K; ++b) {
+    __m128i scales16, mins16;
+    k_scales_mins(x[b].scales, scales16, mins16);
+    alignas(16) int16_t sc[8];
+    _mm_store_si128(reinterpret_cast<__m128i*>(sc), scales16);
+    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qh));
+    __m256i isum[kActs];
+#pragma GCC unroll 8
+    for (auto& s : isum) s = _mm256_setzero_si256();
+    for (int chunk = 0; chunk < 4; ++chunk) {
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qs + 32 * chunk));
+      const __m256i bit0 = _mm256_set1_epi8(static_cast<char>(1u << (2 * chunk)));
+      const __m256i bit1 = _mm256_set1_epi8(static_cast<char>(2u << (2 * chunk)));
+      const __m256i h0 = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bit0), bit0), sixteen);
+      const __m256i h1 = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bit1), bit1), sixteen);
+      const __m256i lo = _mm256_or_si256(_mm256_and_si256(q, low_mask), h0);
+      const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), low_mask), h1);
+#pragma GCC unroll 8
+      for (int t = 0; t < kActs; ++t) {
+        isum[t] = _mm256_add_epi32(isum[t], k_pair(lo, hi, g.y[t][b].qs + 64 * chunk, sc[2 * chunk], sc[2 * chunk + 1]));
+      }
+    }
+    const float dx = f16(x[b].d);
+#pragma GCC unroll 8
+    for (int t = 0; t < kActs; ++t) {
+      acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(g.y[t][b].d * dx), _mm256_cvtepi32_ps(isum[t]), acc[t]);
+    }
+    const __m256 dmin = _mm256_mul_ps(g.scales(b), _mm256_set1_ps(f16(x[b].dmin)));
+    acc_min = _mm256_add_ps(acc_min, _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(g.min_terms(b, mins16))));
+  }
+  alignas(32) float mins[kActs];
+  _mm256_store_ps(mins, acc_min);
+#pragma GCC unroll 8
+  for (int t = 0; t < kActs; ++t) out[t] = hsum(acc[t]) - mins[t];
+}
+
+// Q6_K (dot_q6_K): unsigned quants, the -32 offset removed per block through the activation
+// block sums; each pair keeps its own vector accumulator.
+void q6_K_row(const void* w, const Q8KGroup& g, int64_t n, float* out) {
+  const auto* x = static_cast<const BlockQ6_K*>(w);
+  const __m256i low_mask = _mm256_set1_epi8(0x0F);
+  const __m256i two_bits = _mm256_set1_epi8(0x03);
+  __m256 acc[kActs];
+#pragma GCC unroll 8
+  for (auto& a : acc) a = _mm256_setzero_ps();
+  for (int64_t b = 0; b < n / kQK_K; ++b) {
+    const __m256i scales16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[b].scales)));
+    __m256i isum[kActs];
+#pragma GCC unroll 8
+    for (auto& s : isum) s = _mm256_setzero_si256();
+    for (int half = 0; half < 2; ++half) {
+      const uint8_t* ql = x[b].ql + 64 * half;
+      const __m256i l0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql));
+      const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32));
+      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qh + 32 * half));
+      const __m256i half_scales = half == 0 ? _mm256_permute2x128_si256(scales16, scales16, 0x00)
+                                             : _mm256_permute2x128_si256(scales16, scales16, 0x11);
+      const __m256i parts[4] = {
+          _mm256_or_si256(_mm256_and_si256(l0, low_mask), _mm256_slli_epi16(_mm256_and_si256(h, two_bits), 4)),
+          _mm256_or_si256(_mm256_and_si256(l1, low_mask),
+                          _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), two_bits), 4)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low_mask),
+                          _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), two_bits), 4)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low_mask),
+                          _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), two_bits), 4)),
+      };
+      __m256i s[4];
+      for (int part = 0; part < 4; ++part) s[part] = _mm256_shuffle_epi8(half_scales, q6_scale_pick(part));
+#pragma GCC unroll 8
+      for (int t = 0; t < kActs; ++t) {
+        const int8_t* q8 = g.y[t][b].qs + 128 * half;
+        __m256i p[4];
+        for (int part = 0; part < 4; ++part) {
+          const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q8 + 32 * part));
+          p[part] = _mm256_madd_epi16(s[part], _mm256_maddubs_epi16(parts[part], qy));
+        }
+        isum[t] = _mm256_add_epi32(isum[t], _mm256_add_epi32(p[0], p[1]));
+        isum[t] = _mm256_add_epi32(isum[t], _mm256_add_epi32(p[2], p[3]));
+      }
+    }
+    const float dx = f16(x[b].d);
+#pragma GCC unroll 8
+    for (int t = 0; t < kActs; ++t) {
+      const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g.y[t][b].bsums));
+      const __m256i offset = _mm256_slli_epi32(_mm256_madd_epi16(bsums, scales16), 5);
+      acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(g.y[t][b].d * dx), _mm256_cvtepi32_ps(_mm256_sub_epi32(isum[t], offset)), acc[t]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int t = 0; t < kActs; ++t) out[t] = hsum(acc[t]);
+}
+
+// Q8_0 (dot_q8_0): each pair keeps its own vector accumulator.
+void q8_0_row(const void* w, const Q8_0Group& g, int64_t n, float* out) {
+  const auto* x = static_cast<const BlockQ8_0*>(w);
+  __m256 acc[kActs];
+#pragma GCC unroll 8
+  for (auto& a : acc) a = _mm256_setzero_ps();
+  for (int64_t b = 0; b < n / kQK; ++b) {
+    const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qs));
+    const float dx = f16(x[b].d);
+#pragma GCC unroll 8
+    for (int t = 0; t < kActs; ++t) {
+      const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g.y[t][b].qs));
+      const __m256 d = _mm256_set1_ps(dx * g.d[static_cast<size_t>(b * kActs + t)]);
+      acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_i8_pairs(qx, qy)), acc[t]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int t = 0; t < kActs; ++t) out[t] = hsum(acc[t]);
+}
+
+// Q4_0 and MXFP4 (dot_q4_0, dot_mxfp4): each pair's scalar chain of one fused multiply-add per
+// block, in the lanes of one accumulator.
+struct Q4_0Quants {
+  using Block = BlockQ4_0;
+  static __m256i quants(const Block& blk) { return _mm256_sub_epi8(unpack_nibbles(blk.qs), _mm256_set1_epi8(8)); }
+  static float scale(const Block& blk) { return f16(blk.d); }
+};
+struct Mxfp4Quants {
+  using Block = BlockMXFP4;
+  static __m256i quants(const Block& blk) {
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kMxfp4Values)));
+    return _mm256_shuffle_epi8(table, unpack_nibbles(blk.qs));
+  }
+  static float scale(const Block& blk) { return e8m0_to_fp32_half(blk.e); }
+};
+
+template <typename Quants>
+void small_blocks_row(const void* w, const Q8_0Group& g, int64_t n, float* out) {
+  const auto* x = static_cast<const typename Quants::Block*>(w);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t b = 0; b < n / kQK; ++b) {
+    const __m256i qx = Quants::quants(x[b]);
+    __m256i sums[kActs];
+#pragma GCC unroll 8
+    for (int t = 0; t < kActs; ++t) {
+      sums[t] = dot_i8_pairs(qx, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g.y[t][b].qs)));
+    }
+    const __m256 d = _mm256_mul_ps(_mm256_set1_ps(Quants::scale(x[b])), g.scales(b));
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hsum8_i32(sums)), d, acc);
+  }
+  _mm256_storeu_ps(out, acc);
+}
+
+// Float weights. F16 rows meet f32 activations (dot_f16_f32: two eight-lane accumulators per
+// pair and its reduction); BF16 rows meet BF16 activations (dot_bf16: one accumulator).
+void f16_row(const void* w, const FloatGroup& g, int64_t n, float* out) {
+  const auto* x = static_cast<const uint16_t*>(w);
+  const float* y[kActs];
+#pragma GCC unroll 8
+  for (int t = 0; t < kActs; ++t) y[t] = static_cast<const float*>(g.y[t]);
+  __m256 lo[kActs], hi[kActs];
+#pragma GCC unroll 8
+  for (int t = 0; t < kActs; ++t) lo[t] = hi[t] = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256 x0 = load_f16x8(x + i), x1 = load_f16x8(x + i + 8);
+#pragma GCC unroll 8
+    for (int t = 0; t < kActs; ++t) {
+      lo[t] = _mm256_fmadd_ps(x0, _mm256_loadu_ps(y[t] + i), lo[t]);
+      hi[t] = _mm256_fmadd_ps(x1, _mm256_loadu_ps(y[t] + i + 8), hi[t]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int t = 0; t < kActs; ++t) {
+    const __m256 t8 = _mm256_add_ps(hi[t], lo[t]);
+    const __m128 t4 = _mm_add_ps(_mm256_extractf128_ps(t8, 1), _mm256_castps256_ps128(t8));
+    const __m128 t2 = _mm_add_ps(t4, _mm_shuffle_ps(t4, t4, _MM_SHUFFLE(1, 0, 3, 2)));
+    float sum = _mm_cvtss_f32(t2) + _mm_cvtss_f32(_mm_shuffle_ps(t2, t2, _MM_SHUFFLE(1, 1, 1, 1)));
+    for (int64_t j = i; j < n; ++j) sum = std::fma(f16(x[j]), y[t][j], sum);
+    out[t] = sum;
+  }
+}
+
+void bf16_row(const void* w, const FloatGroup& g, int64_t n, float* out) {
+  const auto* x = static_cast<const uint16_t*>(w);
+  const uint16_t* y[kActs];
+#pragma GCC unroll 8
+  for (int t = 0; t < kActs; ++t) y[t] = static_cast<const uint16_t*>(g.y[t]);
+  __m256 acc[kActs];
+#pragma GCC unroll 8
+  for (auto& a : acc) a = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 xv = load_bf16x8(x + i);
+#pragma GCC unroll 8
+    for (int t = 0; t < kActs; ++t) acc[t] = _mm256_fmadd_ps(xv, load_bf16x8(y[t] + i), acc[t]);
+  }
+#pragma GCC unroll 8
+  for (int t = 0; t < kActs; ++t) {
+    float sum = hsum(acc[t]);
+    for (int64_t j = i; j < n; ++j) sum += bf16_to_fp32(x[j]) * bf16_to_fp32(y[t][j]);
+    out[t] = sum;
+  }
+}
+
+}  // namespace
+
+void dot_tile_q4_K(const void* w, size_t stride, int64_t rows, const void* const* acts, int64_t n_act, int64_t n,
+                   float* out, int64_t out_stride) {
+  tile<Q8KGroup, q4_K_row>(w, stride, rows, acts, n_act, n, out, out_stride, dot_q4_K, kQK_K, true);
+}
+void dot_tile_q5_K(const void* w, size_t stride, int64_t rows, const void* const* acts, int64_t n_act, int64_t n,
+                   float* out, int64_t out_stride) {
+  tile<Q8KGroup, q5_K_row>(w, stride, rows, acts, n_act, n, out, out_stride, dot_q5_K, kQK_K, true);
+}
+void dot_tile_q6_K(const void* w, size_t stride, int64_t rows, const void* const* acts, int64_t n_act, int64_t n,
+                   float* out, int64_t out_stride) {
+  tile<Q8KGroup, q6_K_row>(w, stride, rows, acts, n_act, n, out, out_stride, dot_q6_K, kQK_K, false);
+}
+void dot_tile_q8_0(const void* w, size_t stride, int64_t rows, const void* const* acts, int64_t n_act, int64_t n,
+                   float* out, int64_t out_stride) {
+  tile<Q8_0Group, q8_0_row>(w, stride, rows, acts, n_act, n, out, out_stride, dot_q8_0, kQK, false);
+}
+void dot_tile_q4_0(const void* w, size_t stride, int64_t rows, const void* const* acts, int64_t n_act, int64_t n,
+                   float* out, int64_t out_stride) {
+  tile<Q8_0Group, small_blocks_row<Q4_0Quants>>(w, stride, rows, acts, n_act, n, out, out_stride, dot_q4_0, kQK, false);
+}
+void dot_tile_mxfp4(const void* w, size_t stride, int64_t rows, const void* const* acts, int64_t n_act, int64_t n,
+                    float* out, int64_t out_stride) {
+  tile<Q8_0Group, small_blocks_row<Mxfp4Quants>>(w, stride, rows, acts, n_act, n, out, out_stride, dot_mxfp4, kQK, false);
+}
+void dot_tile_f16(const void* w, size_t stride, int64_t rows, const void* const* acts, int64_t n_act, int64_t n,
+                  float* out, int64_t out_stride) {
+  tile<FloatGroup, f16_row>(w, stride, rows, acts, n_act, n, out, out_stride, dot_f16_f32, 1, false);
+}
+void dot_tile_bf16(const void* w, size_t stride, int64_t rows, const void* const* acts, int64_t n_act, int64_t n,
+                   float* out, int64_t out_stride) {
+  tile<FloatGroup, bf16_row>(w, stride, rows, acts, n_act, n, out, out_stride, dot_bf16, 1, false);
+}
+
+}  // namespace bmoe::avx2
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
+#endif  // __x86_64__

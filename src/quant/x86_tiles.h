@@ -1,0 +1,107 @@
+// The frame of the x86 tile kernels (quant_avx2_tiles.cpp, quant_avx512_tiles.cpp): activation
+// groups of eight rows and the loop over weight rows. Include it after the file's target pragma
+// and x86_shared.h; internal linkage, compiled per file's ISA (see x86_shared.h).
+#pragma once
+
+#if defined(__x86_64__)
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+#include <vector>
+
+#include "quant/blocks.h"
+#include "quant/quant.h"
+
+namespace bmoe::x86 {
+namespace {
+
+constexpr int kActs = 8;  // activation rows per tile: one per float lane
+
+// What the eight activation rows of a tile share across every weight row: pointers and, per
+// block, their scales (and for K-quants the sums of each sub-block pair, for the min terms).
+template <typename ActBlock>
+struct ActGroup {
+  const ActBlock* y[kActs];
+  std::vector<float> d;          // [block][act]
+  std::vector<int16_t> pair_sums;  // [block][act][8]: Q8_K bsums[2j] + bsums[2j + 1]
+
+  ActGroup(const void* const* acts, int64_t blocks, bool with_pair_sums) {
+    for (int t = 0; t < kActs; ++t) y[t] = static_cast<const ActBlock*>(acts[t]);
+    d.resize(static_cast<size_t>(blocks) * kActs);
+    for (int64_t b = 0; b < blocks; ++b) {
+      for (int t = 0; t < kActs; ++t) d[static_cast<size_t>(b * kActs + t)] = scale_of(y[t][b]);
+    }
+    if constexpr (std::is_same_v<ActBlock, BlockQ8_K>) {
+      if (with_pair_sums) fill_pair_sums(blocks);
+    }
+  }
+  void fill_pair_sums(int64_t blocks) {
+    pair_sums.resize(static_cast<size_t>(blocks) * kActs * 8);
+    for (int64_t b = 0; b < blocks; ++b) {
+      for (int t = 0; t < kActs; ++t) {
+        const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[t][b].bsums));
+        const __m256i sums = _mm256_madd_epi16(bsums, _mm256_set1_epi16(1));
+        const __m128i packed = _mm_packs_epi32(_mm256_castsi256_si128(sums), _mm256_extracti128_si256(sums, 1));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(&pair_sums[static_cast<size_t>((b * kActs + t) * 8)]), packed);
+      }
+    }
+  }
+  __m256 scales(int64_t b) const { return _mm256_loadu_ps(&d[static_cast<size_t>(b * kActs)]); }
+  // Lane t: sum over sub-blocks j of mins[j] * (act t's activation sum of sub-block j): the
+  // integer k_min_term of each pair.
+  __m256i min_terms(int64_t b, __m128i mins16) const {
+    __m128i m[kActs];
+    for (int t = 0; t < kActs; ++t) {
+      const __m128i sums = _mm_loadu_si128(reinterpret_cast<const __m128i*>(&pair_sums[static_cast<size_t>((b * kActs + t) * 8)]));
+      m[t] = _mm_madd_epi16(sums, mins16);
+    }
+    const __m128i lo = _mm_hadd_epi32(_mm_hadd_epi32(m[0], m[1]), _mm_hadd_epi32(m[2], m[3]));
+    const __m128i hi = _mm_hadd_epi32(_mm_hadd_epi32(m[4], m[5]), _mm_hadd_epi32(m[6], m[7]));
+    return _mm256_set_m128i(hi, lo);
+  }
+
+ private:
+  static float scale_of(const BlockQ8_K& blk) { return blk.d; }
+  static float scale_of(const BlockQ8_0& blk) { return f16(blk.d); }
+};
+
+using Q8KGroup = ActGroup<BlockQ8_K>;
+using Q8_0Group = ActGroup<BlockQ8_0>;
+
+struct FloatGroup {
+  const void* y[kActs];
+  FloatGroup(const void* const* acts, int64_t, bool) { std::copy(acts, acts + kActs, y); }
+};
+
+
+// Every weight row against activation rows taken kActs at a time. A group of fewer repeats its
+// last row to fill the tile (the extra lanes' results are dropped); a lone row takes the
+// one-row kernel.
+template <typename Group, void (*Row)(const void*, const Group&, int64_t, float*)>
+void tile(const void* w, size_t stride, int64_t rows, const void* const* acts, int64_t n_act, int64_t n, float* out,
+          int64_t out_stride, DotFn one, int64_t block, bool pair_sums) {
+  const auto* base = static_cast<const uint8_t*>(w);
+  for (int64_t a0 = 0; a0 < n_act; a0 += kActs) {
+    const int valid = static_cast<int>(std::min<int64_t>(kActs, n_act - a0));
+    if (valid == 1) {
+      for (int64_t r = 0; r < rows; ++r) out[a0 * out_stride + r] = one(base + r * stride, acts[a0], n);
+      continue;
+    }
+    const void* group_acts[kActs];
+    for (int t = 0; t < kActs; ++t) group_acts[t] = acts[a0 + std::min(t, valid - 1)];
+    const Group group(group_acts, n / block, pair_sums);
+    float result[kActs];
+    for (int64_t r = 0; r < rows; ++r) {
+      Row(base + r * stride, group, n, result);
+      for (int t = 0; t < valid; ++t) out[(a0 + t) * out_stride + r] = result[t];
+    }
+  }
+}
+
+}  // namespace
+}  // namespace bmoe::x86
+
+#endif  // __x86_64__
