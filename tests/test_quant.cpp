@@ -224,6 +224,22 @@ TEST(Activations, Q8_KMatchesDefinition) {
   for (int i = 0; i < 256; ++i) EXPECT_NEAR(q[0].qs[i] * q[0].d, x[i], std::fabs(q[0].d) * 0.5001);
 }
 
+// The active path's Q8_K quantizer (SIMD where there is one) writes the reference's bytes,
+// including ties for the largest magnitude, zero blocks, NaN elements and tiny scales.
+TEST(Activations, Q8_KActivePathEqualsReference) {
+  Rng rng(31);
+  for (int trial = 0; trial < 50; ++trial) {
+    auto x = random_floats(rng, 1024, trial % 3 == 0 ? 1e-30 : 3.0);
+    if (trial % 5 == 1) x[200] = -(x[300] = 1e3f);  // two elements share the largest magnitude
+    if (trial % 7 == 2) std::fill(x.begin() + 256, x.begin() + 512, 0.0f);
+    if (trial % 11 == 3) x[700] = std::nanf("");
+    std::vector<uint8_t> want(activation_bytes(TensorType::Q8_K, 1024)), got(want.size());
+    ref::quantize_q8_K(x.data(), want.data(), 1024);
+    quantize_activations(TensorType::Q8_K, x.data(), got.data(), 1024);
+    ASSERT_EQ(got, want) << "trial " << trial;
+  }
+}
+
 TEST(Activations, Q8_KAllZeroBlock) {
   std::vector<float> x(256, 0.0f);
   BlockQ8_K q;
@@ -617,6 +633,26 @@ TEST(FloatKernels, ExpSumEqualsReferenceBitForBit) {
   }
   EXPECT_EQ(fast_expf(-INFINITY), 0.0f);
   EXPECT_EQ(fast_expf(0.0f), 1.0f);
+}
+
+// swiglu: the same bits on every ISA, and silu's value.
+TEST(FloatKernels, SwigluEqualsReferenceBitForBit) {
+  Rng rng(93);
+  const FloatKernels& ref_k = *float_kernels_for_isa(Isa::Scalar);
+  for (Isa isa : available_isas()) {
+    for (int trial = 0; trial < 10; ++trial) {
+      const int64_t n = 1 + rng.below(300);
+      const auto g = random_floats(rng, n, trial % 2 ? 30.0 : 2.0), u = random_floats(rng, n, 1.0);
+      std::vector<float> want(static_cast<size_t>(n)), got(static_cast<size_t>(n));
+      ref_k.swiglu(g.data(), u.data(), want.data(), n);
+      float_kernels_for_isa(isa)->swiglu(g.data(), u.data(), got.data(), n);
+      for (int64_t i = 0; i < n; ++i) {
+        ASSERT_EQ(float_bits(got[i]), float_bits(want[i])) << g[i];
+        const double silu = g[i] / (1.0 + std::exp(-static_cast<double>(g[i])));
+        EXPECT_NEAR(want[i], silu * u[i], 1e-5 * (1.0 + std::fabs(silu * u[i])));
+      }
+    }
+  }
 }
 
 TEST(Dispatch, UsesSimdWhenAvailable) {

@@ -97,9 +97,7 @@ void softmax(float* x, int64_t n) {
   for (int64_t k = 0; k < n; ++k) x[k] *= inv;
 }
 
-void swiglu(const float* gate, const float* up, float* out, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) out[i] = silu(gate[i]) * up[i];
-}
+void swiglu(const float* gate, const float* up, float* out, int64_t n) { float_kernels().swiglu(gate, up, out, n); }
 
 void swiglu_oai(const float* gate, const float* up, float* out, int64_t n, float alpha, float limit) {
   for (int64_t i = 0; i < n; ++i) {

@@ -26,32 +26,29 @@ InferenceState::InferenceState(Transformer& model, ThreadPool& pool, int n_ctx, 
   cache_.init(n_ctx, k_widths, v_widths, kv_type);
 }
 
+const ActivationBuffer& Activations::get(ThreadPool& pool, TensorType weight_type, const float* x, int64_t n,
+                                         int64_t cols) {
+  const TensorType format = kernels(weight_type).activation_type;
+  for (size_t i = 0; i < used_; ++i) {
+    Entry& e = entries_[i];
+    if (e.source == x && e.buffer.format() == format && e.buffer.rows() == n) return e.buffer;
+  }
+  if (used_ == entries_.size()) entries_.emplace_back();
+  Entry& e = entries_[used_++];
+  e.source = x;
+  e.buffer.convert(weight_type, x, n, cols, cols, &pool);
+  return e.buffer;
+}
+
 void InferenceState::truncate(int n) { n_past_ = std::clamp(n, 0, n_past_); }
 
 namespace {
-// Converts `x` once per activation format needed in a block; several weights share it.
-class Activations {
- public:
-  const ActivationBuffer& get(ThreadPool& pool, TensorType weight_type, const float* x, int64_t n,
-                              int64_t cols) {
-    const TensorType format = kernels(weight_type).activation_type;
-    for (Entry& e : entries_) {
-      if (e.source == x && e.buffer.format() == format && e.buffer.rows() == n) return e.buffer;
-    }
-    entries_.emplace_back();
-    entries_.back().source = x;
-    entries_.back().buffer.convert(weight_type, x, n, cols, cols, &pool);
-    return entries_.back().buffer;
-  }
-  void clear() { entries_.clear(); }
-
- private:
-  struct Entry {
-    const float* source = nullptr;
-    ActivationBuffer buffer;
-  };
-  std::deque<Entry> entries_;  // a deque: get() hands out references that must survive later gets
-};
+// Scratch of at least n floats; its contents are not kept (buffers only grow, so a steady run
+// neither allocates nor faults in fresh pages).
+float* scratch(std::vector<float>& buffer, size_t n) {
+  if (buffer.size() < n) buffer.resize(n);
+  return buffer.data();
+}
 
 void add_bias(float* rows, const Vector& bias, int64_t n, int64_t width) {
   if (bias.empty()) return;
@@ -126,7 +123,8 @@ void InferenceState::attention_block(int layer, int n) {
   q_.resize(static_cast<size_t>(n * q_width));
   k_.resize(static_cast<size_t>(n * k_width));
   v_.resize(static_cast<size_t>(n * v_width));
-  Activations acts;
+  Activations& acts = acts_;
+  acts.reset();
   std::vector<MatmulJob> jobs = {
       {&L.wq, &acts.get(pool_, L.wq.type, h_.data(), n, E), n, nullptr, q_.data(), q_width},
       {&L.wk, &acts.get(pool_, L.wk.type, h_.data(), n, E), n, nullptr, k_.data(), k_width},
@@ -203,16 +201,16 @@ void InferenceState::ffn_block(int layer, int n) {
   if (L.has_experts) {
     routed_experts(layer, n, h_.data(), h_.data(), ffn_out_.data());
     if (L.shexp_up.present()) {
-      std::vector<float> shared(static_cast<size_t>(n) * E);
-      dense_ffn(L.shexp_gate, L.shexp_up, L.shexp_down, n, h_.data(), shared.data());
-      std::vector<float> gate(static_cast<size_t>(n) * L.shexp_router.rows);
-      matmul(pool_, L.shexp_router, h_.data(), n, gate.data(), act_b_);
+      float* shared = scratch(shared_out_, static_cast<size_t>(n) * E);
+      dense_ffn(L.shexp_gate, L.shexp_up, L.shexp_down, n, h_.data(), shared);
+      float* gate = scratch(shared_gate_, static_cast<size_t>(n) * L.shexp_router.rows);
+      matmul(pool_, L.shexp_router, h_.data(), n, gate, act_b_);
       for (int i = 0; i < n; ++i) {
         // sigmoid as llama.cpp computes it here: silu(x) / x
         const float x = gate[static_cast<size_t>(i) * L.shexp_router.rows];
         const float g = ops::silu(x) / x;
         float* out = ffn_out_.data() + static_cast<size_t>(i) * E;
-        const float* s = shared.data() + static_cast<size_t>(i) * E;
+        const float* s = shared + static_cast<size_t>(i) * E;
         for (int d = 0; d < E; ++d) out[d] += s[d] * g;
       }
     }
@@ -232,23 +230,26 @@ void InferenceState::parallel_ffn(int layer, int n) {
   const LayerWeights& L = model_.weights_.layers[static_cast<size_t>(layer)];
   const int E = cfg_.n_embd;
   const size_t total = static_cast<size_t>(n) * E;
-  std::vector<float> dense_in(total), moe_in(total), router_in(total), moe_out(total, 0.0f);
+  float* dense_in = scratch(dense_in_, total);
+  float* moe_in = scratch(moe_in_, total);
+  float* router_in = scratch(router_in_, total);
+  float* moe_out = scratch(moe_out_, total);
   const float inv_sqrt_e = 1.0f / std::sqrt(static_cast<float>(E));
   for (int i = 0; i < n; ++i) {
     const float* x = x_.data() + static_cast<size_t>(i) * E;
     const size_t o = static_cast<size_t>(i) * E;
-    ops::rms_norm(x, L.ffn_norm.data(), dense_in.data() + o, E, cfg_.norm_eps);
-    ops::rms_norm(x, L.moe_norm.data(), moe_in.data() + o, E, cfg_.norm_eps);
-    float* r = router_in.data() + o;
+    ops::rms_norm(x, L.ffn_norm.data(), dense_in + o, E, cfg_.norm_eps);
+    ops::rms_norm(x, L.moe_norm.data(), moe_in + o, E, cfg_.norm_eps);
+    float* r = router_in + o;
     ops::rms_norm(x, nullptr, r, E, cfg_.norm_eps);
     for (int d = 0; d < E; ++d) r[d] = r[d] * inv_sqrt_e * L.router_in_scale[static_cast<size_t>(d)];
   }
   ffn_out_.assign(total, 0.0f);
-  dense_ffn(L.ffn_gate, L.ffn_up, L.ffn_down, n, dense_in.data(), ffn_out_.data());
-  routed_experts(layer, n, moe_in.data(), router_in.data(), moe_out.data());
+  dense_ffn(L.ffn_gate, L.ffn_up, L.ffn_down, n, dense_in, ffn_out_.data());
+  routed_experts(layer, n, moe_in, router_in, moe_out);
   for (int i = 0; i < n; ++i) {
     float* dense = ffn_out_.data() + static_cast<size_t>(i) * E;
-    float* moe = moe_out.data() + static_cast<size_t>(i) * E;
+    float* moe = moe_out + static_cast<size_t>(i) * E;
     ops::rms_norm(dense, L.post_dense_norm.data(), dense, E, cfg_.norm_eps);
     ops::rms_norm(moe, L.post_moe_norm.data(), moe, E, cfg_.norm_eps);
     ops::add(dense, moe, E);
@@ -263,16 +264,20 @@ void InferenceState::dense_ffn(const Weight& gate, const Weight& up, const Weigh
                                const float* h, float* out) {
   const int E = cfg_.n_embd;
   const int64_t F = up.rows;
-  std::vector<float> g(static_cast<size_t>(n * F)), u(static_cast<size_t>(n * F)), a(static_cast<size_t>(n * F));
-  Activations acts;
+  const size_t size = static_cast<size_t>(n * F);
+  float* g = scratch(dense_gate_, size);
+  float* u = scratch(dense_up_, size);
+  float* a = scratch(dense_act_, size);
+  Activations& acts = acts_;
+  acts.reset();
   const MatmulJob jobs[] = {
-      {&gate, &acts.get(pool_, gate.type, h, n, E), n, nullptr, g.data(), F},
-      {&up, &acts.get(pool_, up.type, h, n, E), n, nullptr, u.data(), F},
+      {&gate, &acts.get(pool_, gate.type, h, n, E), n, nullptr, g, F},
+      {&up, &acts.get(pool_, up.type, h, n, E), n, nullptr, u, F},
   };
   run_matmuls(pool_, jobs);
-  if (cfg_.dense_activation == ExpertActivation::GeGLU) ops::geglu(g.data(), u.data(), a.data(), n * F);
-  else ops::swiglu(g.data(), u.data(), a.data(), n * F);
-  matmul(pool_, down, a.data(), n, out, act_c_);
+  if (cfg_.dense_activation == ExpertActivation::GeGLU) ops::geglu(g, u, a, n * F);
+  else ops::swiglu(g, u, a, n * F);
+  matmul(pool_, down, a, n, out, act_c_);
 }
 
 void InferenceState::gate(const LayerWeights& L, float* logits, std::vector<int32_t>& ids,
@@ -456,12 +461,14 @@ void InferenceState::routed_experts(int layer, int n, const float* h, const floa
       weight_sums[it->second] += route_weights_[static_cast<size_t>(i)][s];
     }
   }
-  std::vector<float> slot_out(static_cast<size_t>(n) * max_slots * E, 0.0f);
+  // Every (token, slot) row is written once below, and only those rows are summed.
+  float* slot_out = scratch(slot_out_, static_cast<size_t>(n) * max_slots * E);
 
   ExpertSource& source = *model_.experts_;
   source.begin_layer(layer, unique, weight_sums);
   predict_ahead(layer, n);
-  Activations acts;
+  Activations& acts = acts_;
+  acts.reset();
   std::vector<int> ready;
   while (true) {
     ready.clear();
@@ -486,7 +493,9 @@ void InferenceState::routed_experts(int layer, int n, const float* h, const floa
     const ExpertRoles& R = L.roles;
     const Weight& first_up = group[0].m[static_cast<size_t>(R.gate_up >= 0 ? R.gate_up : R.up)];
     const int64_t F = R.gate_up >= 0 ? first_up.rows / 2 : first_up.rows;
-    std::vector<float> gate_buf(total_rows * F), up_buf(total_rows * F), act(total_rows * F);
+    float* gate_buf = scratch(expert_gate_, total_rows * F);
+    float* up_buf = scratch(expert_up_, total_rows * F);
+    float* act = scratch(expert_act_, total_rows * F);
     std::vector<MatmulJob> jobs;
     for (const Work& wk : group) {
       const int64_t m = static_cast<int64_t>(wk.rows.size());
@@ -498,34 +507,34 @@ void InferenceState::routed_experts(int layer, int n, const float* h, const floa
       } else {
         const Weight& g = wk.m[static_cast<size_t>(R.gate)];
         const Weight& u = wk.m[static_cast<size_t>(R.up)];
-        jobs.push_back({&g, &acts.get(pool_, g.type, h, n, E), m, wk.rows.data(), gate_buf.data() + wk.offset * F, F});
-        jobs.push_back({&u, &acts.get(pool_, u.type, h, n, E), m, wk.rows.data(), up_buf.data() + wk.offset * F, F});
+        jobs.push_back({&g, &acts.get(pool_, g.type, h, n, E), m, wk.rows.data(), gate_buf + wk.offset * F, F});
+        jobs.push_back({&u, &acts.get(pool_, u.type, h, n, E), m, wk.rows.data(), up_buf + wk.offset * F, F});
       }
     }
-    std::vector<float> fused;
+    float* fused = nullptr;
     if (R.gate_up >= 0) {
-      fused.resize(total_rows * 2 * F);
+      fused = scratch(expert_fused_, total_rows * 2 * F);
       for (size_t j = 0; j < jobs.size(); ++j) {
-        jobs[j].output = fused.data() + group[j].offset * 2 * F;
+        jobs[j].output = fused + group[j].offset * 2 * F;
         jobs[j].output_stride = 2 * F;
       }
     }
     run_matmuls(pool_, jobs);
     if (R.gate_up >= 0) {
       for (size_t r = 0; r < total_rows; ++r) {
-        std::copy_n(fused.data() + r * 2 * F, F, gate_buf.data() + r * F);
-        std::copy_n(fused.data() + r * 2 * F + F, F, up_buf.data() + r * F);
+        std::copy_n(fused + r * 2 * F, F, gate_buf + r * F);
+        std::copy_n(fused + r * 2 * F + F, F, up_buf + r * F);
       }
     }
     // Biases (gpt-oss) and the activation.
     for (const Work& wk : group) {
       const int32_t expert = unique[static_cast<size_t>(wk.index)];
       for (size_t j = 0; j < wk.rows.size(); ++j) {
-        float* g = gate_buf.data() + (wk.offset + j) * F;
-        float* u = up_buf.data() + (wk.offset + j) * F;
+        float* g = gate_buf + (wk.offset + j) * F;
+        float* u = up_buf + (wk.offset + j) * F;
         if (!L.exp_gate_bias.empty()) ops::add(g, L.exp_gate_bias.data() + static_cast<size_t>(expert) * F, F);
         if (!L.exp_up_bias.empty()) ops::add(u, L.exp_up_bias.data() + static_cast<size_t>(expert) * F, F);
-        float* a = act.data() + (wk.offset + j) * F;
+        float* a = act + (wk.offset + j) * F;
         switch (cfg_.activation) {
           case ExpertActivation::SwiGLU: ops::swiglu(g, u, a, F); break;
           case ExpertActivation::SwiGLU_OAI: ops::swiglu_oai(g, u, a, F, 1.702f, 7.0f); break;
@@ -535,9 +544,9 @@ void InferenceState::routed_experts(int layer, int n, const float* h, const floa
     }
     // Down projections of the group, then weight each (token, slot) result.
     const Weight& first_down = group[0].m[static_cast<size_t>(R.down)];
-    ActivationBuffer down_in;
-    down_in.convert(first_down.type, act.data(), static_cast<int64_t>(total_rows), F, F, &pool_);
-    std::vector<float> down_buf(total_rows * E);
+    ActivationBuffer& down_in = act_c_;
+    down_in.convert(first_down.type, act, static_cast<int64_t>(total_rows), F, F, &pool_);
+    float* down_buf = scratch(expert_down_, total_rows * E);
     std::vector<std::vector<int32_t>> down_rows(group.size());
     jobs.clear();
     for (size_t gi = 0; gi < group.size(); ++gi) {
@@ -547,18 +556,18 @@ void InferenceState::routed_experts(int layer, int n, const float* h, const floa
       down_rows[gi].resize(wk.rows.size());
       std::iota(down_rows[gi].begin(), down_rows[gi].end(), static_cast<int32_t>(wk.offset));
       jobs.push_back({&d, &down_in, static_cast<int64_t>(wk.rows.size()), down_rows[gi].data(),
-                      down_buf.data() + wk.offset * E, E});
+                      down_buf + wk.offset * E, E});
     }
     run_matmuls(pool_, jobs);
     for (const Work& wk : group) {
       const int32_t expert = unique[static_cast<size_t>(wk.index)];
       const auto& u = uses[static_cast<size_t>(wk.index)];
       for (size_t j = 0; j < u.size(); ++j) {
-        float* d = down_buf.data() + (wk.offset + j) * E;
+        float* d = down_buf + (wk.offset + j) * E;
         if (!L.exp_down_bias.empty()) ops::add(d, L.exp_down_bias.data() + static_cast<size_t>(expert) * E, E);
         if (!L.exp_down_scale.empty()) ops::scale(d, L.exp_down_scale[static_cast<size_t>(expert)], E);
         const float wt = route_weights_[static_cast<size_t>(u[j].token)][static_cast<size_t>(u[j].slot)];
-        float* dst = slot_out.data() + (static_cast<size_t>(u[j].token) * max_slots + u[j].slot) * E;
+        float* dst = slot_out + (static_cast<size_t>(u[j].token) * max_slots + u[j].slot) * E;
         for (int e = 0; e < E; ++e) dst[e] = d[e] * wt;
       }
     }
@@ -569,7 +578,7 @@ void InferenceState::routed_experts(int layer, int n, const float* h, const floa
   for (int i = 0; i < n; ++i) {
     float* dst = out + static_cast<size_t>(i) * E;
     const size_t k = route_ids_[static_cast<size_t>(i)].size();
-    const float* first = slot_out.data() + static_cast<size_t>(i) * max_slots * E;
+    const float* first = slot_out + static_cast<size_t>(i) * max_slots * E;
     std::copy_n(first, E, dst);
     for (size_t s = 1; s < k; ++s) ops::add(dst, first + s * E, E);
   }

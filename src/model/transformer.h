@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <vector>
@@ -106,6 +107,23 @@ struct RoutingOptions {
   float drop_cold = 0.0f;
 };
 
+// Activations converted once per activation format for a block of matmuls that read the same
+// rows (q, k and v; the gate and up projections of many experts). reset() forgets the
+// conversions but keeps their buffers for the next block.
+class Activations {
+ public:
+  const ActivationBuffer& get(ThreadPool& pool, TensorType weight_type, const float* x, int64_t n, int64_t cols);
+  void reset() { used_ = 0; }
+
+ private:
+  struct Entry {
+    const float* source = nullptr;
+    ActivationBuffer buffer;
+  };
+  std::deque<Entry> entries_;  // a deque: get() hands out references that must survive later gets
+  size_t used_ = 0;
+};
+
 // Per-sequence state: KV cache, position, scratch buffers.
 class InferenceState {
  public:
@@ -156,6 +174,10 @@ class InferenceState {
   std::vector<float> x_, h_, q_, k_, v_, attn_, proj_, ffn_out_, logits_;
   std::vector<int> positions_;
   ActivationBuffer act_a_, act_b_, act_c_;
+  Activations acts_;
+  std::vector<float> slot_out_, expert_gate_, expert_up_, expert_act_, expert_fused_, expert_down_;
+  std::vector<float> dense_gate_, dense_up_, dense_act_, shared_out_, shared_gate_;
+  std::vector<float> dense_in_, moe_in_, router_in_, moe_out_;
   // Routing of the current layer: per token, its experts and weights in slot order.
   std::vector<std::vector<int32_t>> route_ids_;
   std::vector<std::vector<float>> route_weights_;

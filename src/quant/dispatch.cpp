@@ -71,6 +71,7 @@ KernelTable avx2_table() {
   t.add_rows(TensorType::Q4_0, avx2::dot_rows_q4_0);
   t.add_rows(TensorType::MXFP4, cpu_features().avx512bw ? avx512::dot_rows_mxfp4 : avx2::dot_rows_mxfp4);
   // Batches: one weight row against eight activation rows (same results as the kernels above).
+  t.add_tile(TensorType::F32, avx2::dot_tile_f32);
   t.add_tile(TensorType::F16, avx2::dot_tile_f16);
   t.add_tile(TensorType::BF16, avx2::dot_tile_bf16);
   t.add_tile(TensorType::Q4_0, avx2::dot_tile_q4_0);
@@ -148,13 +149,14 @@ const TypeKernels& kernels(TensorType weights) {
 }
 
 const FloatKernels* float_kernels_for_isa(Isa isa) {
-  static const FloatKernels scalar{ref::gemm_f32, ref::exp_sum};
+  static const FloatKernels scalar{ref::gemm_f32, ref::exp_sum, ref::swiglu};
 #if defined(__x86_64__)
-  static const FloatKernels avx2{cpu_features().avx512bw ? avx512::gemm_f32 : avx2::gemm_f32, avx2::exp_sum};
+  static const FloatKernels avx2{cpu_features().avx512bw ? avx512::gemm_f32 : avx2::gemm_f32, avx2::exp_sum,
+                                 avx2::swiglu};
   if (isa == Isa::Avx2) return cpu_features().avx2 ? &avx2 : nullptr;
 #endif
 #if defined(__aarch64__)
-  static const FloatKernels neon{neon::gemm_f32, neon::exp_sum};
+  static const FloatKernels neon{neon::gemm_f32, neon::exp_sum, neon::swiglu};
   if (isa == Isa::Neon) return cpu_features().neon ? &neon : nullptr;
 #endif
   return isa == Isa::Scalar ? &scalar : nullptr;
@@ -205,7 +207,15 @@ void quantize_activations(TensorType format, const float* src, void* dst, int64_
       return;
     case TensorType::BF16: ref::quantize_bf16(src, dst, n); return;
     case TensorType::Q8_0: ref::quantize_q8_0(src, dst, n); return;
-    case TensorType::Q8_K: ref::quantize_q8_K(src, dst, n); return;
+    case TensorType::Q8_K:
+#if defined(__x86_64__)
+      if (active_isa() == Isa::Avx2) {
+        avx2::quantize_q8_K(src, dst, n);
+        return;
+      }
+#endif
+      ref::quantize_q8_K(src, dst, n);
+      return;
     default: fail("internal: {} is not an activation format", type_name(format));
   }
 }

@@ -27,9 +27,13 @@ using GemmF32Fn = void (*)(float* c, int64_t ldc, const float* a, int64_t lda, c
 using ExpSumFn = double (*)(float* x, int64_t n, float max);
 constexpr int kExpSumBlock = 16;
 
+// out[i] = silu(gate[i]) * up[i], silu(x) = x / (1 + fast_expf(0 - x)).
+using SwigluFn = void (*)(const float* gate, const float* up, float* out, int64_t n);
+
 struct FloatKernels {
   GemmF32Fn gemm = nullptr;
   ExpSumFn exp_sum = nullptr;
+  SwigluFn swiglu = nullptr;
 };
 
 // The kernels of the active ISA, and of a given one (nullptr where it is not compiled in).
@@ -40,6 +44,7 @@ namespace ref {
 void gemm_f32(float* c, int64_t ldc, const float* a, int64_t lda, const float* b, int64_t ldb, int64_t m,
               int64_t k, int64_t n);
 double exp_sum(float* x, int64_t n, float max);
+void swiglu(const float* gate, const float* up, float* out, int64_t n);
 // Sum of 16 floats in the pairwise order of _mm512_reduce_add_ps.
 float reduce16(const float* v);
 }  // namespace ref

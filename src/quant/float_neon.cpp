@@ -101,6 +101,17 @@ double exp_sum(float* x, int64_t n, float max) {
   return sum;
 }
 
+void swiglu(const float* gate, const float* up, float* out, int64_t n) {
+  const float32x4_t one = vdupq_n_f32(1.0f);
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    const float32x4_t g = vld1q_f32(gate + i);
+    const float32x4_t silu = vdivq_f32(g, vaddq_f32(one, exp4(vsubq_f32(vdupq_n_f32(0.0f), g))));
+    vst1q_f32(out + i, vmulq_f32(silu, vld1q_f32(up + i)));
+  }
+  for (; i < n; ++i) out[i] = gate[i] / (1.0f + fast_expf(0.0f - gate[i])) * up[i];
+}
+
 }  // namespace bmoe::neon
 
 #endif  // __aarch64__

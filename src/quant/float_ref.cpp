@@ -46,5 +46,9 @@ double exp_sum(float* x, int64_t n, float max) {
   return sum;
 }
 
+void swiglu(const float* gate, const float* up, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = gate[i] / (1.0f + fast_expf(0.0f - gate[i])) * up[i];
+}
+
 }  // namespace ref
 }  // namespace bmoe

@@ -386,6 +386,59 @@ void f16_fma_into(uint16_t* acc, const uint16_t* v, float s, int64_t n) {
   for (; i < n; ++i) acc[i] = fp32_to_fp16(std::fma(f16(v[i]), s, f16(acc[i])));
 }
 
+// Q8_K activations (ref::quantize_q8_K): the scale from the first element of largest magnitude,
+// quants rounded to nearest even and capped at 127, sums of sixteen. Same bytes as the reference.
+void quantize_q8_K(const float* src, void* dst, int64_t n) {
+  auto* blocks = static_cast<BlockQ8_K*>(dst);
+  const __m256 sign_bit = _mm256_set1_ps(-0.0f);
+  for (int64_t b = 0; b < n / kQK_K; ++b) {
+    const float* x = src + b * kQK_K;
+    BlockQ8_K& y = blocks[b];
+    __m256 vmax = _mm256_setzero_ps();
+    // max(|x|, running): a NaN element loses, as `ax > amax` ignores it in the reference.
+    for (int j = 0; j < kQK_K; j += 8) vmax = _mm256_max_ps(_mm256_andnot_ps(sign_bit, _mm256_loadu_ps(x + j)), vmax);
+    __m128 m4 = _mm_max_ps(_mm256_extractf128_ps(vmax, 1), _mm256_castps256_ps128(vmax));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    const float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+    if (amax == 0.0f) {
+      std::memset(&y, 0, sizeof y);
+      continue;
+    }
+    float max = 0.0f;  // the first element whose magnitude is amax, with its sign
+    for (int j = 0;; j += 8) {
+      const __m256 v = _mm256_loadu_ps(x + j);
+      const int hits = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_andnot_ps(sign_bit, v), _mm256_set1_ps(amax), _CMP_EQ_OQ));
+      if (hits != 0) {
+        max = x[j + __builtin_ctz(static_cast<unsigned>(hits))];
+        break;
+      }
+    }
+    const float iscale = -127.0f / max;
+    const __m256 vscale = _mm256_set1_ps(iscale);
+    const __m256i cap = _mm256_set1_epi32(127);
+    for (int j = 0; j < kQK_K; j += 32) {
+      __m256i q[4];
+      for (int k = 0; k < 4; ++k) {
+        const __m256 scaled = _mm256_mul_ps(vscale, _mm256_loadu_ps(x + j + 8 * k));
+        const __m256 ordered = _mm256_and_ps(scaled, _mm256_cmp_ps(scaled, scaled, _CMP_ORD_Q));  // NaN -> 0
+        q[k] = _mm256_min_epi32(_mm256_cvtps_epi32(ordered), cap);
+      }
+      // packs interleaves 128-bit lanes; the permute puts the 32 bytes back in order.
+      const __m256i q16a = _mm256_packs_epi32(q[0], q[1]), q16b = _mm256_packs_epi32(q[2], q[3]);
+      const __m256i q8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(q16a, q16b), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(y.qs + j), q8);
+    }
+    for (int g = 0; g < kQK_K / 16; g += 2) {
+      // Sixteen int8 -> int16 pairs summed: madd with ones gives int32 lanes of four; add up.
+      const __m256i v = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(y.qs + 16 * g)));
+      const __m256i w = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(y.qs + 16 * g + 16)));
+      y.bsums[g] = static_cast<int16_t>(hsum_i32(_mm256_madd_epi16(v, _mm256_set1_epi16(1))));
+      y.bsums[g + 1] = static_cast<int16_t>(hsum_i32(_mm256_madd_epi16(w, _mm256_set1_epi16(1))));
+    }
+    y.d = 1.0f / iscale;
+  }
+}
+
 void dequantize_f16(const void* src, float* dst, int64_t n) {
   const auto* h = static_cast<const uint16_t*>(src);
   int64_t i = 0;

@@ -220,32 +220,43 @@ void small_blocks_row(const void* w, const Q8_0Group& g, int64_t n, float* out) 
   _mm256_storeu_ps(out, acc);
 }
 
-// Float weights. F16 rows meet f32 activations (dot_f16_f32: two eight-lane accumulators per
-// pair and its reduction); BF16 rows meet BF16 activations (dot_bf16: one accumulator).
-void f16_row(const void* w, const FloatGroup& g, int64_t n, float* out) {
-  const auto* x = static_cast<const uint16_t*>(w);
+// Float weights. F32 and F16 rows meet f32 activations, BF16 rows BF16 activations.
+// Weight elements of the two-accumulator float kernels: eight-lane and one-element loads.
+struct F32Weights {
+  using T = float;
+  static __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+  static float one(float v) { return v; }
+};
+struct F16Weights {
+  using T = uint16_t;
+  static __m256 load8(const uint16_t* p) { return load_f16x8(p); }
+  static float one(uint16_t v) { return f16(v); }
+};
+
+// dot_f32 / dot_f16_f32: f32 activations, two eight-lane accumulators per pair, their reduction.
+template <typename W>
+void float_row(const void* w, const FloatGroup& g, int64_t n, float* out) {
+  const auto* x = static_cast<const typename W::T*>(w);
   const float* y[kActs];
-#pragma GCC unroll 8
   for (int t = 0; t < kActs; ++t) y[t] = static_cast<const float*>(g.y[t]);
   __m256 lo[kActs], hi[kActs];
 #pragma GCC unroll 8
   for (int t = 0; t < kActs; ++t) lo[t] = hi[t] = _mm256_setzero_ps();
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    const __m256 x0 = load_f16x8(x + i), x1 = load_f16x8(x + i + 8);
+    const __m256 x0 = W::load8(x + i), x1 = W::load8(x + i + 8);
 #pragma GCC unroll 8
     for (int t = 0; t < kActs; ++t) {
       lo[t] = _mm256_fmadd_ps(x0, _mm256_loadu_ps(y[t] + i), lo[t]);
       hi[t] = _mm256_fmadd_ps(x1, _mm256_loadu_ps(y[t] + i + 8), hi[t]);
     }
   }
-#pragma GCC unroll 8
   for (int t = 0; t < kActs; ++t) {
     const __m256 t8 = _mm256_add_ps(hi[t], lo[t]);
     const __m128 t4 = _mm_add_ps(_mm256_extractf128_ps(t8, 1), _mm256_castps256_ps128(t8));
     const __m128 t2 = _mm_add_ps(t4, _mm_shuffle_ps(t4, t4, _MM_SHUFFLE(1, 0, 3, 2)));
     float sum = _mm_cvtss_f32(t2) + _mm_cvtss_f32(_mm_shuffle_ps(t2, t2, _MM_SHUFFLE(1, 1, 1, 1)));
-    for (int64_t j = i; j < n; ++j) sum = std::fma(f16(x[j]), y[t][j], sum);
+    for (int64_t j = i; j < n; ++j) sum = std::fma(W::one(x[j]), y[t][j], sum);
     out[t] = sum;
   }
 }
@@ -298,9 +309,13 @@ void dot_tile_mxfp4(const void* w, size_t stride, int64_t rows, const void* cons
                     float* out, int64_t out_stride) {
   tile<Q8_0Group, small_blocks_row<Mxfp4Quants>>(w, stride, rows, acts, n_act, n, out, out_stride, dot_mxfp4, kQK, false);
 }
+void dot_tile_f32(const void* w, size_t stride, int64_t rows, const void* const* acts, int64_t n_act, int64_t n,
+                  float* out, int64_t out_stride) {
+  tile<FloatGroup, float_row<F32Weights>>(w, stride, rows, acts, n_act, n, out, out_stride, dot_f32, 1, false);
+}
 void dot_tile_f16(const void* w, size_t stride, int64_t rows, const void* const* acts, int64_t n_act, int64_t n,
                   float* out, int64_t out_stride) {
-  tile<FloatGroup, f16_row>(w, stride, rows, acts, n_act, n, out, out_stride, dot_f16_f32, 1, false);
+  tile<FloatGroup, float_row<F16Weights>>(w, stride, rows, acts, n_act, n, out, out_stride, dot_f16_f32, 1, false);
 }
 void dot_tile_bf16(const void* w, size_t stride, int64_t rows, const void* const* acts, int64_t n_act, int64_t n,
                    float* out, int64_t out_stride) {

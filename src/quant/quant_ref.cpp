@@ -182,7 +182,8 @@ void quantize_q8_K(const float* src, void* dst, int64_t n) {
     }
     const float iscale = -127.0f / max;
     for (int j = 0; j < kQK_K; ++j) {
-      const int v = round_even(iscale * x[j]);
+      const float scaled = iscale * x[j];
+      const int v = std::isnan(scaled) ? 0 : round_even(scaled);  // a NaN quantizes to 0 on every path
       y.qs[j] = static_cast<int8_t>(v < 127 ? v : 127);
     }
     for (int g = 0; g < kQK_K / 16; ++g) {

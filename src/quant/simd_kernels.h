@@ -28,6 +28,8 @@ void f16_fma_into(uint16_t* acc, const uint16_t* v, float s, int64_t n);
 void gemm_f32(float* c, int64_t ldc, const float* a, int64_t lda, const float* b, int64_t ldb, int64_t m,
               int64_t k, int64_t n);
 double exp_sum(float* x, int64_t n, float max);
+void swiglu(const float* gate, const float* up, float* out, int64_t n);
+void quantize_q8_K(const float* src, void* dst, int64_t n);
 // Tile kernels (quant_avx2_tiles.cpp); see DotTileFn.
 #define BMOE_DOT_TILE(name)                                                                                       \
   void name(const void* w, size_t stride, int64_t rows, const void* const* acts, int64_t n_act, int64_t n, float* out, \
@@ -38,6 +40,7 @@ BMOE_DOT_TILE(dot_tile_q6_K);
 BMOE_DOT_TILE(dot_tile_q8_0);
 BMOE_DOT_TILE(dot_tile_q4_0);
 BMOE_DOT_TILE(dot_tile_mxfp4);
+BMOE_DOT_TILE(dot_tile_f32);
 BMOE_DOT_TILE(dot_tile_f16);
 BMOE_DOT_TILE(dot_tile_bf16);
 }  // namespace bmoe::avx2
@@ -70,6 +73,7 @@ void dequantize_f16(const void* src, float* dst, int64_t n);
 void gemm_f32(float* c, int64_t ldc, const float* a, int64_t lda, const float* b, int64_t ldb, int64_t m,
               int64_t k, int64_t n);
 double exp_sum(float* x, int64_t n, float max);
+void swiglu(const float* gate, const float* up, float* out, int64_t n);
 }  // namespace bmoe::neon
 
 // arm64 with i8mm: two rows x two activation rows (see DotPairsFn).
