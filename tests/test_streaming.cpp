@@ -569,6 +569,51 @@ TEST(ExpertCacheBudget, LruCliffBelowOneCycle) {
   EXPECT_GE(our_hits, 140u);  // of 200 lookups
 }
 
+// A prompt batch asks for most experts of a layer, each chosen by a share of its tokens: with
+// room for four, the cache takes the four most used, whatever order the batch met them in, and
+// after a decode step its frequency policies rank them by those shares, not as equals.
+TEST(ExpertCacheBudget, PromptBatchAdmitsItsMostUsedExperts) {
+  for (const std::string& policy : cache_policy_names()) {
+    ExpertCache cache(4000, make_cache_policy(policy, 1, 4000));
+    const float shares[10] = {0.1f, 0.9f, 0.3f, 0.05f, 0.8f, 0.2f, 0.6f, 0.7f, 0.15f, 0.4f};
+    std::vector<Access> batch;
+    for (int e = 0; e < 10; ++e) batch.push_back({make_expert_key(0, e), 1000, shares[e], 0, 0, shares[e]});
+    const VisitPlan plan = cache.begin_visit(batch);
+    cache.end_visit();
+    EXPECT_EQ(cache.residents(), (std::vector<ExpertKey>{make_expert_key(0, 1), make_expert_key(0, 4), make_expert_key(0, 6),
+                                                          make_expert_key(0, 7)}))
+        << policy;
+    for (int e = 0; e < 10; ++e) EXPECT_EQ(plan.cache[static_cast<size_t>(e)], shares[e] >= 0.6f) << policy << " expert " << e;
+  }
+}
+
+// Prompt batches of 16 tokens or more always overlap their reads with compute and fill the cache
+// by use; what they compute is the resident model's, at every cache size.
+TEST(Streaming, LongPromptBatchesEqualResident) {
+  const std::string path = test_model_path("tiny-qwen3moe", 4);
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 150; ++i) prompt.push_back(static_cast<int32_t>((i * 7919 + 13) % 400 + 3));
+  auto run = [&](LoadedModel& model) {
+    ThreadPool pool(2);
+    Session s(model, pool, 512, 64, SamplerConfig{});
+    s.prefill(prompt);
+    std::vector<int32_t> out;
+    for (int i = 0; i < 16; ++i) {
+      out.push_back(s.sample());
+      s.accept(out.back());
+    }
+    return out;
+  };
+  auto resident = load_model(path, LoadOptions{});
+  const std::vector<int32_t> want = run(*resident);
+  for (const StreamConfig& c : {StreamConfig{0, 4}, StreamConfig{8, 2}, StreamConfig{25, 4, true, DenseWeights::Anon, true}}) {
+    auto model = streamed(path, c);
+    EXPECT_EQ(run(*model), want) << c.cache_mib_x10;
+    const ExpertStats st = model->experts->stats();
+    EXPECT_LE(st.cache_used_bytes, st.cache_budget_bytes);
+  }
+}
+
 class FaultHook {
  public:
   explicit FaultHook(ReadFaultHook hook) { set_read_fault_hook(std::move(hook)); }

@@ -444,6 +444,7 @@ void InferenceState::routed_experts(int layer, int n, const float* h, const floa
   };
   std::vector<int32_t> unique;
   std::vector<float> weight_sums;
+  std::vector<int32_t> use_counts;
   std::map<int32_t, size_t> index_of;
   std::vector<std::vector<Use>> uses;
   int max_slots = 0;
@@ -455,24 +456,25 @@ void InferenceState::routed_experts(int layer, int n, const float* h, const floa
       if (inserted) {
         unique.push_back(ids[s]);
         weight_sums.push_back(0.0f);
+        use_counts.push_back(0);
         uses.emplace_back();
       }
       uses[it->second].push_back({i, static_cast<int32_t>(s)});
       weight_sums[it->second] += route_weights_[static_cast<size_t>(i)][s];
+      ++use_counts[it->second];
     }
   }
   // Every (token, slot) row is written once below, and only those rows are summed.
   float* slot_out = scratch(slot_out_, static_cast<size_t>(n) * max_slots * E);
 
   ExpertSource& source = *model_.experts_;
-  source.begin_layer(layer, unique, weight_sums);
+  source.begin_layer(LayerRouting{layer, unique, weight_sums, use_counts, n});
   predict_ahead(layer, n);
   Activations& acts = acts_;
   acts.reset();
   std::vector<int> ready;
-  while (true) {
-    ready.clear();
-    if (source.take_ready(ready) == 0) break;
+  // Gate, up and down projections of a group of ready experts, each stage one parallel pass.
+  auto compute_group = [&](std::span<const int> part) {
     // Gate and up projections of every ready expert in one parallel pass.
     struct Work {
       int index;
@@ -482,7 +484,7 @@ void InferenceState::routed_experts(int layer, int n, const float* h, const floa
     };
     std::vector<Work> group;
     size_t total_rows = 0;
-    for (int idx : ready) {
+    for (int idx : part) {
       Work wk{idx, {}, {}, total_rows};
       const auto mats = source.matrices(idx);
       wk.m.assign(mats.begin(), mats.end());
@@ -570,6 +572,22 @@ void InferenceState::routed_experts(int layer, int n, const float* h, const floa
         float* dst = slot_out + (static_cast<size_t>(u[j].token) * max_slots + u[j].slot) * E;
         for (int e = 0; e < E; ++e) dst[e] = d[e] * wt;
       }
+    }
+  };
+  // Ready experts are computed in groups of at most kExpertGroupRows token rows (at least one
+  // expert each), so the group buffers stay bounded however large a prompt batch is.
+  constexpr size_t kExpertGroupRows = 4096;
+  while (true) {
+    ready.clear();
+    if (source.take_ready(ready) == 0) break;
+    for (size_t first = 0; first < ready.size();) {
+      size_t last = first, rows = 0;
+      do {
+        rows += uses[static_cast<size_t>(ready[last])].size();
+        ++last;
+      } while (last < ready.size() && rows + uses[static_cast<size_t>(ready[last])].size() <= kExpertGroupRows);
+      compute_group(std::span<const int>(ready).subspan(first, last - first));
+      first = last;
     }
   }
   source.end_layer();

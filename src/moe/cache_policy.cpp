@@ -54,8 +54,12 @@ VisitPlan ExpertCache::begin_visit(std::span<const Access> accesses) {
     }
     policy_->on_access(a, plan.hit[i]);
   }
+  std::vector<size_t> misses;
   for (size_t i = 0; i < accesses.size(); ++i) {
-    if (plan.hit[i]) continue;
+    if (!plan.hit[i]) misses.push_back(i);
+  }
+  std::stable_sort(misses.begin(), misses.end(), [&](size_t x, size_t y) { return accesses[x].share > accesses[y].share; });
+  for (size_t i : misses) {
     const Access& a = accesses[i];
     if (a.bytes > budget_) continue;
     // Evict until it fits; the policy may decline, and the miss is then read without caching.
@@ -224,7 +228,7 @@ class EwmaPolicy : public CachePolicy {
   void on_access(const Access& a, bool) override {
     now_ = a.token;
     Score& s = score_[a.key];
-    s.value = value_at(s, now_) + 1.0;
+    s.value = value_at(s, now_) + a.share;
     s.token = now_;
   }
   bool choose_victim(const Access& incoming, const ResidentSet& residents, ExpertKey& victim) override {
@@ -331,7 +335,7 @@ class ReuseDistancePolicy : public CachePolicy {
     layer_ = key_layer(a.key);
     Score& s = score_[a.key];
     if (s.token != token_) {
-      s.value = decayed(s) + 1.0;
+      s.value = decayed(s) + a.share;
       s.token = token_;
     }
   }

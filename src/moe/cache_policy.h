@@ -3,7 +3,11 @@
 //
 // Time advances in layer visits: each visit asks for a set of unique experts of one layer.
 // Hits are looked up first; then each miss may be admitted, evicting victims that this visit
-// does not need ("eviction after the layer's batch"), or be read without caching.
+// does not need ("eviction after the layer's batch"), or be read without caching. Misses are
+// considered in order of their share of the visit's tokens, so a prompt batch, which asks for
+// most experts of a layer, offers the cache the ones most of its tokens used first; frequency
+// policies count a visit's access as its share of a token, so such a batch does not make every
+// expert look as hot as a decode step's few.
 #pragma once
 
 #include <cstdint>
@@ -28,6 +32,7 @@ struct Access {
   float weight = 0.0f;  // router weight (summed over the batch's tokens)
   uint64_t time = 0;    // layer-visit counter
   uint64_t token = 0;   // token counter (a token visits every layer)
+  float share = 1.0f;   // fraction of the visit's tokens that chose it (1 for a single token)
 };
 
 class ResidentSet;

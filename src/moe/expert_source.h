@@ -91,13 +91,28 @@ struct ExpertStats {
   double probe_serial_seconds = 0;
 };
 
+// One layer's routing in a forward pass of `tokens` tokens: the unique experts the router
+// picked, and for each (same order) its router weight summed over the tokens and how many of
+// the tokens chose it. A prompt batch routes to most experts of a layer, each used by a few of
+// its tokens; a decode step to top-k experts, each used by its one token.
+struct LayerRouting {
+  int layer = 0;
+  std::span<const int32_t> experts;
+  std::span<const float> weights;
+  std::span<const int32_t> uses;  // empty: one use each
+  int tokens = 1;
+};
+
+// Passes of at least this many tokens are prompt batches to the streaming layer: their reads
+// always overlap compute, whatever --overlap's probe chose for decode steps.
+constexpr int kPromptBatchTokens = 16;
+
 class ExpertSource {
  public:
   virtual ~ExpertSource() = default;
 
-  // The router of `layer` picked `experts` (unique ids); fetching may start now. `weights`
-  // holds each expert's summed router weight (for policies that care), same order.
-  virtual void begin_layer(int layer, std::span<const int32_t> experts, std::span<const float> weights) = 0;
+  // The router of `routing.layer` picked `routing.experts`; fetching may start now.
+  virtual void begin_layer(const LayerRouting& routing) = 0;
   // Appends to `ready` the indices (into begin_layer's list) of experts now in memory that
   // were not handed out before, blocking until there is at least one. Returns how many were
   // appended; 0 once every expert has been handed out. Order may differ from the list's.

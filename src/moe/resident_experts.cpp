@@ -9,9 +9,10 @@ ResidentExperts::ResidentExperts(ExpertLayout layout, std::vector<const MappedFi
   if (maps_.size() != layout_.files.size()) fail("internal: resident experts need one map per file");
 }
 
-void ResidentExperts::begin_layer(int layer, std::span<const int32_t> experts, std::span<const float>) {
+void ResidentExperts::begin_layer(const LayerRouting& routing) {
+  const int layer = routing.layer;
   layer_ = layer;
-  experts_.assign(experts.begin(), experts.end());
+  experts_.assign(routing.experts.begin(), routing.experts.end());
   handed_out_ = false;
   const ExpertLayerLayout& l = layout_.layers.at(static_cast<size_t>(layer));
   views_.resize(experts_.size());

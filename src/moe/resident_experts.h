@@ -14,7 +14,7 @@ class ResidentExperts : public ExpertSource {
   // `maps[i]` is the mapping of layout.files[i].
   ResidentExperts(ExpertLayout layout, std::vector<const MappedFile*> maps);
 
-  void begin_layer(int layer, std::span<const int32_t> experts, std::span<const float> weights) override;
+  void begin_layer(const LayerRouting& routing) override;
   int take_ready(std::vector<int>& ready) override;
   std::span<const Weight> matrices(int index) override;
   void end_layer() override;

@@ -144,37 +144,49 @@ std::vector<std::vector<Access>> trace_visits(const RouteTrace& trace, std::vect
       return std::tie(turn, phase, step, layer) < std::tie(o.turn, o.phase, o.step, o.layer);
     }
   };
-  // Each visit's experts in order of first use, as the engine asks for them (the order decides
-  // which of two misses a full cache admits).
+  // Each visit's experts in order of first use, as the engine asks for them, with how many of
+  // the visit's tokens chose each (the engine's LayerRouting::uses).
   struct Used {
     int expert;
     float weight;
+    int uses;
   };
-  std::map<Group, std::vector<Used>> groups;
+  struct Visit {
+    std::vector<Used> used;
+    std::set<int> positions;  // the visit's tokens
+  };
+  std::map<Group, Visit> groups;
   for (const RouteRecord& r : trace.records) {
     const Group g{r.turn, r.phase, r.phase == 0 ? 0 : r.step, r.layer};
-    std::vector<Used>& used = groups[g];
+    Visit& visit = groups[g];
+    visit.positions.insert(r.step);
+    std::vector<Used>& used = visit.used;
     const auto it = std::find_if(used.begin(), used.end(), [&](const Used& u) { return u.expert == r.expert; });
-    if (it != used.end()) it->weight += r.weight;
-    else used.push_back({r.expert, r.weight});
+    if (it != used.end()) {
+      it->weight += r.weight;
+      ++it->uses;
+    } else {
+      used.push_back({r.expert, r.weight, 1});
+    }
   }
   std::vector<std::vector<Access>> visits;
   if (decode_visit) decode_visit->clear();
   uint64_t time = 0, token = 0;
   int last_turn = -1, last_step = -1, last_phase = -1;
-  for (const auto& [g, experts] : groups) {
+  for (const auto& [g, visit] : groups) {
     if (g.turn != last_turn || g.phase != last_phase || g.step != last_step) ++token;
     last_turn = g.turn;
     last_phase = g.phase;
     last_step = g.step;
     std::vector<Access> v;
-    for (const Used& u : experts) {
+    for (const Used& u : visit.used) {
       Access a;
       a.key = make_expert_key(g.layer, u.expert);
       a.bytes = trace.expert_bytes[static_cast<size_t>(g.layer)];
       a.weight = u.weight;
       a.time = time;
       a.token = token;
+      a.share = static_cast<float>(u.uses) / static_cast<float>(visit.positions.size());
       v.push_back(a);
     }
     ++time;

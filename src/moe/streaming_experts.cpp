@@ -366,7 +366,8 @@ static std::vector<ExpertKey> policy_hint(const std::unordered_map<int, std::vec
   return keys;
 }
 
-void StreamingExperts::begin_layer(int layer, std::span<const int32_t> experts, std::span<const float> weights) {
+void StreamingExperts::begin_layer(const LayerRouting& routing) {
+  const int layer = routing.layer;
   if (layer < 0 || layer >= static_cast<int>(layout_.layers.size()) || layout_.layers[static_cast<size_t>(layer)].matrices.empty()) {
     fail("internal: layer {} has no streamed experts", layer);
   }
@@ -377,14 +378,18 @@ void StreamingExperts::begin_layer(int layer, std::span<const int32_t> experts, 
   }
   last_layer_ = layer;
   layer_ = layer;
-  experts_.assign(experts.begin(), experts.end());
+  prompt_batch_ = routing.tokens >= kPromptBatchTokens;
+  experts_.assign(routing.experts.begin(), routing.experts.end());
   check_predictions(layer);
   const size_t n = experts_.size();
   std::vector<Access> accesses(n);
   for (size_t i = 0; i < n; ++i) {
     accesses[i].key = make_expert_key(layer, experts_[i]);
     accesses[i].bytes = cached_bytes(layer);
-    accesses[i].weight = i < weights.size() ? weights[i] : 0.0f;
+    accesses[i].weight = i < routing.weights.size() ? routing.weights[i] : 0.0f;
+    if (i < routing.uses.size() && routing.tokens > 0) {
+      accesses[i].share = static_cast<float>(routing.uses[i]) / static_cast<float>(routing.tokens);
+    }
     accesses[i].time = time_;
     accesses[i].token = token_;
   }
@@ -490,9 +495,11 @@ int StreamingExperts::take_ready(std::vector<int>& ready) {
     ++handed_count_;
     ready.push_back(static_cast<int>(i));
   };
-  // Everything already in memory goes first (in serial mode only once all reads landed).
+  // Everything already in memory goes first (in serial mode only once all reads landed). A
+  // prompt batch always overlaps: it reads most of a layer's experts and each is many tokens'
+  // work, so computing one while the next lands always pays.
   const Stopwatch wait;
-  if (!overlap_now_) {
+  if (!overlap_now_ && !prompt_batch_) {
     for (size_t i = 0; i < n; ++i) {
       if (tickets_[i] && !lanes_.wait(*tickets_[i])) fail_layer(tickets_[i]->error());
     }

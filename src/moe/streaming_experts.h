@@ -64,7 +64,7 @@ class StreamingExperts : public ExpertSource {
   StreamingExperts(ExpertLayout layout, const StreamingOptions& options);
   ~StreamingExperts() override;
 
-  void begin_layer(int layer, std::span<const int32_t> experts, std::span<const float> weights) override;
+  void begin_layer(const LayerRouting& routing) override;
   int take_ready(std::vector<int>& ready) override;
   std::span<const Weight> matrices(int index) override;
   void end_layer() override;
@@ -169,6 +169,7 @@ class StreamingExperts : public ExpertSource {
   std::vector<std::unique_ptr<ReadTicket>> tickets_;  // null for hits
   std::vector<bool> handed_;
   size_t handed_count_ = 0;
+  bool prompt_batch_ = false;  // the visit serves at least kPromptBatchTokens tokens
 
   // Prefetch.
   std::unordered_map<ExpertKey, Staged> staged_;
