@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 
@@ -47,6 +48,28 @@ TEST(Model, PromptBatchesOf64OrMoreGiveTheSameLogits) {
     EXPECT_EQ(logits_after(*model, threads, batch, prompt), reference) << threads << " threads, batch " << batch;
   }
   for (float v : reference) ASSERT_TRUE(std::isfinite(v));
+}
+
+// A long prompt reports its progress layer by layer: counts rise to the prompt's length, and
+// the logits are those of a run without progress.
+TEST(Model, PromptProgressRisesToTheTotal) {
+  auto model = load_model(test_model_path("tiny-qwen3moe"), LoadOptions{});
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 100; ++i) prompt.push_back(static_cast<int32_t>((i * 31 + 7) % 400 + 3));
+  ThreadPool pool(2);
+  Session s(*model, pool, 256, 32, SamplerConfig{});
+  std::vector<double> seen;
+  s.prefill(prompt, [&](double done, int total, double seconds) {
+    EXPECT_EQ(total, 100);
+    EXPECT_GE(seconds, 0.0);
+    seen.push_back(done);
+  });
+  const int n_layer = model->transformer->config().n_layer;
+  ASSERT_EQ(seen.size(), static_cast<size_t>(4 * n_layer));  // batches of 32, 32, 32, 4
+  EXPECT_TRUE(std::is_sorted(seen.begin(), seen.end()));
+  EXPECT_DOUBLE_EQ(seen.back(), 100.0);
+  EXPECT_DOUBLE_EQ(seen[static_cast<size_t>(n_layer - 1)], 32.0);
+  EXPECT_EQ(s.logits(), logits_after(*model, 2, 32, prompt));
 }
 
 // q, k and v in three weight types need three activation formats (Q8_K, Q8_0, F16) in one

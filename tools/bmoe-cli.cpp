@@ -271,6 +271,17 @@ void print_progress(const std::vector<TokenRecord>& recs, size_t first, int limi
              static_cast<double>(bytes) / n / 1048576.0, stall / n, tty ? "   " : "\n");
 }
 
+// The --progress line while a prompt is read: redrawn on a terminal, else a line a second.
+PrefillProgress prompt_progress(bool tty) {
+  return [tty, last = -1.0](double done, int total, double seconds) mutable {
+    const bool finished = done >= total;
+    if (!finished && seconds - last < (tty ? 0.2 : 1.0)) return;
+    last = seconds;
+    fmt::print(stderr, "{}prompt: [{:.0f}/{}] {:.2f} tok/s, {:.1f} s{}", tty ? "\r" : "", done, total,
+               done / std::max(seconds, 1e-9), seconds, tty ? "   " : "\n");
+  };
+}
+
 int run(const CliOptions& o) {
   if (o.list_archs) {
     for (const Architecture& a : architectures()) fmt::print("{:<10} {}\n", a.name, a.description);
@@ -327,7 +338,9 @@ int run(const CliOptions& o) {
     fail("the prompt has {} tokens, more than the context of {} (raise -c)", prompt_ids.size(), o.run.ctx_size);
   }
 
-  const PrefillRecord pre = session.prefill(prompt_ids);
+  const bool tty = ::isatty(STDERR_FILENO) != 0;
+  const PrefillRecord pre = session.prefill(prompt_ids, o.progress ? prompt_progress(tty) : PrefillProgress{});
+  if (o.progress && tty) fmt::print(stderr, "\n");
   fmt::print(stderr, "prompt: {} tokens, {:.3f} s, {:.2f} tok/s\n", pre.tokens, pre.seconds, pre.tokens / std::max(pre.seconds, 1e-9));
   if (!o.dump_logits.empty()) {
     std::ofstream dump(o.dump_logits, std::ios::binary);
@@ -338,7 +351,6 @@ int run(const CliOptions& o) {
   std::vector<int32_t> generated;
   Utf8Stream out;
   const int limit = o.n_predict < 0 ? o.run.ctx_size - static_cast<int>(prompt_ids.size()) : o.n_predict;
-  const bool tty = ::isatty(STDERR_FILENO) != 0;
   const DraftConfig draft = o.run.draft_config(cfg);
   std::unique_ptr<DraftController> drafts;
   if (drafting_possible(draft, sampler)) drafts = std::make_unique<DraftController>(draft);

@@ -16,14 +16,28 @@ std::vector<int32_t> Session::tokenize(const std::string& text, bool parse_speci
   return model_.tokenizer->encode(text, parse_special, model_.tokenizer->vocab().add_bos);
 }
 
-PrefillRecord Session::prefill(const std::vector<int32_t>& tokens) {
+PrefillRecord Session::prefill(const std::vector<int32_t>& tokens, const PrefillProgress& progress) {
   if (tokens.empty()) fail("the prompt is empty");
   Stopwatch timer;
   state_.set_prefill(true);
+  const int total = static_cast<int>(tokens.size());
+  const int n_layer = model_.transformer->config().n_layer;
   for (size_t i = 0; i < tokens.size(); i += static_cast<size_t>(n_batch_)) {
     const int n = static_cast<int>(std::min<size_t>(static_cast<size_t>(n_batch_), tokens.size() - i));
-    logits_ = &state_.eval(tokens.data() + i, n);
+    if (progress) {
+      state_.set_layer_hook([&, i, n](int layer) {
+        progress(static_cast<double>(i) + static_cast<double>(n) * (layer + 1) / n_layer, total, timer.seconds());
+      });
+    }
+    try {
+      logits_ = &state_.eval(tokens.data() + i, n);
+    } catch (...) {
+      state_.set_layer_hook(nullptr);
+      state_.set_prefill(false);
+      throw;
+    }
   }
+  state_.set_layer_hook(nullptr);
   state_.set_prefill(false);
   history_.insert(history_.end(), tokens.begin(), tokens.end());
   return {static_cast<int>(tokens.size()), timer.seconds()};

@@ -35,6 +35,10 @@ struct PrefillRecord {
   double seconds = 0;
 };
 
+// Progress of a prompt: tokens done so far (a batch counts in proportion to its layers done)
+// out of `total`, and the seconds since the prompt started.
+using PrefillProgress = std::function<void(double done, int total, double seconds)>;
+
 class Session {
  public:
   Session(LoadedModel& model, ThreadPool& pool, int n_ctx, int n_batch, SamplerConfig sampler,
@@ -42,7 +46,7 @@ class Session {
 
   std::vector<int32_t> tokenize(const std::string& text, bool parse_special) const;
   // Feeds tokens (batched by n_batch); afterwards next_token() samples from the last logits.
-  PrefillRecord prefill(const std::vector<int32_t>& tokens);
+  PrefillRecord prefill(const std::vector<int32_t>& tokens, const PrefillProgress& progress = {});
   // Makes the sequence equal `prompt`, keeping the longest common prefix of what the KV cache
   // already holds (at least the last prompt token is evaluated, for fresh logits). Returns how
   // many tokens were reused.

@@ -88,6 +88,7 @@ const std::vector<float>& InferenceState::eval(const int32_t* tokens, int n, boo
   for (int l = 0; l < cfg_.n_layer; ++l) {
     attention_block(l, n);
     ffn_block(l, n);
+    if (layer_hook_) layer_hook_(l);
   }
   n_past_ += n;
 

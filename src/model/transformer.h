@@ -138,6 +138,8 @@ class InferenceState {
   // Forgets positions >= n (prefix reuse keeps the cache rows below n).
   void truncate(int n);
   void set_route_hook(RouteHook hook) { route_hook_ = std::move(hook); }
+  // Called after each layer of each eval() with the layer just done (progress of long batches).
+  void set_layer_hook(std::function<void(int layer)> hook) { layer_hook_ = std::move(hook); }
   // Whether the next eval() calls process prompt tokens (reported to the route hook).
   void set_prefill(bool prefill) { prefill_ = prefill; }
   size_t kv_bytes() const { return cache_.bytes(); }
@@ -169,6 +171,7 @@ class InferenceState {
   int n_past_ = 0;
   bool prefill_ = false;
   RouteHook route_hook_;
+  std::function<void(int)> layer_hook_;
 
   // Scratch, sized for the current batch.
   std::vector<float> x_, h_, q_, k_, v_, attn_, proj_, ffn_out_, logits_;
