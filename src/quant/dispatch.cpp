@@ -83,6 +83,9 @@ KernelTable avx2_table() {
   if (cpu_features().avx512bw) {
     t.add_tile(TensorType::Q4_K, avx512::dot_tile_q4_K);
     t.add_tile(TensorType::Q6_K, avx512::dot_tile_q6_K);
+    t.add_tile(TensorType::Q8_0, avx512::dot_tile_q8_0);
+    t.add_tile(TensorType::Q4_0, avx512::dot_tile_q4_0);
+    t.add_tile(TensorType::MXFP4, avx512::dot_tile_mxfp4);
   }
   return t;
 }

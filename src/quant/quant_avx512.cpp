@@ -308,7 +308,137 @@ void q6_K_row(const void* w, const Q8KGroup& g, int64_t n, float* out) {
   for (int t = 0; t < kActs; ++t) out[t] = hsum(acc[t]);
 }
 
+// Q8_0 (avx2::dot_q8_0): two blocks per 512-bit vector for the integer work (the sign of x
+// moved onto y by a masked negation: AVX-512 has no vpsignb), then each block's eight int32
+// lanes meet that pair's own vector accumulator, block b first.
+void q8_0_row(const void* w, const Q8_0Group& g, int64_t n, float* out) {
+  const auto* x = static_cast<const BlockQ8_0*>(w);
+  const int64_t blocks = n / kQK;
+  const __m512i ones16 = _mm512_set1_epi16(1);
+  __m256 acc[kActs];
+#pragma GCC unroll 8
+  for (auto& a : acc) a = _mm256_setzero_ps();
+  int64_t b = 0;
+  for (; b + 2 <= blocks; b += 2) {
+    const __m512i qx = join(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qs)),
+                            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b + 1].qs)));
+    const __m512i ax = _mm512_abs_epi8(qx);
+    const __mmask64 negative = _mm512_movepi8_mask(qx);
+    // Each pair's scale dx * dy for both blocks, stored so each is one broadcast load below.
+    alignas(64) float d[2 * kActs];
+    const __m512 dy = _mm512_loadu_ps(&g.d[static_cast<size_t>(b * kActs)]);
+    const __m512 dx = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(f16(x[b].d)), _mm512_set1_ps(f16(x[b + 1].d)));
+    _mm512_store_ps(d, _mm512_mul_ps(dx, dy));
+#pragma GCC unroll 8
+    for (int t = 0; t < kActs; ++t) {
+      const __m512i qy = join(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g.y[t][b].qs)),
+                              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g.y[t][b + 1].qs)));
+      const __m512i sy = _mm512_mask_sub_epi8(qy, negative, _mm512_setzero_si512(), qy);
+      const __m512 sums = _mm512_cvtepi32_ps(_mm512_madd_epi16(_mm512_maddubs_epi16(ax, sy), ones16));
+      acc[t] = _mm256_fmadd_ps(_mm256_broadcast_ss(&d[t]), _mm512_castps512_ps256(sums), acc[t]);
+      acc[t] = _mm256_fmadd_ps(_mm256_broadcast_ss(&d[kActs + t]), high_half(sums), acc[t]);
+    }
+  }
+  float result[kActs];
+#pragma GCC unroll 8
+  for (int t = 0; t < kActs; ++t) {
+    result[t] = hsum(acc[t]);  // an odd last block: the AVX2 kernel's step on it, then its sum
+    if (b < blocks) {
+      const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qs));
+      const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g.y[t][b].qs));
+      const __m256i ax = _mm256_sign_epi8(qx, qx), sy = _mm256_sign_epi8(qy, qx);
+      const __m256i sums = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1));
+      const __m256 a = _mm256_fmadd_ps(_mm256_set1_ps(f16(x[b].d) * g.d[static_cast<size_t>(b * kActs + t)]),
+                                       _mm256_cvtepi32_ps(sums), acc[t]);
+      result[t] = hsum(a);
+    }
+  }
+  std::copy(result, result + kActs, out);
+}
+
+// Q4_0 and MXFP4 (avx2::dot_q4_0, dot_mxfp4): two blocks per 512-bit vector, quants taken
+// unsigned (value + kOffset, as dot_rows_mxfp4 does) with the offset removed through each
+// block's activation sum; each pair's scalar fused multiply-add chain in lane t, block b first.
+struct Q4_0Unsigned {
+  using Block = BlockQ4_0;
+  static constexpr int kOffset = 8;  // a Q4_0 nibble is value + 8 already
+  static __m512i quants(__m512i, __m512i nibbles) { return nibbles; }
+  static __m512i table() { return _mm512_setzero_si512(); }
+  static float scale(const Block& blk) { return f16(blk.d); }
+};
+struct Mxfp4Unsigned {
+  using Block = BlockMXFP4;
+  static constexpr int kOffset = 12;  // doubled E2M1 values are -12..12
+  static __m512i quants(__m512i table, __m512i nibbles) { return _mm512_shuffle_epi8(table, nibbles); }
+  static __m512i table() {
+    alignas(16) uint8_t shifted[16];
+    for (int i = 0; i < 16; ++i) shifted[i] = static_cast<uint8_t>(kMxfp4Values[i] + kOffset);
+    return _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(shifted)));
+  }
+  static float scale(const Block& blk) { return e8m0_to_fp32_half(blk.e); }
+};
+
+template <typename Quants>
+void small_blocks_row(const void* w, const Q8_0Group& g, int64_t n, float* out) {
+  const auto* x = static_cast<const typename Quants::Block*>(w);
+  const int64_t blocks = n / kQK;
+  const __m512i table = Quants::table();
+  const __m512i ones16 = _mm512_set1_epi16(1), low_mask = _mm512_set1_epi8(0x0F);
+  const __m512i nibble_shift = _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4);
+  const __m512i offset = _mm512_set1_epi32(Quants::kOffset);
+  __m256 acc = _mm256_setzero_ps();
+  int64_t b = 0;
+  for (; b + 2 <= blocks; b += 2) {
+    const __m512i bytes = join(_mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[b].qs))),
+                               _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[b + 1].qs))));
+    const __m512i xu = Quants::quants(table, _mm512_and_si512(_mm512_srlv_epi64(bytes, nibble_shift), low_mask));
+    __m512i sums[kActs];
+#pragma GCC unroll 8
+    for (int t = 0; t < kActs; ++t) {
+      const __m512i qy = join(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g.y[t][b].qs)),
+                              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g.y[t][b + 1].qs)));
+      sums[t] = _mm512_madd_epi16(_mm512_maddubs_epi16(xu, qy), ones16);
+    }
+    const __m512i y_sums = _mm512_loadu_si512(g.sums_at(b));
+    const __m512 isum = _mm512_cvtepi32_ps(_mm512_sub_epi32(hsum8_i32_x2(sums), _mm512_mullo_epi32(offset, y_sums)));
+    const __m512 dy = _mm512_loadu_ps(&g.d[static_cast<size_t>(b * kActs)]);
+    const __m256 d0 = _mm256_mul_ps(_mm256_set1_ps(Quants::scale(x[b])), _mm512_castps512_ps256(dy));
+    const __m256 d1 = _mm256_mul_ps(_mm256_set1_ps(Quants::scale(x[b + 1])), high_half(dy));
+    acc = _mm256_fmadd_ps(_mm512_castps512_ps256(isum), d0, acc);
+    acc = _mm256_fmadd_ps(high_half(isum), d1, acc);
+  }
+  if (b < blocks) {  // an odd last block, on its own
+    const __m256i bytes = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[b].qs)));
+    const __m256i nibbles = _mm256_and_si256(_mm256_srlv_epi64(bytes, _mm256_setr_epi64x(0, 0, 4, 4)), _mm256_set1_epi8(0x0F));
+    const __m256i xu = _mm512_castsi512_si256(Quants::quants(table, _mm512_castsi256_si512(nibbles)));
+    __m256i sums[kActs];
+#pragma GCC unroll 8
+    for (int t = 0; t < kActs; ++t) {
+      const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g.y[t][b].qs));
+      sums[t] = _mm256_madd_epi16(_mm256_maddubs_epi16(xu, qy), _mm256_set1_epi16(1));
+    }
+    const __m256i y_sums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g.sums_at(b)));
+    const __m256i isum = _mm256_sub_epi32(hsum8_i32(sums), _mm256_mullo_epi32(_mm256_set1_epi32(Quants::kOffset), y_sums));
+    const __m256 d = _mm256_mul_ps(_mm256_set1_ps(Quants::scale(x[b])), g.scales(b));
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), d, acc);
+  }
+  _mm256_storeu_ps(out, acc);
+}
+
 }  // namespace
+
+void dot_tile_q8_0(const void* w, size_t stride, int64_t rows, const void* const* acts, int64_t n_act, int64_t n,
+                   float* out, int64_t out_stride) {
+  tile<Q8_0Group, q8_0_row>(w, stride, rows, acts, n_act, n, out, out_stride, avx2::dot_q8_0, kQK, false);
+}
+void dot_tile_q4_0(const void* w, size_t stride, int64_t rows, const void* const* acts, int64_t n_act, int64_t n,
+                   float* out, int64_t out_stride) {
+  tile<Q8_0Group, small_blocks_row<Q4_0Unsigned>>(w, stride, rows, acts, n_act, n, out, out_stride, avx2::dot_q4_0, kQK, true);
+}
+void dot_tile_mxfp4(const void* w, size_t stride, int64_t rows, const void* const* acts, int64_t n_act, int64_t n,
+                    float* out, int64_t out_stride) {
+  tile<Q8_0Group, small_blocks_row<Mxfp4Unsigned>>(w, stride, rows, acts, n_act, n, out, out_stride, avx2::dot_mxfp4, kQK, true);
+}
 
 void dot_tile_q4_K(const void* w, size_t stride, int64_t rows, const void* const* acts, int64_t n_act, int64_t n,
                    float* out, int64_t out_stride) {

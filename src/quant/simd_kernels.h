@@ -5,6 +5,11 @@
 #include <cstddef>
 #include <cstdint>
 
+// Declares a tile kernel (DotTileFn).
+#define BMOE_DOT_TILE(name)                                                                                       \
+  void name(const void* w, size_t stride, int64_t rows, const void* const* acts, int64_t n_act, int64_t n, float* out, \
+            int64_t out_stride)
+
 namespace bmoe::avx2 {
 float dot_f32(const void* w, const void* a, int64_t n);
 float dot_f16(const void* w, const void* a, int64_t n);
@@ -31,9 +36,6 @@ double exp_sum(float* x, int64_t n, float max);
 void swiglu(const float* gate, const float* up, float* out, int64_t n);
 void quantize_q8_K(const float* src, void* dst, int64_t n);
 // Tile kernels (quant_avx2_tiles.cpp); see DotTileFn.
-#define BMOE_DOT_TILE(name)                                                                                       \
-  void name(const void* w, size_t stride, int64_t rows, const void* const* acts, int64_t n_act, int64_t n, float* out, \
-            int64_t out_stride)
 BMOE_DOT_TILE(dot_tile_q4_K);
 BMOE_DOT_TILE(dot_tile_q5_K);
 BMOE_DOT_TILE(dot_tile_q6_K);
@@ -53,6 +55,9 @@ float dot_q6_K(const void* w, const void* a, int64_t n);
 void dot_rows_mxfp4(const void* w, size_t stride, const void* a, int64_t n, float* out);
 BMOE_DOT_TILE(dot_tile_q4_K);
 BMOE_DOT_TILE(dot_tile_q6_K);
+BMOE_DOT_TILE(dot_tile_q8_0);
+BMOE_DOT_TILE(dot_tile_q4_0);
+BMOE_DOT_TILE(dot_tile_mxfp4);
 void gemm_f32(float* c, int64_t ldc, const float* a, int64_t lda, const float* b, int64_t ldb, int64_t m,
               int64_t k, int64_t n);
 }  // namespace bmoe::avx512

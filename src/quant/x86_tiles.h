@@ -14,6 +14,7 @@
 
 #include "quant/blocks.h"
 #include "quant/quant.h"
+#include "quant/tile_frame.h"
 
 namespace bmoe::x86 {
 namespace {
@@ -21,23 +22,37 @@ namespace {
 constexpr int kActs = 8;  // activation rows per tile: one per float lane
 
 // What the eight activation rows of a tile share across every weight row: pointers and, per
-// block, their scales (and for K-quants the sums of each sub-block pair, for the min terms).
+// block, their scales; with `sums`, for K-quants the sums of each sub-block pair (the min
+// terms), for Q8_0 each block's sum (kernels that take quants with an offset).
 template <typename ActBlock>
 struct ActGroup {
   const ActBlock* y[kActs];
   std::vector<float> d;          // [block][act]
   std::vector<int16_t> pair_sums;  // [block][act][8]: Q8_K bsums[2j] + bsums[2j + 1]
+  std::vector<int32_t> block_sums;  // [block][act]: sum of a Q8_0 block's 32 quants
 
-  ActGroup(const void* const* acts, int64_t blocks, bool with_pair_sums) {
+  ActGroup(const void* const* acts, int64_t blocks, bool sums) {
     for (int t = 0; t < kActs; ++t) y[t] = static_cast<const ActBlock*>(acts[t]);
     d.resize(static_cast<size_t>(blocks) * kActs);
     for (int64_t b = 0; b < blocks; ++b) {
       for (int t = 0; t < kActs; ++t) d[static_cast<size_t>(b * kActs + t)] = scale_of(y[t][b]);
     }
+    if (!sums) return;
     if constexpr (std::is_same_v<ActBlock, BlockQ8_K>) {
-      if (with_pair_sums) fill_pair_sums(blocks);
+      fill_pair_sums(blocks);
+    } else {
+      block_sums.resize(static_cast<size_t>(blocks) * kActs);
+      for (int64_t b = 0; b < blocks; ++b) {
+        for (int t = 0; t < kActs; ++t) {
+          int sum = 0;
+          for (int8_t q : y[t][b].qs) sum += q;
+          block_sums[static_cast<size_t>(b * kActs + t)] = sum;
+        }
+      }
     }
   }
+  // Lanes 0-7: the eight activations' sums of block b; lanes 8-15 of block b + 1.
+  const int32_t* sums_at(int64_t b) const { return &block_sums[static_cast<size_t>(b * kActs)]; }
   void fill_pair_sums(int64_t blocks) {
     pair_sums.resize(static_cast<size_t>(blocks) * kActs * 8);
     for (int64_t b = 0; b < blocks; ++b) {
@@ -77,28 +92,11 @@ struct FloatGroup {
 };
 
 
-// Every weight row against activation rows taken kActs at a time. A group of fewer repeats its
-// last row to fill the tile (the extra lanes' results are dropped); a lone row takes the
-// one-row kernel.
+// The row loop, kActs activation rows per tile.
 template <typename Group, void (*Row)(const void*, const Group&, int64_t, float*)>
 void tile(const void* w, size_t stride, int64_t rows, const void* const* acts, int64_t n_act, int64_t n, float* out,
           int64_t out_stride, DotFn one, int64_t block, bool pair_sums) {
-  const auto* base = static_cast<const uint8_t*>(w);
-  for (int64_t a0 = 0; a0 < n_act; a0 += kActs) {
-    const int valid = static_cast<int>(std::min<int64_t>(kActs, n_act - a0));
-    if (valid == 1) {
-      for (int64_t r = 0; r < rows; ++r) out[a0 * out_stride + r] = one(base + r * stride, acts[a0], n);
-      continue;
-    }
-    const void* group_acts[kActs];
-    for (int t = 0; t < kActs; ++t) group_acts[t] = acts[a0 + std::min(t, valid - 1)];
-    const Group group(group_acts, n / block, pair_sums);
-    float result[kActs];
-    for (int64_t r = 0; r < rows; ++r) {
-      Row(base + r * stride, group, n, result);
-      for (int t = 0; t < valid; ++t) out[(a0 + t) * out_stride + r] = result[t];
-    }
-  }
+  tile_rows<kActs, Group, Row>(w, stride, rows, acts, n_act, n, out, out_stride, one, block, pair_sums);
 }
 
 }  // namespace
