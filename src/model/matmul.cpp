@@ -104,13 +104,17 @@ void run_tile(const MatmulJob& job, const TypeKernels& k, int64_t r, int64_t end
 void run_chunk(const Chunk& c) {
   const MatmulJob& job = *c.job;
   const TypeKernels& k = kernels(job.weight->type);
-  if (k.dot_tile != nullptr && job.n >= 2) {
-    run_tile(job, k, c.row_begin, c.row_end);
-    return;
-  }
   int64_t r = c.row_begin;
-  if (k.dot_2x2 != nullptr && job.n >= 2) r = run_row_pairs(job, k, r, c.row_end);
-  else if (k.dot_rows != nullptr) r = run_row_groups(job, k, r, c.row_end);
+  if (k.dot_2x2 != nullptr && job.n >= 2) {
+    // SMMLA's two rows x two inputs (arm64 i8mm) do twice the multiply-adds of a dot-product
+    // instruction: the pairs before the tiles.
+    r = run_row_pairs(job, k, r, c.row_end);
+  } else if (k.dot_tile != nullptr && job.n >= 2) {
+    run_tile(job, k, r, c.row_end);
+    return;
+  } else if (k.dot_rows != nullptr) {
+    r = run_row_groups(job, k, r, c.row_end);
+  }
   run_rows_one_by_one(job, k.dot, r, c.row_end);
 }
 

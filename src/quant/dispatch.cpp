@@ -103,7 +103,17 @@ KernelTable neon_table() {
   t.add(TensorType::Q4_K, TensorType::Q8_K, ref::dequantize_q4_K, neon::dot_q4_K);
   t.add(TensorType::Q5_K, TensorType::Q8_K, ref::dequantize_q5_K, neon::dot_q5_K);
   t.add(TensorType::Q6_K, TensorType::Q8_K, ref::dequantize_q6_K, neon::dot_q6_K);
-  if (cpu_features().i8mm) {  // SMMLA for batches; same results as the kernels above
+  // Batches: one weight row against four activation rows (same results as the kernels above).
+  t.add_tile(TensorType::F32, neon::dot_tile_f32);
+  t.add_tile(TensorType::F16, neon::dot_tile_f16);
+  t.add_tile(TensorType::BF16, neon::dot_tile_bf16);
+  t.add_tile(TensorType::Q4_0, neon::dot_tile_q4_0);
+  t.add_tile(TensorType::Q8_0, neon::dot_tile_q8_0);
+  t.add_tile(TensorType::MXFP4, neon::dot_tile_mxfp4);
+  t.add_tile(TensorType::Q4_K, neon::dot_tile_q4_K);
+  t.add_tile(TensorType::Q5_K, neon::dot_tile_q5_K);
+  t.add_tile(TensorType::Q6_K, neon::dot_tile_q6_K);
+  if (cpu_features().i8mm) {  // SMMLA for batches (matmul prefers these pairs to the tiles); same results
     t.add_pairs(TensorType::Q8_0, neon_i8mm::dot_2x2_q8_0);
     t.add_pairs(TensorType::Q4_0, neon_i8mm::dot_2x2_q4_0);
     t.add_pairs(TensorType::MXFP4, neon_i8mm::dot_2x2_mxfp4);

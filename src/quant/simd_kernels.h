@@ -79,6 +79,16 @@ void gemm_f32(float* c, int64_t ldc, const float* a, int64_t lda, const float* b
               int64_t k, int64_t n);
 double exp_sum(float* x, int64_t n, float max);
 void swiglu(const float* gate, const float* up, float* out, int64_t n);
+// Tile kernels (quant_neon_tiles.cpp); see DotTileFn.
+BMOE_DOT_TILE(dot_tile_q4_K);
+BMOE_DOT_TILE(dot_tile_q5_K);
+BMOE_DOT_TILE(dot_tile_q6_K);
+BMOE_DOT_TILE(dot_tile_q8_0);
+BMOE_DOT_TILE(dot_tile_q4_0);
+BMOE_DOT_TILE(dot_tile_mxfp4);
+BMOE_DOT_TILE(dot_tile_f32);
+BMOE_DOT_TILE(dot_tile_f16);
+BMOE_DOT_TILE(dot_tile_bf16);
 }  // namespace bmoe::neon
 
 // arm64 with i8mm: two rows x two activation rows (see DotPairsFn).
