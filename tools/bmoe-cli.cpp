@@ -129,7 +129,7 @@ std::string config_json(const CliOptions& c, int threads, const LoadedModel& mod
   j["threads"] = threads;
   j["isa"] = active_isa_name();
   j["ctx_size"] = o.ctx_size;
-  j["batch_size"] = o.batch_size;
+  j["batch_size"] = o.batch();
   j["n_predict"] = c.n_predict;
   j["temperature"] = c.temperature;
   j["seed"] = c.seed;
@@ -198,7 +198,7 @@ int interactive(const CliOptions& o) {
   const ChatFormat format =
       o.chatml ? ChatFormat::ChatML : detect_chat_format(cfg.arch, model.tokenizer->vocab().chat_template);
   ThreadPool pool(o.run.thread_count());
-  Session session(model, pool, o.run.ctx_size, o.run.batch_size, SamplerConfig{}, o.run.kv());
+  Session session(model, pool, o.run.ctx_size, o.run.batch(), SamplerConfig{}, o.run.kv());
   session.state().set_routing_options(o.run.routing());
   std::vector<ChatMessage> messages;
   if (!o.system.empty()) messages.push_back({"system", o.system});
@@ -311,7 +311,7 @@ int run(const CliOptions& o) {
 
   ThreadPool pool(threads);
   SamplerConfig sampler{o.temperature, o.top_k, o.top_p, o.seed};
-  Session session(*model, pool, o.run.ctx_size, o.run.batch_size, sampler, o.run.kv());
+  Session session(*model, pool, o.run.ctx_size, o.run.batch(), sampler, o.run.kv());
   session.state().set_routing_options(o.run.routing());
   std::unique_ptr<RouteReplayer> replayer;
   std::unique_ptr<RouteRecorder> recorder;

@@ -98,7 +98,7 @@ class Engine {
   Engine(LoadedRun run, const ServerOptions& o)
       : run_(std::move(run)),
         pool_(o.run.thread_count()),
-        session_(*run_.model, pool_, o.run.ctx_size, o.run.batch_size, SamplerConfig{}, o.run.kv()),
+        session_(*run_.model, pool_, o.run.ctx_size, o.run.batch(), SamplerConfig{}, o.run.kv()),
         capacity_(static_cast<size_t>(o.queue)) {
     counters_.experts = run_.model->experts->stats();
     session_.state().set_routing_options(o.run.routing());

@@ -26,7 +26,8 @@ void add_run_flags(CLI::App& app, RunOptions& o) {
   app.add_option("-m,--model", o.model, "GGUF model file (any shard of a split model)");
   app.add_option("-t,--threads", o.threads, "compute threads (default: all cores)")->check(CLI::Range(0, 512));
   app.add_option("-c,--ctx-size", o.ctx_size, "context size in tokens")->capture_default_str()->check(CLI::Range(16, 1 << 20));
-  app.add_option("-b,--batch-size", o.batch_size, "prompt tokens evaluated per batch")->capture_default_str()->check(CLI::Range(1, 8192));
+  app.add_option("-b,--batch-size", o.batch_size, "prompt tokens per forward pass (default 512; 2048 with --moe-stream)")
+      ->check(CLI::Range(1, 8192));
   app.add_option("--n-expert-used", o.n_expert_used, "override the model's top-k experts per token (lossy)")->check(CLI::Range(1, 1024));
   app.add_option("--kv-type", o.kv_type, "KV cache element type: f16 or f32")->capture_default_str()->check(CLI::IsMember({"f16", "f32"}));
   app.add_flag("--moe-stream", o.moe_stream, "read routed experts from flash on demand instead of mapping the whole model");

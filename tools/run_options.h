@@ -20,7 +20,7 @@ struct RunOptions {
   std::string model;
   int threads = 0;
   int ctx_size = 4096;
-  int batch_size = 512;
+  int batch_size = 0;  // -b; 0: batch() picks the mode's default
   int n_expert_used = 0;
   std::string kv_type = "f16";
   bool moe_stream = false;
@@ -49,6 +49,9 @@ struct RunOptions {
   std::string draft_oracle;  // benchmark-only: draft from an earlier run's --json output
 
   int thread_count() const;
+  // Prompt tokens per forward pass: -b, else 512 resident and 2048 streamed (each expert read
+  // then serves four times the tokens; measured in docs/benchmarks.md).
+  int batch() const { return batch_size > 0 ? batch_size : moe_stream ? 2048 : 512; }
   // The draft settings; fails where the model cannot draft as asked (--mtp without an MTP head).
   DraftConfig draft_config(const ModelConfig& config) const;
   KvType kv() const { return kv_type == "f32" ? KvType::F32 : KvType::F16; }
