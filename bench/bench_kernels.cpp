@@ -1,10 +1,20 @@
 // Kernel micro-benchmarks (Google Benchmark): one weight matrix x one activation row, per
-// format and per ISA path, reported as weight bytes per second.
+// format and per ISA path, reported as weight bytes per second; prompt batches (gemm32: one
+// core, one matmul task's 64 rows; gemm-all: every core through matmul's thread pool) in
+// GFLOP/s beside the machine's peak for the same instruction mix (peak/*).
 #include <benchmark/benchmark.h>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include <thread>
 #include <vector>
 
+#include "core/cpu_features.h"
 #include "core/rng.h"
+#include "core/thread_pool.h"
+#include "model/matmul.h"
 #include "quant/quant.h"
 
 namespace bmoe {
@@ -112,6 +122,95 @@ void run_gemm(benchmark::State& state, TensorType type, Isa isa, bool tiles, int
                                                  benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
 }
 
+// A whole prompt batch through matmul on every core: 768 x 2048 rows (an expert's gate or up
+// projection, or a chunk of attention) against 128 activation rows.
+void run_gemm_all_cores(benchmark::State& state, TensorType type) {
+  const int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  ThreadPool pool(threads);
+  Matrix m = make_matrix(type, 768, 2048);
+  Weight w;
+  w.type = type;
+  w.rows = m.rows;
+  w.cols = m.cols;
+  w.row_stride = row_bytes(type, m.cols);
+  w.data = m.weights.data();
+  constexpr int kActs = 128;
+  std::vector<float> x(static_cast<size_t>(kActs) * m.cols);
+  Rng rng(3);
+  for (float& v : x) v = static_cast<float>(rng.normal());
+  ActivationBuffer in;
+  in.convert(type, x.data(), kActs, m.cols, m.cols, &pool);
+  std::vector<float> out(static_cast<size_t>(kActs) * m.rows);
+  const MatmulJob job{&w, &in, kActs, nullptr, out.data(), m.rows};
+  for (auto _ : state) {
+    run_matmuls(pool, std::span<const MatmulJob>(&job, 1));
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.counters["threads"] = threads;
+  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * static_cast<double>(m.rows * m.cols * kActs) * static_cast<double>(state.iterations()),
+                                                 benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
+}
+
+#if defined(__x86_64__)
+// The machine's peak for the tile kernels' instruction mix, one core: int8 multiply-adds as
+// maddubs + madd + add (64 per 512-bit step, 32 per 256-bit one) on independent accumulators,
+// and f32 fused multiply-adds (attention's GEMM). No loads: an upper bound no kernel reaches.
+__attribute__((target("avx2,fma,avx512f,avx512bw"))) void peak_int8_avx512(benchmark::State& state) {
+  __m512i acc[8], a[8];
+  const __m512i b = _mm512_set1_epi8(5), ones = _mm512_set1_epi16(1);
+  for (int k = 0; k < 8; ++k) {
+    acc[k] = _mm512_setzero_si512();
+    a[k] = _mm512_set1_epi8(static_cast<char>(k + 1));
+  }
+  for (auto _ : state) {
+    for (int i = 0; i < 1024; ++i) {
+#pragma GCC unroll 8
+      for (int k = 0; k < 8; ++k) acc[k] = _mm512_add_epi32(acc[k], _mm512_madd_epi16(_mm512_maddubs_epi16(a[k], b), ones));
+      // The inputs "change" every step (an empty asm in registers): nothing to hoist or share.
+#pragma GCC unroll 8
+      for (auto& v : a) asm volatile("" : "+v"(v));
+    }
+    benchmark::DoNotOptimize(acc);
+  }
+  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * 64 * 8 * 1024 * static_cast<double>(state.iterations()),
+                                                 benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
+}
+
+__attribute__((target("avx2,fma"))) void peak_int8_avx2(benchmark::State& state) {
+  __m256i acc[8], a[8];
+  const __m256i b = _mm256_set1_epi8(5), ones = _mm256_set1_epi16(1);
+  for (int k = 0; k < 8; ++k) {
+    acc[k] = _mm256_setzero_si256();
+    a[k] = _mm256_set1_epi8(static_cast<char>(k + 1));
+  }
+  for (auto _ : state) {
+    for (int i = 0; i < 1024; ++i) {
+#pragma GCC unroll 8
+      for (int k = 0; k < 8; ++k) acc[k] = _mm256_add_epi32(acc[k], _mm256_madd_epi16(_mm256_maddubs_epi16(a[k], b), ones));
+#pragma GCC unroll 8
+      for (auto& v : a) asm volatile("" : "+v"(v));
+    }
+    benchmark::DoNotOptimize(acc);
+  }
+  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * 32 * 8 * 1024 * static_cast<double>(state.iterations()),
+                                                 benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
+}
+
+__attribute__((target("avx2,fma,avx512f"))) void peak_f32_avx512(benchmark::State& state) {
+  __m512 acc[12], a = _mm512_set1_ps(1.0001f), b = _mm512_set1_ps(0.9999f);
+  for (auto& v : acc) v = _mm512_setzero_ps();
+  for (auto _ : state) {
+    for (int i = 0; i < 1024; ++i) {
+#pragma GCC unroll 12
+      for (auto& v : acc) v = _mm512_fmadd_ps(a, b, v);
+    }
+    benchmark::DoNotOptimize(acc);
+  }
+  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * 16 * 12 * 1024 * static_cast<double>(state.iterations()),
+                                                 benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
+}
+#endif
+
 void register_all() {
   const TensorType types[] = {TensorType::Q4_K, TensorType::Q6_K, TensorType::Q5_K, TensorType::Q8_0,
                               TensorType::Q4_0, TensorType::MXFP4, TensorType::F16, TensorType::BF16, TensorType::F32};
@@ -149,6 +248,8 @@ void register_all() {
                                  [t](benchmark::State& s) { run_gemm(s, t, active_isa(), false, 32); });
     benchmark::RegisterBenchmark(("gemm32/" + name + "/tile").c_str(),
                                  [t](benchmark::State& s) { run_gemm(s, t, active_isa(), true, 32); });
+    benchmark::RegisterBenchmark(("gemm-all/" + name).c_str(), [t](benchmark::State& s) { run_gemm_all_cores(s, t); })
+        ->UseRealTime();
 #if defined(__aarch64__)
     add("neon", Isa::Neon);
 #endif
@@ -160,6 +261,13 @@ void register_all() {
 
 int main(int argc, char** argv) {
   bmoe::register_all();
+#if defined(__x86_64__)
+  if (bmoe::cpu_features().avx2) benchmark::RegisterBenchmark("peak/int8-avx2", bmoe::peak_int8_avx2);
+  if (bmoe::cpu_features().avx512bw) {
+    benchmark::RegisterBenchmark("peak/int8-avx512", bmoe::peak_int8_avx512);
+    benchmark::RegisterBenchmark("peak/f32-avx512", bmoe::peak_f32_avx512);
+  }
+#endif
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   return 0;
