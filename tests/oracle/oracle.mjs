@@ -5,6 +5,8 @@
 //   node tests/oracle/oracle.mjs greedy   MODEL PROMPTS.json N T  -> [{prompt, tokens, top2}, ...]
 //   node tests/oracle/oracle.mjs bench    MODEL PROMPT N T        -> {tokens, seconds, tok_s, ...}
 //   node tests/oracle/oracle.mjs probs    MODEL PROMPT            -> {prompt, probs} (diagnostics)
+//   node tests/oracle/oracle.mjs prefill  MODEL IDS.json _ T      -> {tokens, seconds} (prompt of token ids
+//                                                                   to its first generated token)
 //
 // Texts are tokenized with special tokens parsed, and a BOS first where the model asks for one
 // (tokenizer.ggml.add_bos_token; llama.cpp forces it for Gemma 4), as llama-cli does.
@@ -126,6 +128,17 @@ if (mode === "bench") {
   emit(JSON.stringify({tokens: r.tokens.length - 1, seconds: r.decode_s,
                         tok_s: (r.tokens.length - 1) / r.decode_s, first_token_s: r.first_token_s,
                         token_ms: r.token_ms}));
+  process.exit(0);
+}
+if (mode === "prefill") {
+  // Prompt processing: the time from feeding the ids to the first generated token.
+  const ids = JSON.parse(fs.readFileSync(arg, "utf8"));
+  const ctx = await model.createContext(contextOptions(Math.max(4096, ids.length + 64)));
+  const seq = ctx.getSequence();
+  const t0 = process.hrtime.bigint();
+  for await (const _ of seq.evaluate(ids, {temperature: 0})) break;
+  const seconds = Number(process.hrtime.bigint() - t0) / 1e9;
+  emit(JSON.stringify({tokens: ids.length, seconds, tok_s: ids.length / seconds}));
   process.exit(0);
 }
 console.error(`unknown mode ${mode}`);
