@@ -36,6 +36,7 @@ namespace {
 
 // Q4_K (dot_q4_K): per block one exact integer sum for the scaled quants and one for the mins,
 // each pair's two scalar multiply-add chains in one lane of `acc` and `acc_min`.
+template <int kUsed>
 void q4_K_row(const void* w, const Q8KGroup& g, int64_t n, float* out) {
   const auto* x = static_cast<const BlockQ4_K*>(w);
   const __m256i low_mask = _mm256_set1_epi8(0x0F);
@@ -53,7 +54,7 @@ void q4_K_row(const void* w, const Q8KGroup& g, int64_t n, float* out) {
       const __m256i lo = _mm256_and_si256(q, low_mask);
       const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low_mask);
 #pragma GCC unroll 8
-      for (int t = 0; t < kActs; ++t) {
+      for (int t = 0; t < kUsed; ++t) {
         isum[t] = _mm256_add_epi32(isum[t], k_pair(lo, hi, g.y[t][b].qs + 64 * chunk, sc[2 * chunk], sc[2 * chunk + 1]));
       }
     }
@@ -67,6 +68,7 @@ void q4_K_row(const void* w, const Q8KGroup& g, int64_t n, float* out) {
 
 // Q5_K (dot_q5_K): each pair keeps its own vector accumulator; the min terms' scalar chain
 // (a product, then an unfused add) runs in the lanes of `acc_min`.
+template <int kUsed>
 void q5_K_row(const void* w, const Q8KGroup& g, int64_t n, float* out) {
   const auto* x = static_cast<const BlockQ5_K*>(w);
   const __m256i low_mask = _mm256_set1_epi8(0x0F);
@@ -93,13 +95,13 @@ void q5_K_row(const void* w, const Q8KGroup& g, int64_t n, float* out) {
       const __m256i lo = _mm256_or_si256(_mm256_and_si256(q, low_mask), h0);
       const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), low_mask), h1);
 #pragma GCC unroll 8
-      for (int t = 0; t < kActs; ++t) {
+      for (int t = 0; t < kUsed; ++t) {
         isum[t] = _mm256_add_epi32(isum[t], k_pair(lo, hi, g.y[t][b].qs + 64 * chunk, sc[2 * chunk], sc[2 * chunk + 1]));
       }
     }
     const float dx = f16(x[b].d);
 #pragma GCC unroll 8
-    for (int t = 0; t < kActs; ++t) {
+    for (int t = 0; t < kUsed; ++t) {
       acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(g.y[t][b].d * dx), _mm256_cvtepi32_ps(isum[t]), acc[t]);
     }
     const __m256 dmin = _mm256_mul_ps(g.scales(b), _mm256_set1_ps(f16(x[b].dmin)));
@@ -108,11 +110,12 @@ void q5_K_row(const void* w, const Q8KGroup& g, int64_t n, float* out) {
   alignas(32) float mins[kActs];
   _mm256_store_ps(mins, acc_min);
 #pragma GCC unroll 8
-  for (int t = 0; t < kActs; ++t) out[t] = hsum(acc[t]) - mins[t];
+  for (int t = 0; t < kUsed; ++t) out[t] = hsum(acc[t]) - mins[t];
 }
 
 // Q6_K (dot_q6_K): unsigned quants, the -32 offset removed per block through the activation
 // block sums; each pair keeps its own vector accumulator.
+template <int kUsed>
 void q6_K_row(const void* w, const Q8KGroup& g, int64_t n, float* out) {
   const auto* x = static_cast<const BlockQ6_K*>(w);
   const __m256i low_mask = _mm256_set1_epi8(0x0F);
@@ -144,7 +147,7 @@ void q6_K_row(const void* w, const Q8KGroup& g, int64_t n, float* out) {
       __m256i s[4];
       for (int part = 0; part < 4; ++part) s[part] = _mm256_shuffle_epi8(half_scales, q6_scale_pick(part));
 #pragma GCC unroll 8
-      for (int t = 0; t < kActs; ++t) {
+      for (int t = 0; t < kUsed; ++t) {
         const int8_t* q8 = g.y[t][b].qs + 128 * half;
         __m256i p[4];
         for (int part = 0; part < 4; ++part) {
@@ -157,17 +160,18 @@ void q6_K_row(const void* w, const Q8KGroup& g, int64_t n, float* out) {
     }
     const float dx = f16(x[b].d);
 #pragma GCC unroll 8
-    for (int t = 0; t < kActs; ++t) {
+    for (int t = 0; t < kUsed; ++t) {
       const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g.y[t][b].bsums));
       const __m256i offset = _mm256_slli_epi32(_mm256_madd_epi16(bsums, scales16), 5);
       acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(g.y[t][b].d * dx), _mm256_cvtepi32_ps(_mm256_sub_epi32(isum[t], offset)), acc[t]);
     }
   }
 #pragma GCC unroll 8
-  for (int t = 0; t < kActs; ++t) out[t] = hsum(acc[t]);
+  for (int t = 0; t < kUsed; ++t) out[t] = hsum(acc[t]);
 }
 
 // Q8_0 (dot_q8_0): each pair keeps its own vector accumulator.
+template <int kUsed>
 void q8_0_row(const void* w, const Q8_0Group& g, int64_t n, float* out) {
   const auto* x = static_cast<const BlockQ8_0*>(w);
   __m256 acc[kActs];
@@ -177,14 +181,14 @@ void q8_0_row(const void* w, const Q8_0Group& g, int64_t n, float* out) {
     const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qs));
     const float dx = f16(x[b].d);
 #pragma GCC unroll 8
-    for (int t = 0; t < kActs; ++t) {
+    for (int t = 0; t < kUsed; ++t) {
       const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g.y[t][b].qs));
       const __m256 d = _mm256_set1_ps(dx * g.d[static_cast<size_t>(b * kActs + t)]);
       acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_i8_pairs(qx, qy)), acc[t]);
     }
   }
 #pragma GCC unroll 8
-  for (int t = 0; t < kActs; ++t) out[t] = hsum(acc[t]);
+  for (int t = 0; t < kUsed; ++t) out[t] = hsum(acc[t]);
 }
 
 // Q4_0 and MXFP4 (dot_q4_0, dot_mxfp4): each pair's scalar chain of one fused multiply-add per
@@ -203,15 +207,15 @@ struct Mxfp4Quants {
   static float scale(const Block& blk) { return e8m0_to_fp32_half(blk.e); }
 };
 
-template <typename Quants>
+template <typename Quants, int kUsed>
 void small_blocks_row(const void* w, const Q8_0Group& g, int64_t n, float* out) {
   const auto* x = static_cast<const typename Quants::Block*>(w);
   __m256 acc = _mm256_setzero_ps();
   for (int64_t b = 0; b < n / kQK; ++b) {
     const __m256i qx = Quants::quants(x[b]);
-    __m256i sums[kActs];
+    __m256i sums[kActs] = {};  // lanes past kUsed stay 0
 #pragma GCC unroll 8
-    for (int t = 0; t < kActs; ++t) {
+    for (int t = 0; t < kUsed; ++t) {
       sums[t] = dot_i8_pairs(qx, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g.y[t][b].qs)));
     }
     const __m256 d = _mm256_mul_ps(_mm256_set1_ps(Quants::scale(x[b])), g.scales(b));
@@ -234,24 +238,24 @@ struct F16Weights {
 };
 
 // dot_f32 / dot_f16_f32: f32 activations, two eight-lane accumulators per pair, their reduction.
-template <typename W>
+template <typename W, int kUsed>
 void float_row(const void* w, const FloatGroup& g, int64_t n, float* out) {
   const auto* x = static_cast<const typename W::T*>(w);
   const float* y[kActs];
-  for (int t = 0; t < kActs; ++t) y[t] = static_cast<const float*>(g.y[t]);
+  for (int t = 0; t < kUsed; ++t) y[t] = static_cast<const float*>(g.y[t]);
   __m256 lo[kActs], hi[kActs];
 #pragma GCC unroll 8
-  for (int t = 0; t < kActs; ++t) lo[t] = hi[t] = _mm256_setzero_ps();
+  for (int t = 0; t < kUsed; ++t) lo[t] = hi[t] = _mm256_setzero_ps();
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
     const __m256 x0 = W::load8(x + i), x1 = W::load8(x + i + 8);
 #pragma GCC unroll 8
-    for (int t = 0; t < kActs; ++t) {
+    for (int t = 0; t < kUsed; ++t) {
       lo[t] = _mm256_fmadd_ps(x0, _mm256_loadu_ps(y[t] + i), lo[t]);
       hi[t] = _mm256_fmadd_ps(x1, _mm256_loadu_ps(y[t] + i + 8), hi[t]);
     }
   }
-  for (int t = 0; t < kActs; ++t) {
+  for (int t = 0; t < kUsed; ++t) {
     const __m256 t8 = _mm256_add_ps(hi[t], lo[t]);
     const __m128 t4 = _mm_add_ps(_mm256_extractf128_ps(t8, 1), _mm256_castps256_ps128(t8));
     const __m128 t2 = _mm_add_ps(t4, _mm_shuffle_ps(t4, t4, _MM_SHUFFLE(1, 0, 3, 2)));
@@ -261,11 +265,12 @@ void float_row(const void* w, const FloatGroup& g, int64_t n, float* out) {
   }
 }
 
+template <int kUsed>
 void bf16_row(const void* w, const FloatGroup& g, int64_t n, float* out) {
   const auto* x = static_cast<const uint16_t*>(w);
   const uint16_t* y[kActs];
 #pragma GCC unroll 8
-  for (int t = 0; t < kActs; ++t) y[t] = static_cast<const uint16_t*>(g.y[t]);
+  for (int t = 0; t < kUsed; ++t) y[t] = static_cast<const uint16_t*>(g.y[t]);
   __m256 acc[kActs];
 #pragma GCC unroll 8
   for (auto& a : acc) a = _mm256_setzero_ps();
@@ -273,10 +278,10 @@ void bf16_row(const void* w, const FloatGroup& g, int64_t n, float* out) {
   for (; i + 8 <= n; i += 8) {
     const __m256 xv = load_bf16x8(x + i);
 #pragma GCC unroll 8
-    for (int t = 0; t < kActs; ++t) acc[t] = _mm256_fmadd_ps(xv, load_bf16x8(y[t] + i), acc[t]);
+    for (int t = 0; t < kUsed; ++t) acc[t] = _mm256_fmadd_ps(xv, load_bf16x8(y[t] + i), acc[t]);
   }
 #pragma GCC unroll 8
-  for (int t = 0; t < kActs; ++t) {
+  for (int t = 0; t < kUsed; ++t) {
     float sum = hsum(acc[t]);
     for (int64_t j = i; j < n; ++j) sum += bf16_to_fp32(x[j]) * bf16_to_fp32(y[t][j]);
     out[t] = sum;
@@ -287,39 +292,39 @@ void bf16_row(const void* w, const FloatGroup& g, int64_t n, float* out) {
 
 void dot_tile_q4_K(const void* w, size_t stride, int64_t rows, const void* const* acts, int64_t n_act, int64_t n,
                    float* out, int64_t out_stride) {
-  tile<Q8KGroup, q4_K_row>(w, stride, rows, acts, n_act, n, out, out_stride, dot_q4_K, kQK_K, true);
+  tile<Q8KGroup, q4_K_row<kActs>, q4_K_row<kActs / 2>>(w, stride, rows, acts, n_act, n, out, out_stride, dot_q4_K, kQK_K, true);
 }
 void dot_tile_q5_K(const void* w, size_t stride, int64_t rows, const void* const* acts, int64_t n_act, int64_t n,
                    float* out, int64_t out_stride) {
-  tile<Q8KGroup, q5_K_row>(w, stride, rows, acts, n_act, n, out, out_stride, dot_q5_K, kQK_K, true);
+  tile<Q8KGroup, q5_K_row<kActs>, q5_K_row<kActs / 2>>(w, stride, rows, acts, n_act, n, out, out_stride, dot_q5_K, kQK_K, true);
 }
 void dot_tile_q6_K(const void* w, size_t stride, int64_t rows, const void* const* acts, int64_t n_act, int64_t n,
                    float* out, int64_t out_stride) {
-  tile<Q8KGroup, q6_K_row>(w, stride, rows, acts, n_act, n, out, out_stride, dot_q6_K, kQK_K, false);
+  tile<Q8KGroup, q6_K_row<kActs>, q6_K_row<kActs / 2>>(w, stride, rows, acts, n_act, n, out, out_stride, dot_q6_K, kQK_K, false);
 }
 void dot_tile_q8_0(const void* w, size_t stride, int64_t rows, const void* const* acts, int64_t n_act, int64_t n,
                    float* out, int64_t out_stride) {
-  tile<Q8_0Group, q8_0_row>(w, stride, rows, acts, n_act, n, out, out_stride, dot_q8_0, kQK, false);
+  tile<Q8_0Group, q8_0_row<kActs>, q8_0_row<kActs / 2>>(w, stride, rows, acts, n_act, n, out, out_stride, dot_q8_0, kQK, false);
 }
 void dot_tile_q4_0(const void* w, size_t stride, int64_t rows, const void* const* acts, int64_t n_act, int64_t n,
                    float* out, int64_t out_stride) {
-  tile<Q8_0Group, small_blocks_row<Q4_0Quants>>(w, stride, rows, acts, n_act, n, out, out_stride, dot_q4_0, kQK, false);
+  tile<Q8_0Group, small_blocks_row<Q4_0Quants, kActs>, small_blocks_row<Q4_0Quants, kActs / 2>>(w, stride, rows, acts, n_act, n, out, out_stride, dot_q4_0, kQK, false);
 }
 void dot_tile_mxfp4(const void* w, size_t stride, int64_t rows, const void* const* acts, int64_t n_act, int64_t n,
                     float* out, int64_t out_stride) {
-  tile<Q8_0Group, small_blocks_row<Mxfp4Quants>>(w, stride, rows, acts, n_act, n, out, out_stride, dot_mxfp4, kQK, false);
+  tile<Q8_0Group, small_blocks_row<Mxfp4Quants, kActs>, small_blocks_row<Mxfp4Quants, kActs / 2>>(w, stride, rows, acts, n_act, n, out, out_stride, dot_mxfp4, kQK, false);
 }
 void dot_tile_f32(const void* w, size_t stride, int64_t rows, const void* const* acts, int64_t n_act, int64_t n,
                   float* out, int64_t out_stride) {
-  tile<FloatGroup, float_row<F32Weights>>(w, stride, rows, acts, n_act, n, out, out_stride, dot_f32, 1, false);
+  tile<FloatGroup, float_row<F32Weights, kActs>, float_row<F32Weights, kActs / 2>>(w, stride, rows, acts, n_act, n, out, out_stride, dot_f32, 1, false);
 }
 void dot_tile_f16(const void* w, size_t stride, int64_t rows, const void* const* acts, int64_t n_act, int64_t n,
                   float* out, int64_t out_stride) {
-  tile<FloatGroup, float_row<F16Weights>>(w, stride, rows, acts, n_act, n, out, out_stride, dot_f16_f32, 1, false);
+  tile<FloatGroup, float_row<F16Weights, kActs>, float_row<F16Weights, kActs / 2>>(w, stride, rows, acts, n_act, n, out, out_stride, dot_f16_f32, 1, false);
 }
 void dot_tile_bf16(const void* w, size_t stride, int64_t rows, const void* const* acts, int64_t n_act, int64_t n,
                    float* out, int64_t out_stride) {
-  tile<FloatGroup, bf16_row>(w, stride, rows, acts, n_act, n, out, out_stride, dot_bf16, 1, false);
+  tile<FloatGroup, bf16_row<kActs>, bf16_row<kActs / 2>>(w, stride, rows, acts, n_act, n, out, out_stride, dot_bf16, 1, false);
 }
 
 }  // namespace bmoe::avx2

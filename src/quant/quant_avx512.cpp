@@ -30,6 +30,7 @@
 // GCC 12's AVX-512 intrinsics fill their unused merge operand with _mm512_undefined_*(), which
 // its own -Wmaybe-uninitialized then reports at each use (a known false positive).
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"  // the same placeholder, where GCC is sure
 #endif
 
 #include "quant/x86_shared.h"  // after the target pragma: compiled for AVX-512 here
@@ -225,6 +226,7 @@ namespace {
 
 // Q4_K: each activation's 512-bit block sum is folded and reduced to one int32 (lane t), then
 // each pair's two scalar multiply-add chains run in lane t of `acc` and `acc_min`.
+template <int kUsed>
 void q4_K_row(const void* w, const Q8KGroup& g, int64_t n, float* out) {
   const auto* x = static_cast<const BlockQ4_K*>(w);
   const __m512i low_mask = _mm512_set1_epi8(0x0F);
@@ -243,14 +245,14 @@ void q4_K_row(const void* w, const Q8KGroup& g, int64_t n, float* out) {
       const __m512i nibbles = _mm512_and_si512(_mm512_srlv_epi64(q, nibble_shift), low_mask);
       const __m512i s = _mm512_permutexvar_epi16(scale_pick[chunk], scales);
 #pragma GCC unroll 8
-      for (int t = 0; t < kActs; ++t) {
+      for (int t = 0; t < kUsed; ++t) {
         const __m512i qy = _mm512_loadu_si512(g.y[t][b].qs + 64 * chunk);
         isum[t] = _mm512_add_epi32(isum[t], _mm512_madd_epi16(s, _mm512_maddubs_epi16(nibbles, qy)));
       }
     }
-    __m256i folded[kActs];
+    __m256i folded[kActs] = {};  // lanes past kUsed stay 0
 #pragma GCC unroll 8
-    for (int t = 0; t < kActs; ++t) folded[t] = fold_halves(isum[t]);
+    for (int t = 0; t < kUsed; ++t) folded[t] = fold_halves(isum[t]);
     const __m256 dy = g.scales(b);
     acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hsum8_i32(folded)), _mm256_mul_ps(_mm256_set1_ps(f16(x[b].d)), dy), acc);
     acc_min = _mm256_fmadd_ps(_mm256_cvtepi32_ps(g.min_terms(b, mins16)), _mm256_mul_ps(_mm256_set1_ps(f16(x[b].dmin)), dy),
@@ -261,6 +263,7 @@ void q4_K_row(const void* w, const Q8KGroup& g, int64_t n, float* out) {
 
 // Q6_K: the one-row kernel's two 512-bit part pairs per half-block, folded to the AVX2 kernel's
 // eight int32 lanes; each pair keeps its own vector accumulator.
+template <int kUsed>
 void q6_K_row(const void* w, const Q8KGroup& g, int64_t n, float* out) {
   const auto* x = static_cast<const BlockQ6_K*>(w);
   const __m512i low_mask = _mm512_set1_epi8(0x0F);
@@ -287,7 +290,7 @@ void q6_K_row(const void* w, const Q8KGroup& g, int64_t n, float* out) {
       const __m512i s01 = _mm512_permutexvar_epi16(scale_pick[2 * half], scales);
       const __m512i s23 = _mm512_permutexvar_epi16(scale_pick[2 * half + 1], scales);
 #pragma GCC unroll 8
-      for (int t = 0; t < kActs; ++t) {
+      for (int t = 0; t < kUsed; ++t) {
         const int8_t* q8 = g.y[t][b].qs + 128 * half;
         const __m512i y01 = _mm512_loadu_si512(q8);
         const __m512i y23 = _mm512_loadu_si512(q8 + 64);
@@ -297,7 +300,7 @@ void q6_K_row(const void* w, const Q8KGroup& g, int64_t n, float* out) {
     }
     const float dx = f16(x[b].d);
 #pragma GCC unroll 8
-    for (int t = 0; t < kActs; ++t) {
+    for (int t = 0; t < kUsed; ++t) {
       const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g.y[t][b].bsums));
       const __m256i offset = _mm256_slli_epi32(_mm256_madd_epi16(bsums, scales16), 5);
       const __m256i isum8 = _mm256_sub_epi32(fold_halves(isum[t]), offset);
@@ -305,12 +308,13 @@ void q6_K_row(const void* w, const Q8KGroup& g, int64_t n, float* out) {
     }
   }
 #pragma GCC unroll 8
-  for (int t = 0; t < kActs; ++t) out[t] = hsum(acc[t]);
+  for (int t = 0; t < kUsed; ++t) out[t] = hsum(acc[t]);
 }
 
 // Q8_0 (avx2::dot_q8_0): two blocks per 512-bit vector for the integer work (the sign of x
 // moved onto y by a masked negation: AVX-512 has no vpsignb), then each block's eight int32
 // lanes meet that pair's own vector accumulator, block b first.
+template <int kUsed>
 void q8_0_row(const void* w, const Q8_0Group& g, int64_t n, float* out) {
   const auto* x = static_cast<const BlockQ8_0*>(w);
   const int64_t blocks = n / kQK;
@@ -330,7 +334,7 @@ void q8_0_row(const void* w, const Q8_0Group& g, int64_t n, float* out) {
     const __m512 dx = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(f16(x[b].d)), _mm512_set1_ps(f16(x[b + 1].d)));
     _mm512_store_ps(d, _mm512_mul_ps(dx, dy));
 #pragma GCC unroll 8
-    for (int t = 0; t < kActs; ++t) {
+    for (int t = 0; t < kUsed; ++t) {
       const __m512i qy = join(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g.y[t][b].qs)),
                               _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g.y[t][b + 1].qs)));
       const __m512i sy = _mm512_mask_sub_epi8(qy, negative, _mm512_setzero_si512(), qy);
@@ -341,7 +345,7 @@ void q8_0_row(const void* w, const Q8_0Group& g, int64_t n, float* out) {
   }
   float result[kActs];
 #pragma GCC unroll 8
-  for (int t = 0; t < kActs; ++t) {
+  for (int t = 0; t < kUsed; ++t) {
     result[t] = hsum(acc[t]);  // an odd last block: the AVX2 kernel's step on it, then its sum
     if (b < blocks) {
       const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qs));
@@ -353,7 +357,7 @@ void q8_0_row(const void* w, const Q8_0Group& g, int64_t n, float* out) {
       result[t] = hsum(a);
     }
   }
-  std::copy(result, result + kActs, out);
+  std::copy(result, result + kUsed, out);
 }
 
 // Q4_0 and MXFP4 (avx2::dot_q4_0, dot_mxfp4): two blocks per 512-bit vector, quants taken
@@ -378,7 +382,7 @@ struct Mxfp4Unsigned {
   static float scale(const Block& blk) { return e8m0_to_fp32_half(blk.e); }
 };
 
-template <typename Quants>
+template <typename Quants, int kUsed>
 void small_blocks_row(const void* w, const Q8_0Group& g, int64_t n, float* out) {
   const auto* x = static_cast<const typename Quants::Block*>(w);
   const int64_t blocks = n / kQK;
@@ -392,9 +396,9 @@ void small_blocks_row(const void* w, const Q8_0Group& g, int64_t n, float* out) 
     const __m512i bytes = join(_mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[b].qs))),
                                _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[b + 1].qs))));
     const __m512i xu = Quants::quants(table, _mm512_and_si512(_mm512_srlv_epi64(bytes, nibble_shift), low_mask));
-    __m512i sums[kActs];
+    __m512i sums[kActs] = {};  // lanes past kUsed stay 0
 #pragma GCC unroll 8
-    for (int t = 0; t < kActs; ++t) {
+    for (int t = 0; t < kUsed; ++t) {
       const __m512i qy = join(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g.y[t][b].qs)),
                               _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g.y[t][b + 1].qs)));
       sums[t] = _mm512_madd_epi16(_mm512_maddubs_epi16(xu, qy), ones16);
@@ -411,9 +415,9 @@ void small_blocks_row(const void* w, const Q8_0Group& g, int64_t n, float* out) 
     const __m256i bytes = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[b].qs)));
     const __m256i nibbles = _mm256_and_si256(_mm256_srlv_epi64(bytes, _mm256_setr_epi64x(0, 0, 4, 4)), _mm256_set1_epi8(0x0F));
     const __m256i xu = _mm512_castsi512_si256(Quants::quants(table, _mm512_castsi256_si512(nibbles)));
-    __m256i sums[kActs];
+    __m256i sums[kActs] = {};  // lanes past kUsed stay 0
 #pragma GCC unroll 8
-    for (int t = 0; t < kActs; ++t) {
+    for (int t = 0; t < kUsed; ++t) {
       const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g.y[t][b].qs));
       sums[t] = _mm256_madd_epi16(_mm256_maddubs_epi16(xu, qy), _mm256_set1_epi16(1));
     }
@@ -429,24 +433,24 @@ void small_blocks_row(const void* w, const Q8_0Group& g, int64_t n, float* out) 
 
 void dot_tile_q8_0(const void* w, size_t stride, int64_t rows, const void* const* acts, int64_t n_act, int64_t n,
                    float* out, int64_t out_stride) {
-  tile<Q8_0Group, q8_0_row>(w, stride, rows, acts, n_act, n, out, out_stride, avx2::dot_q8_0, kQK, false);
+  tile<Q8_0Group, q8_0_row<kActs>, q8_0_row<kActs / 2>>(w, stride, rows, acts, n_act, n, out, out_stride, avx2::dot_q8_0, kQK, false);
 }
 void dot_tile_q4_0(const void* w, size_t stride, int64_t rows, const void* const* acts, int64_t n_act, int64_t n,
                    float* out, int64_t out_stride) {
-  tile<Q8_0Group, small_blocks_row<Q4_0Unsigned>>(w, stride, rows, acts, n_act, n, out, out_stride, avx2::dot_q4_0, kQK, true);
+  tile<Q8_0Group, small_blocks_row<Q4_0Unsigned, kActs>, small_blocks_row<Q4_0Unsigned, kActs / 2>>(w, stride, rows, acts, n_act, n, out, out_stride, avx2::dot_q4_0, kQK, true);
 }
 void dot_tile_mxfp4(const void* w, size_t stride, int64_t rows, const void* const* acts, int64_t n_act, int64_t n,
                     float* out, int64_t out_stride) {
-  tile<Q8_0Group, small_blocks_row<Mxfp4Unsigned>>(w, stride, rows, acts, n_act, n, out, out_stride, avx2::dot_mxfp4, kQK, true);
+  tile<Q8_0Group, small_blocks_row<Mxfp4Unsigned, kActs>, small_blocks_row<Mxfp4Unsigned, kActs / 2>>(w, stride, rows, acts, n_act, n, out, out_stride, avx2::dot_mxfp4, kQK, true);
 }
 
 void dot_tile_q4_K(const void* w, size_t stride, int64_t rows, const void* const* acts, int64_t n_act, int64_t n,
                    float* out, int64_t out_stride) {
-  tile<Q8KGroup, q4_K_row>(w, stride, rows, acts, n_act, n, out, out_stride, dot_q4_K, kQK_K, true);
+  tile<Q8KGroup, q4_K_row<kActs>, q4_K_row<kActs / 2>>(w, stride, rows, acts, n_act, n, out, out_stride, dot_q4_K, kQK_K, true);
 }
 void dot_tile_q6_K(const void* w, size_t stride, int64_t rows, const void* const* acts, int64_t n_act, int64_t n,
                    float* out, int64_t out_stride) {
-  tile<Q8KGroup, q6_K_row>(w, stride, rows, acts, n_act, n, out, out_stride, dot_q6_K, kQK_K, false);
+  tile<Q8KGroup, q6_K_row<kActs>, q6_K_row<kActs / 2>>(w, stride, rows, acts, n_act, n, out, out_stride, dot_q6_K, kQK_K, false);
 }
 
 }  // namespace bmoe::avx512

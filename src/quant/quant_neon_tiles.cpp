@@ -274,7 +274,7 @@ void float_row(const void* w, const FloatGroup& g, int64_t n, float* out) {
 template <typename Group, void (*Row)(const void*, const Group&, int64_t, float*)>
 void tile(const void* w, size_t stride, int64_t rows, const void* const* acts, int64_t n_act, int64_t n, float* out,
           int64_t out_stride, DotFn one, int64_t block) {
-  tile_rows<kActs, Group, Row>(w, stride, rows, acts, n_act, n, out, out_stride, one, block, false);
+  tile_rows<kActs, Group, Row, Row>(w, stride, rows, acts, n_act, n, out, out_stride, one, block, false);
 }
 
 }  // namespace

@@ -14,10 +14,12 @@ namespace {
 
 // Every weight row against activation rows taken kActs at a time. `Group` is what the kActs
 // activation rows of a tile share across all weight rows (built once per tile from the rows and
-// their block count, `extra` being the group's own option); Row(row, group, n, out) fills
-// out[0..kActs). A group of fewer rows repeats its last row to fill the tile (the extra lanes'
-// results are dropped); a lone row takes the one-row kernel.
-template <int kActs, typename Group, void (*Row)(const void*, const Group&, int64_t, float*)>
+// their block count, `extra` being the group's own option); Full(row, group, n, out) fills
+// out[0..kActs), Half only out[0..kActs / 2) (the integer work of the other lanes skipped) and
+// serves tiles of at most that many rows. A tile of fewer rows repeats its last row to fill the
+// group (the extra lanes' results are dropped); a lone row takes the one-row kernel.
+template <int kActs, typename Group, void (*Full)(const void*, const Group&, int64_t, float*),
+          void (*Half)(const void*, const Group&, int64_t, float*)>
 void tile_rows(const void* w, size_t stride, int64_t rows, const void* const* acts, int64_t n_act, int64_t n,
                float* out, int64_t out_stride, DotFn one, int64_t block, bool extra) {
   const auto* base = static_cast<const uint8_t*>(w);
@@ -31,8 +33,9 @@ void tile_rows(const void* w, size_t stride, int64_t rows, const void* const* ac
     for (int t = 0; t < kActs; ++t) group_acts[t] = acts[a0 + std::min(t, valid - 1)];
     const Group group(group_acts, n / block, extra);
     float result[kActs];
+    const auto row_kernel = valid <= kActs / 2 ? Half : Full;
     for (int64_t r = 0; r < rows; ++r) {
-      Row(base + r * stride, group, n, result);
+      row_kernel(base + r * stride, group, n, result);
       for (int t = 0; t < valid; ++t) out[(a0 + t) * out_stride + r] = result[t];
     }
   }

@@ -92,11 +92,13 @@ struct FloatGroup {
 };
 
 
-// The row loop, kActs activation rows per tile.
-template <typename Group, void (*Row)(const void*, const Group&, int64_t, float*)>
+// The row loop, kActs activation rows per tile (Half: a kernel that computes only the first
+// kActs / 2 lanes, for tiles of that many rows or fewer).
+template <typename Group, void (*Full)(const void*, const Group&, int64_t, float*),
+          void (*Half)(const void*, const Group&, int64_t, float*)>
 void tile(const void* w, size_t stride, int64_t rows, const void* const* acts, int64_t n_act, int64_t n, float* out,
-          int64_t out_stride, DotFn one, int64_t block, bool pair_sums) {
-  tile_rows<kActs, Group, Row>(w, stride, rows, acts, n_act, n, out, out_stride, one, block, pair_sums);
+          int64_t out_stride, DotFn one, int64_t block, bool sums) {
+  tile_rows<kActs, Group, Full, Half>(w, stride, rows, acts, n_act, n, out, out_stride, one, block, sums);
 }
 
 }  // namespace
