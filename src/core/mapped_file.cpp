@@ -101,4 +101,11 @@ void MappedFile::advise_willneed(size_t offset, size_t length) const {
   advise(data_, size_, offset, length, MADV_WILLNEED);
 }
 
+bool MappedFile::populate() const {
+#ifndef MADV_POPULATE_READ
+  constexpr int MADV_POPULATE_READ = 22;  // Linux 5.14; older kernels answer EINVAL
+#endif
+  return base_ != nullptr && ::madvise(const_cast<uint8_t*>(base_), mapped_, MADV_POPULATE_READ) == 0;
+}
+
 }  // namespace bmoe

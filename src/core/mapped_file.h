@@ -27,6 +27,9 @@ class MappedFile {
   // Tells the kernel that [offset, offset+length) will not be needed soon (page cache hint).
   void advise_dontneed(size_t offset, size_t length) const;
   void advise_willneed(size_t offset, size_t length) const;
+  // Reads the whole mapping in and maps every page now (MADV_POPULATE_READ), so later reads
+  // take no page faults. Returns false where the kernel cannot (before Linux 5.14).
+  bool populate() const;
 
  private:
   void release();

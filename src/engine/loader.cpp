@@ -11,6 +11,7 @@
 #include "model/arch.h"
 #include "moe/resident_experts.h"
 #include "quant/quant.h"
+#include "telemetry/system.h"
 
 namespace bmoe {
 
@@ -146,6 +147,18 @@ class GgufArchLoader : public ArchLoader {
 
 }  // namespace
 
+// A resident model that fits in the memory available (cgroup limit included) is read in and
+// mapped while it loads: otherwise the first prompt takes a page fault per few pages of weights
+// (18 % of a 128-token prompt on the 12-layer Qwen3-30B cut). One that does not fit is left to
+// fault in on demand, as an mmap run larger than RAM must.
+static void populate_if_it_fits(const std::vector<MappedFile>& maps) {
+  uint64_t bytes = 0;
+  for (const MappedFile& m : maps) bytes += m.size();
+  const std::optional<uint64_t> available = read_memory().available();
+  if (!available || bytes > *available / 10 * 8) return;
+  for (const MappedFile& m : maps) m.populate();
+}
+
 std::unique_ptr<LoadedModel> load_model(const std::string& path, const LoadOptions& options) {
   auto model = std::make_unique<LoadedModel>();
   model->gguf = GgufModel::open(path);
@@ -161,6 +174,7 @@ std::unique_ptr<LoadedModel> load_model(const std::string& path, const LoadOptio
 
   if (!options.stream_experts) {
     for (const GgufShard& s : gguf.shards()) model->maps.emplace_back(s.path);
+    populate_if_it_fits(model->maps);
   }
 
   ModelConfig config;
