@@ -250,11 +250,11 @@ void q4_K_row(const void* w, const Q8KGroup& g, int64_t n, float* out) {
         isum[t] = _mm512_add_epi32(isum[t], _mm512_madd_epi16(s, _mm512_maddubs_epi16(nibbles, qy)));
       }
     }
-    __m256i folded[kActs] = {};  // lanes past kUsed stay 0
-#pragma GCC unroll 8
-    for (int t = 0; t < kUsed; ++t) folded[t] = fold_halves(isum[t]);
+    // Both 256-bit halves of each activation's sums reduced side by side, then added.
+    const __m512i halves = hsum8_i32_x2(isum);
+    const __m256i totals = fold_halves(halves);
     const __m256 dy = g.scales(b);
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hsum8_i32(folded)), _mm256_mul_ps(_mm256_set1_ps(f16(x[b].d)), dy), acc);
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(totals), _mm256_mul_ps(_mm256_set1_ps(f16(x[b].d)), dy), acc);
     acc_min = _mm256_fmadd_ps(_mm256_cvtepi32_ps(g.min_terms(b, mins16)), _mm256_mul_ps(_mm256_set1_ps(f16(x[b].dmin)), dy),
                               acc_min);
   }

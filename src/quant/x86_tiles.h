@@ -28,7 +28,9 @@ template <typename ActBlock>
 struct ActGroup {
   const ActBlock* y[kActs];
   std::vector<float> d;          // [block][act]
-  std::vector<int16_t> pair_sums;  // [block][act][8]: Q8_K bsums[2j] + bsums[2j + 1]
+  // [block][i][act]: an int16 pair, the act's activation sums of sub-blocks 2i and 2i + 1
+  // (Q8_K bsums[4i] + bsums[4i + 1] and bsums[4i + 2] + bsums[4i + 3]).
+  std::vector<int32_t> pair_sums;
   std::vector<int32_t> block_sums;  // [block][act]: sum of a Q8_0 block's 32 quants
 
   ActGroup(const void* const* acts, int64_t blocks, bool sums) {
@@ -54,28 +56,32 @@ struct ActGroup {
   // Lanes 0-7: the eight activations' sums of block b; lanes 8-15 of block b + 1.
   const int32_t* sums_at(int64_t b) const { return &block_sums[static_cast<size_t>(b * kActs)]; }
   void fill_pair_sums(int64_t blocks) {
-    pair_sums.resize(static_cast<size_t>(blocks) * kActs * 8);
+    pair_sums.resize(static_cast<size_t>(blocks) * 4 * kActs);
     for (int64_t b = 0; b < blocks; ++b) {
       for (int t = 0; t < kActs; ++t) {
         const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[t][b].bsums));
         const __m256i sums = _mm256_madd_epi16(bsums, _mm256_set1_epi16(1));
         const __m128i packed = _mm_packs_epi32(_mm256_castsi256_si128(sums), _mm256_extracti128_si256(sums, 1));
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(&pair_sums[static_cast<size_t>((b * kActs + t) * 8)]), packed);
+        alignas(16) int32_t pairs[4];
+        _mm_store_si128(reinterpret_cast<__m128i*>(pairs), packed);
+        for (int i = 0; i < 4; ++i) pair_sums[static_cast<size_t>((b * 4 + i) * kActs + t)] = pairs[i];
       }
     }
   }
   __m256 scales(int64_t b) const { return _mm256_loadu_ps(&d[static_cast<size_t>(b * kActs)]); }
   // Lane t: sum over sub-blocks j of mins[j] * (act t's activation sum of sub-block j): the
-  // integer k_min_term of each pair.
+  // integer k_min_term of each pair. Four multiply-adds of int16 pairs, one per two sub-blocks.
   __m256i min_terms(int64_t b, __m128i mins16) const {
-    __m128i m[kActs];
-    for (int t = 0; t < kActs; ++t) {
-      const __m128i sums = _mm_loadu_si128(reinterpret_cast<const __m128i*>(&pair_sums[static_cast<size_t>((b * kActs + t) * 8)]));
-      m[t] = _mm_madd_epi16(sums, mins16);
-    }
-    const __m128i lo = _mm_hadd_epi32(_mm_hadd_epi32(m[0], m[1]), _mm_hadd_epi32(m[2], m[3]));
-    const __m128i hi = _mm_hadd_epi32(_mm_hadd_epi32(m[4], m[5]), _mm_hadd_epi32(m[6], m[7]));
-    return _mm256_set_m128i(hi, lo);
+    const auto* sums = reinterpret_cast<const __m256i*>(&pair_sums[static_cast<size_t>(b * 4 * kActs)]);
+    const __m256i m01 = _mm256_broadcastd_epi32(mins16);
+    const __m256i m23 = _mm256_broadcastd_epi32(_mm_shuffle_epi32(mins16, 0x55));
+    const __m256i m45 = _mm256_broadcastd_epi32(_mm_shuffle_epi32(mins16, 0xAA));
+    const __m256i m67 = _mm256_broadcastd_epi32(_mm_shuffle_epi32(mins16, 0xFF));
+    const __m256i lo = _mm256_add_epi32(_mm256_madd_epi16(_mm256_loadu_si256(sums), m01),
+                                        _mm256_madd_epi16(_mm256_loadu_si256(sums + 1), m23));
+    const __m256i hi = _mm256_add_epi32(_mm256_madd_epi16(_mm256_loadu_si256(sums + 2), m45),
+                                        _mm256_madd_epi16(_mm256_loadu_si256(sums + 3), m67));
+    return _mm256_add_epi32(lo, hi);
   }
 
  private:
