@@ -153,62 +153,35 @@ void run_gemm_all_cores(benchmark::State& state, TensorType type) {
 
 #if defined(__x86_64__)
 // The machine's peak for the tile kernels' instruction mix, one core: int8 multiply-adds as
-// maddubs + madd + add (64 per 512-bit step, 32 per 256-bit one) on independent accumulators,
-// and f32 fused multiply-adds (attention's GEMM). No loads: an upper bound no kernel reaches.
-__attribute__((target("avx2,fma,avx512f,avx512bw"))) void peak_int8_avx512(benchmark::State& state) {
-  __m512i acc[8], a[8];
-  const __m512i b = _mm512_set1_epi8(5), ones = _mm512_set1_epi16(1);
-  for (int k = 0; k < 8; ++k) {
-    acc[k] = _mm512_setzero_si512();
-    a[k] = _mm512_set1_epi8(static_cast<char>(k + 1));
+// maddubs + madd + add (64 per 512-bit step, 32 per 256-bit one) on twelve independent
+// accumulators, and f32 fused multiply-adds (attention's GEMM). No loads: an upper bound no
+// kernel reaches. One operand "changes" every step (an empty asm), so nothing is hoisted.
+// A macro: each body must be compiled for its own target.
+#define BMOE_PEAK(NAME, TARGET, V, MACS, A0, B0, STEP)                                                          \
+  __attribute__((target(TARGET))) void NAME(benchmark::State& state) {                                       \
+    constexpr int kChains = 12;                                                                              \
+    V acc[kChains], a[kChains], b = B0;                                                                      \
+    for (int k = 0; k < kChains; ++k) {                                                                      \
+      acc[k] = V{};                                                                                          \
+      a[k] = A0;                                                                                             \
+    }                                                                                                        \
+    for (auto _ : state) {                                                                                   \
+      for (int i = 0; i < 1024; ++i) {                                                                       \
+        _Pragma("GCC unroll 12") for (int k = 0; k < kChains; ++k) acc[k] = STEP;                             \
+        asm volatile("" : "+v"(b));                                                                          \
+      }                                                                                                      \
+      benchmark::DoNotOptimize(acc);                                                                         \
+    }                                                                                                        \
+    state.counters["GFLOP/s"] = benchmark::Counter(2.0 * (MACS) * kChains * 1024 * static_cast<double>(state.iterations()), \
+                                                   benchmark::Counter::kIsRate, benchmark::Counter::kIs1000); \
   }
-  for (auto _ : state) {
-    for (int i = 0; i < 1024; ++i) {
-#pragma GCC unroll 8
-      for (int k = 0; k < 8; ++k) acc[k] = _mm512_add_epi32(acc[k], _mm512_madd_epi16(_mm512_maddubs_epi16(a[k], b), ones));
-      // The inputs "change" every step (an empty asm in registers): nothing to hoist or share.
-#pragma GCC unroll 8
-      for (auto& v : a) asm volatile("" : "+v"(v));
-    }
-    benchmark::DoNotOptimize(acc);
-  }
-  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * 64 * 8 * 1024 * static_cast<double>(state.iterations()),
-                                                 benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
-}
 
-__attribute__((target("avx2,fma"))) void peak_int8_avx2(benchmark::State& state) {
-  __m256i acc[8], a[8];
-  const __m256i b = _mm256_set1_epi8(5), ones = _mm256_set1_epi16(1);
-  for (int k = 0; k < 8; ++k) {
-    acc[k] = _mm256_setzero_si256();
-    a[k] = _mm256_set1_epi8(static_cast<char>(k + 1));
-  }
-  for (auto _ : state) {
-    for (int i = 0; i < 1024; ++i) {
-#pragma GCC unroll 8
-      for (int k = 0; k < 8; ++k) acc[k] = _mm256_add_epi32(acc[k], _mm256_madd_epi16(_mm256_maddubs_epi16(a[k], b), ones));
-#pragma GCC unroll 8
-      for (auto& v : a) asm volatile("" : "+v"(v));
-    }
-    benchmark::DoNotOptimize(acc);
-  }
-  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * 32 * 8 * 1024 * static_cast<double>(state.iterations()),
-                                                 benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
-}
-
-__attribute__((target("avx2,fma,avx512f"))) void peak_f32_avx512(benchmark::State& state) {
-  __m512 acc[12], a = _mm512_set1_ps(1.0001f), b = _mm512_set1_ps(0.9999f);
-  for (auto& v : acc) v = _mm512_setzero_ps();
-  for (auto _ : state) {
-    for (int i = 0; i < 1024; ++i) {
-#pragma GCC unroll 12
-      for (auto& v : acc) v = _mm512_fmadd_ps(a, b, v);
-    }
-    benchmark::DoNotOptimize(acc);
-  }
-  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * 16 * 12 * 1024 * static_cast<double>(state.iterations()),
-                                                 benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
-}
+BMOE_PEAK(peak_int8_avx512, "avx2,fma,avx512f,avx512bw", __m512i, 64, _mm512_set1_epi8(3), _mm512_set1_epi8(5),
+          _mm512_add_epi32(acc[k], _mm512_madd_epi16(_mm512_maddubs_epi16(a[k], b), _mm512_set1_epi16(1))))
+BMOE_PEAK(peak_int8_avx2, "avx2,fma", __m256i, 32, _mm256_set1_epi8(3), _mm256_set1_epi8(5),
+          _mm256_add_epi32(acc[k], _mm256_madd_epi16(_mm256_maddubs_epi16(a[k], b), _mm256_set1_epi16(1))))
+BMOE_PEAK(peak_f32_avx512, "avx2,fma,avx512f", __m512, 16, _mm512_set1_ps(1.0001f), _mm512_set1_ps(0.9999f),
+          _mm512_fmadd_ps(a[k], b, acc[k]))
 #endif
 
 void register_all() {
