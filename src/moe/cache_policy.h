@@ -123,8 +123,8 @@ class ExpertCache {
 };
 
 // The online policies, by name: "lru", "lfu", "layer-lfu" (per-layer partition + LFU, as the
-// reference engine), "ewma" and "tinylfu-ewma" (bmoe's; see cache_policy.cpp). n_layers is
-// needed by partitioned policies.
+// reference engine), "ewma", "tinylfu-ewma", "reuse-noadmit" and "reuse" (bmoe's, the default;
+// see cache_policy.cpp). n_layers is needed by partitioned policies.
 std::unique_ptr<CachePolicy> make_cache_policy(const std::string& name, int n_layers, uint64_t budget_bytes);
 std::vector<std::string> cache_policy_names();
 // The default: the best online policy measured with bmoe-replay on the real trace.

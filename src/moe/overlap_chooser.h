@@ -6,7 +6,9 @@
 // lost 14 % against serial. Which mode wins depends on the machine, the model and the cache, so
 // it is measured: a few passes in each mode, alternated (the cache warms evenly under both),
 // then the faster mode by median pass time, re-checked periodically. Both modes compute the
-// same experts in the same order, so the choice never changes the output.
+// same experts (overlap hands out hits first and misses as they land, but each expert's result
+// goes to its own slot and slots are summed in slot order), so the choice never changes the
+// output.
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-// The frame of the x86 tile kernels (quant_avx2_tiles.cpp, quant_avx512_tiles.cpp): activation
+// The frame of the x86 tile kernels (quant_avx2_tiles.cpp, the tiles in quant_avx512.cpp): activation
 // groups of eight rows and the loop over weight rows. Include it after the file's target pragma
 // and x86_shared.h; internal linkage, compiled per file's ISA (see x86_shared.h).
 #pragma once
