@@ -241,9 +241,9 @@ int interactive(const CliOptions& o) {
     fmt::print("\n");
     if (r.finish_reason == "cancelled") fmt::print(stderr, "[stopped]\n");
     messages.push_back({"assistant", r.text});
-    fmt::print(stderr, "[{} tokens, {:.2f} tok/s; prompt {} tokens, {} reused from the last turn]\n", r.tokens.size(),
-               static_cast<double>(r.tokens.size()) / std::max(r.decode_seconds, 1e-9), r.prompt_tokens,
-               r.reused_tokens);
+    fmt::print(stderr, "[{} tokens, {:.2f} tok/s; prompt {} tokens, {} reused from the last turn, {:.2f} tok/s]\n",
+               r.tokens.size(), static_cast<double>(r.tokens.size()) / std::max(r.decode_seconds, 1e-9), r.prompt_tokens,
+               r.reused_tokens, (r.prompt_tokens - r.reused_tokens) / std::max(r.prefill_seconds, 1e-9));
     g_interrupted.store(false);
   }
   fmt::print("\n");

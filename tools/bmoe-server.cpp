@@ -90,6 +90,7 @@ struct Counters {
   uint64_t prompt_tokens = 0, reused_tokens = 0, generated_tokens = 0;
   double decode_seconds = 0, prefill_seconds = 0;
   double last_decode_tps = 0;
+  double last_prompt_tps = 0;
   ExpertStats experts;  // snapshot after the last job (the worker owns the live counters)
 };
 
@@ -157,6 +158,8 @@ class Engine {
     metric("bmoe_prefill_seconds_total", "counter", "Time spent evaluating prompts.", value("bmoe_prefill_seconds_total", c.prefill_seconds));
     metric("bmoe_decode_tokens_per_second", "gauge", "Decode speed of the last request.",
            value("bmoe_decode_tokens_per_second", c.last_decode_tps));
+    metric("bmoe_prompt_tokens_per_second", "gauge", "Prompt speed of the last request that evaluated prompt tokens.",
+           value("bmoe_prompt_tokens_per_second", c.last_prompt_tps));
     const ExpertStats& e = c.experts;
     metric("bmoe_expert_lookups_total", "counter", "Routed-expert lookups.", value("bmoe_expert_lookups_total", static_cast<double>(e.requests)));
     metric("bmoe_expert_cache_hits_total", "counter", "Lookups served from the expert cache.", value("bmoe_expert_cache_hits_total", static_cast<double>(e.hits)));
@@ -222,6 +225,9 @@ class Engine {
       c.decode_seconds += result.decode_seconds;
       c.prefill_seconds += result.prefill_seconds;
       if (!result.tokens.empty()) c.last_decode_tps = static_cast<double>(result.tokens.size()) / std::max(result.decode_seconds, 1e-9);
+      if (result.prompt_tokens > result.reused_tokens) {
+        c.last_prompt_tps = (result.prompt_tokens - result.reused_tokens) / std::max(result.prefill_seconds, 1e-9);
+      }
       c.experts = run_.model->experts->stats();
     }
     finish(job, std::move(result), error);
@@ -264,6 +270,23 @@ json usage_of(const GenerateResult& r) {
           {"prompt_tokens_details", {{"cached_tokens", r.reused_tokens}}}};
 }
 
+// llama-server's "timings": prompt tokens evaluated (cache_n came from the kept prefix) and
+// generated, with their times and rates.
+json timings_of(const GenerateResult& r) {
+  const int evaluated = r.prompt_tokens - r.reused_tokens;
+  const int generated = static_cast<int>(r.tokens.size());
+  const double prompt_ms = r.prefill_seconds * 1e3, predicted_ms = r.decode_seconds * 1e3;
+  return {{"cache_n", r.reused_tokens},
+          {"prompt_n", evaluated},
+          {"prompt_ms", prompt_ms},
+          {"prompt_per_token_ms", evaluated > 0 ? prompt_ms / evaluated : 0.0},
+          {"prompt_per_second", prompt_ms > 0 ? evaluated * 1e3 / prompt_ms : 0.0},
+          {"predicted_n", generated},
+          {"predicted_ms", predicted_ms},
+          {"predicted_per_token_ms", generated > 0 ? predicted_ms / generated : 0.0},
+          {"predicted_per_second", predicted_ms > 0 ? generated * 1e3 / predicted_ms : 0.0}};
+}
+
 std::string finish_reason(const GenerateResult& r) { return r.finish_reason == "length" ? "length" : "stop"; }
 
 json full_response(const Completion& c, const GenerateResult& r) {
@@ -275,7 +298,7 @@ json full_response(const Completion& c, const GenerateResult& r) {
     choice["logprobs"] = nullptr;
   }
   return {{"id", c.id}, {"object", c.chat ? "chat.completion" : "text_completion"}, {"created", c.created},
-          {"model", c.model}, {"choices", json::array({choice})}, {"usage", usage_of(r)}};
+          {"model", c.model}, {"choices", json::array({choice})}, {"usage", usage_of(r)}, {"timings", timings_of(r)}};
 }
 
 std::string sse(const json& j) { return "data: " + j.dump() + "\n\n"; }
@@ -438,6 +461,7 @@ class Server {
         const std::string reason = finish_reason(job->result);
         json last = chunk(c, nullptr, &reason);
         last["usage"] = usage_of(job->result);
+        last["timings"] = timings_of(job->result);
         if (!send(sse(last))) return false;
       }
       if (!send("data: [DONE]\n\n")) return false;

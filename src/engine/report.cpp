@@ -78,7 +78,9 @@ void write_metrics(const std::string& path, const MetricsInput& m) {
   j["version"] = m.version;
   j["config"] = nlohmann::json::parse(m.config_json);
   j["load_seconds"] = m.load_seconds;
-  j["prompt"] = {{"tokens", m.prompt_tokens}, {"seconds", m.prompt_seconds}};
+  j["prompt"] = {{"tokens", m.prompt_tokens},
+                 {"seconds", m.prompt_seconds},
+                 {"tok_per_s", m.prompt_seconds > 0 ? m.prompt_tokens / m.prompt_seconds : 0.0}};
   const RunSummary& s = m.summary;
   j["decode"] = {{"tokens", s.tokens},
                  {"seconds", s.decode_seconds},

@@ -137,12 +137,19 @@ class ServerTest(unittest.TestCase):
         self.assertEqual(resp["object"], "chat.completion")
         self.assertEqual(resp["choices"][0]["message"]["content"], want)
         self.assertEqual(resp["usage"]["completion_tokens"] + resp["usage"]["prompt_tokens"], resp["usage"]["total_tokens"])
+        # llama-server's timings: prompt and generation speed of this request.
+        timings = resp["timings"]
+        self.assertEqual(timings["prompt_n"] + timings["cache_n"], resp["usage"]["prompt_tokens"])
+        self.assertEqual(timings["predicted_n"], resp["usage"]["completion_tokens"])
+        self.assertGreater(timings["prompt_per_second"], 0)
+        self.assertGreater(timings["predicted_per_second"], 0)
         events = self.server.stream("/v1/chat/completions", body)
         self.assertEqual(events[-1], "[DONE]")
         self.assertEqual(events[0]["choices"][0]["delta"]["role"], "assistant")
         text = "".join(e["choices"][0]["delta"].get("content", "") for e in events[:-1])
         self.assertEqual(text, want)
         self.assertIn(events[-2]["choices"][0]["finish_reason"], ("stop", "length"))
+        self.assertEqual(events[-2]["timings"]["predicted_n"], events[-2]["usage"]["completion_tokens"])
 
     def test_completion_equals_cli_greedy_and_reuses_prefix(self):
         prompt = "def fibonacci(n):"
