@@ -55,6 +55,7 @@ inline const uint8_t* row_at(const void* w, size_t stride, int r) { return stati
 // Elements 0-15 and 16-31 of a 32-element block as signed bytes, per format.
 struct Q8_0Quants {
   using Block = BlockQ8_0;
+  static constexpr bool kFused = false;  // dot_q8_0: sum += isum * d, a product then an add
   static void unpack(const Block& b, int8x16_t out[2]) {
     out[0] = vld1q_s8(b.qs);
     out[1] = vld1q_s8(b.qs + 16);
@@ -64,6 +65,7 @@ struct Q8_0Quants {
 
 struct Q4_0Quants {
   using Block = BlockQ4_0;
+  static constexpr bool kFused = true;  // dot_q4_0: std::fma
   static void unpack(const Block& b, int8x16_t out[2]) {
     const uint8x16_t q = vld1q_u8(b.qs);
     const int8x16_t eight = vdupq_n_s8(8);
@@ -75,6 +77,7 @@ struct Q4_0Quants {
 
 struct Mxfp4Quants {
   using Block = BlockMXFP4;
+  static constexpr bool kFused = true;  // dot_mxfp4: std::fma
   static void unpack(const Block& b, int8x16_t out[2]) {
     const int8x16_t values = vld1q_s8(kMxfp4Values);
     const uint8x16_t q = vld1q_u8(b.qs);
@@ -84,9 +87,9 @@ struct Mxfp4Quants {
   static float scale(const Block& b) { return e8m0_to_fp32_half(b.e); }
 };
 
-// The 32-element block formats with Q8_0 activations: one fused multiply-add per block and
-// (row, input) pair, as neon::dot_q4_0 / dot_mxfp4 (std::fma) and dot_q8_0 (sum += a * b,
-// which GCC and clang contract to the same fused operation on arm64).
+// The 32-element block formats with Q8_0 activations: per block and (row, input) pair, the
+// one-row kernel's step: one fused multiply-add (neon::dot_q4_0 / dot_mxfp4, std::fma) or a
+// product then an add (dot_q8_0; the build never contracts them, -ffp-contract=off).
 template <typename Quants>
 void dot_2x2_blocks(const void* w, size_t stride, const void* a0, const void* a1, int64_t n, float* out) {
   using Block = typename Quants::Block;
@@ -102,7 +105,7 @@ void dot_2x2_blocks(const void* w, size_t stride, const void* a0, const void* a1
     const int32x4_t isum = tile32(w0, w1, y0[b].qs, y1[b].qs);
     const float32x4_t d = tile_scales(Quants::scale(x0[b]), Quants::scale(x1[b]), fp16_to_fp32(y0[b].d),
                                       fp16_to_fp32(y1[b].d));
-    acc = vfmaq_f32(acc, vcvtq_f32_s32(isum), d);
+    acc = Quants::kFused ? vfmaq_f32(acc, vcvtq_f32_s32(isum), d) : vaddq_f32(acc, vmulq_f32(vcvtq_f32_s32(isum), d));
   }
   vst1q_f32(out, acc);
 }
