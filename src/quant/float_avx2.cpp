@@ -46,20 +46,14 @@ void gemm_block(float* c, int64_t ldc, const float* a, int64_t lda, const float*
   }
 }
 
-// All columns of RM rows: 16 at a time, then 8, then one by one.
+// All columns of RM rows: 16 at a time, then 8, then the reference for what is left.
 template <int RM>
 void gemm_rows(float* c, int64_t ldc, const float* a, int64_t lda, const float* b, int64_t ldb, int64_t k,
                int64_t n) {
   int64_t j = 0;
   for (; j + 2 * kLanes <= n; j += 2 * kLanes) gemm_block<RM, 2>(c + j, ldc, a, lda, b + j, ldb, k);
   for (; j + kLanes <= n; j += kLanes) gemm_block<RM, 1>(c + j, ldc, a, lda, b + j, ldb, k);
-  for (; j < n; ++j) {
-    for (int i = 0; i < RM; ++i) {
-      float acc = c[i * ldc + j];
-      for (int64_t p = 0; p < k; ++p) acc = std::fma(a[i * lda + p], b[p * ldb + j], acc);
-      c[i * ldc + j] = acc;
-    }
-  }
+  if (j < n) ref::gemm_f32(c + j, ldc, a, lda, b + j, ldb, RM, k, n - j);  // the last columns
 }
 
 // fast_expf on eight lanes. Lanes far below the range (n < -192, including -inf) are 0 as in

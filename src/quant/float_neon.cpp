@@ -41,13 +41,7 @@ void gemm_rows(float* c, int64_t ldc, const float* a, int64_t lda, const float* 
   int64_t j = 0;
   for (; j + 4 * kLanes <= n; j += 4 * kLanes) gemm_block<RM, 4>(c + j, ldc, a, lda, b + j, ldb, k);
   for (; j + kLanes <= n; j += kLanes) gemm_block<RM, 1>(c + j, ldc, a, lda, b + j, ldb, k);
-  for (; j < n; ++j) {
-    for (int i = 0; i < RM; ++i) {
-      float acc = c[i * ldc + j];
-      for (int64_t p = 0; p < k; ++p) acc = std::fma(a[i * lda + p], b[p * ldb + j], acc);
-      c[i * ldc + j] = acc;
-    }
-  }
+  if (j < n) ref::gemm_f32(c + j, ldc, a, lda, b + j, ldb, RM, k, n - j);  // the last columns
 }
 
 // fast_expf on four lanes; see avx2::exp8 for the lanes that leave the fast path.

@@ -322,8 +322,6 @@ float dot_q5_K(const void* w, const void* a, int64_t n) {
 float dot_q6_K(const void* w, const void* a, int64_t n) {
   const auto* x = static_cast<const BlockQ6_K*>(w);
   const auto* y = static_cast<const BlockQ8_K*>(a);
-  const __m256i low_mask = _mm256_set1_epi8(0x0F);
-  const __m256i two_bits = _mm256_set1_epi8(0x03);
   __m256 acc = _mm256_setzero_ps();
   for (int64_t b = 0; b < n / kQK_K; ++b) {
     prefetch_ahead<sizeof(BlockQ6_K)>(x + b);
@@ -333,23 +331,12 @@ float dot_q6_K(const void* w, const void* a, int64_t n) {
     const __m256i offset = _mm256_slli_epi32(_mm256_madd_epi16(bsums, scales16), 5);  // 32 * sum(sc * q8)
     __m256i isum = _mm256_setzero_si256();
     for (int half = 0; half < 2; ++half) {
-      const uint8_t* ql = x[b].ql + 64 * half;
-      const __m256i l0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql));
-      const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32));
-      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qh + 32 * half));
       // This half's eight int16 scales in both 128-bit lanes; each part picks its two below.
       const __m256i half_scales = half == 0 ? _mm256_permute2x128_si256(scales16, scales16, 0x00)
                                              : _mm256_permute2x128_si256(scales16, scales16, 0x11);
       const int8_t* q8 = y[b].qs + 128 * half;
-      const __m256i parts[4] = {
-          _mm256_or_si256(_mm256_and_si256(l0, low_mask), _mm256_slli_epi16(_mm256_and_si256(h, two_bits), 4)),
-          _mm256_or_si256(_mm256_and_si256(l1, low_mask),
-                          _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), two_bits), 4)),
-          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low_mask),
-                          _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), two_bits), 4)),
-          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low_mask),
-                          _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), two_bits), 4)),
-      };
+      __m256i parts[4];
+      q6_K_parts(x[b], half, parts);
       __m256i p[4];
       for (int part = 0; part < 4; ++part) {
         const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q8 + 32 * part));

@@ -58,10 +58,7 @@ void q4_K_row(const void* w, const Q8KGroup& g, int64_t n, float* out) {
         isum[t] = _mm256_add_epi32(isum[t], k_pair(lo, hi, g.y[t][b].qs + 64 * chunk, sc[2 * chunk], sc[2 * chunk + 1]));
       }
     }
-    const __m256 dy = g.scales(b);
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hsum8_i32(isum)), _mm256_mul_ps(_mm256_set1_ps(f16(x[b].d)), dy), acc);
-    acc_min = _mm256_fmadd_ps(_mm256_cvtepi32_ps(g.min_terms(b, mins16)), _mm256_mul_ps(_mm256_set1_ps(f16(x[b].dmin)), dy),
-                              acc_min);
+    q4_K_block_step(g, b, x[b], hsum8_i32(isum), mins16, acc, acc_min);
   }
   _mm256_storeu_ps(out, _mm256_sub_ps(acc, acc_min));
 }
@@ -118,8 +115,6 @@ void q5_K_row(const void* w, const Q8KGroup& g, int64_t n, float* out) {
 template <int kUsed>
 void q6_K_row(const void* w, const Q8KGroup& g, int64_t n, float* out) {
   const auto* x = static_cast<const BlockQ6_K*>(w);
-  const __m256i low_mask = _mm256_set1_epi8(0x0F);
-  const __m256i two_bits = _mm256_set1_epi8(0x03);
   __m256 acc[kActs];
 #pragma GCC unroll 8
   for (auto& a : acc) a = _mm256_setzero_ps();
@@ -129,21 +124,10 @@ void q6_K_row(const void* w, const Q8KGroup& g, int64_t n, float* out) {
 #pragma GCC unroll 8
     for (auto& s : isum) s = _mm256_setzero_si256();
     for (int half = 0; half < 2; ++half) {
-      const uint8_t* ql = x[b].ql + 64 * half;
-      const __m256i l0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql));
-      const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32));
-      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qh + 32 * half));
       const __m256i half_scales = half == 0 ? _mm256_permute2x128_si256(scales16, scales16, 0x00)
                                              : _mm256_permute2x128_si256(scales16, scales16, 0x11);
-      const __m256i parts[4] = {
-          _mm256_or_si256(_mm256_and_si256(l0, low_mask), _mm256_slli_epi16(_mm256_and_si256(h, two_bits), 4)),
-          _mm256_or_si256(_mm256_and_si256(l1, low_mask),
-                          _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), two_bits), 4)),
-          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low_mask),
-                          _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), two_bits), 4)),
-          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low_mask),
-                          _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), two_bits), 4)),
-      };
+      __m256i parts[4];
+      q6_K_parts(x[b], half, parts);
       __m256i s[4];
       for (int part = 0; part < 4; ++part) s[part] = _mm256_shuffle_epi8(half_scales, q6_scale_pick(part));
 #pragma GCC unroll 8

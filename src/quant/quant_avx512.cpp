@@ -87,6 +87,21 @@ inline __m256i block_bytes(const BlockMXFP4& blk) {
   return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk.qs)));
 }
 
+// Q6_K parts of one half-block as the 512-bit kernels take them: q01 holds parts 0 and 1 (ql's
+// 64 bytes as they lie in memory, low nibbles) and q23 parts 2 and 3 (high nibbles), each with
+// its two qh bits on top (qh's 32 bytes in both 256-bit halves; a 64-bit shift is fine, the two
+// bits kept are the byte's own). Unsigned, 0..63.
+inline void q6_K_parts(const BlockQ6_K& blk, int half, __m512i& q01, __m512i& q23) {
+  const __m512i low_mask = _mm512_set1_epi8(0x0F), two_bits = _mm512_set1_epi8(0x03);
+  const __m512i shift_01 = _mm512_setr_epi64(0, 0, 0, 0, 2, 2, 2, 2);
+  const __m512i shift_23 = _mm512_setr_epi64(4, 4, 4, 4, 6, 6, 6, 6);
+  const __m512i ql = _mm512_loadu_si512(blk.ql + 64 * half);
+  const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qh + 32 * half)));
+  q01 = _mm512_or_si512(_mm512_and_si512(ql, low_mask), _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi64(qh, shift_01), two_bits), 4));
+  q23 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), low_mask),
+                        _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi64(qh, shift_23), two_bits), 4));
+}
+
 }  // namespace
 
 // Q6_K. The AVX2 kernel handles a half-block (128 quants) as four 32-quant parts: part p takes
@@ -97,12 +112,6 @@ inline __m256i block_bytes(const BlockMXFP4& blk) {
 float dot_q6_K(const void* w, const void* a, int64_t n) {
   const auto* x = static_cast<const BlockQ6_K*>(w);
   const auto* y = static_cast<const BlockQ8_K*>(a);
-  const __m512i low_mask = _mm512_set1_epi8(0x0F);
-  const __m512i two_bits = _mm512_set1_epi8(0x03);
-  // qh bits 0-1 for part 0 and 2-3 for part 1 (qh sits in both 256-bit halves), 4-5 and 6-7
-  // for parts 2 and 3. A 64-bit shift is fine: the two bits kept are the byte's own.
-  const __m512i shift_01 = _mm512_setr_epi64(0, 0, 0, 0, 2, 2, 2, 2);
-  const __m512i shift_23 = _mm512_setr_epi64(4, 4, 4, 4, 6, 6, 6, 6);
   // Sixteen quants share a scale: eight int16 lanes after maddubs. Half h, parts 2q and 2q+1
   // use scales 8h + 4q .. 8h + 4q + 3.
   const __m512i scale_pick[4] = {repeat_scales(0, 8), repeat_scales(4, 8), repeat_scales(8, 8), repeat_scales(12, 8)};
@@ -115,12 +124,8 @@ float dot_q6_K(const void* w, const void* a, int64_t n) {
     const __m256i offset = _mm256_slli_epi32(_mm256_madd_epi16(bsums, scales16), 5);  // 32 * sum(sc * q8)
     __m512i isum = _mm512_setzero_si512();
     for (int half = 0; half < 2; ++half) {
-      const __m512i ql = _mm512_loadu_si512(x[b].ql + 64 * half);
-      const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qh + 32 * half)));
-      const __m512i q01 = _mm512_or_si512(_mm512_and_si512(ql, low_mask),
-                                          _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi64(qh, shift_01), two_bits), 4));
-      const __m512i q23 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), low_mask),
-                                          _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi64(qh, shift_23), two_bits), 4));
+      __m512i q01, q23;
+      q6_K_parts(x[b], half, q01, q23);
       const int8_t* q8 = y[b].qs + 128 * half;
       const __m512i y01 = _mm512_loadu_si512(q8);
       const __m512i y23 = _mm512_loadu_si512(q8 + 64);
@@ -251,12 +256,7 @@ void q4_K_row(const void* w, const Q8KGroup& g, int64_t n, float* out) {
       }
     }
     // Both 256-bit halves of each activation's sums reduced side by side, then added.
-    const __m512i halves = hsum8_i32_x2(isum);
-    const __m256i totals = fold_halves(halves);
-    const __m256 dy = g.scales(b);
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(totals), _mm256_mul_ps(_mm256_set1_ps(f16(x[b].d)), dy), acc);
-    acc_min = _mm256_fmadd_ps(_mm256_cvtepi32_ps(g.min_terms(b, mins16)), _mm256_mul_ps(_mm256_set1_ps(f16(x[b].dmin)), dy),
-                              acc_min);
+    q4_K_block_step(g, b, x[b], fold_halves(hsum8_i32_x2(isum)), mins16, acc, acc_min);
   }
   _mm256_storeu_ps(out, _mm256_sub_ps(acc, acc_min));
 }
@@ -266,10 +266,6 @@ void q4_K_row(const void* w, const Q8KGroup& g, int64_t n, float* out) {
 template <int kUsed>
 void q6_K_row(const void* w, const Q8KGroup& g, int64_t n, float* out) {
   const auto* x = static_cast<const BlockQ6_K*>(w);
-  const __m512i low_mask = _mm512_set1_epi8(0x0F);
-  const __m512i two_bits = _mm512_set1_epi8(0x03);
-  const __m512i shift_01 = _mm512_setr_epi64(0, 0, 0, 0, 2, 2, 2, 2);
-  const __m512i shift_23 = _mm512_setr_epi64(4, 4, 4, 4, 6, 6, 6, 6);
   const __m512i scale_pick[4] = {repeat_scales(0, 8), repeat_scales(4, 8), repeat_scales(8, 8), repeat_scales(12, 8)};
   __m256 acc[kActs];
 #pragma GCC unroll 8
@@ -281,12 +277,8 @@ void q6_K_row(const void* w, const Q8KGroup& g, int64_t n, float* out) {
 #pragma GCC unroll 8
     for (auto& v : isum) v = _mm512_setzero_si512();
     for (int half = 0; half < 2; ++half) {
-      const __m512i ql = _mm512_loadu_si512(x[b].ql + 64 * half);
-      const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qh + 32 * half)));
-      const __m512i q01 = _mm512_or_si512(_mm512_and_si512(ql, low_mask),
-                                          _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi64(qh, shift_01), two_bits), 4));
-      const __m512i q23 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), low_mask),
-                                          _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi64(qh, shift_23), two_bits), 4));
+      __m512i q01, q23;
+      q6_K_parts(x[b], half, q01, q23);
       const __m512i s01 = _mm512_permutexvar_epi16(scale_pick[2 * half], scales);
       const __m512i s23 = _mm512_permutexvar_epi16(scale_pick[2 * half + 1], scales);
 #pragma GCC unroll 8

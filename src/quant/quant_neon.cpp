@@ -12,6 +12,7 @@
 #include <cmath>
 
 #include "quant/blocks.h"
+#include "quant/neon_shared.h"
 #include "quant/simd_kernels.h"
 
 namespace bmoe::neon {
@@ -21,10 +22,6 @@ inline int32x4_t dot16(int32x4_t acc, int8x16_t a, const int8_t* b) { return vdo
 
 inline int sum_i32(int32x4_t v) { return vaddvq_s32(v); }
 
-// Low and high nibbles of 16 bytes, as signed bytes 0..15.
-inline int8x16_t low_nibbles(uint8x16_t q) { return vreinterpretq_s8_u8(vandq_u8(q, vdupq_n_u8(0x0F))); }
-inline int8x16_t high_nibbles(uint8x16_t q) { return vreinterpretq_s8_u8(vshrq_n_u8(q, 4)); }
-
 inline float reduce4(float32x4_t a, float32x4_t b, float32x4_t c, float32x4_t d) {
   return vaddvq_f32(vaddq_f32(vaddq_f32(a, c), vaddq_f32(b, d)));
 }
@@ -32,23 +29,6 @@ inline float reduce4(float32x4_t a, float32x4_t b, float32x4_t c, float32x4_t d)
 }  // namespace
 
 namespace {
-
-// Element formats of the float kernels: a four-lane load and a one-element conversion.
-struct F32Elements {
-  using T = float;
-  static float32x4_t load4(const float* p) { return vld1q_f32(p); }
-  static float one(float v) { return v; }
-};
-struct F16Elements {
-  using T = uint16_t;
-  static float32x4_t load4(const uint16_t* p) { return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p))); }
-  static float one(uint16_t v) { return fp16_to_fp32(v); }
-};
-struct BF16Elements {  // bf16 is the top half of an f32: widen by shifting into the high 16 bits
-  using T = uint16_t;
-  static float32x4_t load4(const uint16_t* p) { return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p), 16)); }
-  static float one(uint16_t v) { return bf16_to_fp32(v); }
-};
 
 // Four vector accumulators of fused multiply-adds over 16 elements a step, reduced like ggml's
 // NEON path; the tail is summed in double.
@@ -154,7 +134,6 @@ float dot_q4_K(const void* w, const void* a, int64_t n) {
 float dot_q5_K(const void* w, const void* a, int64_t n) {
   const auto* x = static_cast<const BlockQ5_K*>(w);
   const auto* y = static_cast<const BlockQ8_K*>(a);
-  const uint8x16_t sixteen = vdupq_n_u8(16);
   float sum = 0.0f;
   for (int64_t b = 0; b < n / kQK_K; ++b) {
     int isum = 0;
@@ -167,16 +146,12 @@ float dot_q5_K(const void* w, const void* a, int64_t n) {
       k_scale_min(2 * chunk + 1, x[b].scales, sc1, m1);
       const uint8x16_t bit0 = vdupq_n_u8(static_cast<uint8_t>(1u << (2 * chunk)));
       const uint8x16_t bit1 = vdupq_n_u8(static_cast<uint8_t>(2u << (2 * chunk)));
-      // The fifth bit adds 16 where qh has this sub-block's bit set.
-      auto with_high = [&](int8x16_t nibbles, uint8x16_t qh, uint8x16_t bit) {
-        return vaddq_s8(nibbles, vreinterpretq_s8_u8(vandq_u8(vtstq_u8(qh, bit), sixteen)));
-      };
       const uint8x16_t qa = vld1q_u8(q), qb = vld1q_u8(q + 16);
       const int32x4_t zero = vdupq_n_s32(0);
-      const int s0 = sum_i32(dot16(dot16(zero, with_high(low_nibbles(qa), qh_a, bit0), q8),
-                                   with_high(low_nibbles(qb), qh_b, bit0), q8 + 16));
-      const int s1 = sum_i32(dot16(dot16(zero, with_high(high_nibbles(qa), qh_a, bit1), q8 + 32),
-                                   with_high(high_nibbles(qb), qh_b, bit1), q8 + 48));
+      const int s0 = sum_i32(dot16(dot16(zero, with_fifth_bit(low_nibbles(qa), qh_a, bit0), q8),
+                                   with_fifth_bit(low_nibbles(qb), qh_b, bit0), q8 + 16));
+      const int s1 = sum_i32(dot16(dot16(zero, with_fifth_bit(high_nibbles(qa), qh_a, bit1), q8 + 32),
+                                   with_fifth_bit(high_nibbles(qb), qh_b, bit1), q8 + 48));
       isum += sc0 * s0 + sc1 * s1;
       q += 32;
       q8 += 64;
@@ -191,8 +166,6 @@ float dot_q5_K(const void* w, const void* a, int64_t n) {
 float dot_q6_K(const void* w, const void* a, int64_t n) {
   const auto* x = static_cast<const BlockQ6_K*>(w);
   const auto* y = static_cast<const BlockQ8_K*>(a);
-  const uint8x16_t m4 = vdupq_n_u8(0x0F), m2 = vdupq_n_u8(0x03);
-  const int8x16_t bias = vdupq_n_s8(32);
   float sum = 0.0f;
   for (int64_t b = 0; b < n / kQK_K; ++b) {
     int isum = 0;
@@ -201,19 +174,11 @@ float dot_q6_K(const void* w, const void* a, int64_t n) {
       const uint8_t* qh = x[b].qh + 32 * half;
       const int8_t* sc = x[b].scales + 8 * half;
       const int8_t* q8 = y[b].qs + 128 * half;
-      const uint8x16_t l0 = vld1q_u8(ql), l1 = vld1q_u8(ql + 16), l2 = vld1q_u8(ql + 32), l3 = vld1q_u8(ql + 48);
-      const uint8x16_t h0 = vld1q_u8(qh), h1 = vld1q_u8(qh + 16);
-      // Part p of the half: elements 32p..32p+31, from ql (low or high nibble, first or second
-      // 32 bytes) and bits 2p..2p+1 of qh; two groups of 16 with their own scales.
+      const uint8x16_t l[4] = {vld1q_u8(ql), vld1q_u8(ql + 16), vld1q_u8(ql + 32), vld1q_u8(ql + 48)};
+      const uint8x16_t h[2] = {vld1q_u8(qh), vld1q_u8(qh + 16)};
       for (int part = 0; part < 4; ++part) {
-        const uint8x16_t lo_a = part & 1 ? l2 : l0, lo_b = part & 1 ? l3 : l1;
-        const uint8x16_t nib_a = part < 2 ? vandq_u8(lo_a, m4) : vshrq_n_u8(lo_a, 4);
-        const uint8x16_t nib_b = part < 2 ? vandq_u8(lo_b, m4) : vshrq_n_u8(lo_b, 4);
-        const int shift = 2 * part;
-        const uint8x16_t hi_a = vandq_u8(vshlq_u8(h0, vdupq_n_s8(static_cast<int8_t>(-shift))), m2);
-        const uint8x16_t hi_b = vandq_u8(vshlq_u8(h1, vdupq_n_s8(static_cast<int8_t>(-shift))), m2);
-        const int8x16_t va = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(nib_a, vshlq_n_u8(hi_a, 4))), bias);
-        const int8x16_t vb = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(nib_b, vshlq_n_u8(hi_b, 4))), bias);
+        int8x16_t va, vb;
+        q6_K_part(l, h, part, va, vb);
         const int s0 = sum_i32(dot16(vdupq_n_s32(0), va, q8 + 32 * part));
         const int s1 = sum_i32(dot16(vdupq_n_s32(0), vb, q8 + 32 * part + 16));
         isum += sc[2 * part] * s0 + sc[2 * part + 1] * s1;

@@ -11,6 +11,7 @@
 
 #include "core/fp16.h"
 #include "quant/blocks.h"
+#include "quant/neon_shared.h"
 #include "quant/quant.h"
 #include "quant/simd_kernels.h"
 #include "quant/tile_frame.h"
@@ -19,9 +20,6 @@ namespace bmoe::neon {
 namespace {
 
 constexpr int kActs = 4;
-
-inline int8x16_t low_nibbles(uint8x16_t q) { return vreinterpretq_s8_u8(vandq_u8(q, vdupq_n_u8(0x0F))); }
-inline int8x16_t high_nibbles(uint8x16_t q) { return vreinterpretq_s8_u8(vshrq_n_u8(q, 4)); }
 
 // Two SDOTs over 32 quants (a: the first 16, b: the next 16) against 32 activations.
 inline int32x4_t dot32(int8x16_t a, int8x16_t b, const int8_t* y) {
@@ -102,7 +100,6 @@ void q4_K_row(const void* w, const Q8KGroup& g, int64_t n, float* out) {
 // Q5_K (dot_q5_K): sum += d * isum - dmin * mins, unfused, per lane.
 void q5_K_row(const void* w, const Q8KGroup& g, int64_t n, float* out) {
   const auto* x = static_cast<const BlockQ5_K*>(w);
-  const uint8x16_t sixteen = vdupq_n_u8(16);
   float32x4_t sum = vdupq_n_f32(0.0f);
   for (int64_t b = 0; b < n / kQK_K; ++b) {
     int32_t sc[8];
@@ -114,12 +111,9 @@ void q5_K_row(const void* w, const Q8KGroup& g, int64_t n, float* out) {
     for (int chunk = 0; chunk < 4; ++chunk) {
       const uint8x16_t bit0 = vdupq_n_u8(static_cast<uint8_t>(1u << (2 * chunk)));
       const uint8x16_t bit1 = vdupq_n_u8(static_cast<uint8_t>(2u << (2 * chunk)));
-      auto with_high = [&](int8x16_t nibbles, uint8x16_t qh, uint8x16_t bit) {
-        return vaddq_s8(nibbles, vreinterpretq_s8_u8(vandq_u8(vtstq_u8(qh, bit), sixteen)));
-      };
       const uint8x16_t qa = vld1q_u8(x[b].qs + 32 * chunk), qb = vld1q_u8(x[b].qs + 32 * chunk + 16);
-      const int8x16_t la = with_high(low_nibbles(qa), qh_a, bit0), lb = with_high(low_nibbles(qb), qh_b, bit0);
-      const int8x16_t ha = with_high(high_nibbles(qa), qh_a, bit1), hb = with_high(high_nibbles(qb), qh_b, bit1);
+      const int8x16_t la = with_fifth_bit(low_nibbles(qa), qh_a, bit0), lb = with_fifth_bit(low_nibbles(qb), qh_b, bit0);
+      const int8x16_t ha = with_fifth_bit(high_nibbles(qa), qh_a, bit1), hb = with_fifth_bit(high_nibbles(qb), qh_b, bit1);
       for (int t = 0; t < kActs; ++t) {
         const int8_t* q8 = g.y[t][b].qs + 64 * chunk;
         acc[t] = vmlaq_n_s32(acc[t], dot32(la, lb, q8), sc[2 * chunk]);
@@ -138,8 +132,6 @@ void q5_K_row(const void* w, const Q8KGroup& g, int64_t n, float* out) {
 // Q6_K (dot_q6_K): sum += (dx * dy) * isum, unfused, per lane.
 void q6_K_row(const void* w, const Q8KGroup& g, int64_t n, float* out) {
   const auto* x = static_cast<const BlockQ6_K*>(w);
-  const uint8x16_t m4 = vdupq_n_u8(0x0F), m2 = vdupq_n_u8(0x03);
-  const int8x16_t bias = vdupq_n_s8(32);
   float32x4_t sum = vdupq_n_f32(0.0f);
   for (int64_t b = 0; b < n / kQK_K; ++b) {
     int32x4_t acc[kActs];
@@ -148,16 +140,11 @@ void q6_K_row(const void* w, const Q8KGroup& g, int64_t n, float* out) {
       const uint8_t* ql = x[b].ql + 64 * half;
       const uint8_t* qh = x[b].qh + 32 * half;
       const int8_t* sc = x[b].scales + 8 * half;
-      const uint8x16_t l0 = vld1q_u8(ql), l1 = vld1q_u8(ql + 16), l2 = vld1q_u8(ql + 32), l3 = vld1q_u8(ql + 48);
-      const uint8x16_t h0 = vld1q_u8(qh), h1 = vld1q_u8(qh + 16);
+      const uint8x16_t l[4] = {vld1q_u8(ql), vld1q_u8(ql + 16), vld1q_u8(ql + 32), vld1q_u8(ql + 48)};
+      const uint8x16_t h[2] = {vld1q_u8(qh), vld1q_u8(qh + 16)};
       for (int part = 0; part < 4; ++part) {
-        const uint8x16_t lo_a = part & 1 ? l2 : l0, lo_b = part & 1 ? l3 : l1;
-        const uint8x16_t nib_a = part < 2 ? vandq_u8(lo_a, m4) : vshrq_n_u8(lo_a, 4);
-        const uint8x16_t nib_b = part < 2 ? vandq_u8(lo_b, m4) : vshrq_n_u8(lo_b, 4);
-        const int8x16_t shift = vdupq_n_s8(static_cast<int8_t>(-2 * part));
-        const uint8x16_t hi_a = vandq_u8(vshlq_u8(h0, shift), m2), hi_b = vandq_u8(vshlq_u8(h1, shift), m2);
-        const int8x16_t va = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(nib_a, vshlq_n_u8(hi_a, 4))), bias);
-        const int8x16_t vb = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(nib_b, vshlq_n_u8(hi_b, 4))), bias);
+        int8x16_t va, vb;
+        q6_K_part(l, h, part, va, vb);
         for (int t = 0; t < kActs; ++t) {
           const int8_t* q8 = g.y[t][b].qs + 128 * half + 32 * part;
           acc[t] = vmlaq_n_s32(acc[t], vdotq_s32(vdupq_n_s32(0), va, vld1q_s8(q8)), sc[2 * part]);
@@ -228,21 +215,6 @@ struct FloatGroup {
   FloatGroup(const void* const* acts, int64_t, bool) {
     for (int t = 0; t < kActs; ++t) y[t] = acts[t];
   }
-};
-struct F32Elements {
-  using T = float;
-  static float32x4_t load4(const float* p) { return vld1q_f32(p); }
-  static float one(float v) { return v; }
-};
-struct F16Elements {
-  using T = uint16_t;
-  static float32x4_t load4(const uint16_t* p) { return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p))); }
-  static float one(uint16_t v) { return fp16_to_fp32(v); }
-};
-struct BF16Elements {
-  using T = uint16_t;
-  static float32x4_t load4(const uint16_t* p) { return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p), 16)); }
-  static float one(uint16_t v) { return bf16_to_fp32(v); }
 };
 
 template <typename X, typename Y>

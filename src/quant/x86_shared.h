@@ -12,6 +12,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "quant/blocks.h"
+
 namespace bmoe::x86 {
 namespace {
 
@@ -139,6 +141,22 @@ inline __m256i q6_scale_pick(int part) {
   const __m256i first = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1,
                                          2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
   return _mm256_add_epi8(first, _mm256_set1_epi8(static_cast<char>(4 * part)));
+}
+
+// The four 32-quant parts of one half (128 quants) of a Q6_K block, unsigned (0..63): part p
+// takes the low (p < 2) or high (p >= 2) nibbles of the half's first (p even) or second 32 ql
+// bytes, and bits 2p..2p+1 of its 32 qh bytes on top.
+inline void q6_K_parts(const BlockQ6_K& blk, int half, __m256i parts[4]) {
+  const __m256i low_mask = _mm256_set1_epi8(0x0F), two_bits = _mm256_set1_epi8(0x03);
+  const uint8_t* ql = blk.ql + 64 * half;
+  const __m256i l0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql));
+  const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32));
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qh + 32 * half));
+  auto high = [&](int shift) { return _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, shift), two_bits), 4); };
+  parts[0] = _mm256_or_si256(_mm256_and_si256(l0, low_mask), high(0));
+  parts[1] = _mm256_or_si256(_mm256_and_si256(l1, low_mask), high(2));
+  parts[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low_mask), high(4));
+  parts[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low_mask), high(6));
 }
 
 }  // namespace

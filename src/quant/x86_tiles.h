@@ -92,6 +92,16 @@ struct ActGroup {
 using Q8KGroup = ActGroup<BlockQ8_K>;
 using Q8_0Group = ActGroup<BlockQ8_0>;
 
+// dot_q4_K's two per-block scalar chains for the eight pairs, one lane each: the block's
+// scaled integer sums (`totals`) and its min terms, each times its scale product.
+inline void q4_K_block_step(const Q8KGroup& g, int64_t b, const BlockQ4_K& blk, __m256i totals, __m128i mins16,
+                            __m256& acc, __m256& acc_min) {
+  const __m256 dy = g.scales(b);
+  acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(totals), _mm256_mul_ps(_mm256_set1_ps(f16(blk.d)), dy), acc);
+  acc_min = _mm256_fmadd_ps(_mm256_cvtepi32_ps(g.min_terms(b, mins16)), _mm256_mul_ps(_mm256_set1_ps(f16(blk.dmin)), dy),
+                            acc_min);
+}
+
 struct FloatGroup {
   const void* y[kActs];
   FloatGroup(const void* const* acts, int64_t, bool) { std::copy(acts, acts + kActs, y); }
