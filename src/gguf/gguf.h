@@ -89,22 +89,15 @@ struct GgufShard {
 // Parses one file; throws bmoe::Error with a one-line reason for any malformed input.
 GgufShard read_gguf_shard(const std::string& path);
 
-// A model: one file or a complete set of split shards, validated as a whole.
-class GgufModel {
+// Typed access to metadata keys: a model's merged keys, or keys about to be written. The *_or
+// forms return the fallback when the key is absent, the others throw "missing required key";
+// both throw on a type mismatch. Errors name `source`.
+class GgufMetadata {
  public:
-  // Opens `path`; when it names a shard of a split set, all shards are opened.
-  static std::unique_ptr<GgufModel> open(const std::string& path);
-
-  const std::vector<GgufShard>& shards() const { return shards_; }
-  const std::vector<TensorInfo>& tensors() const { return tensors_; }
-  const GgufShard& primary() const { return shards_.front(); }
+  GgufMetadata() = default;
+  GgufMetadata(std::string source, const std::vector<std::pair<std::string, GgufValue>>& values);
 
   const GgufValue* find(const std::string& key) const;
-  const TensorInfo* find_tensor(const std::string& name) const;
-  const TensorInfo& tensor(const std::string& name) const;  // throws "missing tensor"
-
-  // Typed metadata accessors; the *_or forms return the fallback when the key is absent,
-  // the others throw "missing required key". Both throw on a type mismatch.
   std::string get_string(const std::string& key) const;
   std::string get_string_or(const std::string& key, const std::string& fallback) const;
   int64_t get_int(const std::string& key) const;
@@ -120,13 +113,31 @@ class GgufModel {
   std::vector<int64_t> get_per_layer_int(const std::string& key, int n_layers,
                                          std::optional<int64_t> fallback) const;
 
+ protected:
+  std::string source_;
+  std::map<std::string, GgufValue> values_;  // the first value of a key wins
+};
+
+// A model: one file or a complete set of split shards, validated as a whole. Its metadata is
+// the shards' keys merged, the primary shard's first.
+class GgufModel : public GgufMetadata {
+ public:
+  // Opens `path`; when it names a shard of a split set, all shards are opened.
+  static std::unique_ptr<GgufModel> open(const std::string& path);
+
+  const std::vector<GgufShard>& shards() const { return shards_; }
+  const std::vector<TensorInfo>& tensors() const { return tensors_; }
+  const GgufShard& primary() const { return shards_.front(); }
+
+  const TensorInfo* find_tensor(const std::string& name) const;
+  const TensorInfo& tensor(const std::string& name) const;  // throws "missing tensor"
+
   uint64_t total_tensor_bytes() const;
 
  private:
   std::vector<GgufShard> shards_;
   std::vector<TensorInfo> tensors_;
   std::map<std::string, size_t> tensor_index_;
-  std::map<std::string, GgufValue> metadata_;  // merged: primary shard wins
 };
 
 // Split naming: returns "prefix-00002-of-00005.gguf" for (prefix, 2, 5).

@@ -198,9 +198,10 @@ std::unique_ptr<GgufModel> GgufModel::open(const std::string& path) {
   }
 
   // Merge: metadata from every shard (first occurrence wins), tensors from all.
+  model->source_ = model->primary().path;
   for (size_t s = 0; s < model->shards_.size(); ++s) {
     GgufShard& shard = model->shards_[s];
-    for (const auto& [key, value] : shard.metadata) model->metadata_.emplace(key, value);
+    for (const auto& [key, value] : shard.metadata) model->values_.emplace(key, value);
     for (TensorInfo& t : shard.tensors) {
       t.shard = static_cast<int>(s);
       if (model->tensor_index_.count(t.name)) fail("{}: duplicate tensor '{}'", shard.path, t.name);
@@ -218,9 +219,14 @@ std::unique_ptr<GgufModel> GgufModel::open(const std::string& path) {
   return model;
 }
 
-const GgufValue* GgufModel::find(const std::string& key) const {
-  const auto it = metadata_.find(key);
-  return it == metadata_.end() ? nullptr : &it->second;
+GgufMetadata::GgufMetadata(std::string source, const std::vector<std::pair<std::string, GgufValue>>& values)
+    : source_(std::move(source)) {
+  for (const auto& [key, value] : values) values_.emplace(key, value);
+}
+
+const GgufValue* GgufMetadata::find(const std::string& key) const {
+  const auto it = values_.find(key);
+  return it == values_.end() ? nullptr : &it->second;
 }
 
 const TensorInfo* GgufModel::find_tensor(const std::string& name) const {
@@ -235,60 +241,59 @@ const TensorInfo& GgufModel::tensor(const std::string& name) const {
 }
 
 namespace {
-const GgufValue& require(const GgufModel& m, const std::string& key) {
+const GgufValue& require(const GgufMetadata& m, const std::string& source, const std::string& key) {
   const GgufValue* v = m.find(key);
-  if (v == nullptr) fail("{}: missing required key '{}'", m.primary().path, key);
+  if (v == nullptr) fail("{}: missing required key '{}'", source, key);
   return *v;
 }
-[[noreturn]] void type_mismatch(const GgufModel& m, const std::string& key, const GgufValue& v,
+[[noreturn]] void type_mismatch(const std::string& source, const std::string& key, const GgufValue& v,
                                 const char* wanted) {
-  fail("{}: key '{}' has type {}, expected {}", m.primary().path, key, gguf_value_type_name(v.type),
-       wanted);
+  fail("{}: key '{}' has type {}, expected {}", source, key, gguf_value_type_name(v.type), wanted);
 }
 }  // namespace
 
-std::string GgufModel::get_string(const std::string& key) const {
-  const GgufValue& v = require(*this, key);
-  if (v.type != GgufValueType::STRING) type_mismatch(*this, key, v, "string");
+std::string GgufMetadata::get_string(const std::string& key) const {
+  const GgufValue& v = require(*this, source_, key);
+  if (v.type != GgufValueType::STRING) type_mismatch(source_, key, v, "string");
   return v.text;
 }
 
-std::string GgufModel::get_string_or(const std::string& key, const std::string& fallback) const {
+std::string GgufMetadata::get_string_or(const std::string& key, const std::string& fallback) const {
   return find(key) ? get_string(key) : fallback;
 }
 
-int64_t GgufModel::get_int(const std::string& key) const {
-  const GgufValue& v = require(*this, key);
-  if (!v.is_integer()) type_mismatch(*this, key, v, "integer");
+int64_t GgufMetadata::get_int(const std::string& key) const {
+  const GgufValue& v = require(*this, source_, key);
+  if (!v.is_integer()) type_mismatch(source_, key, v, "integer");
   return v.integer;
 }
 
-int64_t GgufModel::get_int_or(const std::string& key, int64_t fallback) const {
+int64_t GgufMetadata::get_int_or(const std::string& key, int64_t fallback) const {
   return find(key) ? get_int(key) : fallback;
 }
 
-double GgufModel::get_float(const std::string& key) const {
-  const GgufValue& v = require(*this, key);
+double GgufMetadata::get_float(const std::string& key) const {
+  const GgufValue& v = require(*this, source_, key);
   if (v.is_float()) return v.real;
   if (v.is_integer()) return static_cast<double>(v.integer);
-  type_mismatch(*this, key, v, "float");
+  type_mismatch(source_, key, v, "float");
 }
 
-double GgufModel::get_float_or(const std::string& key, double fallback) const {
+double GgufMetadata::get_float_or(const std::string& key, double fallback) const {
   return find(key) ? get_float(key) : fallback;
 }
 
-bool GgufModel::get_bool_or(const std::string& key, bool fallback) const {
+bool GgufMetadata::get_bool_or(const std::string& key, bool fallback) const {
   const GgufValue* v = find(key);
   if (v == nullptr) return fallback;
-  if (!v->is_integer()) type_mismatch(*this, key, *v, "bool");
+  if (!v->is_integer()) type_mismatch(source_, key, *v, "bool");
   return v->integer != 0;
 }
 
-std::vector<std::string> GgufModel::get_string_array(const std::string& key) const {
-  const GgufValue& v = require(*this, key);
+std::vector<std::string> GgufMetadata::get_string_array(const std::string& key) const {
+  const GgufValue& v = require(*this, source_, key);
   if (v.type != GgufValueType::ARRAY || v.element_type != GgufValueType::STRING) {
-    type_mismatch(*this, key, v, "array of strings");
+    type_mismatch(source_, key, v, "array of strings");
   }
   std::vector<std::string> out;
   out.reserve(v.elements.size());
@@ -296,40 +301,40 @@ std::vector<std::string> GgufModel::get_string_array(const std::string& key) con
   return out;
 }
 
-std::vector<int64_t> GgufModel::get_int_array(const std::string& key) const {
-  const GgufValue& v = require(*this, key);
-  if (v.type != GgufValueType::ARRAY) type_mismatch(*this, key, v, "array of integers");
+std::vector<int64_t> GgufMetadata::get_int_array(const std::string& key) const {
+  const GgufValue& v = require(*this, source_, key);
+  if (v.type != GgufValueType::ARRAY) type_mismatch(source_, key, v, "array of integers");
   std::vector<int64_t> out;
   for (const GgufValue& e : v.elements) {
-    if (!e.is_integer()) type_mismatch(*this, key, v, "array of integers");
+    if (!e.is_integer()) type_mismatch(source_, key, v, "array of integers");
     out.push_back(e.integer);
   }
   return out;
 }
 
-std::vector<double> GgufModel::get_float_array(const std::string& key) const {
-  const GgufValue& v = require(*this, key);
-  if (v.type != GgufValueType::ARRAY) type_mismatch(*this, key, v, "array of floats");
+std::vector<double> GgufMetadata::get_float_array(const std::string& key) const {
+  const GgufValue& v = require(*this, source_, key);
+  if (v.type != GgufValueType::ARRAY) type_mismatch(source_, key, v, "array of floats");
   std::vector<double> out;
   for (const GgufValue& e : v.elements) {
     if (e.is_float()) out.push_back(e.real);
     else if (e.is_integer()) out.push_back(static_cast<double>(e.integer));
-    else type_mismatch(*this, key, v, "array of floats");
+    else type_mismatch(source_, key, v, "array of floats");
   }
   return out;
 }
 
-std::vector<int64_t> GgufModel::get_per_layer_int(const std::string& key, int n_layers,
+std::vector<int64_t> GgufMetadata::get_per_layer_int(const std::string& key, int n_layers,
                                                   std::optional<int64_t> fallback) const {
   const GgufValue* v = find(key);
   if (v == nullptr) {
-    if (!fallback) require(*this, key);
+    if (!fallback) require(*this, source_, key);
     return std::vector<int64_t>(static_cast<size_t>(n_layers), *fallback);
   }
   if (v->type == GgufValueType::ARRAY) {
     std::vector<int64_t> values = get_int_array(key);
     if (static_cast<int>(values.size()) != n_layers) {
-      fail("{}: key '{}' has {} entries for {} layers", primary().path, key, values.size(), n_layers);
+      fail("{}: key '{}' has {} entries for {} layers", source_, key, values.size(), n_layers);
     }
     return values;
   }

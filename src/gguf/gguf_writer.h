@@ -25,6 +25,7 @@ class GgufWriter {
   void set(const std::string& key, GgufValue value);
   void add_tensor(const std::string& name, std::vector<int64_t> dims, TensorType type, Fill fill);
 
+  const std::vector<std::pair<std::string, GgufValue>>& metadata() const { return metadata_; }
   uint64_t tensor_bytes() const;
   size_t tensor_count() const { return tensors_.size(); }
 
