@@ -6,12 +6,14 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <set>
 
 #include "core/error.h"
 #include "engine/loader.h"
 #include "engine/session.h"
 #include "gguf/gguf.h"
 #include "gguf/gguf_writer.h"
+#include "model/arch.h"
 #include "synth/synth.h"
 #include "test_util.h"
 
@@ -188,6 +190,36 @@ TEST(Loader, MissingRequiredKeyIsNamed) {
     w.set("qwen3moe.block_count", GgufValue::string("two"));
   });
   EXPECT_NE(load_error(path).find("qwen3moe.block_count"), std::string::npos) << load_error(path);
+}
+
+// The table is the one description of a family: the tensors bmoe-synth writes are exactly those
+// the table expands to for the config the loader reads back from the file, and every row the
+// loader binds exists in that file.
+TEST(ArchTable, SynthesizedFilesHoldExactlyTheTablesTensors) {
+  for (const char* preset : {"tiny-qwen3moe", "tiny-qwen2moe", "tiny-olmoe", "tiny-mixtral", "tiny-gpt-oss", "tiny-gemma4"}) {
+    const std::string path = test_model_path(preset);
+    const auto model = load_model(path, LoadOptions{});
+    const Architecture* arch = find_architecture(model->arch);
+    ASSERT_NE(arch, nullptr) << preset;
+    std::set<std::string> in_file, in_table;
+    for (const TensorInfo& t : model->gguf->tensors()) in_file.insert(t.name);
+    for (const TableTensor& t : synth_tensors(arch->tensors, model->transformer->config())) {
+      EXPECT_TRUE(in_table.insert(t.name).second) << preset << ": " << t.name << " listed twice";
+      const TensorInfo* info = model->gguf->find_tensor(t.name);
+      ASSERT_NE(info, nullptr) << preset << ": " << t.name;
+      EXPECT_EQ(info->dims, t.dims) << preset << ": " << t.name;
+    }
+    EXPECT_EQ(in_file, in_table) << preset;
+  }
+}
+
+TEST(ArchTable, EveryFamilyListsItsTensors) {
+  ASSERT_GE(architectures().size(), 6u);
+  for (const Architecture& a : architectures()) {
+    const std::string text = describe_tensors(a);
+    EXPECT_NE(text.find("token_embd.weight"), std::string::npos) << a.name;
+    EXPECT_NE(text.find("routed expert"), std::string::npos) << a.name;
+  }
 }
 
 }  // namespace

@@ -81,7 +81,7 @@ void add_flags(CLI::App& app, CliOptions& o) {
   app.add_flag("--json", o.json, "print a JSON result (prompt ids, generated ids, text) instead of streaming text");
   app.add_flag("--tokenize", o.tokenize_only, "print the prompt's token ids as JSON and exit");
   app.add_option("--dump-logits", o.dump_logits, "write the logits after the prompt (f32, binary) to a file");
-  app.add_flag("--list-archs", o.list_archs, "list the architectures compiled in and exit");
+  app.add_flag("--list-archs", o.list_archs, "list the architectures compiled in, each with its tensor table, and exit");
 
   app.add_option("--teacher-force", o.teacher_force,
                  "quality check for lossy knobs: feed the tokens of an earlier --json run of the same prompt instead of "
@@ -284,7 +284,7 @@ PrefillProgress prompt_progress(bool tty) {
 
 int run(const CliOptions& o) {
   if (o.list_archs) {
-    for (const Architecture& a : architectures()) fmt::print("{:<10} {}\n", a.name, a.description);
+    for (const Architecture& a : architectures()) fmt::print("{:<10} {}\n{}", a.name, a.description, describe_tensors(a));
     return 0;
   }
   if (o.interactive) return interactive(o);

@@ -181,7 +181,7 @@ std::unique_ptr<LoadedModel> load_model(const std::string& path, const LoadOptio
   ModelWeights weights;
   GgufArchLoader loader(*model, options, model->arch);
   Stopwatch dense_timer;
-  arch->load(loader, config, weights);
+  load_architecture(*arch, loader, config, weights);
   model->dense_load_seconds = dense_timer.seconds();
   config.arch = model->arch;
   config.name = gguf.get_string_or("general.name", "");

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "model/arch_table.h"
 #include "model/config.h"
 #include "model/transformer.h"
 
@@ -39,12 +40,23 @@ class ArchLoader {
   virtual int expert_matrix(int layer, const std::string& name, std::vector<int64_t> dims) = 0;
 };
 
+// A family: its hyperparameter reader, its tensor table and, where it needs one, a last step
+// that wires bound weights together.
 struct Architecture {
   const char* name;
   const char* description;
-  // Fills config and weights; throws bmoe::Error on missing keys or tensors.
-  void (*load)(ArchLoader& loader, ModelConfig& config, ModelWeights& weights);
+  // Fills config from the metadata (and, where a family's files differ, from which tensors
+  // exist); throws bmoe::Error on missing or invalid keys.
+  void (*read_hparams)(ArchLoader& loader, ModelConfig& config);
+  std::span<const TensorSpec> tensors;
+  void (*finish)(const ModelConfig& config, ModelWeights& weights) = nullptr;
 };
+
+// The family's table as text, a line per row: name, symbolic shape, role, layers.
+std::string describe_tensors(const Architecture& arch);
+
+// read_hparams, bind_tensors, finish: throws bmoe::Error on missing keys or tensors.
+void load_architecture(const Architecture& arch, ArchLoader& loader, ModelConfig& config, ModelWeights& weights);
 
 // Every architecture compiled in, and lookup by GGUF general.architecture.
 const std::vector<Architecture>& architectures();
@@ -52,7 +64,7 @@ const Architecture* find_architecture(const std::string& name);
 
 // Reads the keys most MoE families share (block count, sizes, heads, rope, experts).
 void load_common_hparams(ArchLoader& loader, ModelConfig& c);
-// Binds tensors most families share: embeddings, output norm, output (tied if absent).
-void load_common_io(ArchLoader& loader, const ModelConfig& c, ModelWeights& w);
+// n_vocab from the embedding rows; n_ff_exp from the expert tensors when the key is absent.
+void read_vocab_and_expert_width(ArchLoader& loader, ModelConfig& c);
 
 }  // namespace bmoe

@@ -6,23 +6,43 @@
 
 namespace bmoe {
 
-void load_qwen3moe(ArchLoader& loader, ModelConfig& config, ModelWeights& weights);
-void load_qwen2moe(ArchLoader& loader, ModelConfig& config, ModelWeights& weights);
-void load_olmoe(ArchLoader& loader, ModelConfig& config, ModelWeights& weights);
-void load_llama_moe(ArchLoader& loader, ModelConfig& config, ModelWeights& weights);
-void load_gpt_oss(ArchLoader& loader, ModelConfig& config, ModelWeights& weights);
-void load_gemma4(ArchLoader& loader, ModelConfig& config, ModelWeights& weights);
+// Each family file defines one of these.
+const Architecture& qwen3moe_architecture();
+const Architecture& qwen2moe_architecture();
+const Architecture& olmoe_architecture();
+const Architecture& llama_moe_architecture();
+const Architecture& gpt_oss_architecture();
+const Architecture& gemma4_architecture();
 
 const std::vector<Architecture>& architectures() {
   static const std::vector<Architecture> archs = {
-      {"qwen3moe", "Qwen3 MoE (Qwen3-30B-A3B, 235B-A22B)", load_qwen3moe},
-      {"qwen2moe", "Qwen2 MoE with shared expert (Qwen1.5-MoE-A2.7B, Qwen2-57B-A14B)", load_qwen2moe},
-      {"olmoe", "OLMoE (OLMoE-1B-7B)", load_olmoe},
-      {"llama", "llama-architecture MoE (Mixtral 8x7B, 8x22B)", load_llama_moe},
-      {"gpt-oss", "gpt-oss (20b, 120b; MXFP4 experts, attention sinks, sliding window)", load_gpt_oss},
-      {"gemma4", "Gemma 4 MoE (26B-A4B; dense FFN beside the experts, fused gate+up)", load_gemma4},
+      qwen3moe_architecture(), qwen2moe_architecture(), olmoe_architecture(),
+      llama_moe_architecture(), gpt_oss_architecture(), gemma4_architecture(),
   };
   return archs;
+}
+
+std::string describe_tensors(const Architecture& arch) {
+  std::string out;
+  for (const TensorSpec& t : arch.tensors) {
+    std::string shape;
+    for (Dim d : t.dims) {
+      if (d != Dim::None) shape += (shape.empty() ? "" : ", ") + std::string(dim_name(d));
+    }
+    std::string notes = layers_name(t.layers);
+    if (t.optional) notes += ", optional";
+    if (t.alternative == Alternative::Preferred) notes += ", else:";
+    if (t.alternative == Alternative::Fallback) notes += ", alternative";
+    out += fmt::format("  {:<30} [{}]  {}; {}\n", t.per_layer() ? "blk.N." + std::string(t.name) : t.name, shape,
+                       role_name(t.role), notes);
+  }
+  return out;
+}
+
+void load_architecture(const Architecture& arch, ArchLoader& loader, ModelConfig& config, ModelWeights& weights) {
+  arch.read_hparams(loader, config);
+  bind_tensors(arch.tensors, loader, config, weights);
+  if (arch.finish) arch.finish(config, weights);
 }
 
 const Architecture* find_architecture(const std::string& name) {
@@ -73,11 +93,9 @@ void load_common_hparams(ArchLoader& a, ModelConfig& c) {
   }
 }
 
-void load_common_io(ArchLoader& a, const ModelConfig& c, ModelWeights& w) {
-  w.tok_embd = a.matrix("token_embd.weight", {c.n_embd, c.n_vocab});
-  w.output_norm = a.vector("output_norm.weight", {c.n_embd});
-  w.output = a.optional_matrix("output.weight", {c.n_embd, c.n_vocab});
-  if (!w.output.present()) w.output = w.tok_embd;  // tied embeddings
+void read_vocab_and_expert_width(ArchLoader& a, ModelConfig& c) {
+  c.n_vocab = static_cast<int>(a.tensor_dim("token_embd.weight", 1));
+  if (c.n_ff_exp == 0) c.n_ff_exp = static_cast<int>(a.tensor_dim("blk.0.ffn_gate_exps.weight", 1));
 }
 
 }  // namespace bmoe

@@ -70,9 +70,7 @@ void load_gemma4_hparams(ArchLoader& a, ModelConfig& c) {
   }
 }
 
-}  // namespace
-
-void load_gemma4(ArchLoader& a, ModelConfig& c, ModelWeights& w) {
+void read_gemma4(ArchLoader& a, ModelConfig& c) {
   load_gemma4_hparams(a, c);
   c.qk_norm_per_head = true;
   c.v_rms_norm = true;
@@ -82,54 +80,86 @@ void load_gemma4(ArchLoader& a, ModelConfig& c, ModelWeights& w) {
   c.activation = ExpertActivation::GeGLU;
   c.dense_activation = ExpertActivation::GeGLU;
   c.n_vocab = static_cast<int>(a.tensor_dim("token_embd.weight", 1));
-  load_common_io(a, c, w);
-  w.embd_scale = std::sqrt(static_cast<float>(c.n_embd));
-
-  const int64_t E = c.n_embd, NE = c.n_expert, F = c.n_ff_exp;
-  const auto n_ff = a.get_per_layer_int(".feed_forward_length", c.n_layer, std::nullopt);
-  const bool any_full = std::find(c.sliding_window.begin(), c.sliding_window.end(), 0) != c.sliding_window.end();
-  Vector rope_freqs;
-  if (any_full) rope_freqs = a.optional_vector("rope_freqs.weight", {c.head_dim / 2});
-  w.layers.resize(static_cast<size_t>(c.n_layer));
-  for (int l = 0; l < c.n_layer; ++l) {
-    LayerWeights& L = w.layers[static_cast<size_t>(l)];
-    auto name = [l](const char* suffix) { return fmt::format("blk.{}.{}", l, suffix); };
-    const int64_t d = c.head_dim_at(l), q_width = c.n_head * d, kv_width = c.n_head_kv_at(l) * d;
-    L.attn_norm = a.vector(name("attn_norm.weight"), {E});
-    L.wq = a.matrix(name("attn_q.weight"), {E, q_width});
-    L.wk = a.matrix(name("attn_k.weight"), {E, kv_width});
-    L.wv = a.optional_matrix(name("attn_v.weight"), {E, kv_width});  // absent: values = keys
-    L.wo = a.matrix(name("attn_output.weight"), {q_width, E});
-    L.q_norm = a.vector(name("attn_q_norm.weight"), {d});
-    L.k_norm = a.vector(name("attn_k_norm.weight"), {d});
-    L.post_attn_norm = a.vector(name("post_attention_norm.weight"), {E});
-    if (c.sliding_window[static_cast<size_t>(l)] == 0) L.rope_freqs = rope_freqs;
-    L.out_scale = a.optional_vector(name("layer_output_scale.weight"), {1});
-
-    const int64_t FF = n_ff[static_cast<size_t>(l)];
-    L.ffn_norm = a.vector(name("ffn_norm.weight"), {E});
-    L.ffn_gate = a.matrix(name("ffn_gate.weight"), {E, FF});
-    L.ffn_up = a.matrix(name("ffn_up.weight"), {E, FF});
-    L.ffn_down = a.matrix(name("ffn_down.weight"), {FF, E});
-    L.post_ffn_norm = a.vector(name("post_ffw_norm.weight"), {E});
-    if (!a.has_tensor(name("ffn_gate_inp.weight"))) continue;  // a dense layer
-
-    if (NE == 0 || F == 0) fail("gemma4: layer {} has a router but the expert count or size is missing", l);
-    L.has_experts = true;
-    L.router = a.matrix(name("ffn_gate_inp.weight"), {E, NE});
-    L.router_in_scale = a.vector(name("ffn_gate_inp.scale"), {E});
-    L.moe_norm = a.vector(name("pre_ffw_norm_2.weight"), {E});
-    L.post_dense_norm = a.vector(name("post_ffw_norm_1.weight"), {E});
-    L.post_moe_norm = a.vector(name("post_ffw_norm_2.weight"), {E});
-    if (a.has_tensor(name("ffn_gate_up_exps.weight"))) {
-      L.roles.gate_up = a.expert_matrix(l, name("ffn_gate_up_exps.weight"), {E, 2 * F, NE});
-    } else {
-      L.roles.gate = a.expert_matrix(l, name("ffn_gate_exps.weight"), {E, F, NE});
-      L.roles.up = a.expert_matrix(l, name("ffn_up_exps.weight"), {E, F, NE});
-    }
-    L.roles.down = a.expert_matrix(l, name("ffn_down_exps.weight"), {F, E, NE});
-    L.exp_down_scale = a.optional_vector(name("ffn_down_exps.scale"), {NE});
+  for (int64_t ff : a.get_per_layer_int(".feed_forward_length", c.n_layer, std::nullopt)) {
+    c.layer_n_ff.push_back(static_cast<int>(ff));
   }
+  // A layer without a router is a dense layer.
+  for (int l = 0; l < c.n_layer; ++l) {
+    const bool moe = a.has_tensor(fmt::format("blk.{}.ffn_gate_inp.weight", l));
+    if (moe && (c.n_expert == 0 || c.n_ff_exp == 0)) {
+      fail("gemma4: layer {} has a router but the expert count or size is missing", l);
+    }
+    c.moe_layers.push_back(moe ? 1 : 0);
+  }
+}
+
+// The full layers rotate through the model's one table of per-pair frequency factors; the
+// embedding is scaled by sqrt(n_embd).
+void finish_gemma4(const ModelConfig& c, ModelWeights& w) {
+  for (int l = 0; l < c.n_layer; ++l) {
+    if (c.sliding_at(l) == 0) w.layers[static_cast<size_t>(l)].rope_freqs = w.rope_freqs;
+  }
+  w.embd_scale = std::sqrt(static_cast<float>(c.n_embd));
+}
+
+using D = Dim;
+using C = TensorClass;
+using L = LayerWeights;
+
+// The embedding is tied to the output (and scaled by sqrt(n_embd) on input), so its spread
+// sets the synthetic logit spread; the router reads an input of RMS 1/sqrt(n_embd).
+const TensorSpec kTensors[] = {
+    global_matrix("token_embd.weight", {D::Embd, D::Vocab}, &ModelWeights::tok_embd, C::Embedding,
+                  fan_in(kOutputLogitStd)),
+    [] {
+      TensorSpec t = optional(global_vector("rope_freqs.weight", {D::RopePairs}, &ModelWeights::rope_freqs), Layers::Global);
+      t.init = fixed(Fixed::RopeQuarter);
+      return t;
+    }(),
+    norm("attn_norm.weight", {D::Embd}, &L::attn_norm),
+    matrix("attn_q.weight", {D::Embd, D::QWidth}, &L::wq, C::AttnQ, fan_in(1.0f)),
+    matrix("attn_k.weight", {D::Embd, D::KWidth}, &L::wk, C::AttnK, fan_in(1.0f)),
+    // Absent: values = keys (the synthetic full layers do that).
+    optional(matrix("attn_v.weight", {D::Embd, D::VWidth}, &L::wv, C::AttnV, fan_in(1.0f)), Layers::Sliding),
+    matrix("attn_output.weight", {D::OutWidth, D::Embd}, &L::wo, C::AttnOut, fan_in(0.5f)),
+    norm("attn_q_norm.weight", {D::HeadDim}, &L::q_norm),
+    norm("attn_k_norm.weight", {D::HeadDim}, &L::k_norm),
+    norm("post_attention_norm.weight", {D::Embd}, &L::post_attn_norm),
+    optional(small("layer_output_scale.weight", {D::One}, &L::out_scale, fixed(Fixed::LayerOutputScale))),
+    norm("ffn_norm.weight", {D::Embd}, &L::ffn_norm),
+    matrix("ffn_gate.weight", {D::Embd, D::DenseFF}, &L::ffn_gate, C::Dense, fan_in(1.0f)),
+    matrix("ffn_up.weight", {D::Embd, D::DenseFF}, &L::ffn_up, C::Dense, fan_in(1.0f)),
+    matrix("ffn_down.weight", {D::DenseFF, D::Embd}, &L::ffn_down, C::Dense, fan_in(0.5f)),
+    norm("post_ffw_norm.weight", {D::Embd}, &L::post_ffn_norm),
+    on(Layers::Moe, matrix("ffn_gate_inp.weight", {D::Embd, D::Experts}, &L::router, C::Router,
+                           constant(kRouterLogitStd), Role::Router)),
+    on(Layers::Moe, norm("ffn_gate_inp.scale", {D::Embd}, &L::router_in_scale)),
+    on(Layers::Moe, norm("pre_ffw_norm_2.weight", {D::Embd}, &L::moe_norm)),
+    on(Layers::Moe, norm("post_ffw_norm_1.weight", {D::Embd}, &L::post_dense_norm)),
+    on(Layers::Moe, norm("post_ffw_norm_2.weight", {D::Embd}, &L::post_moe_norm)),
+    alternative(Alternative::Preferred,
+                on(Layers::Moe, experts("ffn_gate_up_exps.weight", {D::Embd, D::ExpertFF2, D::Experts},
+                                        &ExpertRoles::gate_up, C::Experts, fan_in(1.0f)))),
+    alternative(Alternative::Fallback,
+                on(Layers::Moe, experts("ffn_gate_exps.weight", {D::Embd, D::ExpertFF, D::Experts}, &ExpertRoles::gate,
+                                        C::Experts, fan_in(1.0f)))),
+    alternative(Alternative::Fallback,
+                on(Layers::Moe, experts("ffn_up_exps.weight", {D::Embd, D::ExpertFF, D::Experts}, &ExpertRoles::up,
+                                        C::Experts, fan_in(1.0f)))),
+    on(Layers::Moe, experts("ffn_down_exps.weight", {D::ExpertFF, D::Embd, D::Experts}, &ExpertRoles::down,
+                            C::ExpertsDown, fan_in(1.0f))),
+    on(Layers::Moe, optional(small("ffn_down_exps.scale", {D::Experts}, &L::exp_down_scale, fixed(Fixed::ExpertScales)))),
+    global_vector("output_norm.weight", {D::Embd}, &ModelWeights::output_norm),
+    optional(global_matrix("output.weight", {D::Embd, D::Vocab}, &ModelWeights::output, C::Output,
+                           fan_in(kOutputLogitStd)), Layers::Never),
+};
+
+}  // namespace
+
+const Architecture& gemma4_architecture() {
+  static const Architecture arch{"gemma4", "Gemma 4 MoE (26B-A4B; dense FFN beside the experts, fused gate+up)",
+                                 read_gemma4, kTensors, finish_gemma4};
+  return arch;
 }
 
 }  // namespace bmoe

@@ -1,48 +1,58 @@
 // Qwen2-MoE (Qwen1.5-MoE, Qwen2-57B-A14B): GQA attention with q/k/v biases, NeoX RoPE, routed
 // experts (softmax, top-k, weights not renormalised) plus a shared expert scaled by a sigmoid
 // gate of its own.
-#include <fmt/format.h>
-
 #include "core/error.h"
 #include "model/arch.h"
 
 namespace bmoe {
 
-void load_qwen2moe(ArchLoader& a, ModelConfig& c, ModelWeights& w) {
+namespace {
+
+void read_qwen2moe(ArchLoader& a, ModelConfig& c) {
   load_common_hparams(a, c);
   if (c.n_expert == 0) fail("qwen2moe: expert_count must be > 0");
   c.rope.style = RopeStyle::NeoX;
   c.gating = Gating::SoftmaxTopK;
   c.norm_topk = false;
-  c.n_vocab = static_cast<int>(a.tensor_dim("token_embd.weight", 1));
-  load_common_io(a, c, w);
-  const int64_t E = c.n_embd, q_width = int64_t{c.n_head} * c.head_dim, kv_width = int64_t{c.n_head_kv} * c.head_dim;
-  const int64_t NE = c.n_expert;
-  const int64_t F = c.n_ff_exp > 0 ? c.n_ff_exp : a.tensor_dim("blk.0.ffn_gate_exps.weight", 1);
-  const int64_t FS = a.get_int_or(".expert_shared_feed_forward_length", a.tensor_dim("blk.0.ffn_gate_shexp.weight", 1));
-  w.layers.resize(static_cast<size_t>(c.n_layer));
-  for (int l = 0; l < c.n_layer; ++l) {
-    LayerWeights& L = w.layers[static_cast<size_t>(l)];
-    auto name = [l](const char* suffix) { return fmt::format("blk.{}.{}", l, suffix); };
-    L.attn_norm = a.vector(name("attn_norm.weight"), {E});
-    L.wq = a.matrix(name("attn_q.weight"), {E, q_width});
-    L.wk = a.matrix(name("attn_k.weight"), {E, kv_width});
-    L.wv = a.matrix(name("attn_v.weight"), {E, kv_width});
-    L.bq = a.optional_vector(name("attn_q.bias"), {q_width});
-    L.bk = a.optional_vector(name("attn_k.bias"), {kv_width});
-    L.bv = a.optional_vector(name("attn_v.bias"), {kv_width});
-    L.wo = a.matrix(name("attn_output.weight"), {q_width, E});
-    L.ffn_norm = a.vector(name("ffn_norm.weight"), {E});
-    L.has_experts = true;
-    L.router = a.matrix(name("ffn_gate_inp.weight"), {E, NE});
-    L.roles.gate = a.expert_matrix(l, name("ffn_gate_exps.weight"), {E, F, NE});
-    L.roles.up = a.expert_matrix(l, name("ffn_up_exps.weight"), {E, F, NE});
-    L.roles.down = a.expert_matrix(l, name("ffn_down_exps.weight"), {F, E, NE});
-    L.shexp_router = a.matrix(name("ffn_gate_inp_shexp.weight"), {E});
-    L.shexp_gate = a.matrix(name("ffn_gate_shexp.weight"), {E, FS});
-    L.shexp_up = a.matrix(name("ffn_up_shexp.weight"), {E, FS});
-    L.shexp_down = a.matrix(name("ffn_down_shexp.weight"), {FS, E});
-  }
+  read_vocab_and_expert_width(a, c);
+  c.n_ff_shexp = static_cast<int>(a.get_int_or(".expert_shared_feed_forward_length", 0));
+  if (c.n_ff_shexp == 0) c.n_ff_shexp = static_cast<int>(a.tensor_dim("blk.0.ffn_gate_shexp.weight", 1));
+}
+
+using D = Dim;
+using C = TensorClass;
+using L = LayerWeights;
+
+const TensorSpec kTensors[] = {
+    global_matrix("token_embd.weight", {D::Embd, D::Vocab}, &ModelWeights::tok_embd, C::Embedding, constant(1.0f)),
+    norm("attn_norm.weight", {D::Embd}, &L::attn_norm),
+    matrix("attn_q.weight", {D::Embd, D::QWidth}, &L::wq, C::AttnQ, fan_in(1.0f)),
+    matrix("attn_k.weight", {D::Embd, D::KWidth}, &L::wk, C::AttnK, fan_in(1.0f)),
+    matrix("attn_v.weight", {D::Embd, D::VWidth}, &L::wv, C::AttnV, fan_in(1.0f)),
+    optional(small("attn_q.bias", {D::QWidth}, &L::bq, constant(0.1f))),
+    optional(small("attn_k.bias", {D::KWidth}, &L::bk, constant(0.1f))),
+    optional(small("attn_v.bias", {D::VWidth}, &L::bv, constant(0.1f))),
+    matrix("attn_output.weight", {D::OutWidth, D::Embd}, &L::wo, C::AttnOut, fan_in(0.5f)),
+    norm("ffn_norm.weight", {D::Embd}, &L::ffn_norm),
+    matrix("ffn_gate_inp.weight", {D::Embd, D::Experts}, &L::router, C::Router, fan_in(kRouterLogitStd), Role::Router),
+    experts("ffn_gate_exps.weight", {D::Embd, D::ExpertFF, D::Experts}, &ExpertRoles::gate, C::Experts, fan_in(1.0f)),
+    experts("ffn_up_exps.weight", {D::Embd, D::ExpertFF, D::Experts}, &ExpertRoles::up, C::Experts, fan_in(1.0f)),
+    experts("ffn_down_exps.weight", {D::ExpertFF, D::Embd, D::Experts}, &ExpertRoles::down, C::ExpertsDown, fan_in(1.0f)),
+    matrix("ffn_gate_inp_shexp.weight", {D::Embd}, &L::shexp_router, C::Router, fan_in(1.0f), Role::SharedExpert),
+    matrix("ffn_gate_shexp.weight", {D::Embd, D::SharedFF}, &L::shexp_gate, C::Dense, fan_in(1.0f), Role::SharedExpert),
+    matrix("ffn_up_shexp.weight", {D::Embd, D::SharedFF}, &L::shexp_up, C::Dense, fan_in(1.0f), Role::SharedExpert),
+    matrix("ffn_down_shexp.weight", {D::SharedFF, D::Embd}, &L::shexp_down, C::Dense, fan_in(0.5f), Role::SharedExpert),
+    global_vector("output_norm.weight", {D::Embd}, &ModelWeights::output_norm),
+    optional(global_matrix("output.weight", {D::Embd, D::Vocab}, &ModelWeights::output, C::Output,
+                           fan_in(kOutputLogitStd)), Layers::Global),
+};
+
+}  // namespace
+
+const Architecture& qwen2moe_architecture() {
+  static const Architecture arch{"qwen2moe", "Qwen2 MoE with shared expert (Qwen1.5-MoE-A2.7B, Qwen2-57B-A14B)",
+                                 read_qwen2moe, kTensors};
+  return arch;
 }
 
 }  // namespace bmoe

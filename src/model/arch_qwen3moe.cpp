@@ -1,13 +1,13 @@
 // Qwen3-MoE: GQA attention with per-head RMS-normed q and k, NeoX RoPE, and an MoE FFN in
 // every layer (softmax router over all experts, top-k, weights renormalised to sum to 1).
-#include <fmt/format.h>
-
 #include "core/error.h"
 #include "model/arch.h"
 
 namespace bmoe {
 
-void load_qwen3moe(ArchLoader& a, ModelConfig& c, ModelWeights& w) {
+namespace {
+
+void read_qwen3moe(ArchLoader& a, ModelConfig& c) {
   load_common_hparams(a, c);
   if (c.n_expert == 0) fail("qwen3moe: expert_count must be > 0");
   c.rope.style = RopeStyle::NeoX;
@@ -15,30 +15,38 @@ void load_qwen3moe(ArchLoader& a, ModelConfig& c, ModelWeights& w) {
   c.gating = Gating::SoftmaxTopK;
   c.norm_topk = true;
   c.activation = ExpertActivation::SwiGLU;
-  c.n_vocab = static_cast<int>(a.tensor_dim("token_embd.weight", 1));
   if (c.n_ff_exp == 0) fail("qwen3moe: missing required key 'qwen3moe.expert_feed_forward_length'");
-  load_common_io(a, c, w);
+  read_vocab_and_expert_width(a, c);
+}
 
-  const int64_t E = c.n_embd, q_width = int64_t{c.n_head} * c.head_dim, kv_width = int64_t{c.n_head_kv} * c.head_dim;
-  const int64_t F = c.n_ff_exp, NE = c.n_expert;
-  w.layers.resize(static_cast<size_t>(c.n_layer));
-  for (int l = 0; l < c.n_layer; ++l) {
-    LayerWeights& L = w.layers[static_cast<size_t>(l)];
-    auto name = [l](const char* suffix) { return fmt::format("blk.{}.{}", l, suffix); };
-    L.attn_norm = a.vector(name("attn_norm.weight"), {E});
-    L.wq = a.matrix(name("attn_q.weight"), {E, q_width});
-    L.wk = a.matrix(name("attn_k.weight"), {E, kv_width});
-    L.wv = a.matrix(name("attn_v.weight"), {E, int64_t{c.n_head_kv} * c.head_dim_v});
-    L.wo = a.matrix(name("attn_output.weight"), {int64_t{c.n_head} * c.head_dim_v, E});
-    L.q_norm = a.vector(name("attn_q_norm.weight"), {c.head_dim});
-    L.k_norm = a.vector(name("attn_k_norm.weight"), {c.head_dim});
-    L.ffn_norm = a.vector(name("ffn_norm.weight"), {E});
-    L.has_experts = true;
-    L.router = a.matrix(name("ffn_gate_inp.weight"), {E, NE});
-    L.roles.gate = a.expert_matrix(l, name("ffn_gate_exps.weight"), {E, F, NE});
-    L.roles.up = a.expert_matrix(l, name("ffn_up_exps.weight"), {E, F, NE});
-    L.roles.down = a.expert_matrix(l, name("ffn_down_exps.weight"), {F, E, NE});
-  }
+using D = Dim;
+using C = TensorClass;
+using L = LayerWeights;
+
+const TensorSpec kTensors[] = {
+    global_matrix("token_embd.weight", {D::Embd, D::Vocab}, &ModelWeights::tok_embd, C::Embedding, constant(1.0f)),
+    norm("attn_norm.weight", {D::Embd}, &L::attn_norm),
+    matrix("attn_q.weight", {D::Embd, D::QWidth}, &L::wq, C::AttnQ, fan_in(1.0f)),
+    matrix("attn_k.weight", {D::Embd, D::KWidth}, &L::wk, C::AttnK, fan_in(1.0f)),
+    matrix("attn_v.weight", {D::Embd, D::VWidth}, &L::wv, C::AttnV, fan_in(1.0f)),
+    matrix("attn_output.weight", {D::OutWidth, D::Embd}, &L::wo, C::AttnOut, fan_in(0.5f)),
+    norm("attn_q_norm.weight", {D::HeadDim}, &L::q_norm),
+    norm("attn_k_norm.weight", {D::HeadDim}, &L::k_norm),
+    norm("ffn_norm.weight", {D::Embd}, &L::ffn_norm),
+    matrix("ffn_gate_inp.weight", {D::Embd, D::Experts}, &L::router, C::Router, fan_in(kRouterLogitStd), Role::Router),
+    experts("ffn_gate_exps.weight", {D::Embd, D::ExpertFF, D::Experts}, &ExpertRoles::gate, C::Experts, fan_in(1.0f)),
+    experts("ffn_up_exps.weight", {D::Embd, D::ExpertFF, D::Experts}, &ExpertRoles::up, C::Experts, fan_in(1.0f)),
+    experts("ffn_down_exps.weight", {D::ExpertFF, D::Embd, D::Experts}, &ExpertRoles::down, C::ExpertsDown, fan_in(1.0f)),
+    global_vector("output_norm.weight", {D::Embd}, &ModelWeights::output_norm),
+    optional(global_matrix("output.weight", {D::Embd, D::Vocab}, &ModelWeights::output, C::Output,
+                           fan_in(kOutputLogitStd)), Layers::Global),
+};
+
+}  // namespace
+
+const Architecture& qwen3moe_architecture() {
+  static const Architecture arch{"qwen3moe", "Qwen3 MoE (Qwen3-30B-A3B, 235B-A22B)", read_qwen3moe, kTensors};
+  return arch;
 }
 
 }  // namespace bmoe

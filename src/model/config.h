@@ -47,6 +47,9 @@ struct ModelConfig {
   int n_expert = 0;
   int n_expert_used = 0;
   int n_ff_exp = 0;
+  int n_ff_shexp = 0;                // shared expert width (qwen2moe)
+  std::vector<int> layer_n_ff;       // per layer: dense FFN width beside the experts (gemma4)
+  std::vector<uint8_t> moe_layers;   // per layer: 1 = routed experts; empty: every layer has them
   bool norm_topk = true;            // renormalise the k selected weights to sum to 1
   float expert_weights_scale = 0.0f;  // 0 or 1: none
   Gating gating = Gating::SoftmaxTopK;
@@ -70,6 +73,9 @@ struct ModelConfig {
   bool v_rms_norm = false;          // RMS-normalise each value head without a weight (gemma4)
   ExpertActivation dense_activation = ExpertActivation::SwiGLU;  // dense FFN / shared expert
 
+  int sliding_at(int l) const { return sliding_window.empty() ? 0 : sliding_window[static_cast<size_t>(l)]; }
+  bool has_experts_at(int l) const { return moe_layers.empty() ? n_expert > 0 : moe_layers[static_cast<size_t>(l)] != 0; }
+  int n_ff_dense_at(int l) const { return layer_n_ff.empty() ? 0 : layer_n_ff[static_cast<size_t>(l)]; }
   int n_head_kv_at(int l) const { return layer_n_head_kv.empty() ? n_head_kv : layer_n_head_kv[static_cast<size_t>(l)]; }
   int head_dim_at(int l) const { return layer_head_dim.empty() ? head_dim : layer_head_dim[static_cast<size_t>(l)]; }
   int head_dim_v_at(int l) const { return layer_head_dim.empty() ? head_dim_v : layer_head_dim[static_cast<size_t>(l)]; }

@@ -60,6 +60,7 @@ struct LayerWeights {
 struct ModelWeights {
   Weight tok_embd;
   float embd_scale = 1.0f;
+  Vector rope_freqs;  // per-pair RoPE frequency factors of the full layers (gemma4), or empty
   Vector output_norm;
   Weight output;
   std::vector<LayerWeights> layers;

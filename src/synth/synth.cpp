@@ -16,6 +16,7 @@
 #include "core/rng.h"
 #include "core/thread_pool.h"
 #include "gguf/gguf_writer.h"
+#include "model/arch.h"
 #include "quant/quant.h"
 #include "text/tokenizer.h"
 #include "text/utf8.h"
@@ -587,9 +588,6 @@ Vocabulary make_vocab(const SynthSpec& spec) {
 
 // ------------------------------------------------------------------ tensors
 
-constexpr float kRouterLogitStd = 4.0f;
-constexpr float kOutputLogitStd = 8.0f;
-
 struct PlannedTensor {
   std::string name;
   std::vector<int64_t> dims;
@@ -599,129 +597,95 @@ struct PlannedTensor {
   std::vector<float> values;  // fixed F32 contents instead of random ones, when not empty
 };
 
-// Spread of router and output logits (hidden states are RMS-normalised to 1 before both).
-// A decisive router (the top expert clearly ahead of the eighth) and a peaked next-token
-// distribution keep random-weight models away from the knife-edge ties where float noise
-// (which differs between any two correct implementations) flips an expert choice or a token.
 bool gemma4_full_layer(const SynthSpec& s, int l) { return s.swa_period > 0 && l % s.swa_period == s.swa_period - 1; }
 
-// Gemma 4: the embedding is tied to the output (and scaled by sqrt(n_embd) on input), so its
-// spread sets the logit spread; the router reads an input of RMS 1/sqrt(n_embd).
-std::vector<PlannedTensor> plan_gemma4_tensors(const SynthSpec& s, int64_t n_vocab) {
-  std::vector<PlannedTensor> t;
-  const int64_t E = s.n_embd, F = s.n_ff_exp, NE = s.n_expert, FF = s.n_ff_dense;
-  auto add = [&](std::string name, std::vector<int64_t> dims, TensorClass c, float stddev) {
-    t.push_back({std::move(name), std::move(dims), c == TensorClass::Norm ? TensorType::F32 : s.type_of(c), stddev,
-                 static_cast<uint64_t>(t.size()), {}});
-  };
-  auto fixed = [&](std::string name, std::vector<float> values) {
-    t.push_back({std::move(name), {static_cast<int64_t>(values.size())}, TensorType::F32, 1.0f,
-                 static_cast<uint64_t>(t.size()), std::move(values)});
-  };
-  const float inv_e = 1.0f / std::sqrt(static_cast<float>(E));
-  add("token_embd.weight", {E, n_vocab}, TensorClass::Embedding, kOutputLogitStd * inv_e);
-  // Proportional RoPE of the full layers: a quarter of each head's pairs rotate, the rest get
-  // a huge frequency factor (angle ~0).
-  const int pairs = s.head_dim_full / 2, rotated = s.head_dim_full / 8;
-  std::vector<float> freqs(static_cast<size_t>(pairs), 1e30f);
-  std::fill(freqs.begin(), freqs.begin() + rotated, 1.0f);
-  fixed("rope_freqs.weight", freqs);
-  for (int l = 0; l < s.n_layer; ++l) {
-    auto n = [l](const char* suffix) { return fmt::format("blk.{}.{}", l, suffix); };
-    const bool full = gemma4_full_layer(s, l);
-    const int64_t d = full ? s.head_dim_full : s.head_dim;
-    const int64_t Q = s.n_head * d, KV = (full ? s.n_head_kv_full : s.n_head_kv) * d;
-    add(n("attn_norm.weight"), {E}, TensorClass::Norm, 0.0f);
-    add(n("attn_q.weight"), {E, Q}, TensorClass::AttnQ, inv_e);
-    add(n("attn_k.weight"), {E, KV}, TensorClass::AttnK, inv_e);
-    if (!full) add(n("attn_v.weight"), {E, KV}, TensorClass::AttnV, inv_e);  // full layers: V = K
-    add(n("attn_output.weight"), {Q, E}, TensorClass::AttnOut, 0.5f / std::sqrt(static_cast<float>(Q)));
-    add(n("attn_q_norm.weight"), {d}, TensorClass::Norm, 0.0f);
-    add(n("attn_k_norm.weight"), {d}, TensorClass::Norm, 0.0f);
-    add(n("post_attention_norm.weight"), {E}, TensorClass::Norm, 0.0f);
-    fixed(n("layer_output_scale.weight"), {0.75f + 0.05f * static_cast<float>(l % 4)});
-    add(n("ffn_norm.weight"), {E}, TensorClass::Norm, 0.0f);
-    add(n("ffn_gate.weight"), {E, FF}, TensorClass::Dense, inv_e);
-    add(n("ffn_up.weight"), {E, FF}, TensorClass::Dense, inv_e);
-    add(n("ffn_down.weight"), {FF, E}, TensorClass::Dense, 0.5f / std::sqrt(static_cast<float>(FF)));
-    add(n("post_ffw_norm.weight"), {E}, TensorClass::Norm, 0.0f);
-    add(n("ffn_gate_inp.weight"), {E, NE}, TensorClass::Router, kRouterLogitStd);
-    add(n("ffn_gate_inp.scale"), {E}, TensorClass::Norm, 0.0f);
-    add(n("pre_ffw_norm_2.weight"), {E}, TensorClass::Norm, 0.0f);
-    add(n("post_ffw_norm_1.weight"), {E}, TensorClass::Norm, 0.0f);
-    add(n("post_ffw_norm_2.weight"), {E}, TensorClass::Norm, 0.0f);
-    add(n("ffn_gate_up_exps.weight"), {E, 2 * F, NE}, TensorClass::Experts, inv_e);
-    add(n("ffn_down_exps.weight"), {F, E, NE}, TensorClass::ExpertsDown, 1.0f / std::sqrt(static_cast<float>(F)));
-    std::vector<float> scales(static_cast<size_t>(NE));
-    for (int64_t e = 0; e < NE; ++e) scales[static_cast<size_t>(e)] = 0.5f + 0.01f * static_cast<float>(e % 50);
-    fixed(n("ffn_down_exps.scale"), scales);
+// The family's own hyperparameter reader on the keys about to be written, so a synthetic file
+// is sized by the same code that will load it. Tensors exist where the table names them; only
+// the vocabulary size is asked of a tensor.
+class SynthArchLoader : public ArchLoader {
+ public:
+  SynthArchLoader(const GgufMetadata& keys, const Architecture& arch, int64_t n_vocab)
+      : keys_(keys), arch_(arch), n_vocab_(n_vocab) {}
+
+  int64_t get_int(const std::string& k) override { return keys_.get_int(key(k)); }
+  int64_t get_int_or(const std::string& k, int64_t fallback) override { return keys_.get_int_or(key(k), fallback); }
+  double get_float(const std::string& k) override { return keys_.get_float(key(k)); }
+  double get_float_or(const std::string& k, double fallback) override { return keys_.get_float_or(key(k), fallback); }
+  std::string get_string_or(const std::string& k, const std::string& fallback) override {
+    return keys_.get_string_or(key(k), fallback);
   }
-  add("output_norm.weight", {E}, TensorClass::Norm, 0.0f);
-  return t;
+  std::vector<int64_t> get_per_layer_int(const std::string& k, int n_layer, std::optional<int64_t> fallback) override {
+    return keys_.get_per_layer_int(key(k), n_layer, fallback);
+  }
+  bool has_tensor(const std::string& name) override {
+    for (const TensorSpec& t : arch_.tensors) {
+      if (t.per_layer() ? name.starts_with("blk.") && name.ends_with(std::string(".") + t.name) : name == t.name) {
+        return t.alternative != Alternative::Fallback;
+      }
+    }
+    return false;
+  }
+  int64_t tensor_dim(const std::string& name, int dim) override {
+    if (name == "token_embd.weight" && dim == 1) return n_vocab_;
+    fail("bmoe-synth: {} sizes itself from tensor '{}'; write the key it reads instead", arch_.name, name);
+  }
+  Weight matrix(const std::string& name, std::vector<int64_t>) override { unused(name); }
+  Weight optional_matrix(const std::string& name, std::vector<int64_t>) override { unused(name); }
+  Vector vector(const std::string& name, std::vector<int64_t>) override { unused(name); }
+  Vector optional_vector(const std::string& name, std::vector<int64_t>) override { unused(name); }
+  int expert_matrix(int, const std::string& name, std::vector<int64_t>) override { unused(name); }
+
+ private:
+  std::string key(const std::string& k) const { return k.starts_with('.') ? std::string(arch_.name) + k : k; }
+  [[noreturn]] void unused(const std::string& name) const {
+    fail("bmoe-synth: {}'s hyperparameter reader asked for the contents of '{}'", arch_.name, name);
+  }
+  const GgufMetadata& keys_;
+  const Architecture& arch_;
+  int64_t n_vocab_;
+};
+
+const Architecture& synth_architecture(const SynthSpec& s) {
+  const Architecture* arch = find_architecture(s.arch);
+  if (arch == nullptr) fail("bmoe-synth: architecture '{}' is not supported", s.arch);
+  return *arch;
 }
 
-std::vector<PlannedTensor> plan_tensors(const SynthSpec& s, int64_t n_vocab) {
-  if (s.arch == "gemma4") return plan_gemma4_tensors(s, n_vocab);
-  std::vector<PlannedTensor> t;
-  const int64_t E = s.n_embd, Q = int64_t{s.n_head} * s.head_dim, KV = int64_t{s.n_head_kv} * s.head_dim;
-  const int64_t F = s.n_ff_exp, NE = s.n_expert;
-  // layer >= 0: the tensor belongs to that layer (its type may follow the Q4_K_M layer rule).
-  auto add = [&](std::string name, std::vector<int64_t> dims, TensorClass c, float stddev, int layer = -1) {
-    const TensorType type = c == TensorClass::Norm ? TensorType::F32 : layer >= 0 ? s.type_of(c, layer) : s.type_of(c);
-    t.push_back({std::move(name), std::move(dims), type, stddev, static_cast<uint64_t>(t.size()), {}});
-  };
-  // Biases and sinks: small F32 tensors with random values.
-  auto bias = [&](std::string name, std::vector<int64_t> dims, float stddev) {
-    t.push_back({std::move(name), std::move(dims), TensorType::F32, stddev, static_cast<uint64_t>(t.size()), {}});
-  };
-  const float inv_e = 1.0f / std::sqrt(static_cast<float>(E));
-  const bool gpt_oss = s.arch == "gpt-oss";
-  add("token_embd.weight", {E, n_vocab}, TensorClass::Embedding, 1.0f);
-  for (int l = 0; l < s.n_layer; ++l) {
-    auto n = [l](const char* suffix) { return fmt::format("blk.{}.{}", l, suffix); };
-    add(n("attn_norm.weight"), {E}, TensorClass::Norm, 0.0f);
-    add(n("attn_q.weight"), {E, Q}, TensorClass::AttnQ, inv_e);
-    add(n("attn_k.weight"), {E, KV}, TensorClass::AttnK, inv_e);
-    add(n("attn_v.weight"), {E, KV}, TensorClass::AttnV, inv_e, l);
-    if (s.arch == "qwen2moe" || gpt_oss) {
-      bias(n("attn_q.bias"), {Q}, 0.1f);
-      bias(n("attn_k.bias"), {KV}, 0.1f);
-      bias(n("attn_v.bias"), {KV}, 0.1f);
-    }
-    add(n("attn_output.weight"), {Q, E}, TensorClass::AttnOut, 0.5f / std::sqrt(static_cast<float>(Q)));
-    if (gpt_oss) {
-      bias(n("attn_output.bias"), {E}, 0.05f);
-      bias(n("attn_sinks.weight"), {s.n_head}, 1.0f);
-    }
-    if (s.arch == "qwen3moe") {
-      add(n("attn_q_norm.weight"), {s.head_dim}, TensorClass::Norm, 0.0f);
-      add(n("attn_k_norm.weight"), {s.head_dim}, TensorClass::Norm, 0.0f);
-    } else if (s.arch == "olmoe") {
-      add(n("attn_q_norm.weight"), {Q}, TensorClass::Norm, 0.0f);
-      add(n("attn_k_norm.weight"), {KV}, TensorClass::Norm, 0.0f);
-    }
-    add(gpt_oss ? n("post_attention_norm.weight") : n("ffn_norm.weight"), {E}, TensorClass::Norm, 0.0f);
-    add(n("ffn_gate_inp.weight"), {E, NE}, TensorClass::Router, kRouterLogitStd * inv_e);
-    if (gpt_oss) bias(n("ffn_gate_inp.bias"), {NE}, 0.5f);
-    add(n("ffn_gate_exps.weight"), {E, F, NE}, TensorClass::Experts, inv_e);
-    add(n("ffn_up_exps.weight"), {E, F, NE}, TensorClass::Experts, inv_e);
-    add(n("ffn_down_exps.weight"), {F, E, NE}, TensorClass::ExpertsDown, 1.0f / std::sqrt(static_cast<float>(F)), l);
-    if (gpt_oss) {
-      bias(n("ffn_gate_exps.bias"), {F, NE}, 0.1f);
-      bias(n("ffn_up_exps.bias"), {F, NE}, 0.1f);
-      bias(n("ffn_down_exps.bias"), {E, NE}, 0.05f);
-    }
-    if (s.arch == "qwen2moe") {
-      const int64_t FS = s.n_ff_shexp;
-      add(n("ffn_gate_inp_shexp.weight"), {E}, TensorClass::Router, inv_e);
-      add(n("ffn_gate_shexp.weight"), {E, FS}, TensorClass::Dense, inv_e);
-      add(n("ffn_up_shexp.weight"), {E, FS}, TensorClass::Dense, inv_e);
-      add(n("ffn_down_shexp.weight"), {FS, E}, TensorClass::Dense, 0.5f / std::sqrt(static_cast<float>(FS)));
-    }
+std::vector<float> fixed_values(Fixed f, const TableTensor& t) {
+  std::vector<float> v(static_cast<size_t>(t.dims[0]));
+  switch (f) {
+    case Fixed::RopeQuarter:  // proportional RoPE: a quarter of the pairs rotate, the rest barely (angle ~0)
+      for (size_t i = 0; i < v.size(); ++i) v[i] = i < v.size() / 4 ? 1.0f : 1e30f;
+      break;
+    case Fixed::LayerOutputScale:
+      v[0] = 0.75f + 0.05f * static_cast<float>(t.layer % 4);
+      break;
+    case Fixed::ExpertScales:
+      for (size_t e = 0; e < v.size(); ++e) v[e] = 0.5f + 0.01f * static_cast<float>(e % 50);
+      break;
+    case Fixed::None: break;
   }
-  add("output_norm.weight", {E}, TensorClass::Norm, 0.0f);
-  add("output.weight", {E, n_vocab}, TensorClass::Output, kOutputLogitStd * inv_e);
-  return t;
+  return v;
+}
+
+// The family's tensor table expanded for the spec's shape, with types and initialisations.
+std::vector<PlannedTensor> plan_tensors(const SynthSpec& s, const GgufWriter& keys, int64_t n_vocab) {
+  const Architecture& arch = synth_architecture(s);
+  const GgufMetadata metadata("bmoe-synth " + s.preset, keys.metadata());
+  SynthArchLoader loader(metadata, arch, n_vocab);
+  ModelConfig c;
+  arch.read_hparams(loader, c);
+  std::vector<PlannedTensor> out;
+  for (const TableTensor& t : synth_tensors(arch.tensors, c)) {
+    const TensorClass cls = t.spec->type_class;
+    const TensorType type = cls == TensorClass::Norm ? TensorType::F32 : t.layer >= 0 ? s.type_of(cls, t.layer) : s.type_of(cls);
+    const SynthInit& init = t.spec->init;
+    const float stddev = init.fan_in ? init.scale / std::sqrt(static_cast<float>(t.dims[0])) : init.scale;
+    std::vector<float> values;
+    if (init.fixed != Fixed::None) values = fixed_values(init.fixed, t);
+    out.push_back({t.name, t.dims, type, stddev, static_cast<uint64_t>(out.size()), std::move(values)});
+  }
+  return out;
 }
 
 // Gemma 4's keys beyond the common ones: per-layer kv heads and sliding pattern, the two
@@ -829,10 +793,7 @@ void fill_tensor(const PlannedTensor& t, uint64_t seed, uint8_t* out, uint64_t n
 }
 
 void validate_spec(const SynthSpec& s) {
-  static const char* kArchs[] = {"qwen3moe", "qwen2moe", "olmoe", "llama", "gpt-oss", "gemma4"};
-  if (std::find(std::begin(kArchs), std::end(kArchs), s.arch) == std::end(kArchs)) {
-    fail("bmoe-synth: architecture '{}' is not supported", s.arch);
-  }
+  synth_architecture(s);
   if (s.n_layer < 1 || s.n_embd < 1 || s.n_head < 1 || s.n_head_kv < 1 || s.n_head % s.n_head_kv) {
     fail("bmoe-synth: invalid shape");
   }
@@ -861,9 +822,11 @@ void validate_spec(const SynthSpec& s) {
 
 SynthPlan plan_synth_model(const SynthSpec& spec) {
   validate_spec(spec);
-  const int64_t n_vocab = static_cast<int64_t>(make_vocab(spec).tokens.size());
+  const Vocabulary vocab = make_vocab(spec);
+  GgufWriter keys;
+  set_metadata(keys, spec, vocab);
   SynthPlan plan;
-  for (const PlannedTensor& t : plan_tensors(spec, n_vocab)) {
+  for (const PlannedTensor& t : plan_tensors(spec, keys, static_cast<int64_t>(vocab.tokens.size()))) {
     int64_t elements = 1;
     for (int64_t d : t.dims) elements *= d;
     plan.tensor_bytes += row_bytes(t.type, elements);
@@ -879,7 +842,7 @@ std::vector<std::string> write_synth_model(const SynthSpec& spec, const std::str
   GgufWriter writer;
   set_metadata(writer, spec, vocab);
   ThreadPool pool(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
-  const auto tensors = plan_tensors(spec, static_cast<int64_t>(vocab.tokens.size()));
+  const auto tensors = plan_tensors(spec, writer, static_cast<int64_t>(vocab.tokens.size()));
   for (const PlannedTensor& t : tensors) {
     writer.add_tensor(t.name, t.dims, t.type, [&t, &spec, &pool](uint8_t* out, uint64_t nbytes) {
       fill_tensor(t, spec.seed, out, nbytes, pool);

@@ -9,12 +9,10 @@
 #include <string>
 #include <vector>
 
+#include "model/arch_table.h"
 #include "quant/types.h"
 
 namespace bmoe {
-
-// Tensor classes whose quantization type can be chosen independently.
-enum class TensorClass { Embedding, Output, AttnQ, AttnK, AttnV, AttnOut, Router, Experts, ExpertsDown, Dense, Norm };
 
 struct SynthSpec {
   std::string preset;

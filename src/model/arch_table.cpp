@@ -1,0 +1,216 @@
+#include "model/arch_table.h"
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "model/arch.h"
+
+namespace bmoe {
+
+const char* dim_name(Dim d) {
+  switch (d) {
+    case Dim::None: return "";
+    case Dim::One: return "1";
+    case Dim::Embd: return "n_embd";
+    case Dim::Vocab: return "n_vocab";
+    case Dim::QWidth: return "n_head*head_dim";
+    case Dim::KWidth: return "n_head_kv*head_dim";
+    case Dim::VWidth: return "n_head_kv*head_dim_v";
+    case Dim::OutWidth: return "n_head*head_dim_v";
+    case Dim::HeadDim: return "head_dim";
+    case Dim::Heads: return "n_head";
+    case Dim::RopePairs: return "head_dim/2";
+    case Dim::Experts: return "n_expert";
+    case Dim::ExpertFF: return "n_ff_exp";
+    case Dim::ExpertFF2: return "2*n_ff_exp";
+    case Dim::SharedFF: return "n_ff_shexp";
+    case Dim::DenseFF: return "n_ff";
+  }
+  return "?";
+}
+
+int64_t dim_value(Dim d, const ModelConfig& c, int layer) {
+  const int l = layer < 0 ? 0 : layer;
+  switch (d) {
+    case Dim::None: return 0;
+    case Dim::One: return 1;
+    case Dim::Embd: return c.n_embd;
+    case Dim::Vocab: return c.n_vocab;
+    case Dim::QWidth: return int64_t{c.n_head} * c.head_dim_at(l);
+    case Dim::KWidth: return int64_t{c.n_head_kv_at(l)} * c.head_dim_at(l);
+    case Dim::VWidth: return int64_t{c.n_head_kv_at(l)} * c.head_dim_v_at(l);
+    case Dim::OutWidth: return int64_t{c.n_head} * c.head_dim_v_at(l);
+    case Dim::HeadDim: return c.head_dim_at(l);
+    case Dim::Heads: return c.n_head;
+    case Dim::RopePairs: return c.head_dim / 2;
+    case Dim::Experts: return c.n_expert;
+    case Dim::ExpertFF: return c.n_ff_exp;
+    case Dim::ExpertFF2: return 2 * int64_t{c.n_ff_exp};
+    case Dim::SharedFF: return c.n_ff_shexp;
+    case Dim::DenseFF: return c.n_ff_dense_at(l);
+  }
+  return 0;
+}
+
+const char* layers_name(Layers l) {
+  switch (l) {
+    case Layers::Global: return "model";
+    case Layers::All: return "every layer";
+    case Layers::Sliding: return "sliding-window layers";
+    case Layers::Full: return "full-attention layers";
+    case Layers::Moe: return "MoE layers";
+    case Layers::Never: return "never";
+  }
+  return "?";
+}
+
+bool layer_in(Layers set, const ModelConfig& c, int layer) {
+  switch (set) {
+    case Layers::Global: return layer < 0;
+    case Layers::All: return layer >= 0;
+    case Layers::Sliding: return layer >= 0 && c.sliding_at(layer) != 0;
+    case Layers::Full: return layer >= 0 && c.sliding_at(layer) == 0;
+    case Layers::Moe: return layer >= 0 && c.has_experts_at(layer);
+    case Layers::Never: return false;
+  }
+  return false;
+}
+
+const char* role_name(Role r) {
+  switch (r) {
+    case Role::Dense: return "dense";
+    case Role::Small: return "small";
+    case Role::Router: return "router";
+    case Role::RoutedExpert: return "routed expert";
+    case Role::SharedExpert: return "shared expert";
+  }
+  return "?";
+}
+
+std::string TensorSpec::tensor_name(int layer) const {
+  return per_layer() ? fmt::format("blk.{}.{}", layer, name) : std::string(name);
+}
+
+std::vector<int64_t> TensorSpec::shape(const ModelConfig& c, int layer) const {
+  std::vector<int64_t> out;
+  for (Dim d : dims) {
+    if (d != Dim::None) out.push_back(dim_value(d, c, layer));
+  }
+  return out;
+}
+
+std::vector<TableTensor> synth_tensors(std::span<const TensorSpec> table, const ModelConfig& c) {
+  std::vector<TableTensor> out;
+  auto emit = [&](const TensorSpec& t, int layer) {
+    if (t.alternative == Alternative::Fallback) return;
+    if (layer >= 0 ? !layer_in(t.synth_layers, c, layer) || !layer_in(t.layers, c, layer)
+                   : t.synth_layers == Layers::Never) {
+      return;
+    }
+    out.push_back({&t, layer, t.tensor_name(layer), t.shape(c, layer)});
+  };
+  for (size_t i = 0; i < table.size();) {
+    if (!table[i].per_layer()) {
+      emit(table[i++], -1);
+      continue;
+    }
+    size_t end = i;
+    while (end < table.size() && table[end].per_layer()) ++end;
+    for (int l = 0; l < c.n_layer; ++l) {
+      for (size_t j = i; j < end; ++j) emit(table[j], l);
+    }
+    i = end;
+  }
+  return out;
+}
+
+namespace {
+
+void bind_one(const TensorSpec& t, ArchLoader& a, const ModelConfig& c, ModelWeights& w, int layer) {
+  const std::string name = t.tensor_name(layer);
+  std::vector<int64_t> dims = t.shape(c, layer);
+  if (t.optional && !a.has_tensor(name)) return;
+  const Binding& b = t.bind;
+  if (b.model_matrix) {
+    w.*b.model_matrix = a.matrix(name, std::move(dims));
+  } else if (b.model_vector) {
+    w.*b.model_vector = a.vector(name, std::move(dims));
+  } else {
+    LayerWeights& L = w.layers[static_cast<size_t>(layer)];
+    if (b.matrix) L.*b.matrix = a.matrix(name, std::move(dims));
+    else if (b.vector) L.*b.vector = a.vector(name, std::move(dims));
+    else if (b.expert) L.roles.*b.expert = a.expert_matrix(layer, name, std::move(dims));
+    if (t.role == Role::Router) L.has_experts = true;
+  }
+}
+
+// Whether a layer stores the Preferred form of its alternative rows.
+bool prefers(std::span<const TensorSpec> table, ArchLoader& a, int layer) {
+  for (const TensorSpec& t : table) {
+    if (t.alternative == Alternative::Preferred) return a.has_tensor(t.tensor_name(layer));
+  }
+  return true;
+}
+
+}  // namespace
+
+void bind_tensors(std::span<const TensorSpec> table, ArchLoader& a, const ModelConfig& c, ModelWeights& w) {
+  w.layers.resize(static_cast<size_t>(c.n_layer));
+  for (const TensorSpec& t : table) {
+    if (!t.per_layer()) bind_one(t, a, c, w, -1);
+  }
+  for (int l = 0; l < c.n_layer; ++l) {
+    const bool preferred = prefers(table, a, l);
+    for (const TensorSpec& t : table) {
+      if (!t.per_layer() || !layer_in(t.layers, c, l)) continue;
+      if (t.alternative == (preferred ? Alternative::Fallback : Alternative::Preferred)) continue;
+      bind_one(t, a, c, w, l);
+    }
+  }
+  if (!w.output.present()) w.output = w.tok_embd;  // tied embeddings
+}
+
+TensorSpec global_matrix(const char* name, std::array<Dim, 3> dims, Weight ModelWeights::* to, TensorClass cls,
+                         SynthInit init) {
+  TensorSpec t{name, dims, Role::Dense, cls, {}};
+  t.bind.model_matrix = to;
+  t.layers = t.synth_layers = Layers::Global;
+  t.init = init;
+  return t;
+}
+
+TensorSpec global_vector(const char* name, std::array<Dim, 3> dims, Vector ModelWeights::* to) {
+  TensorSpec t{name, dims, Role::Small, TensorClass::Norm, {}};
+  t.bind.model_vector = to;
+  t.layers = t.synth_layers = Layers::Global;
+  return t;
+}
+
+TensorSpec matrix(const char* name, std::array<Dim, 3> dims, Weight LayerWeights::* to, TensorClass cls,
+                  SynthInit init, Role role) {
+  TensorSpec t{name, dims, role, cls, {}};
+  t.bind.matrix = to;
+  t.init = init;
+  return t;
+}
+
+TensorSpec norm(const char* name, std::array<Dim, 3> dims, Vector LayerWeights::* to) {
+  TensorSpec t{name, dims, Role::Small, TensorClass::Norm, {}};
+  t.bind.vector = to;
+  return t;
+}
+
+TensorSpec small(const char* name, std::array<Dim, 3> dims, Vector LayerWeights::* to, SynthInit init) {
+  TensorSpec t = norm(name, dims, to);
+  t.init = init;
+  return t;
+}
+
+TensorSpec experts(const char* name, std::array<Dim, 3> dims, int ExpertRoles::* to, TensorClass cls, SynthInit init) {
+  TensorSpec t{name, dims, Role::RoutedExpert, cls, {}};
+  t.bind.expert = to;
+  t.init = init;
+  return t;
+}
+
+}  // namespace bmoe

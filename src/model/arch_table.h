@@ -1,0 +1,159 @@
+// The architecture table: one declarative description of every tensor a family's GGUF holds.
+// The loader binds weights from it, bmoe-synth writes synthetic models from it and
+// `bmoe-cli --list-archs` prints it, so a family is described once. A family is its
+// hyperparameter reader, its tensor rows and its math (transformer.cpp); see docs/design.md.
+//
+// Contract: a row names one tensor (global) or one tensor per layer of a layer set. Its
+// shape is symbolic (Dim), evaluated on the ModelConfig the family's hyperparameter reader
+// filled, so the same row checks a real file's shape and sizes a synthetic one.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+#include "model/transformer.h"
+
+namespace bmoe {
+
+class ArchLoader;
+
+// Symbolic tensor dimensions; per-layer ones are evaluated at the tensor's layer.
+enum class Dim : uint8_t {
+  None,       // unused slot
+  One,        // 1
+  Embd,       // n_embd
+  Vocab,      // n_vocab
+  QWidth,     // n_head * head_dim(l)
+  KWidth,     // n_head_kv(l) * head_dim(l)
+  VWidth,     // n_head_kv(l) * head_dim_v(l)
+  OutWidth,   // n_head * head_dim_v(l): attention output rows
+  HeadDim,    // head_dim(l)
+  Heads,      // n_head
+  RopePairs,  // head_dim / 2 (of the full-attention layers)
+  Experts,    // n_expert
+  ExpertFF,   // n_ff_exp
+  ExpertFF2,  // 2 * n_ff_exp (fused gate+up)
+  SharedFF,   // n_ff_shexp
+  DenseFF,    // n_ff_dense(l)
+};
+const char* dim_name(Dim d);
+int64_t dim_value(Dim d, const ModelConfig& c, int layer);
+
+// Which layers hold a per-layer tensor.
+enum class Layers : uint8_t {
+  Global,   // not per layer: one tensor for the model
+  All,
+  Sliding,  // sliding-window attention layers
+  Full,     // full-attention layers
+  Moe,      // layers with routed experts
+  Never,    // only as synth_layers: the synthesizer does not write it
+};
+const char* layers_name(Layers l);
+bool layer_in(Layers set, const ModelConfig& c, int layer);
+
+// What a tensor is for: dense and small tensors stay resident, routed experts stream.
+enum class Role : uint8_t { Dense, Small, Router, RoutedExpert, SharedExpert };
+const char* role_name(Role r);
+
+// Tensor classes whose quantization type bmoe-synth chooses independently.
+enum class TensorClass { Embedding, Output, AttnQ, AttnK, AttnV, AttnOut, Router, Experts, ExpertsDown, Dense, Norm };
+
+// Where a bound tensor goes: exactly one member is set.
+struct Binding {
+  Weight ModelWeights::* model_matrix = nullptr;
+  Vector ModelWeights::* model_vector = nullptr;
+  Weight LayerWeights::* matrix = nullptr;
+  Vector LayerWeights::* vector = nullptr;
+  int ExpertRoles::* expert = nullptr;  // a stacked expert tensor [cols, rows, n_expert]
+};
+
+// Contents of a synthetic tensor.
+enum class Fixed : uint8_t { None, RopeQuarter, LayerOutputScale, ExpertScales };
+struct SynthInit {
+  float scale = 0.0f;   // 0: all ones (norm weights)
+  bool fan_in = false;  // stddev = scale / sqrt(dims[0]) instead of scale
+  Fixed fixed = Fixed::None;
+};
+
+// Two ways a file may store the same weights (fused gate+up experts or separate ones): in a
+// layer, the Preferred rows are bound when the first of them exists, else the Fallback rows.
+// The synthesizer writes the Preferred ones.
+enum class Alternative : uint8_t { None, Preferred, Fallback };
+
+struct TensorSpec {
+  const char* name;  // "token_embd.weight", or a per-layer suffix: "attn_q.weight" -> blk.N.attn_q.weight
+  std::array<Dim, 3> dims;
+  Role role;
+  TensorClass type_class;
+  Binding bind;
+  Layers layers = Layers::All;
+  bool optional = false;
+  Layers synth_layers = Layers::All;  // where bmoe-synth writes it (a subset of layers)
+  SynthInit init;
+  Alternative alternative = Alternative::None;
+
+  std::string tensor_name(int layer) const;
+  std::vector<int64_t> shape(const ModelConfig& c, int layer) const;
+  bool per_layer() const { return layers != Layers::Global; }
+};
+
+// One tensor of a model, as the table expands for a config.
+struct TableTensor {
+  const TensorSpec* spec;
+  int layer;  // -1: global
+  std::string name;
+  std::vector<int64_t> dims;
+};
+
+// The tensors bmoe-synth writes for `c`, in file order: global rows where they stand, each
+// run of per-layer rows layer by layer.
+std::vector<TableTensor> synth_tensors(std::span<const TensorSpec> table, const ModelConfig& c);
+
+// Binds every row the file holds; throws naming the tensor when a required one is missing or
+// mis-shaped. Sets has_experts on layers with a router and ties a missing output head to the
+// embeddings.
+void bind_tensors(std::span<const TensorSpec> table, ArchLoader& loader, const ModelConfig& c, ModelWeights& w);
+
+// Row builders, so a family's table reads as a list of tensors.
+TensorSpec global_matrix(const char* name, std::array<Dim, 3> dims, Weight ModelWeights::* to, TensorClass cls,
+                         SynthInit init);
+TensorSpec global_vector(const char* name, std::array<Dim, 3> dims, Vector ModelWeights::* to);
+TensorSpec matrix(const char* name, std::array<Dim, 3> dims, Weight LayerWeights::* to, TensorClass cls,
+                  SynthInit init, Role role = Role::Dense);
+TensorSpec norm(const char* name, std::array<Dim, 3> dims, Vector LayerWeights::* to);
+TensorSpec small(const char* name, std::array<Dim, 3> dims, Vector LayerWeights::* to, SynthInit init);
+TensorSpec experts(const char* name, std::array<Dim, 3> dims, int ExpertRoles::* to, TensorClass cls, SynthInit init);
+
+// Chainable adjustments of a row.
+inline TensorSpec on(Layers set, TensorSpec t) {
+  t.layers = set;
+  t.synth_layers = set;
+  return t;
+}
+inline TensorSpec optional(TensorSpec t, Layers synth = Layers::All) {
+  t.optional = true;
+  t.synth_layers = synth;
+  return t;
+}
+inline TensorSpec alternative(Alternative a, TensorSpec t) {
+  t.alternative = a;
+  return t;
+}
+
+// Spread of synthetic router and output logits (hidden states are RMS-normalised to 1 before
+// both). A decisive router (the top expert clearly ahead of the eighth) and a peaked
+// next-token distribution keep random-weight models away from the knife-edge ties where float
+// noise (which differs between any two correct implementations) flips an expert or a token.
+constexpr float kRouterLogitStd = 4.0f;
+constexpr float kOutputLogitStd = 8.0f;
+
+// Initialisations of synthetic weights.
+inline SynthInit fan_in(float scale) { return {scale, true, Fixed::None}; }
+inline SynthInit constant(float stddev) { return {stddev, false, Fixed::None}; }
+inline SynthInit fixed(Fixed f) { return {1.0f, false, f}; }
+
+}  // namespace bmoe
