@@ -52,6 +52,8 @@ class GgufArchLoader : public ArchLoader {
   std::vector<int64_t> get_per_layer_int(const std::string& k, int n_layer, std::optional<int64_t> fallback) override {
     return gguf_.get_per_layer_int(key(k), n_layer, fallback);
   }
+  std::vector<int64_t> get_int_array(const std::string& k) override { return gguf_.get_int_array(key(k)); }
+  bool has_key(const std::string& k) override { return gguf_.find(key(k)) != nullptr; }
   bool has_tensor(const std::string& name) override { return gguf_.find_tensor(name) != nullptr; }
   int64_t tensor_dim(const std::string& name, int dim) override {
     const TensorInfo& t = gguf_.tensor(name);

@@ -13,11 +13,12 @@ const Architecture& olmoe_architecture();
 const Architecture& llama_moe_architecture();
 const Architecture& gpt_oss_architecture();
 const Architecture& gemma4_architecture();
+const Architecture& qwen35moe_architecture();
 
 const std::vector<Architecture>& architectures() {
   static const std::vector<Architecture> archs = {
       qwen3moe_architecture(), qwen2moe_architecture(), olmoe_architecture(),
-      llama_moe_architecture(), gpt_oss_architecture(), gemma4_architecture(),
+      llama_moe_architecture(), gpt_oss_architecture(), gemma4_architecture(), qwen35moe_architecture(),
   };
   return archs;
 }

@@ -25,6 +25,12 @@ const char* dim_name(Dim d) {
     case Dim::ExpertFF2: return "2*n_ff_exp";
     case Dim::SharedFF: return "n_ff_shexp";
     case Dim::DenseFF: return "n_ff";
+    case Dim::QGateWidth: return "2*n_head*head_dim";
+    case Dim::ConvKernel: return "ssm.conv_kernel";
+    case Dim::ConvChannels: return "2*key_dim+value_dim";
+    case Dim::DeltaValueDim: return "value_dim";
+    case Dim::DeltaVHeads: return "v_heads";
+    case Dim::DeltaHeadDim: return "ssm.state_size";
   }
   return "?";
 }
@@ -48,6 +54,12 @@ int64_t dim_value(Dim d, const ModelConfig& c, int layer) {
     case Dim::ExpertFF2: return 2 * int64_t{c.n_ff_exp};
     case Dim::SharedFF: return c.n_ff_shexp;
     case Dim::DenseFF: return c.n_ff_dense_at(l);
+    case Dim::QGateWidth: return 2 * int64_t{c.n_head} * c.head_dim_at(l);
+    case Dim::ConvKernel: return c.delta_net.conv_kernel;
+    case Dim::ConvChannels: return c.delta_net.conv_channels();
+    case Dim::DeltaValueDim: return c.delta_net.value_dim();
+    case Dim::DeltaVHeads: return c.delta_net.v_heads;
+    case Dim::DeltaHeadDim: return c.delta_net.head_dim;
   }
   return 0;
 }
@@ -59,6 +71,8 @@ const char* layers_name(Layers l) {
     case Layers::Sliding: return "sliding-window layers";
     case Layers::Full: return "full-attention layers";
     case Layers::Moe: return "MoE layers";
+    case Layers::Attention: return "attention layers";
+    case Layers::Recurrent: return "Gated DeltaNet layers";
     case Layers::Never: return "never";
   }
   return "?";
@@ -71,6 +85,8 @@ bool layer_in(Layers set, const ModelConfig& c, int layer) {
     case Layers::Sliding: return layer >= 0 && c.sliding_at(layer) != 0;
     case Layers::Full: return layer >= 0 && c.sliding_at(layer) == 0;
     case Layers::Moe: return layer >= 0 && c.has_experts_at(layer);
+    case Layers::Attention: return layer >= 0 && !c.is_recurrent(layer);
+    case Layers::Recurrent: return layer >= 0 && c.is_recurrent(layer);
     case Layers::Never: return false;
   }
   return false;
@@ -83,6 +99,7 @@ const char* role_name(Role r) {
     case Role::Router: return "router";
     case Role::RoutedExpert: return "routed expert";
     case Role::SharedExpert: return "shared expert";
+    case Role::Recurrent: return "recurrent";
   }
   return "?";
 }

@@ -39,6 +39,12 @@ enum class Dim : uint8_t {
   ExpertFF2,  // 2 * n_ff_exp (fused gate+up)
   SharedFF,   // n_ff_shexp
   DenseFF,    // n_ff_dense(l)
+  QGateWidth,     // 2 * n_head * head_dim(l): query and output gate (qwen35moe)
+  ConvKernel,     // delta_net.conv_kernel
+  ConvChannels,   // delta_net.conv_channels(): q | k | v of a Gated DeltaNet layer
+  DeltaValueDim,  // delta_net.value_dim()
+  DeltaVHeads,    // delta_net.v_heads
+  DeltaHeadDim,   // delta_net.head_dim
 };
 const char* dim_name(Dim d);
 int64_t dim_value(Dim d, const ModelConfig& c, int layer);
@@ -50,13 +56,15 @@ enum class Layers : uint8_t {
   Sliding,  // sliding-window attention layers
   Full,     // full-attention layers
   Moe,      // layers with routed experts
+  Attention,  // layers that attend (not recurrent)
+  Recurrent,  // Gated DeltaNet layers
   Never,    // only as synth_layers: the synthesizer does not write it
 };
 const char* layers_name(Layers l);
 bool layer_in(Layers set, const ModelConfig& c, int layer);
 
 // What a tensor is for: dense and small tensors stay resident, routed experts stream.
-enum class Role : uint8_t { Dense, Small, Router, RoutedExpert, SharedExpert };
+enum class Role : uint8_t { Dense, Small, Router, RoutedExpert, SharedExpert, Recurrent };
 const char* role_name(Role r);
 
 // Tensor classes whose quantization type bmoe-synth chooses independently.
@@ -72,7 +80,7 @@ struct Binding {
 };
 
 // Contents of a synthetic tensor.
-enum class Fixed : uint8_t { None, RopeQuarter, LayerOutputScale, ExpertScales };
+enum class Fixed : uint8_t { None, RopeQuarter, LayerOutputScale, ExpertScales, DecayRates };
 struct SynthInit {
   float scale = 0.0f;   // 0: all ones (norm weights)
   bool fan_in = false;  // stddev = scale / sqrt(dims[0]) instead of scale

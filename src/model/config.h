@@ -70,10 +70,31 @@ struct ModelConfig {
   std::vector<int> layer_n_head_kv;
   std::vector<int> layer_head_dim;  // key and value head size
   std::vector<RopeConfig> layer_rope;
+  // Hybrid models (qwen35moe): per layer, 1 = a Gated DeltaNet (linear attention) layer that
+  // keeps a recurrent state instead of KV rows. Empty: every layer attends.
+  std::vector<uint8_t> recurrent_layers;
+  struct DeltaNet {
+    int conv_kernel = 0;  // causal depthwise convolution width
+    int head_dim = 0;     // key and value head size (the state is head_dim x head_dim per value head)
+    int k_heads = 0;      // query/key heads; value head h reads key head h % k_heads
+    int v_heads = 0;
+    int key_dim() const { return k_heads * head_dim; }
+    int value_dim() const { return v_heads * head_dim; }
+    int conv_channels() const { return 2 * key_dim() + value_dim(); }  // q | k | v
+  } delta_net;
+  bool attn_output_gate = false;  // the q projection holds [query | gate] per head (qwen35moe)
+  bool shared_gate_sigmoid = false;  // shared expert gate: sigmoid (else silu(x)/x, qwen2moe's form)
   bool v_rms_norm = false;          // RMS-normalise each value head without a weight (gemma4)
   ExpertActivation dense_activation = ExpertActivation::SwiGLU;  // dense FFN / shared expert
 
   int sliding_at(int l) const { return sliding_window.empty() ? 0 : sliding_window[static_cast<size_t>(l)]; }
+  bool is_recurrent(int l) const { return !recurrent_layers.empty() && recurrent_layers[static_cast<size_t>(l)] != 0; }
+  bool has_recurrent_layers() const {
+    for (uint8_t r : recurrent_layers) {
+      if (r) return true;
+    }
+    return false;
+  }
   bool has_experts_at(int l) const { return moe_layers.empty() ? n_expert > 0 : moe_layers[static_cast<size_t>(l)] != 0; }
   int n_ff_dense_at(int l) const { return layer_n_ff.empty() ? 0 : layer_n_ff[static_cast<size_t>(l)]; }
   int n_head_kv_at(int l) const { return layer_n_head_kv.empty() ? n_head_kv : layer_n_head_kv[static_cast<size_t>(l)]; }
@@ -83,7 +104,9 @@ struct ModelConfig {
 
   int64_t kv_bytes_per_token() const {
     int64_t total = 0;
-    for (int l = 0; l < n_layer; ++l) total += int64_t{n_head_kv_at(l)} * (head_dim_at(l) + head_dim_v_at(l)) * 2;
+    for (int l = 0; l < n_layer; ++l) {
+      if (!is_recurrent(l)) total += int64_t{n_head_kv_at(l)} * (head_dim_at(l) + head_dim_v_at(l)) * 2;
+    }
     return total;  // f16 K and V
   }
 };

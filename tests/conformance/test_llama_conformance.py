@@ -301,5 +301,12 @@ class Gemma4_26B_Cut2(Conformance, unittest.TestCase):
     noise_floor = True
 
 
+class TinyQwen35Moe(Conformance, unittest.TestCase):
+    """Hybrid: three Gated DeltaNet layers (recurrent state) and one gated attention layer with
+    partial RoPE; routed experts beside a sigmoid-gated shared expert; Qwen3.5 pre-tokenizer."""
+    name = "tiny-qwen35moe"
+    preset = "tiny-qwen35moe"
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)

@@ -1,0 +1,53 @@
+// The Gated DeltaNet (linear attention) of hybrid models (qwen35moe), as llama.cpp's CPU backend
+// computes it: a causal depthwise convolution over q | k | v, L2-normed q and k, and per value
+// head a head_dim x head_dim state updated token by token by the gated delta rule.
+//
+// The recurrence runs token by token also for prompts (as llama.cpp's fused CPU kernel does): a
+// token's result then does not depend on how tokens are batched, which keeps prefix reuse and
+// speculative decoding exact, and it costs ~3 * v_heads * head_dim^2 multiply-adds per token and
+// layer, about 1 % of a Qwen3.6-35B-A3B token's matrix work. The projections around it are batched.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "model/config.h"
+
+namespace bmoe {
+
+// Per-sequence state of every Gated DeltaNet layer; empty vectors for attention layers.
+struct RecurrentState {
+  // [channels][conv_kernel - 1]: each channel's last inputs, oldest first.
+  std::vector<std::vector<float>> conv;
+  // [v_heads][head_dim j (value)][head_dim i (key)]: the state S[i][j] of each value head.
+  std::vector<std::vector<float>> delta;
+
+  void init(const ModelConfig& c);  // sized for c's recurrent layers, zero
+  void clear();                     // zero, as a new sequence starts
+  uint64_t bytes() const;
+};
+
+namespace delta_net {
+
+// softplus(x) = log(1 + e^x), linear above 20 (ggml's form).
+float softplus(float x);
+
+// x /= max(||x||, eps), the sum of squares in double (ggml_l2_norm).
+void l2_norm(float* x, int n, float eps);
+
+// Sum of x[i] * y[i], n a multiple of 16, in a fixed order (16 lanes, then pairwise) that every
+// ISA computes alike.
+float dot(const float* x, const float* y, int n);
+
+// out[t][c] = silu(sum_j w[c][j] * window[c][t + j]) for t < n, where window[c] is state[c]
+// followed by in[.][c]; state then holds the last kernel - 1 inputs of each channel.
+void conv_silu(const float* in, int n, int channels, int kernel, const float* weight, float* state, float* out,
+               int first_channel, int end_channel);
+
+// One token of the gated delta rule on one value head: S *= decay; then for each value index j,
+// delta_j = (v_j - S[:, j] . k) * beta, S[:, j] += delta_j k; out_j = S[:, j] . q * scale.
+void step(float* state, int head_dim, const float* q, const float* k, const float* v, float decay, float beta,
+          float scale, float* out);
+
+}  // namespace delta_net
+}  // namespace bmoe
