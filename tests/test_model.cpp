@@ -14,6 +14,8 @@
 #include "gguf/gguf.h"
 #include "gguf/gguf_writer.h"
 #include "model/arch.h"
+#include "model/delta_net.h"
+#include "core/rng.h"
 #include "synth/synth.h"
 #include "test_util.h"
 
@@ -27,16 +29,18 @@ std::vector<float> logits_after(LoadedModel& model, int threads, int batch, cons
   return session.logits();
 }
 
+// Attention layers and qwen35moe's recurrent ones alike.
 TEST(Model, BatchSizeAndThreadsDoNotChangeLogits) {
-  const std::string path = test_model_path("tiny-qwen3moe");
-  auto model = load_model(path, LoadOptions{});
-  const auto prompt = model->tokenizer->encode("the quick brown fox jumps over the lazy dog again and again", false, false);
-  ASSERT_GT(prompt.size(), 8u);
-  const auto reference = logits_after(*model, 1, 512, prompt);
-  for (auto [threads, batch] : {std::pair{2, 512}, {3, 5}, {2, 1}, {4, 7}}) {
-    EXPECT_EQ(logits_after(*model, threads, batch, prompt), reference) << threads << " threads, batch " << batch;
+  for (const char* preset : {"tiny-qwen3moe", "tiny-qwen35moe"}) {
+    auto model = load_model(test_model_path(preset), LoadOptions{});
+    const auto prompt = model->tokenizer->encode("the quick brown fox jumps over the lazy dog again and again", false, false);
+    ASSERT_GT(prompt.size(), 8u);
+    const auto reference = logits_after(*model, 1, 512, prompt);
+    for (auto [threads, batch] : {std::pair{2, 512}, {3, 5}, {2, 1}, {4, 7}}) {
+      EXPECT_EQ(logits_after(*model, threads, batch, prompt), reference) << preset << ", " << threads << " threads, batch " << batch;
+    }
+    for (float v : reference) ASSERT_TRUE(std::isfinite(v));
   }
-  for (float v : reference) ASSERT_TRUE(std::isfinite(v));
 }
 
 // Prompt batches of 64 rows or more take the tiled attention path; a row's result there does not
@@ -86,19 +90,27 @@ TEST(Model, MixedActivationFormatsInOneBatch) {
   for (float v : reference) ASSERT_TRUE(std::isfinite(v));
 }
 
+// For a recurrent state the rewind goes back to the state saved at the start of the last
+// multi-token eval (here: the start of " something else", which is <= the prefix) or, when
+// that lies past the cut, to the empty state; both must give the fresh run's logits.
 TEST(Model, TruncateThenReplayMatchesFreshRun) {
-  auto model = load_model(test_model_path("tiny-qwen3moe"), LoadOptions{});
-  ThreadPool pool(2);
-  const auto a = model->tokenizer->encode("hello world this is", false, false);
-  const auto b = model->tokenizer->encode(" a different ending", false, false);
-  Session s(*model, pool, 256, 64, SamplerConfig{});
-  s.prefill(a);
-  s.prefill(model->tokenizer->encode(" something else", false, false));
-  s.state().truncate(static_cast<int>(a.size()));  // keep only the shared prefix
-  s.prefill(b);
-  std::vector<int32_t> ab = a;
-  ab.insert(ab.end(), b.begin(), b.end());
-  EXPECT_EQ(s.logits(), logits_after(*model, 2, 64, ab));
+  for (const char* preset : {"tiny-qwen3moe", "tiny-qwen35moe"}) {
+    auto model = load_model(test_model_path(preset), LoadOptions{});
+    ThreadPool pool(2);
+    const auto a = model->tokenizer->encode("hello world this is", false, false);
+    const auto b = model->tokenizer->encode(" a different ending", false, false);
+    std::vector<int32_t> ab = a;
+    ab.insert(ab.end(), b.begin(), b.end());
+    for (int cut_back : {0, 2}) {  // 2: the cut lies before the saved state
+      Session s(*model, pool, 256, 64, SamplerConfig{});
+      s.prefill(a);
+      s.prefill(model->tokenizer->encode(" something else", false, false));
+      const int keep = static_cast<int>(a.size()) - cut_back;
+      s.state().truncate(keep);  // keep only (part of) the shared prefix
+      s.prefill(std::vector<int32_t>(ab.begin() + keep, ab.end()));
+      EXPECT_EQ(s.logits(), logits_after(*model, 2, 64, ab)) << preset << ", cut back " << cut_back;
+    }
+  }
 }
 
 TEST(Model, GreedyOutputIsNotDegenerate) {
@@ -190,6 +202,67 @@ TEST(Loader, MissingRequiredKeyIsNamed) {
     w.set("qwen3moe.block_count", GgufValue::string("two"));
   });
   EXPECT_NE(load_error(path).find("qwen3moe.block_count"), std::string::npos) << load_error(path);
+}
+
+// The gated delta rule against its textbook form in double precision: S <- decay * S, then
+// S <- S + k (beta (v - S^T k))^T, out = S^T q * scale.
+TEST(DeltaNet, StepMatchesTheDeltaRule) {
+  constexpr int S = 32;
+  Rng rng(7);
+  std::vector<float> state(S * S, 0.0f);
+  std::vector<double> ref(S * S, 0.0);  // ref[i][j]: key index i, value index j
+  for (int t = 0; t < 20; ++t) {
+    std::vector<float> q(S), k(S), v(S), out(S);
+    for (int i = 0; i < S; ++i) {
+      q[i] = static_cast<float>(rng.normal());
+      k[i] = static_cast<float>(rng.normal());
+      v[i] = static_cast<float>(rng.normal());
+    }
+    delta_net::l2_norm(q.data(), S, 1e-6f);
+    delta_net::l2_norm(k.data(), S, 1e-6f);
+    const float decay = 0.5f + 0.02f * static_cast<float>(t), beta = 0.3f + 0.03f * static_cast<float>(t);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(S));
+    delta_net::step(state.data(), S, q.data(), k.data(), v.data(), decay, beta, scale, out.data());
+    for (double& x : ref) x *= decay;
+    for (int j = 0; j < S; ++j) {
+      double kv = 0.0;
+      for (int i = 0; i < S; ++i) kv += ref[i * S + j] * k[i];
+      const double delta = (v[j] - kv) * beta;
+      for (int i = 0; i < S; ++i) ref[i * S + j] += k[i] * delta;
+    }
+    for (int j = 0; j < S; ++j) {
+      double o = 0.0;
+      for (int i = 0; i < S; ++i) o += ref[i * S + j] * q[i];
+      EXPECT_NEAR(out[j], o * scale, 1e-5) << "token " << t << " value " << j;
+    }
+  }
+}
+
+// The convolution continues across calls: one call over n tokens equals n calls of one token,
+// bit for bit, and each output is silu of the kernel over the last inputs.
+TEST(DeltaNet, ConvolutionCarriesItsStateAcrossCalls) {
+  constexpr int C = 6, K = 4, N = 9;
+  Rng rng(3);
+  std::vector<float> in(N * C), w(C * K);
+  for (float& x : in) x = static_cast<float>(rng.normal());
+  for (float& x : w) x = static_cast<float>(rng.normal());
+  std::vector<float> state_a(C * (K - 1), 0.0f), state_b = state_a, out_a(N * C), out_b(N * C);
+  delta_net::conv_silu(in.data(), N, C, K, w.data(), state_a.data(), out_a.data(), 0, C);
+  for (int t = 0; t < N; ++t) {
+    delta_net::conv_silu(in.data() + t * C, 1, C, K, w.data(), state_b.data(), out_b.data() + t * C, 0, C);
+  }
+  EXPECT_EQ(out_a, out_b);
+  EXPECT_EQ(state_a, state_b);
+  for (int t = 0; t < N; ++t) {
+    for (int c = 0; c < C; ++c) {
+      double sum = 0.0;
+      for (int j = 0; j < K; ++j) {
+        const int pos = t - (K - 1) + j;  // inputs before the first are zero
+        if (pos >= 0) sum += static_cast<double>(in[pos * C + c]) * w[c * K + j];
+      }
+      EXPECT_NEAR(out_a[t * C + c], sum / (1.0 + std::exp(-sum)), 1e-5);
+    }
+  }
 }
 
 // The table is the one description of a family: the tensors bmoe-synth writes are exactly those

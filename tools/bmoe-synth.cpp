@@ -15,7 +15,7 @@ int main(int argc, char** argv) {
   CLI::App app{"bmoe-synth: write a synthetic MoE GGUF model with real shapes and random weights"};
   std::string preset, output, vocab, vocab_file;
   std::vector<std::string> type_overrides;
-  int layers = 0, shards = 1, swa_period = 0;
+  int layers = 0, shards = 1, swa_period = 0, attention_interval = 0;
   uint64_t seed = 42;
   bool list = false, dry_run = false;
   app.add_option("--preset", preset, "model shape (--list-presets shows them all)");
@@ -23,6 +23,9 @@ int main(int argc, char** argv) {
   app.add_option("--layers", layers, "cut the preset to its first N layers")->check(CLI::Range(1, 1000));
   app.add_option("--swa-period", swa_period,
                  "gemma4: make every Nth layer full attention (so a short cut keeps one)")->check(CLI::Range(1, 1000));
+  app.add_option("--attention-interval", attention_interval,
+                 "qwen35moe: make every Nth layer attention, the others Gated DeltaNet (so a short cut keeps both)")
+      ->check(CLI::Range(1, 1000));
   app.add_option("--type", type_overrides,
                  "tensor type per class, CLASS=TYPE (classes: embd output attn attn_q attn_k attn_v attn_o router "
                  "experts gate_up down dense all; types: F32 F16 BF16 Q8_0 Q4_0 Q4_K Q5_K Q6_K MXFP4)");
@@ -50,6 +53,10 @@ int main(int argc, char** argv) {
     if (swa_period > 0) {
       if (spec.arch != "gemma4") fail("--swa-period applies to gemma4 presets only");
       spec.swa_period = swa_period;
+    }
+    if (attention_interval > 0) {
+      if (spec.arch != "qwen35moe") fail("--attention-interval applies to qwen35moe presets only");
+      spec.full_attention_interval = attention_interval;
     }
     if (!vocab.empty()) spec.vocab = vocab;
     spec.vocab_file = vocab_file;

@@ -125,12 +125,12 @@ void gemma4_shape(SynthSpec& s, int window, int period, int kv_heads_full, int h
   s.types[TensorClass::Dense] = TensorType::Q8_0;
 }
 
-// Qwen3.5 MoE: three Gated DeltaNet layers to one attention layer, a quarter of each attention
-// head rotated, and a shared expert.
-void qwen35moe_shape(SynthSpec& s, int n_rot, int shared_ff, int ssm_head_dim, int k_heads, int v_heads) {
+// Qwen3.5 MoE: every interval-th layer attends (the others are Gated DeltaNet layers), a
+// quarter of each attention head rotated, and a shared expert.
+void qwen35moe_shape(SynthSpec& s, int interval, int n_rot, int shared_ff, int ssm_head_dim, int k_heads, int v_heads) {
   s.n_rot = n_rot;
   s.n_ff_shexp = shared_ff;
-  s.full_attention_interval = 4;
+  s.full_attention_interval = interval;
   s.ssm_conv_kernel = 4;
   s.ssm_head_dim = ssm_head_dim;
   s.ssm_k_heads = k_heads;
@@ -202,14 +202,14 @@ SynthSpec synth_preset(const std::string& name) {
     gemma4_shape(s, 1024, 6, 2, 512, 2112);
   } else if (name == "tiny-qwen35moe") {
     s = shape(name, "qwen35moe", 4, 256, 4, 2, 64, 8, 2, 256, 4096, 10000000.0f, "tiny");
-    qwen35moe_shape(s, 16, 256, 64, 2, 4);
+    qwen35moe_shape(s, 2, 16, 256, 64, 2, 4);  // every second layer attends: a 3-layer cut holds both kinds
     q4_k_m_mix(s);
   } else if (name == "qwen3.6-35b-a3b") {
     // As Qwen3.6-35B-A3B-Q4_K_M: 40 layers (30 Gated DeltaNet, 10 gated attention), 256 experts
     // of 512, a 512-wide shared expert; the Qwen3 tokenizer stands in for Qwen3.5's (no npm
     // package ships it), padded to its 248,320 ids.
     s = shape(name, "qwen35moe", 40, 2048, 16, 2, 256, 256, 8, 512, 262144, 10000000.0f, "qwen3");
-    qwen35moe_shape(s, 64, 512, 128, 16, 32);
+    qwen35moe_shape(s, 4, 64, 512, 128, 16, 32);
     s.vocab_size = 248320;
     q4_k_m_mix(s);
     s.more_bits_classes = {TensorClass::AttnV, TensorClass::ExpertsDown};

@@ -308,5 +308,14 @@ class TinyQwen35Moe(Conformance, unittest.TestCase):
     preset = "tiny-qwen35moe"
 
 
+class Qwen36_35B_Cut2(Conformance, unittest.TestCase):
+    """2 layers of the Qwen3.6-35B-A3B shape (--attention-interval 2: a Gated DeltaNet layer, then a
+    gated attention layer), 256 experts, the Qwen3 vocabulary padded to 248,320 ids with the
+    Qwen3.5 pre-tokenizer."""
+    name = "qwen36-35b-cut2"
+    preset = "qwen3.6-35b-a3b"
+    model_args = ("--layers", "2", "--attention-interval", "2")
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)
