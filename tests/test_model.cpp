@@ -247,9 +247,10 @@ TEST(DeltaNet, ConvolutionCarriesItsStateAcrossCalls) {
   for (float& x : in) x = static_cast<float>(rng.normal());
   for (float& x : w) x = static_cast<float>(rng.normal());
   std::vector<float> state_a(C * (K - 1), 0.0f), state_b = state_a, out_a(N * C), out_b(N * C);
-  delta_net::conv_silu(in.data(), N, C, K, w.data(), state_a.data(), out_a.data(), 0, C);
+  const std::vector<float> wt = delta_net::transpose_conv(w, C, K);
+  delta_net::conv_silu(in.data(), N, C, K, wt.data(), state_a.data(), out_a.data(), 0, C);
   for (int t = 0; t < N; ++t) {
-    delta_net::conv_silu(in.data() + t * C, 1, C, K, w.data(), state_b.data(), out_b.data() + t * C, 0, C);
+    delta_net::conv_silu(in.data() + t * C, 1, C, K, wt.data(), state_b.data(), out_b.data() + t * C, 0, C);
   }
   EXPECT_EQ(out_a, out_b);
   EXPECT_EQ(state_a, state_b);

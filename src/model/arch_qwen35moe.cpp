@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "model/arch.h"
+#include "model/delta_net.h"
 
 namespace bmoe {
 
@@ -80,6 +81,15 @@ void read_qwen35moe(ArchLoader& a, ModelConfig& c) {
   read_delta_net(a, c, n_layer_all);
 }
 
+// conv_silu reads the kernel tap by tap across channels.
+void finish_qwen35moe(const ModelConfig& c, ModelWeights& w) {
+  for (int l = 0; l < c.n_layer; ++l) {
+    if (!c.is_recurrent(l)) continue;
+    Vector& conv = w.layers[static_cast<size_t>(l)].ssm_conv;
+    conv = delta_net::transpose_conv(conv, c.delta_net.conv_channels(), c.delta_net.conv_kernel);
+  }
+}
+
 using D = Dim;
 using C = TensorClass;
 using L = LayerWeights;
@@ -133,7 +143,7 @@ const TensorSpec kTensors[] = {
 const Architecture& qwen35moe_architecture() {
   static const Architecture arch{"qwen35moe",
                                  "Qwen3.5/3.6 MoE (Qwen3.6-35B-A3B; Gated DeltaNet + gated attention, shared expert)",
-                                 read_qwen35moe, kTensors};
+                                 read_qwen35moe, kTensors, finish_qwen35moe};
   return arch;
 }
 

@@ -1,8 +1,8 @@
 #include "model/delta_net.h"
 
+#include <algorithm>
 #include <cmath>
 
-#include "model/ops.h"
 #include "quant/float_kernels.h"
 
 namespace bmoe {
@@ -32,6 +32,14 @@ uint64_t RecurrentState::bytes() const {
 
 namespace delta_net {
 
+std::vector<float> transpose_conv(const std::vector<float>& weight, int channels, int kernel) {
+  std::vector<float> t(weight.size());
+  for (int c = 0; c < channels; ++c) {
+    for (int j = 0; j < kernel; ++j) t[static_cast<size_t>(j) * channels + c] = weight[static_cast<size_t>(c) * kernel + j];
+  }
+  return t;
+}
+
 float softplus(float x) { return x > 20.0f ? x : std::log(1.0f + std::exp(x)); }
 
 void l2_norm(float* x, int n, float eps) {
@@ -41,45 +49,42 @@ void l2_norm(float* x, int n, float eps) {
   for (int i = 0; i < n; ++i) x[i] *= scale;
 }
 
-float dot(const float* x, const float* y, int n) {
-  float lanes[16] = {};
-  for (int i = 0; i < n; i += 16) {
-    for (int l = 0; l < 16; ++l) lanes[l] += x[i + l] * y[i + l];
-  }
-  return ref::reduce16(lanes);
-}
-
 void conv_silu(const float* in, int n, int channels, int kernel, const float* weight, float* state, float* out,
                int first_channel, int end_channel) {
   const int keep = kernel - 1;
+  const size_t C = static_cast<size_t>(channels);
+  for (int t = 0; t < n; ++t) {
+    float* o = out + t * C;
+    std::fill(o + first_channel, o + end_channel, 0.0f);
+    for (int j = 0; j < kernel; ++j) {  // window position t + j: the state, then the new inputs
+      const float* w = weight + j * C;
+      const int pos = t + j;
+      if (pos < keep) {
+        for (int c = first_channel; c < end_channel; ++c) o[c] += state[static_cast<size_t>(c) * keep + pos] * w[c];
+      } else {
+        const float* x = in + static_cast<size_t>(pos - keep) * C;
+        for (int c = first_channel; c < end_channel; ++c) o[c] += x[c] * w[c];
+      }
+    }
+  }
   for (int c = first_channel; c < end_channel; ++c) {
     float* hist = state + static_cast<size_t>(c) * keep;
-    const float* w = weight + static_cast<size_t>(c) * kernel;
-    auto at = [&](int pos) {  // window position: the state, then the new inputs
-      return pos < keep ? hist[pos] : in[static_cast<size_t>(pos - keep) * channels + c];
-    };
-    for (int t = 0; t < n; ++t) {
-      float sum = 0.0f;
-      for (int j = 0; j < kernel; ++j) sum += at(t + j) * w[j];
-      out[static_cast<size_t>(t) * channels + c] = ops::silu(sum);
-    }
     float last[16];
-    for (int j = 0; j < keep; ++j) last[j] = at(n + j);
-    for (int j = 0; j < keep; ++j) hist[j] = last[j];
+    for (int j = 0; j < keep; ++j) {
+      const int pos = n + j;
+      last[j] = pos < keep ? hist[pos] : in[static_cast<size_t>(pos - keep) * C + c];
+    }
+    std::copy(last, last + keep, hist);
+  }
+  for (int t = 0; t < n; ++t) {
+    float* row = out + t * C;
+    float_kernels().silu(row + first_channel, row + first_channel, end_channel - first_channel);
   }
 }
 
 void step(float* state, int head_dim, const float* q, const float* k, const float* v, float decay, float beta,
           float scale, float* out) {
-  const int S = head_dim;
-  for (int i = 0; i < S * S; ++i) state[i] *= decay;
-  float delta[512];
-  for (int j = 0; j < S; ++j) delta[j] = (v[j] - dot(state + static_cast<size_t>(j) * S, k, S)) * beta;
-  for (int j = 0; j < S; ++j) {
-    float* row = state + static_cast<size_t>(j) * S;
-    for (int i = 0; i < S; ++i) row[i] += delta[j] * k[i];
-  }
-  for (int j = 0; j < S; ++j) out[j] = dot(state + static_cast<size_t>(j) * S, q, S) * scale;
+  float_kernels().delta_step(state, head_dim, q, k, v, decay, beta, scale, out);
 }
 
 }  // namespace delta_net

@@ -29,23 +29,25 @@ struct RecurrentState {
 
 namespace delta_net {
 
+// The convolution kernel as conv_silu reads it: [kernel][channels] from the GGUF's
+// [channels][kernel].
+std::vector<float> transpose_conv(const std::vector<float>& weight, int channels, int kernel);
+
 // softplus(x) = log(1 + e^x), linear above 20 (ggml's form).
 float softplus(float x);
 
 // x /= max(||x||, eps), the sum of squares in double (ggml_l2_norm).
 void l2_norm(float* x, int n, float eps);
 
-// Sum of x[i] * y[i], n a multiple of 16, in a fixed order (16 lanes, then pairwise) that every
-// ISA computes alike.
-float dot(const float* x, const float* y, int n);
-
-// out[t][c] = silu(sum_j w[c][j] * window[c][t + j]) for t < n, where window[c] is state[c]
-// followed by in[.][c]; state then holds the last kernel - 1 inputs of each channel.
+// out[t][c] = silu(sum_j w[j][c] * window[c][t + j]) for t < n and channels [first, end), where
+// window[c] is state[c] followed by in[.][c]; state then holds the last kernel - 1 inputs of
+// each channel.
 void conv_silu(const float* in, int n, int channels, int kernel, const float* weight, float* state, float* out,
                int first_channel, int end_channel);
 
-// One token of the gated delta rule on one value head: S *= decay; then for each value index j,
-// delta_j = (v_j - S[:, j] . k) * beta, S[:, j] += delta_j k; out_j = S[:, j] . q * scale.
+// One token of the gated delta rule on one value head (FloatKernels::delta_step of the active
+// ISA): S *= decay; then for each value index j, delta_j = (v_j - S[:, j] . k) * beta,
+// S[:, j] += delta_j k; out_j = S[:, j] . q * scale.
 void step(float* state, int head_dim, const float* q, const float* k, const float* v, float decay, float beta,
           float scale, float* out);
 

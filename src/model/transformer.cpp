@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "model/ops.h"
+#include "quant/float_kernels.h"
 #include "quant/quant.h"
 
 namespace bmoe {
@@ -306,7 +307,9 @@ void InferenceState::delta_net_block(int layer, int n) {
       float* y = out + t * VD + static_cast<size_t>(h) * S;
       const float* g = z + t * VD + static_cast<size_t>(h) * S;
       ops::rms_norm(y, L.ssm_norm.data(), y, S, cfg_.norm_eps);
-      for (int j = 0; j < S; ++j) y[j] *= ops::silu(g[j]);
+      float gate[512];
+      float_kernels().silu(g, gate, S);
+      for (int j = 0; j < S; ++j) y[j] *= gate[j];
     }
   }
   proj_.resize(rows * E);

@@ -63,7 +63,7 @@ struct LayerWeights {
   Weight ssm_alpha;  // x -> per value head decay input
   Weight ssm_beta;   // x -> per value head update strength
   Weight ssm_out;    // gated, normalised heads -> n_embd
-  Vector ssm_conv;   // [channels][conv_kernel] depthwise kernel
+  Vector ssm_conv;   // depthwise kernel, [conv_kernel][channels] (transposed from the file at load)
   Vector ssm_dt;     // per value head bias of the decay input
   Vector ssm_a;      // per value head -exp(A_log), negative
   Vector ssm_norm;   // [head_dim] weight of the gated RMS norm

@@ -162,14 +162,14 @@ const TypeKernels& kernels(TensorType weights) {
 }
 
 const FloatKernels* float_kernels_for_isa(Isa isa) {
-  static const FloatKernels scalar{ref::gemm_f32, ref::exp_sum, ref::swiglu};
+  static const FloatKernels scalar{ref::gemm_f32, ref::exp_sum, ref::swiglu, ref::silu, ref::delta_step};
 #if defined(__x86_64__)
   static const FloatKernels avx2{cpu_features().avx512bw ? avx512::gemm_f32 : avx2::gemm_f32, avx2::exp_sum,
-                                 avx2::swiglu};
+                                 avx2::swiglu, avx2::silu, avx2::delta_step};
   if (isa == Isa::Avx2) return cpu_features().avx2 ? &avx2 : nullptr;
 #endif
 #if defined(__aarch64__)
-  static const FloatKernels neon{neon::gemm_f32, neon::exp_sum, neon::swiglu};
+  static const FloatKernels neon{neon::gemm_f32, neon::exp_sum, neon::swiglu, neon::silu, neon::delta_step};
   if (isa == Isa::Neon) return cpu_features().neon ? &neon : nullptr;
 #endif
   return isa == Isa::Scalar ? &scalar : nullptr;

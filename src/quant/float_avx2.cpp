@@ -118,6 +118,42 @@ void swiglu(const float* gate, const float* up, float* out, int64_t n) {
   for (; i < n; ++i) out[i] = gate[i] / (1.0f + fast_expf(0.0f - gate[i])) * up[i];
 }
 
+void silu(const float* x, float* out, int64_t n) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    const __m256 g = _mm256_loadu_ps(x + i);
+    _mm256_storeu_ps(out + i, _mm256_div_ps(g, _mm256_add_ps(one, exp8(_mm256_sub_ps(_mm256_setzero_ps(), g)))));
+  }
+  for (; i < n; ++i) out[i] = x[i] / (1.0f + fast_expf(0.0f - x[i]));
+}
+
+namespace {
+// ref::delta_step's dot: lanes 0-7 and 8-15 in two registers, products and sums rounded apart.
+float dot16(const float* x, const float* y, int n) {
+  __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+  for (int i = 0; i < n; i += 16) {
+    lo = _mm256_add_ps(lo, _mm256_mul_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    hi = _mm256_add_ps(hi, _mm256_mul_ps(_mm256_loadu_ps(x + i + kLanes), _mm256_loadu_ps(y + i + kLanes)));
+  }
+  return hsum(_mm256_add_ps(hi, lo));  // ref::reduce16's order
+}
+}  // namespace
+
+void delta_step(float* state, int s, const float* q, const float* k, const float* v, float decay, float beta,
+                float scale, float* out) {
+  const __m256 vdecay = _mm256_set1_ps(decay);
+  for (int i = 0; i < s * s; i += kLanes) _mm256_storeu_ps(state + i, _mm256_mul_ps(_mm256_loadu_ps(state + i), vdecay));
+  for (int j = 0; j < s; ++j) {
+    float* row = state + static_cast<size_t>(j) * s;
+    const __m256 delta = _mm256_set1_ps((v[j] - dot16(row, k, s)) * beta);
+    for (int i = 0; i < s; i += kLanes) {
+      _mm256_storeu_ps(row + i, _mm256_add_ps(_mm256_loadu_ps(row + i), _mm256_mul_ps(delta, _mm256_loadu_ps(k + i))));
+    }
+  }
+  for (int j = 0; j < s; ++j) out[j] = dot16(state + static_cast<size_t>(j) * s, q, s) * scale;
+}
+
 }  // namespace bmoe::avx2
 
 #if defined(__clang__)

@@ -30,10 +30,22 @@ constexpr int kExpSumBlock = 16;
 // out[i] = silu(gate[i]) * up[i], silu(x) = x / (1 + fast_expf(0 - x)).
 using SwigluFn = void (*)(const float* gate, const float* up, float* out, int64_t n);
 
+// out[i] = silu(x[i]) = x / (1 + fast_expf(0 - x)); out may be x.
+using SiluFn = void (*)(const float* x, float* out, int64_t n);
+// One token of the gated delta rule on one value head (model/delta_net.h): state holds s rows
+// (value index j) of s keys (s a multiple of 16); state *= decay, then for each j
+// delta_j = (v_j - row_j . k) * beta, row_j += delta_j k; then out_j = row_j . q * scale.
+// Each dot product sums 16 lanes (lane l takes elements l, l + 16, ...) and then the lanes as
+// ref::reduce16 does, every product and sum rounded on its own (no fused multiply-add): every
+// ISA returns the same bits.
+using DeltaStepFn = void (*)(float* state, int s, const float* q, const float* k, const float* v, float decay,
+                             float beta, float scale, float* out);
 struct FloatKernels {
   GemmF32Fn gemm = nullptr;
   ExpSumFn exp_sum = nullptr;
   SwigluFn swiglu = nullptr;
+  SiluFn silu = nullptr;
+  DeltaStepFn delta_step = nullptr;
 };
 
 // The kernels of the active ISA, and of a given one (nullptr where it is not compiled in).
@@ -45,6 +57,9 @@ void gemm_f32(float* c, int64_t ldc, const float* a, int64_t lda, const float* b
               int64_t k, int64_t n);
 double exp_sum(float* x, int64_t n, float max);
 void swiglu(const float* gate, const float* up, float* out, int64_t n);
+void silu(const float* x, float* out, int64_t n);
+void delta_step(float* state, int s, const float* q, const float* k, const float* v, float decay, float beta,
+                float scale, float* out);
 // Sum of 16 floats in the pairwise order of _mm512_reduce_add_ps.
 float reduce16(const float* v);
 }  // namespace ref

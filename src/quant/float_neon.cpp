@@ -77,6 +77,15 @@ void gemm_f32(float* c, int64_t ldc, const float* a, int64_t lda, const float* b
   for (; i < m; ++i) gemm_rows<1>(c + i * ldc, ldc, a + i * lda, lda, b, ldb, k, n);
 }
 
+// ref::reduce16 of lanes e[0..3]: t8 = v[8..15] + v[0..7], t4 = t8[4..7] + t8[0..3], then
+// (t0 + t2) + (t1 + t3).
+float reduce16(const float32x4_t e[4]) {
+  const float32x4_t t4 = vaddq_f32(vaddq_f32(e[3], e[1]), vaddq_f32(e[2], e[0]));
+  const float a = vgetq_lane_f32(t4, 0) + vgetq_lane_f32(t4, 2);
+  const float b = vgetq_lane_f32(t4, 1) + vgetq_lane_f32(t4, 3);
+  return a + b;
+}
+
 double exp_sum(float* x, int64_t n, float max) {
   const float32x4_t vmax = vdupq_n_f32(max);
   double sum = 0.0;
@@ -86,11 +95,7 @@ double exp_sum(float* x, int64_t n, float max) {
       e[q] = exp4(vsubq_f32(vld1q_f32(x + i + q * kLanes), vmax));
       vst1q_f32(x + i + q * kLanes, e[q]);
     }
-    // ref::reduce16: t8 = v[8..15] + v[0..7], t4 = t8[4..7] + t8[0..3], then (t0+t2) + (t1+t3).
-    const float32x4_t t4 = vaddq_f32(vaddq_f32(e[3], e[1]), vaddq_f32(e[2], e[0]));
-    const float a = vgetq_lane_f32(t4, 0) + vgetq_lane_f32(t4, 2);
-    const float b = vgetq_lane_f32(t4, 1) + vgetq_lane_f32(t4, 3);
-    sum += static_cast<double>(a + b);
+    sum += static_cast<double>(reduce16(e));
   }
   return sum;
 }
@@ -104,6 +109,38 @@ void swiglu(const float* gate, const float* up, float* out, int64_t n) {
     vst1q_f32(out + i, vmulq_f32(silu, vld1q_f32(up + i)));
   }
   for (; i < n; ++i) out[i] = gate[i] / (1.0f + fast_expf(0.0f - gate[i])) * up[i];
+}
+
+void silu(const float* x, float* out, int64_t n) {
+  const float32x4_t one = vdupq_n_f32(1.0f);
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    const float32x4_t g = vld1q_f32(x + i);
+    vst1q_f32(out + i, vdivq_f32(g, vaddq_f32(one, exp4(vsubq_f32(vdupq_n_f32(0.0f), g)))));
+  }
+  for (; i < n; ++i) out[i] = x[i] / (1.0f + fast_expf(0.0f - x[i]));
+}
+
+namespace {
+// ref::delta_step's dot: lanes 0-15 in four registers, products and sums rounded apart.
+float dot16(const float* x, const float* y, int n) {
+  float32x4_t e[4] = {vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f)};
+  for (int i = 0; i < n; i += 16) {
+    for (int q = 0; q < 4; ++q) e[q] = vaddq_f32(e[q], vmulq_f32(vld1q_f32(x + i + q * kLanes), vld1q_f32(y + i + q * kLanes)));
+  }
+  return reduce16(e);
+}
+}  // namespace
+
+void delta_step(float* state, int s, const float* q, const float* k, const float* v, float decay, float beta,
+                float scale, float* out) {
+  for (int i = 0; i < s * s; i += kLanes) vst1q_f32(state + i, vmulq_n_f32(vld1q_f32(state + i), decay));
+  for (int j = 0; j < s; ++j) {
+    float* row = state + static_cast<size_t>(j) * s;
+    const float delta = (v[j] - dot16(row, k, s)) * beta;
+    for (int i = 0; i < s; i += kLanes) vst1q_f32(row + i, vaddq_f32(vld1q_f32(row + i), vmulq_n_f32(vld1q_f32(k + i), delta)));
+  }
+  for (int j = 0; j < s; ++j) out[j] = dot16(state + static_cast<size_t>(j) * s, q, s) * scale;
 }
 
 }  // namespace bmoe::neon

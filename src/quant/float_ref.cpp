@@ -50,5 +50,30 @@ void swiglu(const float* gate, const float* up, float* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = gate[i] / (1.0f + fast_expf(0.0f - gate[i])) * up[i];
 }
 
+void silu(const float* x, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = x[i] / (1.0f + fast_expf(0.0f - x[i]));
+}
+
+namespace {
+float dot16(const float* x, const float* y, int n) {
+  float lanes[16] = {};
+  for (int i = 0; i < n; i += 16) {
+    for (int l = 0; l < 16; ++l) lanes[l] += x[i + l] * y[i + l];
+  }
+  return reduce16(lanes);
+}
+}  // namespace
+
+void delta_step(float* state, int s, const float* q, const float* k, const float* v, float decay, float beta,
+                float scale, float* out) {
+  for (int i = 0; i < s * s; ++i) state[i] *= decay;
+  for (int j = 0; j < s; ++j) {
+    float* row = state + static_cast<size_t>(j) * s;
+    const float delta = (v[j] - dot16(row, k, s)) * beta;
+    for (int i = 0; i < s; ++i) row[i] += delta * k[i];
+  }
+  for (int j = 0; j < s; ++j) out[j] = dot16(state + static_cast<size_t>(j) * s, q, s) * scale;
+}
+
 }  // namespace ref
 }  // namespace bmoe

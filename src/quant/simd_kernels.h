@@ -34,6 +34,9 @@ void gemm_f32(float* c, int64_t ldc, const float* a, int64_t lda, const float* b
               int64_t k, int64_t n);
 double exp_sum(float* x, int64_t n, float max);
 void swiglu(const float* gate, const float* up, float* out, int64_t n);
+void silu(const float* x, float* out, int64_t n);
+void delta_step(float* state, int s, const float* q, const float* k, const float* v, float decay, float beta,
+                float scale, float* out);
 void quantize_q8_K(const float* src, void* dst, int64_t n);
 // Tile kernels (quant_avx2_tiles.cpp); see DotTileFn.
 BMOE_DOT_TILE(dot_tile_q4_K);
@@ -79,6 +82,9 @@ void gemm_f32(float* c, int64_t ldc, const float* a, int64_t lda, const float* b
               int64_t k, int64_t n);
 double exp_sum(float* x, int64_t n, float max);
 void swiglu(const float* gate, const float* up, float* out, int64_t n);
+void silu(const float* x, float* out, int64_t n);
+void delta_step(float* state, int s, const float* q, const float* k, const float* v, float decay, float beta,
+                float scale, float* out);
 // Tile kernels (quant_neon_tiles.cpp); see DotTileFn.
 BMOE_DOT_TILE(dot_tile_q4_K);
 BMOE_DOT_TILE(dot_tile_q5_K);
