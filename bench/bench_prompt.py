@@ -22,6 +22,7 @@ from common import ORACLE, REPO, ensure_model, log, machine, tool
 MODELS = {
     "qwen": ("qwen3-30b-a3b", 12),  # Q4_K_M-like mix: Q4_K / Q6_K
     "gpt-oss": ("gpt-oss-20b", 8),  # MXFP4 experts, Q8_0 attention, sliding window, sinks
+    "qwen35": ("qwen3.6-35b-a3b", 8),  # hybrid: 6 Gated DeltaNet + 2 gated attention layers
 }
 PROMPT_RE = re.compile(r"prompt: (\d+) tokens, ([\d.]+) s, ([\d.]+) tok/s")
 
