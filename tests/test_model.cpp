@@ -31,7 +31,7 @@ std::vector<float> logits_after(LoadedModel& model, int threads, int batch, cons
 
 // Attention layers and qwen35moe's recurrent ones alike.
 TEST(Model, BatchSizeAndThreadsDoNotChangeLogits) {
-  for (const char* preset : {"tiny-qwen3moe", "tiny-qwen35moe"}) {
+  for (const char* preset : {"tiny-qwen3moe", "tiny-qwen35moe", "tiny-lfm2moe"}) {
     auto model = load_model(test_model_path(preset), LoadOptions{});
     const auto prompt = model->tokenizer->encode("the quick brown fox jumps over the lazy dog again and again", false, false);
     ASSERT_GT(prompt.size(), 8u);
@@ -94,7 +94,7 @@ TEST(Model, MixedActivationFormatsInOneBatch) {
 // multi-token eval (here: the start of " something else", which is <= the prefix) or, when
 // that lies past the cut, to the empty state; both must give the fresh run's logits.
 TEST(Model, TruncateThenReplayMatchesFreshRun) {
-  for (const char* preset : {"tiny-qwen3moe", "tiny-qwen35moe"}) {
+  for (const char* preset : {"tiny-qwen3moe", "tiny-qwen35moe", "tiny-lfm2moe"}) {
     auto model = load_model(test_model_path(preset), LoadOptions{});
     ThreadPool pool(2);
     const auto a = model->tokenizer->encode("hello world this is", false, false);
@@ -239,7 +239,7 @@ TEST(DeltaNet, StepMatchesTheDeltaRule) {
 }
 
 // The convolution continues across calls: one call over n tokens equals n calls of one token,
-// bit for bit, and each output is silu of the kernel over the last inputs.
+// bit for bit, and each output is the kernel over the last inputs.
 TEST(DeltaNet, ConvolutionCarriesItsStateAcrossCalls) {
   constexpr int C = 6, K = 4, N = 9;
   Rng rng(3);
@@ -248,9 +248,9 @@ TEST(DeltaNet, ConvolutionCarriesItsStateAcrossCalls) {
   for (float& x : w) x = static_cast<float>(rng.normal());
   std::vector<float> state_a(C * (K - 1), 0.0f), state_b = state_a, out_a(N * C), out_b(N * C);
   const std::vector<float> wt = delta_net::transpose_conv(w, C, K);
-  delta_net::conv_silu(in.data(), N, C, K, wt.data(), state_a.data(), out_a.data(), 0, C);
+  delta_net::causal_conv(in.data(), N, C, K, wt.data(), state_a.data(), out_a.data(), 0, C);
   for (int t = 0; t < N; ++t) {
-    delta_net::conv_silu(in.data() + t * C, 1, C, K, wt.data(), state_b.data(), out_b.data() + t * C, 0, C);
+    delta_net::causal_conv(in.data() + t * C, 1, C, K, wt.data(), state_b.data(), out_b.data() + t * C, 0, C);
   }
   EXPECT_EQ(out_a, out_b);
   EXPECT_EQ(state_a, state_b);
@@ -261,7 +261,7 @@ TEST(DeltaNet, ConvolutionCarriesItsStateAcrossCalls) {
         const int pos = t - (K - 1) + j;  // inputs before the first are zero
         if (pos >= 0) sum += static_cast<double>(in[pos * C + c]) * w[c * K + j];
       }
-      EXPECT_NEAR(out_a[t * C + c], sum / (1.0 + std::exp(-sum)), 1e-5);
+      EXPECT_NEAR(out_a[t * C + c], sum, 1e-5);
     }
   }
 }
@@ -270,7 +270,8 @@ TEST(DeltaNet, ConvolutionCarriesItsStateAcrossCalls) {
 // the table expands to for the config the loader reads back from the file, and every row the
 // loader binds exists in that file.
 TEST(ArchTable, SynthesizedFilesHoldExactlyTheTablesTensors) {
-  for (const char* preset : {"tiny-qwen3moe", "tiny-qwen2moe", "tiny-olmoe", "tiny-mixtral", "tiny-gpt-oss", "tiny-gemma4"}) {
+  for (const char* preset : {"tiny-qwen3moe", "tiny-qwen2moe", "tiny-olmoe", "tiny-mixtral", "tiny-gpt-oss", "tiny-gemma4",
+                             "tiny-qwen35moe", "tiny-lfm2moe"}) {
     const std::string path = test_model_path(preset);
     const auto model = load_model(path, LoadOptions{});
     const Architecture* arch = find_architecture(model->arch);
@@ -288,7 +289,7 @@ TEST(ArchTable, SynthesizedFilesHoldExactlyTheTablesTensors) {
 }
 
 TEST(ArchTable, EveryFamilyListsItsTensors) {
-  ASSERT_GE(architectures().size(), 6u);
+  ASSERT_GE(architectures().size(), 8u);
   for (const Architecture& a : architectures()) {
     const std::string text = describe_tensors(a);
     EXPECT_NE(text.find("token_embd.weight"), std::string::npos) << a.name;

@@ -1,6 +1,8 @@
 // Registry of architectures and the hyperparameters and tensors most families share.
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "model/arch.h"
 
@@ -14,11 +16,13 @@ const Architecture& llama_moe_architecture();
 const Architecture& gpt_oss_architecture();
 const Architecture& gemma4_architecture();
 const Architecture& qwen35moe_architecture();
+const Architecture& lfm2moe_architecture();
 
 const std::vector<Architecture>& architectures() {
   static const std::vector<Architecture> archs = {
       qwen3moe_architecture(), qwen2moe_architecture(), olmoe_architecture(),
       llama_moe_architecture(), gpt_oss_architecture(), gemma4_architecture(), qwen35moe_architecture(),
+      lfm2moe_architecture(),
   };
   return archs;
 }
@@ -57,10 +61,21 @@ void load_common_hparams(ArchLoader& a, ModelConfig& c) {
   c.n_layer = static_cast<int>(a.get_int(".block_count"));
   c.n_embd = static_cast<int>(a.get_int(".embedding_length"));
   c.n_head = static_cast<int>(a.get_int(".attention.head_count"));
-  c.n_head_kv = static_cast<int>(a.get_int_or(".attention.head_count_kv", c.n_head));
-  if (c.n_layer <= 0 || c.n_embd <= 0 || c.n_head <= 0 || c.n_head_kv <= 0 || c.n_head % c.n_head_kv != 0) {
-    fail("invalid model shape: {} layers, {} embedding, {} heads, {} kv heads", c.n_layer, c.n_embd, c.n_head,
-         c.n_head_kv);
+  if (c.n_layer <= 0 || c.n_embd <= 0 || c.n_head <= 0) {
+    fail("invalid model shape: {} layers, {} embedding, {} heads", c.n_layer, c.n_embd, c.n_head);
+  }
+  // One count, or one per layer where 0 marks a layer without attention (lfm2moe).
+  const std::vector<int64_t> kv_heads = a.get_per_layer_int(".attention.head_count_kv", c.n_layer, c.n_head);
+  c.n_head_kv = 0;
+  bool uniform = true;
+  for (int64_t h : kv_heads) {
+    if (h < 0 || (h > 0 && c.n_head % h != 0)) fail("invalid model shape: {} kv heads for {} heads", h, c.n_head);
+    if (h > 0 && c.n_head_kv > 0 && h != c.n_head_kv) uniform = false;
+    if (h > 0) c.n_head_kv = std::max(c.n_head_kv, static_cast<int>(h));
+  }
+  if (c.n_head_kv == 0) fail("invalid model shape: no layer has kv heads");
+  if (!uniform) {
+    for (int64_t h : kv_heads) c.layer_n_head_kv.push_back(h > 0 ? static_cast<int>(h) : c.n_head_kv);
   }
   c.head_dim = static_cast<int>(a.get_int_or(".attention.key_length", c.n_embd / c.n_head));
   c.head_dim_v = static_cast<int>(a.get_int_or(".attention.value_length", c.head_dim));

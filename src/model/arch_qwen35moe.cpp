@@ -55,7 +55,9 @@ void read_delta_net(ArchLoader& a, ModelConfig& c, int n_layer_all) {
     if (interval < 1) fail("qwen35moe: full_attention_interval must be >= 1");
     for (int l = 0; l < n_layer_all; ++l) recurrent.push_back((l + 1) % interval != 0 ? 1 : 0);
   }
-  for (int l = 0; l < c.n_layer; ++l) c.recurrent_layers.push_back(recurrent[static_cast<size_t>(l)] != 0 ? 1 : 0);
+  for (int l = 0; l < c.n_layer; ++l) {
+    c.layer_mixer.push_back(recurrent[static_cast<size_t>(l)] != 0 ? LayerMixer::GatedDeltaNet : LayerMixer::Attention);
+  }
 }
 
 void read_qwen35moe(ArchLoader& a, ModelConfig& c) {
@@ -81,10 +83,10 @@ void read_qwen35moe(ArchLoader& a, ModelConfig& c) {
   read_delta_net(a, c, n_layer_all);
 }
 
-// conv_silu reads the kernel tap by tap across channels.
+// causal_conv reads the kernel tap by tap across channels.
 void finish_qwen35moe(const ModelConfig& c, ModelWeights& w) {
   for (int l = 0; l < c.n_layer; ++l) {
-    if (!c.is_recurrent(l)) continue;
+    if (c.mixer_at(l) != LayerMixer::GatedDeltaNet) continue;
     Vector& conv = w.layers[static_cast<size_t>(l)].ssm_conv;
     conv = delta_net::transpose_conv(conv, c.delta_net.conv_channels(), c.delta_net.conv_kernel);
   }

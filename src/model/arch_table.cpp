@@ -31,6 +31,8 @@ const char* dim_name(Dim d) {
     case Dim::DeltaValueDim: return "value_dim";
     case Dim::DeltaVHeads: return "v_heads";
     case Dim::DeltaHeadDim: return "ssm.state_size";
+    case Dim::Embd3: return "3*n_embd";
+    case Dim::ShortConvKernel: return "shortconv.l_cache";
   }
   return "?";
 }
@@ -60,6 +62,8 @@ int64_t dim_value(Dim d, const ModelConfig& c, int layer) {
     case Dim::DeltaValueDim: return c.delta_net.value_dim();
     case Dim::DeltaVHeads: return c.delta_net.v_heads;
     case Dim::DeltaHeadDim: return c.delta_net.head_dim;
+    case Dim::Embd3: return 3 * int64_t{c.n_embd};
+    case Dim::ShortConvKernel: return c.short_conv_kernel;
   }
   return 0;
 }
@@ -73,6 +77,8 @@ const char* layers_name(Layers l) {
     case Layers::Moe: return "MoE layers";
     case Layers::Attention: return "attention layers";
     case Layers::Recurrent: return "Gated DeltaNet layers";
+    case Layers::ShortConv: return "short-convolution layers";
+    case Layers::Dense: return "dense-FFN layers";
     case Layers::Never: return "never";
   }
   return "?";
@@ -86,7 +92,9 @@ bool layer_in(Layers set, const ModelConfig& c, int layer) {
     case Layers::Full: return layer >= 0 && c.sliding_at(layer) == 0;
     case Layers::Moe: return layer >= 0 && c.has_experts_at(layer);
     case Layers::Attention: return layer >= 0 && !c.is_recurrent(layer);
-    case Layers::Recurrent: return layer >= 0 && c.is_recurrent(layer);
+    case Layers::Recurrent: return layer >= 0 && c.mixer_at(layer) == LayerMixer::GatedDeltaNet;
+    case Layers::ShortConv: return layer >= 0 && c.mixer_at(layer) == LayerMixer::ShortConv;
+    case Layers::Dense: return layer >= 0 && !c.has_experts_at(layer);
     case Layers::Never: return false;
   }
   return false;

@@ -45,6 +45,8 @@ enum class Dim : uint8_t {
   DeltaValueDim,  // delta_net.value_dim()
   DeltaVHeads,    // delta_net.v_heads
   DeltaHeadDim,   // delta_net.head_dim
+  Embd3,          // 3 * n_embd: the short convolution's b | c | x
+  ShortConvKernel,  // short_conv_kernel
 };
 const char* dim_name(Dim d);
 int64_t dim_value(Dim d, const ModelConfig& c, int layer);
@@ -58,6 +60,8 @@ enum class Layers : uint8_t {
   Moe,      // layers with routed experts
   Attention,  // layers that attend (not recurrent)
   Recurrent,  // Gated DeltaNet layers
+  ShortConv,  // short-convolution layers (lfm2moe)
+  Dense,      // layers with a dense FFN instead of routed experts
   Never,    // only as synth_layers: the synthesizer does not write it
 };
 const char* layers_name(Layers l);

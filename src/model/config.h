@@ -18,6 +18,9 @@ enum class Gating {
 
 enum class ExpertActivation { SwiGLU, SwiGLU_OAI, GeGLU };
 
+// What mixes tokens in a layer.
+enum class LayerMixer : uint8_t { Attention, GatedDeltaNet, ShortConv };
+
 struct RopeConfig {
   float freq_base = 10000.0f;
   float freq_scale = 1.0f;
@@ -70,9 +73,10 @@ struct ModelConfig {
   std::vector<int> layer_n_head_kv;
   std::vector<int> layer_head_dim;  // key and value head size
   std::vector<RopeConfig> layer_rope;
-  // Hybrid models (qwen35moe): per layer, 1 = a Gated DeltaNet (linear attention) layer that
-  // keeps a recurrent state instead of KV rows. Empty: every layer attends.
-  std::vector<uint8_t> recurrent_layers;
+  // Hybrid models mix attention with layers that keep a recurrent state instead of KV rows:
+  // Gated DeltaNet (qwen35moe) or short convolutions (lfm2moe). Empty: every layer attends.
+  std::vector<LayerMixer> layer_mixer;
+  int short_conv_kernel = 0;  // lfm2moe: taps of the short convolution
   struct DeltaNet {
     int conv_kernel = 0;  // causal depthwise convolution width
     int head_dim = 0;     // key and value head size (the state is head_dim x head_dim per value head)
@@ -88,10 +92,11 @@ struct ModelConfig {
   ExpertActivation dense_activation = ExpertActivation::SwiGLU;  // dense FFN / shared expert
 
   int sliding_at(int l) const { return sliding_window.empty() ? 0 : sliding_window[static_cast<size_t>(l)]; }
-  bool is_recurrent(int l) const { return !recurrent_layers.empty() && recurrent_layers[static_cast<size_t>(l)] != 0; }
+  LayerMixer mixer_at(int l) const { return layer_mixer.empty() ? LayerMixer::Attention : layer_mixer[static_cast<size_t>(l)]; }
+  bool is_recurrent(int l) const { return mixer_at(l) != LayerMixer::Attention; }
   bool has_recurrent_layers() const {
-    for (uint8_t r : recurrent_layers) {
-      if (r) return true;
+    for (LayerMixer m : layer_mixer) {
+      if (m != LayerMixer::Attention) return true;
     }
     return false;
   }

@@ -12,9 +12,12 @@ void RecurrentState::init(const ModelConfig& c) {
   conv.assign(static_cast<size_t>(c.n_layer), {});
   delta.assign(static_cast<size_t>(c.n_layer), {});
   for (int l = 0; l < c.n_layer; ++l) {
-    if (!c.is_recurrent(l)) continue;
-    conv[static_cast<size_t>(l)].assign(static_cast<size_t>(d.conv_channels()) * (d.conv_kernel - 1), 0.0f);
-    delta[static_cast<size_t>(l)].assign(static_cast<size_t>(d.v_heads) * d.head_dim * d.head_dim, 0.0f);
+    if (c.mixer_at(l) == LayerMixer::GatedDeltaNet) {
+      conv[static_cast<size_t>(l)].assign(static_cast<size_t>(d.conv_channels()) * (d.conv_kernel - 1), 0.0f);
+      delta[static_cast<size_t>(l)].assign(static_cast<size_t>(d.v_heads) * d.head_dim * d.head_dim, 0.0f);
+    } else if (c.mixer_at(l) == LayerMixer::ShortConv) {
+      conv[static_cast<size_t>(l)].assign(static_cast<size_t>(c.n_embd) * (c.short_conv_kernel - 1), 0.0f);
+    }
   }
 }
 
@@ -49,7 +52,7 @@ void l2_norm(float* x, int n, float eps) {
   for (int i = 0; i < n; ++i) x[i] *= scale;
 }
 
-void conv_silu(const float* in, int n, int channels, int kernel, const float* weight, float* state, float* out,
+void causal_conv(const float* in, int n, int channels, int kernel, const float* weight, float* state, float* out,
                int first_channel, int end_channel) {
   const int keep = kernel - 1;
   const size_t C = static_cast<size_t>(channels);
@@ -75,10 +78,6 @@ void conv_silu(const float* in, int n, int channels, int kernel, const float* we
       last[j] = pos < keep ? hist[pos] : in[static_cast<size_t>(pos - keep) * C + c];
     }
     std::copy(last, last + keep, hist);
-  }
-  for (int t = 0; t < n; ++t) {
-    float* row = out + t * C;
-    float_kernels().silu(row + first_channel, row + first_channel, end_channel - first_channel);
   }
 }
 

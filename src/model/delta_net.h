@@ -15,9 +15,10 @@
 
 namespace bmoe {
 
-// Per-sequence state of every Gated DeltaNet layer; empty vectors for attention layers.
+// Per-sequence state of every recurrent layer (Gated DeltaNet, short convolution); empty
+// vectors for attention layers.
 struct RecurrentState {
-  // [channels][conv_kernel - 1]: each channel's last inputs, oldest first.
+  // [channels][conv_kernel - 1]: each channel's last convolution inputs, oldest first.
   std::vector<std::vector<float>> conv;
   // [v_heads][head_dim j (value)][head_dim i (key)]: the state S[i][j] of each value head.
   std::vector<std::vector<float>> delta;
@@ -29,7 +30,7 @@ struct RecurrentState {
 
 namespace delta_net {
 
-// The convolution kernel as conv_silu reads it: [kernel][channels] from the GGUF's
+// The convolution kernel as causal_conv reads it: [kernel][channels] from the GGUF's
 // [channels][kernel].
 std::vector<float> transpose_conv(const std::vector<float>& weight, int channels, int kernel);
 
@@ -39,10 +40,11 @@ float softplus(float x);
 // x /= max(||x||, eps), the sum of squares in double (ggml_l2_norm).
 void l2_norm(float* x, int n, float eps);
 
-// out[t][c] = silu(sum_j w[j][c] * window[c][t + j]) for t < n and channels [first, end), where
-// window[c] is state[c] followed by in[.][c]; state then holds the last kernel - 1 inputs of
-// each channel.
-void conv_silu(const float* in, int n, int channels, int kernel, const float* weight, float* state, float* out,
+// The causal depthwise convolution of Gated DeltaNet and short-convolution layers:
+// out[t][c] = sum_j w[j][c] * window[c][t + j] for t < n and channels [first, end), where
+// window[c] is state[c] followed by in[.][c], summed in j order from 0; state then holds the
+// last kernel - 1 inputs of each channel.
+void causal_conv(const float* in, int n, int channels, int kernel, const float* weight, float* state, float* out,
                int first_channel, int end_channel);
 
 // One token of the gated delta rule on one value head (FloatKernels::delta_step of the active

@@ -162,8 +162,12 @@ void InferenceState::split_query_gate(int n, int n_head, int head_dim) {
 }
 
 void InferenceState::attention_block(int layer, int n) {
-  if (cfg_.is_recurrent(layer)) {
+  if (cfg_.mixer_at(layer) == LayerMixer::GatedDeltaNet) {
     delta_net_block(layer, n);
+    return;
+  }
+  if (cfg_.mixer_at(layer) == LayerMixer::ShortConv) {
+    short_conv_block(layer, n);
     return;
   }
   const LayerWeights& L = model_.weights_.layers[static_cast<size_t>(layer)];
@@ -276,8 +280,9 @@ void InferenceState::delta_net_block(int layer, int n) {
   constexpr int kChannelsPerJob = 256;
   pool_.run((C + kChannelsPerJob - 1) / kChannelsPerJob, [&](int64_t job, int) {
     const int first = static_cast<int>(job) * kChannelsPerJob;
-    delta_net::conv_silu(mixed, n, C, d.conv_kernel, L.ssm_conv.data(), conv_state, conv, first,
-                         std::min(C, first + kChannelsPerJob));
+    const int end = std::min(C, first + kChannelsPerJob);
+    delta_net::causal_conv(mixed, n, C, d.conv_kernel, L.ssm_conv.data(), conv_state, conv, first, end);
+    for (size_t t = 0; t < rows; ++t) float_kernels().silu(conv + t * C + first, conv + t * C + first, end - first);
   });
   const int key_dim = d.key_dim();
   for (size_t t = 0; t < rows; ++t) {
@@ -314,6 +319,38 @@ void InferenceState::delta_net_block(int layer, int n) {
   }
   proj_.resize(rows * E);
   matmul(pool_, L.ssm_out, out, n, proj_.data(), act_a_);
+  for (size_t i = 0; i < rows; ++i) ops::add(x_.data() + i * E, proj_.data() + i * E, E);
+}
+
+// Short convolution (lfm2moe): b | c | x from one projection; the causal convolution runs over
+// b * x and its output is gated by c before the output projection.
+void InferenceState::short_conv_block(int layer, int n) {
+  const LayerWeights& L = model_.weights_.layers[static_cast<size_t>(layer)];
+  const int E = cfg_.n_embd;
+  const size_t rows = static_cast<size_t>(n);
+  h_.resize(rows * E);
+  for (size_t i = 0; i < rows; ++i) ops::rms_norm(x_.data() + i * E, L.attn_norm.data(), h_.data() + i * E, E, cfg_.norm_eps);
+  float* bcx = scratch(dn_mixed_, rows * 3 * E);
+  matmul(pool_, L.shortconv_in, h_.data(), n, bcx, act_a_);
+  float* bx = scratch(dn_z_, rows * E);
+  for (size_t t = 0; t < rows; ++t) {
+    const float* b = bcx + t * 3 * E;
+    for (int c = 0; c < E; ++c) bx[t * E + c] = b[c] * b[2 * E + c];
+  }
+  float* conv = scratch(dn_conv_, rows * E);
+  float* state = recurrent_.conv[static_cast<size_t>(layer)].data();
+  constexpr int kChannelsPerJob = 256;
+  pool_.run((E + kChannelsPerJob - 1) / kChannelsPerJob, [&](int64_t job, int) {
+    const int first = static_cast<int>(job) * kChannelsPerJob;
+    delta_net::causal_conv(bx, n, E, cfg_.short_conv_kernel, L.shortconv_kernel.data(), state, conv, first,
+                           std::min(E, first + kChannelsPerJob));
+  });
+  for (size_t t = 0; t < rows; ++t) {
+    const float* c = bcx + t * 3 * E + E;
+    for (int j = 0; j < E; ++j) conv[t * E + j] *= c[j];
+  }
+  proj_.resize(rows * E);
+  matmul(pool_, L.shortconv_out, conv, n, proj_.data(), act_b_);
   for (size_t i = 0; i < rows; ++i) ops::add(x_.data() + i * E, proj_.data() + i * E, E);
 }
 
@@ -423,7 +460,13 @@ void InferenceState::gate(const LayerWeights& L, float* logits, std::vector<int3
       std::vector<float> probs(logits, logits + NE);
       if (cfg_.gating == Gating::SoftmaxTopK) ops::softmax(probs.data(), NE);
       else for (float& p : probs) p = 1.0f / (1.0f + std::exp(-p));
-      top_k(probs.data(), NE, k, ids);
+      if (L.expert_select_bias.empty()) {
+        top_k(probs.data(), NE, k, ids);
+      } else {  // the bias steers the choice; the weights stay the unbiased probabilities
+        std::vector<float> scores(probs);
+        ops::add(scores.data(), L.expert_select_bias.data(), NE);
+        top_k(scores.data(), NE, k, ids);
+      }
       wts.resize(static_cast<size_t>(k));
       for (int s = 0; s < k; ++s) wts[static_cast<size_t>(s)] = probs[static_cast<size_t>(ids[static_cast<size_t>(s)])];
       break;

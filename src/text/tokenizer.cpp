@@ -31,13 +31,17 @@ std::vector<std::string> pre_tokenizer_regexes(const std::string& pre) {
       R"([^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
   if (pre == "qwen2" || pre == "deepseek-r1-qwen") return {kQwen2};
   if (pre == "qwen35") return {kQwen35};
-  if (pre == "llama3" || pre == "llama-bpe" || pre == "smaug-bpe") return {kLlama3};
+  if (pre == "llama3" || pre == "llama-bpe" || pre == "smaug-bpe" || pre == "lfm2") return {kLlama3};
   if (pre == "gpt-4o") return {kGpt4o};
   if (pre == "default" || pre == "gpt2" || pre == "olmo" || pre == "mpt") return {kGpt2};
   // SPM-style BPE (Gemma 4) merges whole lines; only newlines split the text.
   if (pre == "gemma4") return {R"([^\n]+|[\n]+)"};
   return {};
 }
+
+// llama.cpp's llama3-style vocabularies take a pre-token that is itself a token whole, without
+// merges, and add BOS unless the file says otherwise.
+bool ignores_merges(const std::string& pre) { return pre == "llama3" || pre == "llama-bpe" || pre == "lfm2"; }
 
 struct Tokenizer::Regex {
   pcre2_code* code = nullptr;
@@ -106,7 +110,7 @@ Vocabulary Vocabulary::from_gguf(const GgufModel& model) {
   v.eos = id("tokenizer.ggml.eos_token_id");
   v.eot = id("tokenizer.ggml.eot_token_id");
   v.pad = id("tokenizer.ggml.padding_token_id");
-  v.add_bos = model.get_bool_or("tokenizer.ggml.add_bos_token", false);
+  v.add_bos = model.get_bool_or("tokenizer.ggml.add_bos_token", ignores_merges(v.pre));
   if (v.model == "gemma4") {
     v.pre = "gemma4";  // the model implies its pre-tokenizer
     v.add_bos = true;  // as llama.cpp forces for Gemma 4
@@ -148,6 +152,7 @@ Tokenizer::Tokenizer(Vocabulary vocab) : vocab_(std::move(vocab)) {
     fail("tokenizer model '{}' is not supported (bmoe supports byte-level BPE 'gpt2' and SPM-style BPE 'gemma4')",
          vocab_.model);
   }
+  ignore_merges_ = ignores_merges(vocab_.pre);
   const auto regexes = pre_tokenizer_regexes(vocab_.pre);
   if (regexes.empty()) fail("pre-tokenizer '{}' is not supported", vocab_.pre);
   for (const auto& r : regexes) pre_tokenizers_.push_back(std::make_unique<Regex>(r));
@@ -223,7 +228,10 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool parse_special
   }
 
   std::vector<int32_t> out;
-  if (add_bos && vocab_.bos >= 0) out.push_back(vocab_.bos);
+  // A text that starts with the BOS token itself (a rendered chat template) gets no second one,
+  // as llama-cli and node-llama-cpp do.
+  const bool starts_with_bos = !fragments.empty() && fragments.front().token == vocab_.bos;
+  if (add_bos && vocab_.bos >= 0 && !starts_with_bos) out.push_back(vocab_.bos);
   for (const Fragment& f : fragments) {
     if (f.token >= 0) out.push_back(f.token);
     else encode_text(f.text, out);
@@ -265,6 +273,13 @@ void Tokenizer::encode_text(std::string_view text, std::vector<int32_t>& out) co
       }
     } else {
       for (unsigned char c : piece) append_utf8(word, byte_to_unicode_[c]);
+      if (ignore_merges_) {  // a pre-token that is itself a token is taken whole
+        const auto it = token_ids_.find(word);
+        if (it != token_ids_.end()) {
+          out.push_back(it->second);
+          continue;
+        }
+      }
     }
     bpe_word(word, out);
   }

@@ -53,7 +53,8 @@ class Tokenizer {
   Tokenizer& operator=(const Tokenizer&) = delete;
 
   // Tokenizes text. With parse_special, control tokens written in the text ("<|im_start|>")
-  // become their ids; user-defined tokens are always recognised (as llama.cpp does).
+  // become their ids; user-defined tokens are always recognised (as llama.cpp does). add_bos
+  // puts BOS first unless the text already starts with it.
   std::vector<int32_t> encode(std::string_view text, bool parse_special, bool add_bos) const;
 
   // The bytes a token stands for. Control tokens give "" unless with_special.
@@ -75,6 +76,7 @@ class Tokenizer {
   bool spm_style_ = false;  // "gemma4": raw UTF-8, spaces as U+2581, <0xXX> byte tokens
   std::unordered_map<std::string, int32_t> token_ids_;
   std::unordered_map<std::string, int32_t> merge_ranks_;
+  bool ignore_merges_ = false;
   std::vector<int32_t> special_tokens_;  // split out before pre-tokenizing, longest first
   std::vector<int32_t> end_of_generation_;
   std::vector<std::unique_ptr<Regex>> pre_tokenizers_;

@@ -317,5 +317,21 @@ class Qwen36_35B_Cut2(Conformance, unittest.TestCase):
     model_args = ("--layers", "2", "--attention-interval", "2")
 
 
+class TinyLfm2Moe(Conformance, unittest.TestCase):
+    """Short-convolution and attention layers, a leading dense layer, sigmoid-routed experts with
+    a selection bias, the final norm stored as token_embd_norm, tied output."""
+    name = "tiny-lfm2moe"
+    preset = "tiny-lfm2moe"
+
+
+class Lfm2_8B_Cut3(Conformance, unittest.TestCase):
+    """3 layers of the LFM2-8B-A1B shape: two short-convolution layers with dense FFNs, then an
+    attention layer with 32 sigmoid-routed experts; llama3 vocabulary with LFM2's pre-tokenizer."""
+    name = "lfm2-8b-cut3"
+    preset = "lfm2-8b-a1b"
+    model_args = ("--layers", "3")
+    chat = "llama3"
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)
