@@ -23,6 +23,7 @@ MODELS = {
     "qwen": ("qwen3-30b-a3b", 12),  # Q4_K_M-like mix: Q4_K / Q6_K
     "gpt-oss": ("gpt-oss-20b", 8),  # MXFP4 experts, Q8_0 attention, sliding window, sinks
     "qwen35": ("qwen3.6-35b-a3b", 8),  # hybrid: 6 Gated DeltaNet + 2 gated attention layers
+    "lfm2": ("lfm2-8b-a1b", 8),  # 6 short-convolution + 2 attention layers, 2 dense + 6 MoE
 }
 PROMPT_RE = re.compile(r"prompt: (\d+) tokens, ([\d.]+) s, ([\d.]+) tok/s")
 

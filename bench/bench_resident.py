@@ -17,7 +17,7 @@ from common import REPO, describe, ensure_model, log, machine, run_bmoe, run_lla
 
 # (preset, layers): cuts small enough to write in seconds and to run resident on 24 GiB.
 FAMILIES = [("qwen3-30b-a3b", 12), ("qwen1.5-moe-a2.7b", 8), ("olmoe-1b-7b", 8), ("mixtral-8x7b", 2),
-            ("gpt-oss-20b", 8), ("gemma-4-26b-a4b", 6)]
+            ("gpt-oss-20b", 8), ("gemma-4-26b-a4b", 6), ("qwen3.6-35b-a3b", 8), ("lfm2-8b-a1b", 8)]
 
 
 def measure(model, args):
@@ -52,10 +52,13 @@ def main():
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--model", default=None)
     ap.add_argument("--families", action="store_true", help="one cut of every family's real shape")
+    ap.add_argument("--only", default="", help="with --families: comma-separated presets to run")
     args = ap.parse_args()
     if args.families:
         print("| model | bmoe tok/s | llama.cpp tok/s | ratio |\n|---|---|---|---|")
         for preset, layers in FAMILIES:
+            if args.only and preset not in args.only.split(","):
+                continue
             model = os.path.join(REPO, "bench", "out", "models", f"{preset}-{layers}l.gguf")
             ensure_model(model, preset, "--layers", str(layers))
             log(f"{preset} ({layers} layers)")
