@@ -96,7 +96,8 @@ void add_run_flags(CLI::App& app, RunOptions& o) {
 
 DraftConfig RunOptions::draft_config(const ModelConfig& config) const {
   if (mtp) {
-    fail("--mtp: the {} GGUF has no multi-token-prediction (nextn) head; use --draft N --ngram", config.arch);
+    fail("--mtp: bmoe does not run multi-token-prediction (nextn) heads (a {} GGUF's are skipped when present); "
+         "use --draft N --ngram", config.arch);
   }
   if ((ngram || mtp || !draft_oracle.empty()) && draft == 0) {
     fail("--ngram/--mtp/--draft-oracle choose a drafter for --draft N; give --draft N too");
