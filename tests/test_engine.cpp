@@ -48,20 +48,23 @@ class GenerateTest : public ::testing::Test {
   ThreadPool pool_{2};
 };
 
-TEST_F(GenerateTest, PrefixReuseGivesTheSameTokensAsAFreshSession) {
+// A second prompt that extends the first (its answer is dropped) and the same prompt again:
+// the reused prefix changes nothing but the work done.
+void expect_prefix_reuse_is_exact(LoadedModel& model, ThreadPool& pool) {
+  auto ids = [&](const std::string& text) { return model.tokenizer->encode(text, false, false); };
   GenerateParams p;
   p.max_tokens = 24;
   const auto first = ids("the quick brown fox");
   auto second = first;
   for (int32_t t : ids(" jumps over the lazy dog")) second.push_back(t);
 
-  Session warm(*model_, pool_, 256, 64, SamplerConfig{});
+  Session warm(model, pool, 256, 64, SamplerConfig{});
   const GenerateResult a = generate(warm, first, p);
   const GenerateResult b = generate(warm, second, p);
   EXPECT_EQ(a.reused_tokens, 0);
   EXPECT_EQ(b.reused_tokens, static_cast<int>(first.size()));
 
-  Session fresh(*model_, pool_, 256, 64, SamplerConfig{});
+  Session fresh(model, pool, 256, 64, SamplerConfig{});
   const GenerateResult c = generate(fresh, second, p);
   EXPECT_EQ(c.reused_tokens, 0);
   EXPECT_EQ(b.tokens, c.tokens);
@@ -71,6 +74,18 @@ TEST_F(GenerateTest, PrefixReuseGivesTheSameTokensAsAFreshSession) {
   const GenerateResult d = generate(warm, second, p);
   EXPECT_EQ(d.reused_tokens, static_cast<int>(second.size()) - 1);
   EXPECT_EQ(d.tokens, c.tokens);
+}
+
+TEST_F(GenerateTest, PrefixReuseGivesTheSameTokensAsAFreshSession) { expect_prefix_reuse_is_exact(*model_, pool_); }
+
+// Hybrid models rewind their recurrent state by restoring a saved copy and replaying tokens.
+TEST(GenerateHybrid, PrefixReuseGivesTheSameTokensAsAFreshSession) {
+  ThreadPool pool(2);
+  for (const char* preset : {"tiny-qwen35moe", "tiny-lfm2moe"}) {
+    SCOPED_TRACE(preset);
+    auto model = load_model(test_model_path(preset), LoadOptions{});
+    expect_prefix_reuse_is_exact(*model, pool);
+  }
 }
 
 TEST_F(GenerateTest, LengthLimitAndCancellation) {

@@ -288,6 +288,16 @@ TEST(ArchTable, SynthesizedFilesHoldExactlyTheTablesTensors) {
   }
 }
 
+// The budget's estimate of a sequence's recurrent state is what the state holds.
+TEST(ArchTable, RecurrentStateBytesMatchTheState) {
+  for (const char* preset : {"tiny-qwen35moe", "tiny-lfm2moe", "tiny-qwen3moe"}) {
+    auto model = load_model(test_model_path(preset), LoadOptions{});
+    ThreadPool pool(1);
+    InferenceState state(*model->transformer, pool, 64);
+    EXPECT_EQ(static_cast<int64_t>(state.recurrent_bytes()), model->transformer->config().recurrent_state_bytes()) << preset;
+  }
+}
+
 TEST(ArchTable, EveryFamilyListsItsTensors) {
   ASSERT_GE(architectures().size(), 8u);
   for (const Architecture& a : architectures()) {

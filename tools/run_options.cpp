@@ -246,8 +246,11 @@ LoadedRun load_run(const RunOptions& o) {
   LoadedModel& model = *run.model;
   const ModelConfig& cfg = model.transformer->config();
   if (o.moe_stream) {
+    // The KV cache, and a hybrid model's recurrent state twice (the live one and the copy a
+    // rewind restores).
     const uint64_t kv_bytes = static_cast<uint64_t>(cfg.kv_bytes_per_token()) * static_cast<uint64_t>(o.ctx_size) *
-                              (o.kv_type == "f32" ? 2 : 1);
+                                  (o.kv_type == "f32" ? 2 : 1) +
+                              2 * static_cast<uint64_t>(cfg.recurrent_state_bytes());
     // Room for what may be read ahead per predicted layer: the routers' whole guess, the
     // affinity predictor's few best (top-k / 2).
     const int affinity_reads = o.affinity_prefetch() > 0 ? std::max(1, cfg.n_expert_used / 2) : 0;

@@ -107,6 +107,21 @@ struct ModelConfig {
   int head_dim_v_at(int l) const { return layer_head_dim.empty() ? head_dim_v : layer_head_dim[static_cast<size_t>(l)]; }
   const RopeConfig& rope_at(int l) const { return layer_rope.empty() ? rope : layer_rope[static_cast<size_t>(l)]; }
 
+  // f32 bytes of one sequence's recurrent state: each Gated DeltaNet layer's convolution history
+  // and head_dim^2 per value head, each short-convolution layer's history.
+  int64_t recurrent_state_bytes() const {
+    int64_t floats = 0;
+    for (int l = 0; l < n_layer; ++l) {
+      if (mixer_at(l) == LayerMixer::GatedDeltaNet) {
+        floats += int64_t{delta_net.conv_channels()} * (delta_net.conv_kernel - 1) +
+                  int64_t{delta_net.v_heads} * delta_net.head_dim * delta_net.head_dim;
+      } else if (mixer_at(l) == LayerMixer::ShortConv) {
+        floats += int64_t{n_embd} * (short_conv_kernel - 1);
+      }
+    }
+    return floats * 4;
+  }
+
   int64_t kv_bytes_per_token() const {
     int64_t total = 0;
     for (int l = 0; l < n_layer; ++l) {
