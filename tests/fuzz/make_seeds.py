@@ -51,7 +51,30 @@ KVS = [("general.architecture", STR, "qwen3moe"), ("general.alignment", U32, 32)
 F32_TENSOR = ("token_embd.weight", [8, 4], 0, struct.pack("<32f", *[i / 32 for i in range(32)]))
 Q8_0_TENSOR = ("output.weight", [32, 1], 8, struct.pack("<e", 0.01) + bytes(range(32)))
 
+# The hybrid families' own keys, so the fuzzer starts inside their hyperparameter readers.
+QWEN35_KVS = [("general.architecture", STR, "qwen35moe"), ("qwen35moe.block_count", U32, 2),
+              ("qwen35moe.embedding_length", U32, 32), ("qwen35moe.attention.head_count", U32, 2),
+              ("qwen35moe.attention.head_count_kv", U32, 1), ("qwen35moe.attention.key_length", U32, 16),
+              ("qwen35moe.rope.dimension_count", U32, 4), ("qwen35moe.expert_count", U32, 2),
+              ("qwen35moe.expert_used_count", U32, 1), ("qwen35moe.expert_feed_forward_length", U32, 32),
+              ("qwen35moe.rope.dimension_sections", ARR, (I32, [1, 1, 0, 0])),
+              ("qwen35moe.full_attention_interval", U32, 2), ("qwen35moe.ssm.conv_kernel", U32, 4),
+              ("qwen35moe.expert_shared_feed_forward_length", U32, 32),
+              ("qwen35moe.ssm.state_size", U32, 16), ("qwen35moe.ssm.group_count", U32, 1),
+              ("qwen35moe.ssm.time_step_rank", U32, 2), ("qwen35moe.ssm.inner_size", U32, 32),
+              ("tokenizer.ggml.tokens", ARR, (STR, ["a", "b"]))]
+LFM2_KVS = [("general.architecture", STR, "lfm2moe"), ("lfm2moe.block_count", U32, 2),
+            ("lfm2moe.embedding_length", U32, 32), ("lfm2moe.attention.head_count", U32, 2),
+            ("lfm2moe.attention.head_count_kv", ARR, (I32, [0, 1])), ("lfm2moe.expert_count", U32, 2),
+            ("lfm2moe.expert_used_count", U32, 1), ("lfm2moe.expert_feed_forward_length", U32, 32),
+            ("lfm2moe.feed_forward_length", U32, 64), ("lfm2moe.leading_dense_block_count", U32, 1),
+            ("lfm2moe.expert_gating_func", U32, 2), ("lfm2moe.shortconv.l_cache", U32, 3),
+            ("tokenizer.ggml.tokens", ARR, (STR, ["a", "b"]))]
+QWEN35_EMBD = ("token_embd.weight", [32, 2], 0, bytes(256))
+
 seeds = {
+    "qwen35moe-keys.bin": gguf(3, QWEN35_KVS, [QWEN35_EMBD]),
+    "lfm2moe-keys.bin": gguf(3, LFM2_KVS, [QWEN35_EMBD]),
     "metadata-v3.bin": gguf(3, KVS, []),
     "metadata-v2.bin": gguf(2, KVS[:8], []),
     "tensors-v3.bin": gguf(3, KVS, [F32_TENSOR, Q8_0_TENSOR]),
