@@ -87,6 +87,9 @@ void load_common_hparams(ArchLoader& a, ModelConfig& c) {
   c.rope.freq_base = static_cast<float>(a.get_float_or(".rope.freq_base", 10000.0));
   c.rope.n_rot = static_cast<int>(a.get_int_or(".rope.dimension_count", c.head_dim));
   c.rope.n_ctx_orig = c.n_ctx_train;
+  if (c.head_dim <= 0 || c.head_dim_v <= 0 || c.rope.n_rot <= 0 || c.rope.n_rot > c.head_dim || c.rope.n_rot % 2 != 0) {
+    fail("invalid attention shape: head sizes {}/{}, {} rotated dimensions", c.head_dim, c.head_dim_v, c.rope.n_rot);
+  }
   // RoPE scaling: linear or YaRN (llama.cpp's defaults: ext_factor 1 for YaRN, beta 32/1).
   const std::string scaling = a.get_string_or(".rope.scaling.type", "none");
   const double factor = a.get_float_or(".rope.scaling.factor", 0.0);

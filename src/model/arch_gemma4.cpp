@@ -51,6 +51,11 @@ void load_gemma4_hparams(ArchLoader& a, ModelConfig& c) {
   RopeConfig sliding = full;
   sliding.freq_base = static_cast<float>(a.get_float_or(".rope.freq_base_swa", 10000.0));
   sliding.n_rot = static_cast<int>(a.get_int_or(".rope.dimension_count_swa", full.n_rot));
+  if (dim_full <= 0 || dim_swa <= 0 || full.n_rot <= 0 || full.n_rot > dim_full || full.n_rot % 2 != 0 ||
+      sliding.n_rot <= 0 || sliding.n_rot > dim_swa || sliding.n_rot % 2 != 0) {
+    fail("gemma4: invalid attention shape: head sizes {}/{}, rotated dimensions {}/{}", dim_full, dim_swa, full.n_rot,
+         sliding.n_rot);
+  }
 
   c.head_dim = dim_full;
   c.head_dim_v = dim_full;

@@ -21,6 +21,9 @@ namespace {
 // IMROPE sector rule); a fourth section would leave pairs unrotated, which bmoe does not model.
 void check_rope_sections(const std::vector<int64_t>& sections, int n_rot) {
   if (sections.size() != 4) fail("qwen35moe: rope.dimension_sections must have 4 entries, has {}", sections.size());
+  for (int64_t s : sections) {
+    if (s < 0 || s > (1 << 16)) fail("qwen35moe: rope section {} is out of range", s);
+  }
   const int64_t total = std::accumulate(sections.begin(), sections.end(), int64_t{0});
   if (total <= 0) fail("qwen35moe: rope.dimension_sections are all zero");
   for (int i = 0; i < n_rot / 2; ++i) {
