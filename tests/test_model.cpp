@@ -204,6 +204,69 @@ TEST(Loader, MissingRequiredKeyIsNamed) {
   EXPECT_NE(load_error(path).find("qwen3moe.block_count"), std::string::npos) << load_error(path);
 }
 
+std::vector<int32_t> some_tokens(int n, int salt) {
+  std::vector<int32_t> t;
+  for (int i = 0; i < n; ++i) t.push_back(static_cast<int32_t>((i * 37 + salt * 11 + 5) % 300 + 3));
+  return t;
+}
+
+// Rows decoded one at a time after a long prompt are replayed on the decode path, the prompt's
+// rows on the batch path: a rewind into the decoded part gives the state of the first run.
+TEST(RecurrentRewind, ReplayKeepsEachRowsAttentionPath) {
+  for (const char* preset : {"tiny-qwen35moe", "tiny-lfm2moe"}) {
+    auto model = load_model(test_model_path(preset), LoadOptions{});
+    ThreadPool pool(2);
+    const auto prompt = some_tokens(100, 1), decoded = some_tokens(10, 2);
+    InferenceState a(*model->transformer, pool, 256), b(*model->transformer, pool, 256);
+    a.eval(prompt.data(), 100);
+    b.eval(prompt.data(), 100);
+    for (int i = 0; i < 5; ++i) a.eval(&decoded[i], 1);
+    for (int i = 0; i < 10; ++i) b.eval(&decoded[i], 1);
+    b.truncate(105);
+    EXPECT_EQ(a.eval(&decoded[5], 1), b.eval(&decoded[5], 1)) << preset;
+  }
+}
+
+// A cut before the saved state clears it and drops the saved copy, which holds tokens that are
+// gone: a later rewind must not restore it.
+TEST(RecurrentRewind, AClearedStateForgetsItsSavedCopy) {
+  for (const char* preset : {"tiny-qwen35moe", "tiny-lfm2moe"}) {
+    auto model = load_model(test_model_path(preset), LoadOptions{});
+    ThreadPool pool(2);
+    const auto first = some_tokens(20, 3), second = some_tokens(16, 4);
+    InferenceState a(*model->transformer, pool, 256), fresh(*model->transformer, pool, 256);
+    a.eval(first.data(), 10);
+    a.eval(first.data() + 10, 10);  // saves the state at position 10
+    a.truncate(0);
+    for (int i = 0; i < 15; ++i) a.eval(&second[i], 1);
+    a.truncate(12);
+    for (int i = 0; i < 12; ++i) fresh.eval(&second[i], 1);
+    EXPECT_EQ(a.eval(&second[12], 1), fresh.eval(&second[12], 1)) << preset;
+  }
+}
+
+// An eval that fails part-way (here: a layer hook throws) leaves the state as if it had not
+// run, with and without a saved copy to go back to.
+TEST(RecurrentRewind, AFailedEvalLeavesNoTrace) {
+  for (const char* preset : {"tiny-qwen35moe", "tiny-lfm2moe"}) {
+    auto model = load_model(test_model_path(preset), LoadOptions{});
+    ThreadPool pool(2);
+    const auto t = some_tokens(8, 5);
+    for (int n : {1, 4}) {
+      InferenceState a(*model->transformer, pool, 256), fresh(*model->transformer, pool, 256);
+      a.eval(t.data(), 3);
+      fresh.eval(t.data(), 3);
+      a.set_layer_hook([](int layer) {
+        if (layer == 1) throw Error("stop");
+      });
+      EXPECT_THROW(a.eval(t.data() + 3, n), Error);
+      a.set_layer_hook(nullptr);
+      EXPECT_EQ(a.n_past(), 3);
+      EXPECT_EQ(a.eval(t.data() + 3, n), fresh.eval(t.data() + 3, n)) << preset << ", " << n << " tokens";
+    }
+  }
+}
+
 // The gated delta rule against its textbook form in double precision: S <- decay * S, then
 // S <- S + k (beta (v - S^T k))^T, out = S^T q * scale.
 TEST(DeltaNet, StepMatchesTheDeltaRule) {

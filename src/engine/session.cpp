@@ -48,7 +48,12 @@ int Session::prefill_reusing(const std::vector<int32_t>& prompt, PrefillRecord* 
   size_t keep = 0;
   while (keep < history_.size() && keep < prompt.size() && history_[keep] == prompt[keep]) ++keep;
   keep = std::min(keep, prompt.size() - 1);
-  state_.truncate(static_cast<int>(keep));
+  try {
+    state_.truncate(static_cast<int>(keep));
+  } catch (...) {  // a recurrent state's replay failed part-way: the history ends where it did
+    history_.resize(std::min(history_.size(), static_cast<size_t>(state_.n_past())));
+    throw;
+  }
   history_.resize(keep);
   const PrefillRecord r = prefill(std::vector<int32_t>(prompt.begin() + static_cast<std::ptrdiff_t>(keep), prompt.end()));
   if (record) *record = r;

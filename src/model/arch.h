@@ -64,8 +64,9 @@ void load_architecture(const Architecture& arch, ArchLoader& loader, ModelConfig
 const std::vector<Architecture>& architectures();
 const Architecture* find_architecture(const std::string& name);
 
-// Reads the keys most MoE families share (block count, sizes, heads, rope, experts).
-void load_common_hparams(ArchLoader& loader, ModelConfig& c);
+// Reads the keys most MoE families share (block count, sizes, heads, rope, experts). A per-layer
+// kv head count of 0 is an error unless the family reads it as "no attention in this layer".
+void load_common_hparams(ArchLoader& loader, ModelConfig& c, bool zero_kv_heads_allowed = false);
 // n_vocab from the embedding rows; n_ff_exp from the expert tensors when the key is absent.
 void read_vocab_and_expert_width(ArchLoader& loader, ModelConfig& c);
 

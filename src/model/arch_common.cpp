@@ -57,7 +57,7 @@ const Architecture* find_architecture(const std::string& name) {
   return nullptr;
 }
 
-void load_common_hparams(ArchLoader& a, ModelConfig& c) {
+void load_common_hparams(ArchLoader& a, ModelConfig& c, bool zero_kv_heads_allowed) {
   c.n_layer = static_cast<int>(a.get_int(".block_count"));
   c.n_embd = static_cast<int>(a.get_int(".embedding_length"));
   c.n_head = static_cast<int>(a.get_int(".attention.head_count"));
@@ -69,7 +69,9 @@ void load_common_hparams(ArchLoader& a, ModelConfig& c) {
   c.n_head_kv = 0;
   bool uniform = true;
   for (int64_t h : kv_heads) {
-    if (h < 0 || (h > 0 && c.n_head % h != 0)) fail("invalid model shape: {} kv heads for {} heads", h, c.n_head);
+    if (h < 0 || (h == 0 && !zero_kv_heads_allowed) || (h > 0 && c.n_head % h != 0)) {
+      fail("invalid model shape: {} kv heads for {} heads", h, c.n_head);
+    }
     if (h > 0 && c.n_head_kv > 0 && h != c.n_head_kv) uniform = false;
     if (h > 0) c.n_head_kv = std::max(c.n_head_kv, static_cast<int>(h));
   }

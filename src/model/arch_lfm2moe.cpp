@@ -15,7 +15,7 @@ namespace bmoe {
 namespace {
 
 void read_lfm2moe(ArchLoader& a, ModelConfig& c) {
-  load_common_hparams(a, c);
+  load_common_hparams(a, c, /*zero_kv_heads_allowed=*/true);
   if (c.n_expert == 0) fail("lfm2moe: expert_count must be > 0");
   if (c.n_ff_exp == 0) fail("lfm2moe: missing required key 'lfm2moe.expert_feed_forward_length'");
   c.rope.style = RopeStyle::NeoX;
@@ -25,8 +25,9 @@ void read_lfm2moe(ArchLoader& a, ModelConfig& c) {
   c.activation = ExpertActivation::SwiGLU;
   const int64_t gating = a.get_int(".expert_gating_func");
   if (gating != 2) fail("lfm2moe: expert_gating_func {} is not supported (2 = sigmoid)", gating);
-  c.short_conv_kernel = static_cast<int>(a.get_int(".shortconv.l_cache"));
-  if (c.short_conv_kernel < 2 || c.short_conv_kernel > 16) fail("lfm2moe: shortconv.l_cache {} is out of range", c.short_conv_kernel);
+  const int64_t taps = a.get_int(".shortconv.l_cache");
+  if (taps < 2 || taps > delta_net::kMaxConvKernel) fail("lfm2moe: shortconv.l_cache {} is out of range", taps);
+  c.short_conv_kernel = static_cast<int>(taps);
   c.n_vocab = static_cast<int>(a.tensor_dim("token_embd.weight", 1));
   const auto kv_heads = a.get_per_layer_int(".attention.head_count_kv", c.n_layer, c.n_head);
   const int64_t dense = a.get_int_or(".leading_dense_block_count", 0);

@@ -40,16 +40,19 @@ void check_rope_sections(const std::vector<int64_t>& sections, int n_rot) {
 
 void read_delta_net(ArchLoader& a, ModelConfig& c, int n_layer_all) {
   ModelConfig::DeltaNet& d = c.delta_net;
-  d.conv_kernel = static_cast<int>(a.get_int(".ssm.conv_kernel"));
-  d.head_dim = static_cast<int>(a.get_int(".ssm.state_size"));
-  d.v_heads = static_cast<int>(a.get_int(".ssm.time_step_rank"));
-  d.k_heads = static_cast<int>(a.get_int(".ssm.group_count"));
+  const int64_t conv = a.get_int(".ssm.conv_kernel"), state = a.get_int(".ssm.state_size");
+  const int64_t v_heads = a.get_int(".ssm.time_step_rank"), k_heads = a.get_int(".ssm.group_count");
   const int64_t inner = a.get_int(".ssm.inner_size");
-  if (d.conv_kernel < 2 || d.conv_kernel > 16 || d.head_dim < 16 || d.head_dim > 512 || d.head_dim % 16 != 0 || d.k_heads < 1 || d.v_heads < 1 || d.v_heads % d.k_heads != 0 ||
-      inner != int64_t{d.v_heads} * d.head_dim) {
-    fail("qwen35moe: invalid Gated DeltaNet shape (conv {}, state {}, {} key heads, {} value heads, inner {})",
-         d.conv_kernel, d.head_dim, d.k_heads, d.v_heads, inner);
+  if (conv < 2 || conv > delta_net::kMaxConvKernel || state < 16 || state > delta_net::kMaxHeadDim || state % 16 != 0 ||
+      k_heads < 1 || v_heads < 1 || k_heads > delta_net::kMaxHeads || v_heads > delta_net::kMaxHeads ||
+      v_heads % k_heads != 0 || inner != v_heads * state) {
+    fail("qwen35moe: invalid Gated DeltaNet shape (conv {}, state {}, {} key heads, {} value heads, inner {})", conv,
+         state, k_heads, v_heads, inner);
   }
+  d.conv_kernel = static_cast<int>(conv);
+  d.head_dim = static_cast<int>(state);
+  d.v_heads = static_cast<int>(v_heads);
+  d.k_heads = static_cast<int>(k_heads);
   std::vector<int64_t> recurrent;
   if (a.has_key(".attention.recurrent_layers")) {
     recurrent = a.get_per_layer_int(".attention.recurrent_layers", n_layer_all, std::nullopt);

@@ -170,9 +170,9 @@ void bind_one(const TensorSpec& t, ArchLoader& a, const ModelConfig& c, ModelWei
 }
 
 // Whether a layer stores the Preferred form of its alternative rows.
-bool prefers(std::span<const TensorSpec> table, ArchLoader& a, int layer) {
+bool prefers(std::span<const TensorSpec> table, ArchLoader& a, const ModelConfig& c, int layer) {
   for (const TensorSpec& t : table) {
-    if (t.alternative == Alternative::Preferred) return a.has_tensor(t.tensor_name(layer));
+    if (t.alternative == Alternative::Preferred && layer_in(t.layers, c, layer)) return a.has_tensor(t.tensor_name(layer));
   }
   return true;
 }
@@ -185,7 +185,7 @@ void bind_tensors(std::span<const TensorSpec> table, ArchLoader& a, const ModelC
     if (!t.per_layer()) bind_one(t, a, c, w, -1);
   }
   for (int l = 0; l < c.n_layer; ++l) {
-    const bool preferred = prefers(table, a, l);
+    const bool preferred = prefers(table, a, c, l);
     for (const TensorSpec& t : table) {
       if (!t.per_layer() || !layer_in(t.layers, c, l)) continue;
       if (t.alternative == (preferred ? Alternative::Fallback : Alternative::Preferred)) continue;

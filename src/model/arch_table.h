@@ -67,7 +67,9 @@ enum class Layers : uint8_t {
 const char* layers_name(Layers l);
 bool layer_in(Layers set, const ModelConfig& c, int layer);
 
-// What a tensor is for: dense and small tensors stay resident, routed experts stream.
+// What a tensor is for (printed by --list-archs; a Router row also marks its layer as having
+// experts). Where a tensor lives follows from its binding: expert rows become streamable expert
+// matrices, the others resident weights.
 enum class Role : uint8_t { Dense, Small, Router, RoutedExpert, SharedExpert, Recurrent };
 const char* role_name(Role r);
 

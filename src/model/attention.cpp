@@ -51,7 +51,7 @@ float dot_f16_f16(const void* k, const void* q, int64_t n) {
 }
 
 // Queries in a batch of at least this many rows use f32 accumulation (ggml's tiled path).
-constexpr int kTiledBatch = 64;
+constexpr int kTiledBatch = kAttentionBatchRows;
 
 // Running state of one query's online softmax: sum of weights, max score, and the weighted V
 // sum, kept in f16 (ggml's decode path on an f16 cache) or in f32.
@@ -350,11 +350,12 @@ void attention_tiled(ThreadPool& pool, const KvCache& cache, int layer, const At
 
 void attention(ThreadPool& pool, const KvCache& cache, int layer, const AttentionParams& p,
                const float* q, const int* pos, int n, float* out) {
-  if (n >= kTiledBatch && p.numerics == AttentionNumerics::Flash) {
+  const bool batch_path = n >= kTiledBatch || p.batch_path;
+  if (batch_path && p.numerics == AttentionNumerics::Flash) {
     attention_tiled(pool, cache, layer, p, q, pos, n, out);
     return;
   }
-  const bool small_batch = n < kTiledBatch;
+  const bool small_batch = !batch_path;
   const int64_t tasks = static_cast<int64_t>(n) * p.n_head;
   pool.run(tasks, [&](int64_t t, int) {
     const int row = static_cast<int>(t / p.n_head);

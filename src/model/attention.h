@@ -59,7 +59,14 @@ struct AttentionParams {
   int sliding_window = 0;        // 0: full causal attention
   const float* sinks = nullptr;  // per-head sink logits (gpt-oss), or null
   AttentionNumerics numerics = AttentionNumerics::Flash;
+  // Rows take the path of a batch of >= kAttentionBatchRows rows whatever their number (a
+  // rewind replays rows on the path they first took).
+  bool batch_path = false;
 };
+
+// Batches of this many rows or more take the batch (tiled) attention path; a row's result does
+// not depend on its batch within a path, but the paths round differently.
+constexpr int kAttentionBatchRows = 64;
 
 // Attention for queries q[i] (n_head * head_dim_k floats each) at positions pos[i], over the
 // cache of `layer` (positions <= pos[i] must be stored). Writes n_head * head_dim_v per row.

@@ -72,7 +72,7 @@ void causal_conv(const float* in, int n, int channels, int kernel, const float* 
   }
   for (int c = first_channel; c < end_channel; ++c) {
     float* hist = state + static_cast<size_t>(c) * keep;
-    float last[16];
+    float last[kMaxConvKernel];
     for (int j = 0; j < keep; ++j) {
       const int pos = n + j;
       last[j] = pos < keep ? hist[pos] : in[static_cast<size_t>(pos - keep) * C + c];

@@ -18,9 +18,10 @@ namespace bmoe {
 // Per-sequence state of every recurrent layer (Gated DeltaNet, short convolution); empty
 // vectors for attention layers.
 struct RecurrentState {
-  // [channels][conv_kernel - 1]: each channel's last convolution inputs, oldest first.
+  // Per layer, [channels][conv_kernel - 1]: each channel's last convolution inputs, oldest first.
   std::vector<std::vector<float>> conv;
-  // [v_heads][head_dim j (value)][head_dim i (key)]: the state S[i][j] of each value head.
+  // Per Gated DeltaNet layer, [v_heads][head_dim j (value)][head_dim i (key)]: the state S[i][j]
+  // of each value head.
   std::vector<std::vector<float>> delta;
 
   void init(const ModelConfig& c);  // sized for c's recurrent layers, zero
@@ -29,6 +30,11 @@ struct RecurrentState {
 };
 
 namespace delta_net {
+
+// Bounds the loaders enforce and the fixed-size buffers below rely on.
+constexpr int kMaxHeadDim = 512;     // Gated DeltaNet head size
+constexpr int kMaxConvKernel = 16;   // convolution taps
+constexpr int kMaxHeads = 4096;      // Gated DeltaNet key or value heads
 
 // The convolution kernel as causal_conv reads it: [kernel][channels] from the GGUF's
 // [channels][kernel].

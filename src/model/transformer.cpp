@@ -45,24 +45,55 @@ const ActivationBuffer& Activations::get(ThreadPool& pool, TensorType weight_typ
 
 void InferenceState::truncate(int n) {
   n = std::clamp(n, 0, n_past_);
-  if (n == n_past_ || !cfg_.has_recurrent_layers()) {
+  if (!cfg_.has_recurrent_layers()) {
     n_past_ = n;
     return;
   }
+  if (n == n_past_ && !recurrent_dirty_) return;
   int start = 0;
-  if (checkpoint_pos_ >= 0 && checkpoint_pos_ <= n) {
+  if (!recurrent_dirty_ && checkpoint_pos_ >= 0 && checkpoint_pos_ <= n) {
     recurrent_ = checkpoint_;
     start = checkpoint_pos_;
   } else {
     recurrent_.clear();
+    checkpoint_pos_ = -1;  // it may hold tokens that are gone
   }
-  const std::vector<int32_t> replay(tokens_.begin() + start, tokens_.begin() + n);
+  recurrent_dirty_ = false;
+  replay(start, n);
+}
+
+// Evaluates tokens_[start, end) again from position start, each on the attention path it first
+// took (the batch path for rows of an eval of >= kAttentionBatchRows, the decode path otherwise):
+// a row's result then equals its first one, whatever batches the replay uses.
+void InferenceState::replay(int start, int end) {
+  const std::vector<int32_t> ids(tokens_.begin() + start, tokens_.begin() + end);
+  const std::vector<uint8_t> paths(token_batch_path_.begin() + start, token_batch_path_.begin() + end);
   n_past_ = start;
   tokens_.resize(static_cast<size_t>(start));
-  constexpr size_t kReplayBatch = 512;
-  for (size_t i = 0; i < replay.size(); i += kReplayBatch) {
-    eval(replay.data() + i, static_cast<int>(std::min(kReplayBatch, replay.size() - i)));
+  token_batch_path_.resize(static_cast<size_t>(start));
+  RouteHook hook = std::move(route_hook_);  // replayed routes were reported the first time
+  route_hook_ = nullptr;
+  std::function<void(int)> layer_hook = std::move(layer_hook_);
+  layer_hook_ = nullptr;
+  try {
+    for (size_t i = 0; i < ids.size();) {
+      const bool batch_path = paths[i] != 0;
+      const size_t limit = batch_path ? 512 : kAttentionBatchRows - 1;
+      size_t j = i;
+      while (j < ids.size() && paths[j] == paths[i] && j - i < limit) ++j;
+      replay_batch_path_ = batch_path;
+      eval(ids.data() + i, static_cast<int>(j - i));
+      i = j;
+    }
+  } catch (...) {
+    replay_batch_path_ = false;
+    route_hook_ = std::move(hook);
+    layer_hook_ = std::move(layer_hook);
+    throw;
   }
+  replay_batch_path_ = false;
+  route_hook_ = std::move(hook);
+  layer_hook_ = std::move(layer_hook);
 }
 
 namespace {
@@ -92,6 +123,7 @@ void top_k(const float* values, int n, int k, std::vector<int32_t>& out) {
 
 const std::vector<float>& InferenceState::eval(const int32_t* tokens, int n, bool all_logits) {
   if (n <= 0) fail("eval: no tokens");
+  if (recurrent_dirty_) truncate(n_past_);  // first rebuild what a failed eval left half done
   if (n_past_ + n > cache_.capacity()) {
     fail("context is full: {} tokens do not fit in a context of {} (raise -c)", n_past_ + n, cache_.capacity());
   }
@@ -105,21 +137,37 @@ const std::vector<float>& InferenceState::eval(const int32_t* tokens, int n, boo
     dequantize_row(w.tok_embd.type, w.tok_embd.row(tokens[i]), x_.data() + static_cast<size_t>(i) * E, E);
     if (w.embd_scale != 1.0f) ops::scale(x_.data() + static_cast<size_t>(i) * E, w.embd_scale, E);
   }
-  if (cfg_.has_recurrent_layers()) {
+  const bool recurrent = cfg_.has_recurrent_layers();
+  if (recurrent) {
     if (n > 1) {
       checkpoint_ = recurrent_;
       checkpoint_pos_ = n_past_;
     }
     tokens_.resize(static_cast<size_t>(n_past_));
     tokens_.insert(tokens_.end(), tokens, tokens + n);
+    token_batch_path_.resize(static_cast<size_t>(n_past_));
+    token_batch_path_.insert(token_batch_path_.end(), static_cast<size_t>(n),
+                             n >= kAttentionBatchRows || replay_batch_path_ ? 1 : 0);
   }
   // Routes decided early live for one pass; only the predictor uses them.
   if (routing_.prefetch > 0 || routing_.route_ahead > 0) ahead_.assign(static_cast<size_t>(cfg_.n_layer), AheadRoute{});
   else ahead_.clear();
-  for (int l = 0; l < cfg_.n_layer; ++l) {
-    attention_block(l, n);
-    ffn_block(l, n);
-    if (layer_hook_) layer_hook_(l);
+  try {
+    for (int l = 0; l < cfg_.n_layer; ++l) {
+      attention_block(l, n);
+      ffn_block(l, n);
+      if (layer_hook_) layer_hook_(l);
+    }
+  } catch (...) {
+    // Layers that ran have moved the recurrent state on: go back to the copy taken above, or,
+    // after a one-token eval (no copy), rebuild it before the next use.
+    if (recurrent) {
+      tokens_.resize(static_cast<size_t>(n_past_));
+      token_batch_path_.resize(static_cast<size_t>(n_past_));
+      if (n > 1) recurrent_ = checkpoint_;
+      else recurrent_dirty_ = true;
+    }
+    throw;
   }
   n_past_ += n;
 
@@ -234,6 +282,7 @@ void InferenceState::attention_block(int layer, int n) {
   // An f32 cache is compared against llama.cpp's classic path (its flash attention rounds to
   // f16 whatever the cache type); an f16 cache follows its default flash attention.
   p.numerics = cache_.type() == KvType::F32 ? AttentionNumerics::Classic : AttentionNumerics::Flash;
+  p.batch_path = replay_batch_path_;
   attn_.resize(static_cast<size_t>(n * attn_width));
   attention(pool_, cache_, layer, p, q_.data(), positions_.data(), n, attn_.data());
   if (cfg_.attn_output_gate) {
@@ -312,7 +361,7 @@ void InferenceState::delta_net_block(int layer, int n) {
       float* y = out + t * VD + static_cast<size_t>(h) * S;
       const float* g = z + t * VD + static_cast<size_t>(h) * S;
       ops::rms_norm(y, L.ssm_norm.data(), y, S, cfg_.norm_eps);
-      float gate[512];
+      float gate[delta_net::kMaxHeadDim];
       float_kernels().silu(g, gate, S);
       for (int j = 0; j < S; ++j) y[j] *= gate[j];
     }

@@ -155,8 +155,9 @@ class InferenceState {
   int n_ctx() const { return cache_.capacity(); }
   // Forgets positions >= n (prefix reuse keeps the cache rows below n). A recurrent state
   // cannot forget: it goes back to the state saved at the start of the last multi-token
-  // eval() (or to the empty state) and runs the tokens from there to n again, which gives the
-  // state those tokens gave the first time.
+  // eval() (or to the empty state) and runs the tokens from there to n again, each row on the
+  // attention path it first took, which gives the state those tokens gave the first time.
+  // truncate(n_past()) also repairs a state that a failed eval() left half updated.
   void truncate(int n);
   size_t recurrent_bytes() const { return recurrent_.bytes(); }
   void set_route_hook(RouteHook hook) { route_hook_ = std::move(hook); }
@@ -174,6 +175,7 @@ class InferenceState {
   void attention_block(int layer, int n);
   void delta_net_block(int layer, int n);
   void short_conv_block(int layer, int n);
+  void replay(int start, int end);
   // The q projection of gated attention holds [query | gate] per head: split it in place.
   void split_query_gate(int n, int n_head, int head_dim);
   void ffn_block(int layer, int n);
@@ -199,12 +201,17 @@ class InferenceState {
   RouteHook route_hook_;
   std::function<void(int)> layer_hook_;
 
-  // Gated DeltaNet layers: the live state, the one saved at the start of the last multi-token
-  // eval, and the tokens at positions [0, n_past) to run again after a rewind.
+  // Recurrent layers (Gated DeltaNet, short convolutions): the live state, the one saved at the
+  // start of the last multi-token eval (at checkpoint_pos_; -1: none), the tokens at positions
+  // [0, n_past) with the attention path each took, to run again after a rewind; dirty after an
+  // eval that failed part-way without a copy to go back to.
   RecurrentState recurrent_;
   RecurrentState checkpoint_;
   int checkpoint_pos_ = -1;
   std::vector<int32_t> tokens_;
+  std::vector<uint8_t> token_batch_path_;
+  bool recurrent_dirty_ = false;
+  bool replay_batch_path_ = false;  // set while replay() runs rows that first took the batch path
 
   // Scratch, sized for the current batch.
   std::vector<float> x_, h_, q_, k_, v_, attn_, proj_, ffn_out_, logits_;

@@ -319,7 +319,8 @@ class Qwen36_35B_Cut2(Conformance, unittest.TestCase):
 
 class TinyLfm2Moe(Conformance, unittest.TestCase):
     """Short-convolution and attention layers, a leading dense layer, sigmoid-routed experts with
-    a selection bias, the final norm stored as token_embd_norm, tied output."""
+    a selection bias, the final norm stored as token_embd_norm (the synthetic file has its own
+    output head; the tied one of real files is the path gemma4's tests cover)."""
     name = "tiny-lfm2moe"
     preset = "tiny-lfm2moe"
 
