@@ -195,6 +195,15 @@ TEST(Loader, ShapeMismatchIsNamed) {
   EXPECT_NE(load_error(path).find("blk.0.ffn_norm.weight' has shape"), std::string::npos) << load_error(path);
 }
 
+// A layer count far beyond any model is refused before per-layer keys are read into arrays of
+// that size (the loader fuzzer found a 654-million-layer header allocating 5 GB).
+TEST(Loader, AbsurdLayerCountIsRefused) {
+  const auto path = rewrite_model("layers.gguf", [](GgufWriter& w, const GgufModel&) {
+    w.set("qwen3moe.block_count", GgufValue::u32(654311426));
+  });
+  EXPECT_NE(load_error(path).find("invalid model shape"), std::string::npos) << load_error(path);
+}
+
 TEST(Loader, MissingRequiredKeyIsNamed) {
   const auto path = rewrite_model("key.gguf", [](GgufWriter& w, const GgufModel& m) {
     GgufWriter copy;

@@ -64,6 +64,9 @@ void load_architecture(const Architecture& arch, ArchLoader& loader, ModelConfig
 const std::vector<Architecture>& architectures();
 const Architecture* find_architecture(const std::string& name);
 
+// More layers than any model has: per-layer keys are read into arrays of this many entries.
+constexpr int kMaxLayers = 4096;
+
 // Reads the keys most MoE families share (block count, sizes, heads, rope, experts). A per-layer
 // kv head count of 0 is an error unless the family reads it as "no attention in this layer".
 void load_common_hparams(ArchLoader& loader, ModelConfig& c, bool zero_kv_heads_allowed = false);

@@ -61,7 +61,7 @@ void load_common_hparams(ArchLoader& a, ModelConfig& c, bool zero_kv_heads_allow
   c.n_layer = static_cast<int>(a.get_int(".block_count"));
   c.n_embd = static_cast<int>(a.get_int(".embedding_length"));
   c.n_head = static_cast<int>(a.get_int(".attention.head_count"));
-  if (c.n_layer <= 0 || c.n_embd <= 0 || c.n_head <= 0) {
+  if (c.n_layer <= 0 || c.n_layer > kMaxLayers || c.n_embd <= 0 || c.n_head <= 0) {
     fail("invalid model shape: {} layers, {} embedding, {} heads", c.n_layer, c.n_embd, c.n_head);
   }
   // One count, or one per layer where 0 marks a layer without attention (lfm2moe).

@@ -20,7 +20,7 @@ void load_gemma4_hparams(ArchLoader& a, ModelConfig& c) {
   c.n_layer = static_cast<int>(a.get_int(".block_count"));
   c.n_embd = static_cast<int>(a.get_int(".embedding_length"));
   c.n_head = static_cast<int>(a.get_int(".attention.head_count"));
-  if (c.n_layer <= 0 || c.n_embd <= 0 || c.n_head <= 0) fail("gemma4: invalid model shape");
+  if (c.n_layer <= 0 || c.n_layer > kMaxLayers || c.n_embd <= 0 || c.n_head <= 0) fail("gemma4: invalid model shape");
   const int L = c.n_layer;
   const auto swa = a.get_per_layer_int(".attention.sliding_window_pattern", L, std::nullopt);
   const auto kv_heads = a.get_per_layer_int(".attention.head_count_kv", L, c.n_head);
