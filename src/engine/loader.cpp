@@ -74,10 +74,6 @@ class GgufArchLoader : public ArchLoader {
     return w;
   }
 
-  Weight optional_matrix(const std::string& name, std::vector<int64_t> dims) override {
-    return has_tensor(name) ? matrix(name, std::move(dims)) : Weight{};
-  }
-
   Vector vector(const std::string& name, std::vector<int64_t> dims) override {
     const TensorInfo& t = checked(name, dims);
     if (!kernels_for_isa(t.type, Isa::Scalar)) fail("{}: tensor '{}' has unsupported type {}", gguf_.primary().path, name, type_name(t.type));
@@ -85,10 +81,6 @@ class GgufArchLoader : public ArchLoader {
     const uint8_t* src = dense_data(t);
     dequantize_row(t.type, src, v.data(), t.elements());
     return v;
-  }
-
-  Vector optional_vector(const std::string& name, std::vector<int64_t> dims) override {
-    return has_tensor(name) ? vector(name, std::move(dims)) : Vector{};
   }
 
   int expert_matrix(int layer, const std::string& name, std::vector<int64_t> dims) override {

@@ -33,10 +33,8 @@ class ArchLoader {
 
   // A dense matrix [dims[1] rows x dims[0] cols]; throws naming it when missing or mis-shaped.
   virtual Weight matrix(const std::string& name, std::vector<int64_t> dims) = 0;
-  virtual Weight optional_matrix(const std::string& name, std::vector<int64_t> dims) = 0;
-  // A vector (or any small tensor) converted to f32; empty when optional and absent.
+  // A vector (or any small tensor) converted to f32; throws like matrix().
   virtual Vector vector(const std::string& name, std::vector<int64_t> dims) = 0;
-  virtual Vector optional_vector(const std::string& name, std::vector<int64_t> dims) = 0;
   // A stacked expert tensor [dims[0] cols, dims[1] rows, dims[2] experts]; returns the index of
   // this matrix among the layer's expert matrices (its "role").
   virtual int expert_matrix(int layer, const std::string& name, std::vector<int64_t> dims) = 0;

@@ -691,9 +691,7 @@ class SynthArchLoader : public ArchLoader {
     fail("bmoe-synth: {} sizes itself from tensor '{}'; write the key it reads instead", arch_.name, name);
   }
   Weight matrix(const std::string& name, std::vector<int64_t>) override { unused(name); }
-  Weight optional_matrix(const std::string& name, std::vector<int64_t>) override { unused(name); }
   Vector vector(const std::string& name, std::vector<int64_t>) override { unused(name); }
-  Vector optional_vector(const std::string& name, std::vector<int64_t>) override { unused(name); }
   int expert_matrix(int, const std::string& name, std::vector<int64_t>) override { unused(name); }
 
  private:
