@@ -22,35 +22,27 @@ void read_llama_moe(ArchLoader& a, ModelConfig& c) {
 }
 
 using D = Dim;
-using C = TensorClass;
 using L = LayerWeights;
 
 // Mixtral files carry no biases; llama files that do are read.
-const TensorSpec kTensors[] = {
-    global_matrix("token_embd.weight", {D::Embd, D::Vocab}, &ModelWeights::tok_embd, C::Embedding, constant(1.0f)),
-    norm("attn_norm.weight", {D::Embd}, &L::attn_norm),
-    matrix("attn_q.weight", {D::Embd, D::QWidth}, &L::wq, C::AttnQ, fan_in(1.0f)),
-    matrix("attn_k.weight", {D::Embd, D::KWidth}, &L::wk, C::AttnK, fan_in(1.0f)),
-    matrix("attn_v.weight", {D::Embd, D::VWidth}, &L::wv, C::AttnV, fan_in(1.0f)),
-    optional(norm("attn_q.bias", {D::QWidth}, &L::bq), Layers::Never),
-    optional(norm("attn_k.bias", {D::KWidth}, &L::bk), Layers::Never),
-    optional(norm("attn_v.bias", {D::VWidth}, &L::bv), Layers::Never),
-    matrix("attn_output.weight", {D::OutWidth, D::Embd}, &L::wo, C::AttnOut, fan_in(0.5f)),
-    optional(norm("attn_output.bias", {D::Embd}, &L::bo), Layers::Never),
-    norm("ffn_norm.weight", {D::Embd}, &L::ffn_norm),
-    matrix("ffn_gate_inp.weight", {D::Embd, D::Experts}, &L::router, C::Router, fan_in(kRouterLogitStd), Role::Router),
-    experts("ffn_gate_exps.weight", {D::Embd, D::ExpertFF, D::Experts}, &ExpertRoles::gate, C::Experts, fan_in(1.0f)),
-    experts("ffn_up_exps.weight", {D::Embd, D::ExpertFF, D::Experts}, &ExpertRoles::up, C::Experts, fan_in(1.0f)),
-    experts("ffn_down_exps.weight", {D::ExpertFF, D::Embd, D::Experts}, &ExpertRoles::down, C::ExpertsDown, fan_in(1.0f)),
-    global_vector("output_norm.weight", {D::Embd}, &ModelWeights::output_norm),
-    optional(global_matrix("output.weight", {D::Embd, D::Vocab}, &ModelWeights::output, C::Output,
-                           fan_in(kOutputLogitStd)), Layers::Global),
-};
+// Mixtral files carry no biases; llama files that do are read.
+std::vector<TensorSpec> tensors() {
+  return rows({{token_embedding(constant(1.0f))},
+               attention_inputs(),
+               {optional(norm("attn_q.bias", {D::QWidth}, &L::bq), Layers::Never),
+                optional(norm("attn_k.bias", {D::KWidth}, &L::bk), Layers::Never),
+                optional(norm("attn_v.bias", {D::VWidth}, &L::bv), Layers::Never), attention_output(),
+                optional(norm("attn_output.bias", {D::Embd}, &L::bo), Layers::Never),
+                norm("ffn_norm.weight", {D::Embd}, &L::ffn_norm), router()},
+               swiglu_experts(),
+               output_head()});
+}
 
 }  // namespace
 
 const Architecture& llama_moe_architecture() {
-  static const Architecture arch{"llama", "llama-architecture MoE (Mixtral 8x7B, 8x22B)", read_llama_moe, kTensors};
+  static const std::vector<TensorSpec> table = tensors();
+  static const Architecture arch{"llama", "llama-architecture MoE (Mixtral 8x7B, 8x22B)", read_llama_moe, table};
   return arch;
 }
 

@@ -107,51 +107,51 @@ TensorSpec recurrent(TensorSpec t) {
   return on(Layers::Recurrent, t);
 }
 
-const TensorSpec kTensors[] = {
-    global_matrix("token_embd.weight", {D::Embd, D::Vocab}, &ModelWeights::tok_embd, C::Embedding, constant(1.0f)),
-    norm("attn_norm.weight", {D::Embd}, &L::attn_norm),
-    // Gated full attention.
-    on(Layers::Attention, matrix("attn_q.weight", {D::Embd, D::QGateWidth}, &L::wq, C::AttnQ, fan_in(1.0f))),
-    on(Layers::Attention, matrix("attn_k.weight", {D::Embd, D::KWidth}, &L::wk, C::AttnK, fan_in(1.0f))),
-    on(Layers::Attention, matrix("attn_v.weight", {D::Embd, D::VWidth}, &L::wv, C::AttnV, fan_in(1.0f))),
-    on(Layers::Attention, matrix("attn_output.weight", {D::OutWidth, D::Embd}, &L::wo, C::AttnOut, fan_in(0.5f))),
-    on(Layers::Attention, norm("attn_q_norm.weight", {D::HeadDim}, &L::q_norm)),
-    on(Layers::Attention, norm("attn_k_norm.weight", {D::HeadDim}, &L::k_norm)),
-    // Gated DeltaNet. Q4_K_M files give attn_qkv attn_v's type rule.
-    recurrent(matrix("attn_qkv.weight", {D::Embd, D::ConvChannels}, &L::ssm_qkv, C::AttnV, fan_in(1.0f))),
-    recurrent(matrix("attn_gate.weight", {D::Embd, D::DeltaValueDim}, &L::ssm_z, C::AttnQ, fan_in(1.0f))),
-    recurrent(small("ssm_conv1d.weight", {D::ConvKernel, D::ConvChannels}, &L::ssm_conv, constant(0.5f))),
-    recurrent(small("ssm_dt.bias", {D::DeltaVHeads}, &L::ssm_dt, constant(0.5f))),
-    recurrent(small("ssm_a", {D::DeltaVHeads}, &L::ssm_a, fixed(Fixed::DecayRates))),
-    recurrent(matrix("ssm_beta.weight", {D::Embd, D::DeltaVHeads}, &L::ssm_beta, C::Dense, fan_in(1.0f))),
-    recurrent(matrix("ssm_alpha.weight", {D::Embd, D::DeltaVHeads}, &L::ssm_alpha, C::Dense, fan_in(1.0f))),
-    recurrent(norm("ssm_norm.weight", {D::DeltaHeadDim}, &L::ssm_norm)),
-    recurrent(matrix("ssm_out.weight", {D::DeltaValueDim, D::Embd}, &L::ssm_out, C::AttnOut, fan_in(0.5f))),
-    // The pre-FFN norm.
-    norm("post_attention_norm.weight", {D::Embd}, &L::ffn_norm),
-    matrix("ffn_gate_inp.weight", {D::Embd, D::Experts}, &L::router, C::Router, fan_in(kRouterLogitStd), Role::Router),
-    alternative(Alternative::Preferred, experts("ffn_gate_exps.weight", {D::Embd, D::ExpertFF, D::Experts},
-                                                &ExpertRoles::gate, C::Experts, fan_in(1.0f))),
-    alternative(Alternative::Preferred, experts("ffn_up_exps.weight", {D::Embd, D::ExpertFF, D::Experts},
-                                                &ExpertRoles::up, C::Experts, fan_in(1.0f))),
-    alternative(Alternative::Fallback, experts("ffn_gate_up_exps.weight", {D::Embd, D::ExpertFF2, D::Experts},
-                                               &ExpertRoles::gate_up, C::Experts, fan_in(1.0f))),
-    experts("ffn_down_exps.weight", {D::ExpertFF, D::Embd, D::Experts}, &ExpertRoles::down, C::ExpertsDown, fan_in(1.0f)),
-    matrix("ffn_gate_inp_shexp.weight", {D::Embd}, &L::shexp_router, C::Router, fan_in(1.0f), Role::SharedExpert),
-    matrix("ffn_gate_shexp.weight", {D::Embd, D::SharedFF}, &L::shexp_gate, C::Dense, fan_in(1.0f), Role::SharedExpert),
-    matrix("ffn_up_shexp.weight", {D::Embd, D::SharedFF}, &L::shexp_up, C::Dense, fan_in(1.0f), Role::SharedExpert),
-    matrix("ffn_down_shexp.weight", {D::SharedFF, D::Embd}, &L::shexp_down, C::Dense, fan_in(0.5f), Role::SharedExpert),
-    global_vector("output_norm.weight", {D::Embd}, &ModelWeights::output_norm),
-    optional(global_matrix("output.weight", {D::Embd, D::Vocab}, &ModelWeights::output, C::Output,
-                           fan_in(kOutputLogitStd)), Layers::Global),
-};
+std::vector<TensorSpec> tensors() {
+  return rows({{token_embedding(constant(1.0f)),
+               norm("attn_norm.weight", {D::Embd}, &L::attn_norm),
+               // Gated full attention.
+               on(Layers::Attention, matrix("attn_q.weight", {D::Embd, D::QGateWidth}, &L::wq, C::AttnQ, fan_in(1.0f))),
+               on(Layers::Attention, matrix("attn_k.weight", {D::Embd, D::KWidth}, &L::wk, C::AttnK, fan_in(1.0f))),
+               on(Layers::Attention, matrix("attn_v.weight", {D::Embd, D::VWidth}, &L::wv, C::AttnV, fan_in(1.0f))),
+               on(Layers::Attention, attention_output()),
+               on(Layers::Attention, norm("attn_q_norm.weight", {D::HeadDim}, &L::q_norm)),
+               on(Layers::Attention, norm("attn_k_norm.weight", {D::HeadDim}, &L::k_norm)),
+               // Gated DeltaNet. Q4_K_M files give attn_qkv attn_v's type rule.
+               recurrent(matrix("attn_qkv.weight", {D::Embd, D::ConvChannels}, &L::ssm_qkv, C::AttnV, fan_in(1.0f))),
+               recurrent(matrix("attn_gate.weight", {D::Embd, D::DeltaValueDim}, &L::ssm_z, C::AttnQ, fan_in(1.0f))),
+               recurrent(small("ssm_conv1d.weight", {D::ConvKernel, D::ConvChannels}, &L::ssm_conv, constant(0.5f))),
+               recurrent(small("ssm_dt.bias", {D::DeltaVHeads}, &L::ssm_dt, constant(0.5f))),
+               recurrent(small("ssm_a", {D::DeltaVHeads}, &L::ssm_a, fixed(Fixed::DecayRates))),
+               recurrent(matrix("ssm_beta.weight", {D::Embd, D::DeltaVHeads}, &L::ssm_beta, C::Dense, fan_in(1.0f))),
+               recurrent(matrix("ssm_alpha.weight", {D::Embd, D::DeltaVHeads}, &L::ssm_alpha, C::Dense, fan_in(1.0f))),
+               recurrent(norm("ssm_norm.weight", {D::DeltaHeadDim}, &L::ssm_norm)),
+               recurrent(matrix("ssm_out.weight", {D::DeltaValueDim, D::Embd}, &L::ssm_out, C::AttnOut, fan_in(0.5f))),
+               // The pre-FFN norm.
+               norm("post_attention_norm.weight", {D::Embd}, &L::ffn_norm),
+               router(),
+               alternative(Alternative::Preferred,
+                           experts("ffn_gate_exps.weight", {D::Embd, D::ExpertFF, D::Experts}, &ExpertRoles::gate,
+                                   C::Experts, fan_in(1.0f))),
+               alternative(Alternative::Preferred,
+                           experts("ffn_up_exps.weight", {D::Embd, D::ExpertFF, D::Experts}, &ExpertRoles::up,
+                                   C::Experts, fan_in(1.0f))),
+               alternative(Alternative::Fallback,
+                           experts("ffn_gate_up_exps.weight", {D::Embd, D::ExpertFF2, D::Experts},
+                                   &ExpertRoles::gate_up, C::Experts, fan_in(1.0f))),
+               experts("ffn_down_exps.weight", {D::ExpertFF, D::Embd, D::Experts}, &ExpertRoles::down,
+                       C::ExpertsDown, fan_in(1.0f))},
+               shared_expert(),
+               output_head()});
+}
 
 }  // namespace
 
 const Architecture& qwen35moe_architecture() {
+  static const std::vector<TensorSpec> table = tensors();
   static const Architecture arch{"qwen35moe",
                                  "Qwen3.5/3.6 MoE (Qwen3.6-35B-A3B; Gated DeltaNet + gated attention, shared expert)",
-                                 read_qwen35moe, kTensors, finish_qwen35moe};
+                                 read_qwen35moe, table, finish_qwen35moe};
   return arch;
 }
 

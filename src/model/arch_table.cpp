@@ -238,4 +238,56 @@ TensorSpec experts(const char* name, std::array<Dim, 3> dims, int ExpertRoles::*
   return t;
 }
 
+std::vector<TensorSpec> rows(std::initializer_list<std::vector<TensorSpec>> groups) {
+  std::vector<TensorSpec> out;
+  for (const auto& g : groups) out.insert(out.end(), g.begin(), g.end());
+  return out;
+}
+
+TensorSpec token_embedding(SynthInit init) {
+  return global_matrix("token_embd.weight", {Dim::Embd, Dim::Vocab}, &ModelWeights::tok_embd, TensorClass::Embedding,
+                       init);
+}
+
+std::vector<TensorSpec> attention_inputs() {
+  using L = LayerWeights;
+  return {norm("attn_norm.weight", {Dim::Embd}, &L::attn_norm),
+          matrix("attn_q.weight", {Dim::Embd, Dim::QWidth}, &L::wq, TensorClass::AttnQ, fan_in(1.0f)),
+          matrix("attn_k.weight", {Dim::Embd, Dim::KWidth}, &L::wk, TensorClass::AttnK, fan_in(1.0f)),
+          matrix("attn_v.weight", {Dim::Embd, Dim::VWidth}, &L::wv, TensorClass::AttnV, fan_in(1.0f))};
+}
+
+TensorSpec attention_output() {
+  return matrix("attn_output.weight", {Dim::OutWidth, Dim::Embd}, &LayerWeights::wo, TensorClass::AttnOut, fan_in(0.5f));
+}
+
+TensorSpec router() {
+  return matrix("ffn_gate_inp.weight", {Dim::Embd, Dim::Experts}, &LayerWeights::router, TensorClass::Router,
+                fan_in(kRouterLogitStd), Role::Router);
+}
+
+std::vector<TensorSpec> swiglu_experts() {
+  const std::array<Dim, 3> in = {Dim::Embd, Dim::ExpertFF, Dim::Experts};
+  return {experts("ffn_gate_exps.weight", in, &ExpertRoles::gate, TensorClass::Experts, fan_in(1.0f)),
+          experts("ffn_up_exps.weight", in, &ExpertRoles::up, TensorClass::Experts, fan_in(1.0f)),
+          experts("ffn_down_exps.weight", {Dim::ExpertFF, Dim::Embd, Dim::Experts}, &ExpertRoles::down,
+                  TensorClass::ExpertsDown, fan_in(1.0f))};
+}
+
+std::vector<TensorSpec> shared_expert() {
+  using L = LayerWeights;
+  const Role r = Role::SharedExpert;
+  return {matrix("ffn_gate_inp_shexp.weight", {Dim::Embd}, &L::shexp_router, TensorClass::Router, fan_in(1.0f), r),
+          matrix("ffn_gate_shexp.weight", {Dim::Embd, Dim::SharedFF}, &L::shexp_gate, TensorClass::Dense, fan_in(1.0f), r),
+          matrix("ffn_up_shexp.weight", {Dim::Embd, Dim::SharedFF}, &L::shexp_up, TensorClass::Dense, fan_in(1.0f), r),
+          matrix("ffn_down_shexp.weight", {Dim::SharedFF, Dim::Embd}, &L::shexp_down, TensorClass::Dense, fan_in(0.5f), r)};
+}
+
+std::vector<TensorSpec> output_head() {
+  return {global_vector("output_norm.weight", {Dim::Embd}, &ModelWeights::output_norm),
+          optional(global_matrix("output.weight", {Dim::Embd, Dim::Vocab}, &ModelWeights::output, TensorClass::Output,
+                                 fan_in(kOutputLogitStd)),
+                   Layers::Global)};
+}
+
 }  // namespace bmoe

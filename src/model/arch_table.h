@@ -142,6 +142,16 @@ TensorSpec norm(const char* name, std::array<Dim, 3> dims, Vector LayerWeights::
 TensorSpec small(const char* name, std::array<Dim, 3> dims, Vector LayerWeights::* to, SynthInit init);
 TensorSpec experts(const char* name, std::array<Dim, 3> dims, int ExpertRoles::* to, TensorClass cls, SynthInit init);
 
+// Row groups most families share, in the order their files hold them.
+std::vector<TensorSpec> rows(std::initializer_list<std::vector<TensorSpec>> groups);  // concatenated
+TensorSpec token_embedding(SynthInit init);  // token_embd.weight
+std::vector<TensorSpec> attention_inputs();  // attn_norm, attn_q, attn_k, attn_v
+TensorSpec attention_output();               // attn_output.weight
+TensorSpec router();                         // ffn_gate_inp.weight, softmax-router spread
+std::vector<TensorSpec> swiglu_experts();    // ffn_gate_exps, ffn_up_exps, ffn_down_exps
+std::vector<TensorSpec> shared_expert();     // ffn_gate_inp_shexp (its gate), gate, up, down
+std::vector<TensorSpec> output_head();       // output_norm, output (optional: tied when absent)
+
 // Chainable adjustments of a row.
 inline TensorSpec on(Layers set, TensorSpec t) {
   t.layers = set;
