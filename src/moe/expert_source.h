@@ -84,6 +84,12 @@ struct ExpertStats {
   uint64_t prefetch_used_by[kPredictionSources] = {};
   uint64_t cache_used_bytes = 0;
   uint64_t cache_budget_bytes = 0;
+  // The cache holds as much as its budget allows: from here on every cached miss evicts, and a
+  // run is in its steady state (a run's warm-up is the time until this first holds).
+  bool cache_full = false;
+  // Expert buffers that had to be allocated while tokens were being served (new memory, whose
+  // pages the kernel faults in and zeroes under the read): zero in a steady state.
+  uint64_t buffer_allocations = 0;
   // --overlap: forward passes run in each mode, and the latest probe's median pass times.
   uint64_t overlapped_passes = 0;
   uint64_t serial_passes = 0;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 
 #include "core/error.h"
 #include "core/timer.h"
@@ -28,11 +29,8 @@ StreamingExperts::StreamingExperts(ExpertLayout layout, const StreamingOptions& 
       largest = std::max(largest, slot_bytes(static_cast<int>(l), e));
     }
     cached_bytes_.push_back(largest);
+    largest_slot_ = std::max(largest_slot_, largest);
   }
-  // Free buffers worth keeping: a staging area's worth, and a few experts' for the evictions of
-  // the next visit (two small experts evicted for one large leave one over).
-  const uint64_t largest = cached_bytes_.empty() ? 0 : *std::max_element(cached_bytes_.begin(), cached_bytes_.end());
-  free_limit_bytes_ = options_.prefetch_bytes + 16 * largest;
   if (options_.read_chunk_bytes == 0 || options_.read_chunk_bytes % kDirectAlignment != 0) {
     fail("internal: read chunk of {} bytes is not a multiple of {}", options_.read_chunk_bytes, kDirectAlignment);
   }
@@ -46,6 +44,40 @@ StreamingExperts::StreamingExperts(ExpertLayout layout, const StreamingOptions& 
     affinity_ = std::make_unique<AffinityPredictor>(std::move(experts_per_layer), a);
     if (options_.affinity_reads <= 0) options_.affinity_reads = std::max(1, options_.top_k / 2);
   }
+  reserve_buffers();
+  update_fill_stats();
+}
+
+void StreamingExperts::reserve_buffers() {
+  // Streamed layers by buffer size (a Q4_K_M file has two: layers with Q4_K and with Q6_K down
+  // projections). The cache's share of each size follows its share of the layers; an uneven
+  // mix later borrows larger buffers, and only beyond those allocates (counted).
+  std::map<uint64_t, int> layers_of_size;
+  int streamed = 0;
+  for (size_t l = 0; l < layout_.layers.size(); ++l) {
+    if (layout_.layers[l].matrices.empty()) continue;
+    ++layers_of_size[cached_bytes_[l]];
+    ++streamed;
+  }
+  if (streamed == 0) return;
+  // One visit's misses that the cache does not keep, and a few for the evictions of the next
+  // visit (two small experts evicted for one large one leave one over).
+  const int per_visit = std::max(options_.top_k, 1) + 4;
+  for (const auto& [size, layers] : layers_of_size) {
+    const double share = static_cast<double>(layers) / streamed;
+    const auto cached = static_cast<int>(static_cast<double>(options_.cache_bytes) * share / static_cast<double>(size));
+    pool_.reserve(size, cached + per_visit);
+  }
+  pool_.reserve(largest_slot_, static_cast<int>(options_.prefetch_bytes / largest_slot_));
+  // A prompt batch can read most of a layer's experts at once: buffers beyond the reservation
+  // serve it and are released after, keeping a few for the mix's swings.
+  pool_limit_bytes_ = pool_.reserved_bytes() + 16 * largest_slot_;
+}
+
+void StreamingExperts::update_fill_stats() {
+  stats_.cache_used_bytes = cache_.used_bytes();
+  stats_.cache_full = cache_.used_bytes() + largest_slot_ > cache_.budget_bytes();
+  stats_.buffer_allocations = pool_.allocations();
 }
 
 StreamingExperts::~StreamingExperts() {
@@ -71,14 +103,8 @@ uint64_t StreamingExperts::slot_bytes(int layer, int expert) const {
 
 void StreamingExperts::queue_reads(int layer, int expert, Buffer& buffer, ReadTicket& ticket, int priority) {
   const ExpertLayerLayout& l = layout_.layers[static_cast<size_t>(layer)];
-  const uint64_t need = slot_bytes(layer, expert);
-  if (buffer.capacity < need) {
-    // Room for any expert of the layer (slots differ by a page with their alignment), so a
-    // buffer handed from one expert to another is never reallocated for a page.
-    const uint64_t size = std::max(need, cached_bytes_.empty() ? 0 : cached_bytes(layer));
-    buffer.data = allocate_aligned(size);
-    buffer.capacity = size;
-    ++buffer_allocations_;
+  if (buffer.capacity < slot_bytes(layer, expert)) {
+    fail("internal: a {}-byte buffer for a {}-byte expert", buffer.capacity, slot_bytes(layer, expert));
   }
   buffer.views.clear();
   // Count every read first: the ticket must not reach zero while reads are still being queued.
@@ -101,9 +127,9 @@ void StreamingExperts::queue_reads(int layer, int expert, Buffer& buffer, ReadTi
     w.rows = m.rows;
     w.cols = m.cols;
     w.row_stride = m.bytes / static_cast<uint64_t>(m.rows);
-    w.data = buffer.data.get() + at + (off - begin);
+    w.data = buffer.data + at + (off - begin);
     buffer.views.push_back(w);
-    submit_window(file, begin, end - begin, off + m.bytes - begin, buffer.data.get() + at, ticket, priority);
+    submit_window(file, begin, end - begin, off + m.bytes - begin, buffer.data + at, ticket, priority);
     stats_.bytes_read += end - begin;
     at += end - begin;
   }
@@ -123,7 +149,7 @@ StreamingExperts::WarmStart StreamingExperts::warm(std::span<const ExpertKey> ke
     a.key = k;
     a.bytes = cached_bytes(layer);
     if (!cache_.preload(a)) continue;  // already there, or no room left for it
-    auto buffer = std::make_unique<Buffer>();
+    auto buffer = take_buffer(layer);
     auto ticket = std::make_unique<ReadTicket>();
     queue_reads(layer, expert, *buffer, *ticket, 0);
     cached_[k] = std::move(buffer);
@@ -136,12 +162,13 @@ StreamingExperts::WarmStart StreamingExperts::warm(std::span<const ExpertKey> ke
       continue;
     }
     ++result.failed;
+    pool_.give(std::move(cached_.at(p.key)));
     cached_.erase(p.key);
     cache_.remove(p.key);
   }
   result.bytes = stats_.bytes_read - counted;
   stats_.bytes_read = counted;
-  stats_.cache_used_bytes = cache_.used_bytes();
+  update_fill_stats();
   return result;
 }
 
@@ -182,29 +209,7 @@ bool StreamingExperts::resident(int layer, int expert) const {
   return cache_.contains(key) || staged_.count(key) != 0;
 }
 
-std::unique_ptr<StreamingExperts::Buffer> StreamingExperts::reuse_buffer(uint64_t need) {
-  if (free_.empty()) return std::make_unique<Buffer>();
-  const auto capacity_below = [](const std::unique_ptr<Buffer>& a, const std::unique_ptr<Buffer>& b) {
-    return a->capacity < b->capacity;
-  };
-  auto best = free_.end();
-  for (auto it = free_.begin(); it != free_.end(); ++it) {
-    if ((*it)->capacity >= need && (best == free_.end() || capacity_below(*it, *best))) best = it;
-  }
-  if (best == free_.end()) best = std::max_element(free_.begin(), free_.end(), capacity_below);
-  std::unique_ptr<Buffer> b = std::move(*best);
-  free_.erase(best);
-  return b;
-}
-
-void StreamingExperts::trim_free() {
-  uint64_t bytes = 0;
-  for (auto it = free_.begin(); it != free_.end();) {
-    bytes += (*it)->capacity;
-    if (bytes > free_limit_bytes_) it = free_.erase(it);
-    else ++it;
-  }
-}
+void StreamingExperts::trim_free() { pool_.trim(pool_limit_bytes_); }
 
 void StreamingExperts::stage(int layer, int expert, int distance, PredictionSource source) {
   if (resident(layer, expert)) return;  // cached, or already being read ahead
@@ -215,7 +220,7 @@ void StreamingExperts::stage(int layer, int expert, int distance, PredictionSour
   s.layer = layer;
   s.bytes = bytes;
   s.source = source;
-  s.buffer = reuse_buffer(bytes);
+  s.buffer = take_buffer(layer);
   s.ticket = std::make_unique<ReadTicket>();
   queue_reads(layer, expert, *s.buffer, *s.ticket, distance);
   staged_bytes_ += bytes;
@@ -280,7 +285,7 @@ void StreamingExperts::discard(Staged staged) {
   staged_bytes_ -= staged.bytes;
   stats_.prefetch_wasted_bytes += staged.bytes;
   if (staged.ticket->done()) {
-    free_.push_back(std::move(staged.buffer));
+    pool_.give(std::move(staged.buffer));
   } else {
     draining_.push_back(std::move(staged));  // a lane is still writing into it
   }
@@ -291,7 +296,7 @@ void StreamingExperts::reap_draining(bool wait) {
   for (auto it = draining_.begin(); it != draining_.end();) {
     if (wait) lanes_.wait(*it->ticket);
     if (it->ticket->done()) {
-      free_.push_back(std::move(it->buffer));
+      pool_.give(std::move(it->buffer));
       it = draining_.erase(it);
     } else {
       ++it;
@@ -403,7 +408,7 @@ void StreamingExperts::begin_layer(const LayerRouting& routing) {
   for (ExpertKey k : plan.evicted) {
     const auto it = cached_.find(k);
     if (it == cached_.end()) continue;
-    free_.push_back(std::move(it->second));
+    pool_.give(std::move(it->second));
     cached_.erase(it);
   }
 
@@ -412,7 +417,6 @@ void StreamingExperts::begin_layer(const LayerRouting& routing) {
   tickets_.resize(n);
   handed_.assign(n, false);
   handed_count_ = 0;
-  size_t transient_used = 0;
   stats_.requests += n;
   for (size_t i = 0; i < n; ++i) {
     const ExpertKey key = accesses[i].key;
@@ -434,8 +438,8 @@ void StreamingExperts::begin_layer(const LayerRouting& routing) {
         cached_[key] = std::move(staged.buffer);
         buffer_of_[i] = cached_[key].get();
       } else {
-        visit_staged_.push_back(std::move(staged.buffer));
-        buffer_of_[i] = visit_staged_.back().get();
+        visit_buffers_.push_back(std::move(staged.buffer));
+        buffer_of_[i] = visit_buffers_.back().get();
       }
       tickets_[i] = std::move(staged.ticket);
       continue;
@@ -443,11 +447,11 @@ void StreamingExperts::begin_layer(const LayerRouting& routing) {
     Buffer* buffer;
     if (plan.cache[i]) {
       auto& slot = cached_[key];
-      slot = reuse_buffer(slot_bytes(layer, experts_[i]));
+      slot = take_buffer(layer);
       buffer = slot.get();
     } else {
-      if (transient_.size() <= transient_used) transient_.push_back(std::make_unique<Buffer>());
-      buffer = transient_[transient_used++].get();
+      visit_buffers_.push_back(take_buffer(layer));
+      buffer = visit_buffers_.back().get();
     }
     buffer_of_[i] = buffer;
     tickets_[i] = std::make_unique<ReadTicket>();
@@ -462,10 +466,9 @@ void StreamingExperts::begin_layer(const LayerRouting& routing) {
       ++it;
     }
   }
-  trim_free();
   if (affinity_) predict_from_history(layer);
   stats_.evictions = cache_.evictions();
-  stats_.cache_used_bytes = cache_.used_bytes();
+  update_fill_stats();
 }
 
 void StreamingExperts::fail_layer(const std::string& error) {
@@ -475,15 +478,18 @@ void StreamingExperts::fail_layer(const std::string& error) {
     if (!tickets_[i]) continue;
     lanes_.wait(*tickets_[i]);
     const ExpertKey key = make_expert_key(layer_, experts_[i]);
-    cached_.erase(key);
+    if (const auto it = cached_.find(key); it != cached_.end()) {
+      pool_.give(std::move(it->second));
+      cached_.erase(it);
+    }
     cache_.remove(key);
     tickets_[i].reset();
   }
   cache_.end_visit();
   layer_ = -1;
-  for (auto& b : visit_staged_) free_.push_back(std::move(b));
-  visit_staged_.clear();
-  stats_.cache_used_bytes = cache_.used_bytes();
+  for (auto& b : visit_buffers_) pool_.give(std::move(b));
+  visit_buffers_.clear();
+  update_fill_stats();
   throw Error("expert read failed: " + error);
 }
 
@@ -530,8 +536,9 @@ std::span<const Weight> StreamingExperts::matrices(int index) {
 
 void StreamingExperts::end_layer() {
   tickets_.clear();
-  for (auto& b : visit_staged_) free_.push_back(std::move(b));
-  visit_staged_.clear();
+  for (auto& b : visit_buffers_) pool_.give(std::move(b));
+  visit_buffers_.clear();
+  trim_free();
   cache_.end_visit();
   layer_ = -1;
 }
@@ -547,9 +554,9 @@ ExpertStats StreamingExperts::stats() const {
 }
 
 std::string StreamingExperts::describe() const {
-  return fmt::format("streamed ({} lanes{}, {}, cache {} MiB, policy {}{}{})", options_.io_threads, lanes_.uring() ? " io_uring" : "",
-                     files_.front()->direct_active() ? "O_DIRECT" : "buffered",
-                     options_.cache_bytes >> 20, cache_.policy_name(), options_.overlap ? (options_.overlap_adapt ? ", overlap (adaptive)" : ", overlap") : "",
+  return fmt::format("streamed ({} lanes{}, {}, cache {} MiB in {} MiB of touched buffers, policy {}{}{})", options_.io_threads,
+                     lanes_.uring() ? " io_uring" : "", files_.front()->direct_active() ? "O_DIRECT" : "buffered",
+                     options_.cache_bytes >> 20, pool_.reserved_bytes() >> 20, cache_.policy_name(), options_.overlap ? (options_.overlap_adapt ? ", overlap (adaptive)" : ", overlap") : "",
                      options_.prefetch_bytes ? fmt::format(", prefetch staging {} MiB", options_.prefetch_bytes >> 20) : "");
 }
 

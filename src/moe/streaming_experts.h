@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "moe/affinity_predictor.h"
+#include "moe/buffer_pool.h"
 #include "moe/cache_policy.h"
 #include "moe/direct_io.h"
 #include "moe/expert_source.h"
@@ -81,10 +82,10 @@ class StreamingExperts : public ExpertSource {
   const std::vector<std::string>& io_notes() const { return notes_; }
   // Buffers the prefetch staging area holds now: staged, and still draining after a cancel.
   size_t staging_buffers() const { return staged_.size() + draining_.size(); }
-  // Expert buffers kept free for reuse.
-  size_t free_buffers() const { return free_.size(); }
-  // Expert buffers allocated so far (each is new memory the kernel zeroes on first touch).
-  uint64_t buffer_allocations() const { return buffer_allocations_; }
+  // Expert buffers the pool reserved at start, and those it had to allocate since (each is new
+  // memory the kernel zeroes on first touch; none in a steady state), see buffer_pool.h.
+  const BufferPool& buffer_pool() const { return pool_; }
+  uint64_t buffer_allocations() const { return pool_.allocations(); }
   ExpertCache& cache() { return cache_; }
   // Warm start (--cache-file): reads `keys` into the cache before the first token, as many as
   // the budget holds. Those reads are nobody's token, so they stay out of the statistics.
@@ -102,11 +103,10 @@ class StreamingExperts : public ExpertSource {
   uint64_t cached_bytes(int layer) const { return cached_bytes_.at(static_cast<size_t>(layer)); }
 
  private:
-  struct Buffer {
-    AlignedBuffer data;
-    uint64_t capacity = 0;
-    std::vector<Weight> views;
-  };
+  using Buffer = BufferPool::Buffer;
+  // Reserves the buffers a run needs (the cache's budget split over the layers' slot sizes,
+  // one visit's uncached misses, the staging area) so that no read lands in fresh memory.
+  void reserve_buffers();
   void fail_layer(const std::string& error);
   // Lays out the reads of (layer, expert) into `buffer`; priority > 0 queues them behind
   // every urgent read.
@@ -139,28 +139,25 @@ class StreamingExperts : public ExpertSource {
   // Cancels a staged read nobody needs; its buffer lingers until reads in flight land.
   void discard(Staged staged);
   void reap_draining(bool wait);
-  // A buffer for `need` bytes: a free one (the smallest that fits, else the largest, which
-  // queue_reads grows), or a new one when none is free.
-  std::unique_ptr<Buffer> reuse_buffer(uint64_t need);
-  // Keeps the free buffers within what the next visit and the staging area can use.
+  // A buffer that holds any expert of `layer`.
+  std::unique_ptr<Buffer> take_buffer(int layer) { return pool_.take(cached_bytes(layer)); }
+  // Releases buffers allocated beyond the reservation once they are free again.
   void trim_free();
+  void update_fill_stats();
 
   ExpertLayout layout_;
   StreamingOptions options_;
   std::vector<std::unique_ptr<DirectFile>> files_;
   std::vector<uint64_t> cached_bytes_;  // per layer, see cached_bytes()
-  uint64_t buffer_allocations_ = 0;
+  uint64_t largest_slot_ = 0;           // the largest of cached_bytes_
   std::vector<std::string> notes_;
+  // Declared before every holder of its buffers. Each buffer is in exactly one place: the
+  // pool's free list, cached_, staged_ / draining_, or the open visit's visit_buffers_.
+  BufferPool pool_;
+  uint64_t pool_limit_bytes_ = 0;  // trim_free() keeps the pool within this
   ReadLanes lanes_;
   ExpertCache cache_;
   std::unordered_map<ExpertKey, std::unique_ptr<Buffer>> cached_;
-  std::vector<std::unique_ptr<Buffer>> transient_;  // reused for misses that are not cached
-  // Free expert buffers: of evicted experts, of reads ahead that were cancelled or used without
-  // being cached. Every buffer comes from here when one is free: a fresh multi-megabyte
-  // allocation is new pages that the kernel faults in and zeroes while the read lands (on the
-  // gpt-oss-120b shape at 4 % hits that cost more compute time than the experts themselves).
-  std::vector<std::unique_ptr<Buffer>> free_;
-  uint64_t free_limit_bytes_ = 0;
 
   // The current layer visit.
   int layer_ = -1;
@@ -174,7 +171,9 @@ class StreamingExperts : public ExpertSource {
   // Prefetch.
   std::unordered_map<ExpertKey, Staged> staged_;
   std::vector<Staged> draining_;              // discarded, reads still in flight
-  std::vector<std::unique_ptr<Buffer>> visit_staged_;  // staged buffers the open visit uses
+  // Buffers the open visit uses without caching them (misses the cache did not admit, reads
+  // ahead it adopts uncached): back to the pool at end_layer().
+  std::vector<std::unique_ptr<Buffer>> visit_buffers_;
   uint64_t staged_bytes_ = 0;
   std::unordered_map<int, std::vector<LayerPrediction>> predictions_;  // per layer, latest per (distance, source)
   std::vector<PredictionRecord> prediction_log_;

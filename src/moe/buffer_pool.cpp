@@ -1,0 +1,131 @@
+#include "moe/buffer_pool.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cassert>
+
+#include "core/error.h"
+
+namespace bmoe {
+namespace {
+constexpr uint64_t kPage = 4096;
+// Arenas start on a huge-page boundary so that the kernel can back them with 2 MiB pages.
+constexpr uint64_t kHugePage = 2ull << 20;
+}  // namespace
+
+BufferPool::~BufferPool() {
+  for (const Region& r : arenas_) unmap_region(r);
+  for (const auto& [data, r] : on_demand_) unmap_region(r);
+}
+
+BufferPool::Region BufferPool::map_region(uint64_t bytes, bool touch) {
+  const bool huge = bytes >= kHugePage;
+  const uint64_t slack = huge ? kHugePage : 0;
+  void* p = ::mmap(nullptr, bytes + slack, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) fail_errno(fmt::format("cannot allocate {} MiB of expert buffers", bytes >> 20));
+  auto* base = static_cast<uint8_t*>(p);
+  if (huge) {
+    // Trim the mapping to a huge-page-aligned start.
+    auto* aligned = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(base) + kHugePage - 1) / kHugePage * kHugePage);
+    if (aligned > base) ::munmap(base, static_cast<size_t>(aligned - base));
+    const uint64_t tail = slack - static_cast<uint64_t>(aligned - base);
+    if (tail > 0) ::munmap(aligned + bytes, static_cast<size_t>(tail));
+    base = aligned;
+    ::madvise(base, bytes, MADV_HUGEPAGE);  // advice only: refused where THP is off
+  }
+  if (touch) {
+    for (uint64_t at = 0; at < bytes; at += kPage) base[at] = 0;
+  }
+  return {base, bytes};
+}
+
+void BufferPool::unmap_region(const Region& r) { ::munmap(r.base, static_cast<size_t>(r.bytes)); }
+
+void BufferPool::reserve(uint64_t capacity, int count) {
+  if (count <= 0 || capacity == 0) return;
+  if (capacity % kPage != 0) fail("internal: expert buffer of {} bytes is not a multiple of {}", capacity, kPage);
+  const Region arena = map_region(capacity * static_cast<uint64_t>(count), true);
+  arenas_.push_back(arena);
+  auto& list = free_[capacity];
+  for (int i = 0; i < count; ++i) {
+    auto b = std::make_unique<Buffer>();
+    b->data = arena.base + capacity * static_cast<uint64_t>(i);
+    b->capacity = capacity;
+    b->reserved = true;
+    list.push_back(std::move(b));
+  }
+  free_count_ += static_cast<size_t>(count);
+  reserved_bytes_ += arena.bytes;
+  resident_bytes_ += arena.bytes;
+}
+
+std::unique_ptr<BufferPool::Buffer> BufferPool::take_fitting(ByCapacity& lists, uint64_t need) {
+  for (auto it = lists.lower_bound(need); it != lists.end(); ++it) {
+    if (it->second.empty()) continue;
+    std::unique_ptr<Buffer> b = std::move(it->second.back());
+    it->second.pop_back();
+    b->views.clear();
+    return b;
+  }
+  return nullptr;
+}
+
+std::unique_ptr<BufferPool::Buffer> BufferPool::take(uint64_t need) {
+  if (auto b = take_fitting(free_, need)) {
+    --free_count_;
+    return b;
+  }
+  ++allocations_;
+  if (auto b = take_fitting(released_, need)) {
+    resident_bytes_ += b->capacity;  // the read that lands in it faults the pages back in
+    return b;
+  }
+  const uint64_t capacity = (std::max<uint64_t>(need, 1) + kPage - 1) / kPage * kPage;
+  const Region r = map_region(capacity, false);  // the read that lands in it faults the pages in
+  on_demand_[r.base] = r;
+  resident_bytes_ += capacity;
+  auto b = std::make_unique<Buffer>();
+  b->data = r.base;
+  b->capacity = capacity;
+  return b;
+}
+
+void BufferPool::give(std::unique_ptr<Buffer> buffer) {
+  if (!buffer) return;
+#ifndef NDEBUG
+  for (const ByCapacity* lists : {&free_, &released_}) {
+    for (const auto& [capacity, list] : *lists) {
+      for (const auto& b : list) assert(b->data != buffer->data && "a buffer given back twice");
+    }
+  }
+#endif
+  ++free_count_;
+  free_[buffer->capacity].push_back(std::move(buffer));
+}
+
+void BufferPool::trim(uint64_t limit_bytes) {
+  while (resident_bytes_ > limit_bytes) {
+    auto surplus = free_.end();
+    for (auto it = free_.begin(); it != free_.end(); ++it) {
+      if (!it->second.empty() && (surplus == free_.end() || it->second.size() >= surplus->second.size())) surplus = it;
+    }
+    if (surplus == free_.end()) return;  // everything is taken
+    std::unique_ptr<Buffer> b = std::move(surplus->second.back());
+    surplus->second.pop_back();
+    --free_count_;
+    resident_bytes_ -= b->capacity;
+    if (b->reserved) {
+      ::madvise(b->data, static_cast<size_t>(b->capacity), MADV_DONTNEED);
+      released_[b->capacity].push_back(std::move(b));
+      continue;
+    }
+    const auto region = on_demand_.find(b->data);
+    if (region == on_demand_.end()) fail("internal: a free expert buffer the pool did not allocate");
+    unmap_region(region->second);
+    on_demand_.erase(region);
+  }
+}
+
+}  // namespace bmoe

@@ -1,0 +1,80 @@
+// Expert buffers for the streaming cache, allocated and touched before the first token.
+//
+// A fresh multi-megabyte buffer is new memory: the kernel faults in and zeroes every page while
+// the read lands in it (15 % of a streamed run's samples on the 2-core VM, docs/benchmarks.md).
+// The pool reserves the buffers a run needs up front, one arena per buffer size, touches every
+// page once (on transparent huge pages where the kernel gives them), and recycles buffers for
+// good. A buffer the reservation did not cover is allocated on demand and counted
+// (allocations()), so a report and a test can show that a steady state allocates nothing.
+//
+// Sizes differ by layer (a Q4_K_M file's Q6_K down projections), and the cache's mix of sizes
+// drifts from the reservation's guess. trim() keeps the pool's resident memory bounded by
+// handing the pages of surplus free buffers (the size with the most of them free) back to the
+// kernel; a released reserved buffer stays in the pool and counts as an allocation when it is
+// taken again. So the pool follows the mix with a few allocations and then holds still.
+//
+// Invariant: every buffer is in exactly one place: the pool's free list, or the hands of the
+// one owner that took it (the cache, the staging area, the open layer visit). take() and give()
+// move it, and debug and sanitizer builds check that a buffer given back is not already free.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "model/weight.h"
+
+namespace bmoe {
+
+class BufferPool {
+ public:
+  struct Buffer {
+    uint8_t* data = nullptr;
+    uint64_t capacity = 0;
+    std::vector<Weight> views;  // the expert's matrices inside data, set by whoever fills it
+    bool reserved = false;      // part of an arena (false: allocated on demand)
+  };
+
+  BufferPool() = default;
+  ~BufferPool();
+  BufferPool(const BufferPool&) = delete;
+  BufferPool& operator=(const BufferPool&) = delete;
+
+  // Adds `count` free buffers of `capacity` bytes (a multiple of 4 KiB) in one arena whose
+  // pages are touched now.
+  void reserve(uint64_t capacity, int count);
+  // A free buffer of at least `need` bytes, the smallest such; else a released one or a new
+  // one of exactly `need` bytes (both counted: their pages are fresh).
+  std::unique_ptr<Buffer> take(uint64_t need);
+  void give(std::unique_ptr<Buffer> buffer);
+  // Releases the pages of free buffers of the size with the most free ones until the pool's
+  // resident memory is at most `limit_bytes`.
+  void trim(uint64_t limit_bytes);
+
+  uint64_t allocations() const { return allocations_; }  // buffers whose pages take() made fresh
+  uint64_t reserved_bytes() const { return reserved_bytes_; }
+  uint64_t resident_bytes() const { return resident_bytes_; }  // buffers holding pages, free or taken
+  size_t free_count() const { return free_count_; }
+
+ private:
+  struct Region {
+    uint8_t* base = nullptr;
+    uint64_t bytes = 0;
+  };
+  static Region map_region(uint64_t bytes, bool touch);
+  static void unmap_region(const Region& r);
+
+  std::vector<Region> arenas_;
+  std::map<uint8_t*, Region> on_demand_;  // by data pointer
+  using ByCapacity = std::map<uint64_t, std::vector<std::unique_ptr<Buffer>>>;
+  static std::unique_ptr<Buffer> take_fitting(ByCapacity& lists, uint64_t need);
+  ByCapacity free_;      // free buffers holding their pages
+  ByCapacity released_;  // free reserved buffers whose pages went back to the kernel
+  size_t free_count_ = 0;
+  uint64_t allocations_ = 0;
+  uint64_t reserved_bytes_ = 0;
+  uint64_t resident_bytes_ = 0;
+};
+
+}  // namespace bmoe
