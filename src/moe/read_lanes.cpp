@@ -201,11 +201,14 @@ void ReadLanes::complete(ReadTicket* ticket, const std::string& error) {
     std::lock_guard<std::mutex> lock(ticket->error_mutex_);
     if (ticket->error_.empty()) ticket->error_ = error;
   }
+  bool finished = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    ticket->pending_.fetch_sub(1, std::memory_order_acq_rel);
+    finished = ticket->pending_.fetch_sub(1, std::memory_order_acq_rel) == 1;
   }
-  done_.notify_all();
+  // Waiters only ever wait for whole tickets: waking them for each of a ticket's reads (an
+  // expert is three matrices, often in several chunks) was a context switch per read.
+  if (finished) done_.notify_all();
 }
 
 void ReadLanes::lane_loop() {
