@@ -2,6 +2,7 @@
 // (moe-stream:, moe-cache:, generation:) and the metrics file (--metrics).
 #pragma once
 
+#include <span>
 #include <string>
 #include <vector>
 
@@ -10,6 +11,21 @@
 #include "telemetry/system.h"
 
 namespace bmoe {
+
+// What the decode steps of a stretch of a run cost, per token.
+struct StepCosts {
+  size_t tokens = 0;
+  double seconds_per_token = 0;
+  double compute_s_per_token = 0;
+  double stall_s_per_token = 0;
+  double hit_rate = 0;
+  double read_mib_per_token = 0;
+  double cpu_s_per_token = 0;        // the whole process: compute and read lanes
+  double switches_per_token = 0;     // context switches, voluntary + involuntary
+  double faults_per_token = 0;       // minor page faults
+  uint64_t buffer_allocations = 0;   // expert buffers allocated (total over the stretch)
+};
+StepCosts step_costs(std::span<const TokenRecord> records);
 
 struct RunSummary {
   size_t tokens = 0;
@@ -26,13 +42,19 @@ struct RunSummary {
   size_t overlapped_tokens = 0;
   double probe_overlap_s = 0;
   double probe_serial_s = 0;
+  StepCosts whole;
+  // The steady state: the tokens from the first whose step began with the expert cache full
+  // (every token of a run without a cache to fill, or warm-started full from --cache-file).
+  size_t steady_from = 0;
+  StepCosts steady;
 };
 
 RunSummary summarize(const std::vector<TokenRecord>& records, const ExpertStats& final_stats);
 
 void write_token_csv(const std::string& path, const std::vector<TokenRecord>& records);
 
-// The three summary lines (moe-stream and moe-cache only when streaming).
+// The summary lines: moe-stream, moe-cache and moe-steady only when streaming, then process
+// and generation.
 std::string summary_lines(const RunSummary& s, bool streaming, int lanes, uint64_t budget_bytes);
 
 struct MetricsInput {

@@ -65,8 +65,10 @@ int32_t Session::sample() {
   return sampler_.sample(logits_->data(), model_.transformer->config().n_vocab);
 }
 
+Session::StepStart Session::step_start() const { return {model_.experts->stats(), read_process_counters()}; }
+
 const TokenRecord& Session::accept(int32_t token) {
-  const ExpertStats before = model_.experts->stats();
+  const StepStart before = step_start();
   Stopwatch timer;
   logits_ = &state_.eval(&token, 1);
   history_.push_back(token);
@@ -79,7 +81,7 @@ int Session::accept_draft(int32_t token, const std::vector<int32_t>& draft) {
     accept(token);
     return 0;
   }
-  const ExpertStats before = model_.experts->stats();
+  const StepStart before = step_start();
   Stopwatch timer;
   std::vector<int32_t> batch;
   batch.reserve(draft.size() + 1);
@@ -109,8 +111,10 @@ int Session::accept_draft(int32_t token, const std::vector<int32_t>& draft) {
 
 // Appends the record of one kept token: share `share` of `of` equal parts of a pass that cost
 // `wall_seconds` and moved the expert counters from `before` to now.
-void Session::record(int32_t token, double wall_seconds, const ExpertStats& before, int share, int of, int batch) {
+void Session::record(int32_t token, double wall_seconds, const StepStart& start, int share, int of, int batch) {
   const ExpertStats after = model_.experts->stats();
+  const ProcessCounters process = read_process_counters();
+  const ExpertStats& before = start.experts;
   auto part = [&](uint64_t total) {
     const uint64_t base = total / static_cast<uint64_t>(of);
     return share == 0 ? total - base * static_cast<uint64_t>(of - 1) : base;  // remainder on the first
@@ -131,6 +135,12 @@ void Session::record(int32_t token, double wall_seconds, const ExpertStats& befo
   r.bytes_read = part(after.bytes_read - before.bytes_read);
   r.cache_used = after.cache_used_bytes;
   r.overlapped = after.overlapped_passes > before.overlapped_passes;
+  r.steady = before.cache_full || before.cache_budget_bytes == 0;
+  r.cpu_ms = (process.cpu_seconds - start.process.cpu_seconds) * 1e3 * fraction;
+  r.minor_faults = part(process.minor_faults - start.process.minor_faults);
+  r.context_switches = part(process.context_switches() - start.process.context_switches());
+  r.involuntary_switches = part(process.involuntary_switches - start.process.involuntary_switches);
+  r.buffer_allocations = part(after.buffer_allocations - before.buffer_allocations);
   records_.push_back(r);
 }
 

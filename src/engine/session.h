@@ -9,6 +9,7 @@
 #include "core/thread_pool.h"
 #include "engine/loader.h"
 #include "model/transformer.h"
+#include "telemetry/system.h"
 #include "text/sampler.h"
 
 namespace bmoe {
@@ -28,6 +29,15 @@ struct TokenRecord {
   uint64_t cache_used = 0;
   int batch = 1;        // tokens in the forward pass that produced this one (speculative: 1 + draft)
   bool overlapped = false;  // that pass overlapped reads with compute (--overlap)
+  // The expert cache was already full when the step began (ExpertStats::cache_full): the step
+  // belongs to the run's steady state. Always true without an expert cache to fill.
+  bool steady = true;
+  // What the step cost the process (all threads: compute, read lanes), see ProcessCounters.
+  double cpu_ms = 0;
+  uint64_t minor_faults = 0;
+  uint64_t context_switches = 0;  // voluntary + involuntary
+  uint64_t involuntary_switches = 0;
+  uint64_t buffer_allocations = 0;  // expert buffers allocated during the step
 };
 
 struct PrefillRecord {
@@ -72,7 +82,13 @@ class Session {
   void reset();
 
  private:
-  void record(int32_t token, double wall_seconds, const ExpertStats& before, int share, int of, int batch);
+  // The counters at the start of a decode step, for its record.
+  struct StepStart {
+    ExpertStats experts;
+    ProcessCounters process;
+  };
+  StepStart step_start() const;
+  void record(int32_t token, double wall_seconds, const StepStart& before, int share, int of, int batch);
   LoadedModel& model_;
   ThreadPool& pool_;
   InferenceState state_;

@@ -1,6 +1,7 @@
 #include "telemetry/system.h"
 
 #include <dirent.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
@@ -50,6 +51,19 @@ std::optional<uint64_t> read_stat_field(const std::string& path, const std::stri
 std::optional<uint64_t> MemorySnapshot::available() const {
   if (mem_available && cgroup_available) return std::min(*mem_available, *cgroup_available);
   return mem_available ? mem_available : cgroup_available;
+}
+
+ProcessCounters read_process_counters() {
+  ProcessCounters c;
+  rusage u{};
+  if (::getrusage(RUSAGE_SELF, &u) != 0) return c;
+  auto seconds = [](const timeval& t) { return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) * 1e-6; };
+  c.cpu_seconds = seconds(u.ru_utime) + seconds(u.ru_stime);
+  c.minor_faults = static_cast<uint64_t>(u.ru_minflt);
+  c.major_faults = static_cast<uint64_t>(u.ru_majflt);
+  c.voluntary_switches = static_cast<uint64_t>(u.ru_nvcsw);
+  c.involuntary_switches = static_cast<uint64_t>(u.ru_nivcsw);
+  return c;
 }
 
 MemorySnapshot read_memory() {

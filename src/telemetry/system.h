@@ -24,6 +24,18 @@ struct MemorySnapshot {
 
 MemorySnapshot read_memory();
 
+// What this process (all its threads) has cost the system so far: CPU time, page faults and
+// context switches (getrusage). Differences of two readings give a step's cost.
+struct ProcessCounters {
+  double cpu_seconds = 0;          // user + system
+  uint64_t minor_faults = 0;       // page faults served without I/O (incl. fresh zeroed pages)
+  uint64_t major_faults = 0;       // page faults that read from storage
+  uint64_t voluntary_switches = 0;    // a thread blocked (a read, a lock, a sleep)
+  uint64_t involuntary_switches = 0;  // a thread was preempted
+  uint64_t context_switches() const { return voluntary_switches + involuntary_switches; }
+};
+ProcessCounters read_process_counters();
+
 struct ThermalReading {
   std::string zone;  // e.g. "thermal_zone0 (cpu-0-0)"
   double celsius = 0;
