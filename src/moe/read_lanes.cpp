@@ -1,5 +1,6 @@
 #include "moe/read_lanes.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -75,7 +76,7 @@ ReadLanes::~ReadLanes() {
     // The kernel writes into our callers' buffers until each read completes: let them land.
     // A failing wait cannot be reported from a destructor: stop waiting rather than terminate.
     try {
-      while (uring_->in_flight > 0) reap_uring(true);
+      while (uring_->in_flight > 0) reap_uring(1);
     } catch (const std::exception&) {
     }
 #ifdef BMOE_HAVE_URING
@@ -122,7 +123,7 @@ void ReadLanes::run_job(const Job& job) {
 
 void ReadLanes::poll() {
   if (!uring_) return;
-  reap_uring(false);
+  reap_uring(0);
   pump_uring();
 }
 
@@ -163,11 +164,12 @@ void ReadLanes::pump_uring() {
 #endif
 }
 
-void ReadLanes::reap_uring(bool block) {
+void ReadLanes::reap_uring(int wait_for) {
 #ifdef BMOE_HAVE_URING
   io_uring_cqe* cqe = nullptr;
-  if (block && uring_->in_flight > 0) {
-    const int rc = io_uring_wait_cqe(&uring_->ring, &cqe);
+  wait_for = std::min(wait_for, uring_->in_flight);  // more would never come
+  if (wait_for > 0) {
+    const int rc = io_uring_wait_cqe_nr(&uring_->ring, &cqe, static_cast<unsigned>(wait_for));
     if (rc < 0 && rc != -EINTR && rc != -EAGAIN) fail("io_uring wait failed: {}", std::strerror(-rc));
   }
   while (io_uring_peek_cqe(&uring_->ring, &cqe) == 0) {
@@ -192,7 +194,7 @@ void ReadLanes::reap_uring(bool block) {
     run_job({rest, read->job.ticket});
   }
 #else
-  (void)block;
+  (void)wait_for;
 #endif
 }
 
@@ -247,7 +249,7 @@ int ReadLanes::wait_any(const std::vector<ReadTicket*>& tickets) {
       }
       if (!any) return -1;
       if (uring_->in_flight == 0) fail("internal: waiting on reads that were never started");
-      reap_uring(true);
+      reap_uring(1);
     }
   }
   std::unique_lock<std::mutex> lock(mutex_);
@@ -265,6 +267,26 @@ int ReadLanes::wait_any(const std::vector<ReadTicket*>& tickets) {
     return !any;
   });
   return found;
+}
+
+bool ReadLanes::wait_all(const std::vector<ReadTicket*>& tickets) {
+  if (uring_) {
+    for (poll();; poll()) {
+      int lacking = 0;  // reads the tickets still wait for: at least as many completions to come
+      for (const ReadTicket* t : tickets) {
+        if (t) lacking += t->pending_.load(std::memory_order_acquire);
+      }
+      if (lacking == 0) break;
+      if (uring_->in_flight == 0) fail("internal: waiting on reads that were never started");
+      reap_uring(lacking);
+    }
+  } else {
+    std::unique_lock<std::mutex> lock(mutex_);
+    done_.wait(lock, [&] {
+      return std::all_of(tickets.begin(), tickets.end(), [](const ReadTicket* t) { return t == nullptr || t->done(); });
+    });
+  }
+  return std::none_of(tickets.begin(), tickets.end(), [](const ReadTicket* t) { return t != nullptr && t->failed(); });
 }
 
 std::vector<ReadLanes::Job> ReadLanes::take_speculative(ReadTicket* ticket) {

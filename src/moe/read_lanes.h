@@ -79,6 +79,10 @@ class ReadLanes {
   bool wait(ReadTicket& ticket);
   // Blocks until any of `tickets` is done, returns its index (-1 if all are null).
   int wait_any(const std::vector<ReadTicket*>& tickets);
+  // Blocks until every non-null ticket is done; returns false if any read failed. With
+  // io_uring one sleep waits for as many completions as the tickets still lack, instead of
+  // waking for each read.
+  bool wait_all(const std::vector<ReadTicket*>& tickets);
   // Drops queued requests with priority > 0 whose ticket is `ticket` (cancelled prefetch).
   int cancel(ReadTicket* ticket);
   // Moves queued priority > 0 requests of `ticket` to the urgent queue (a prefetch that is now
@@ -97,9 +101,10 @@ class ReadLanes {
   // Runs one read on the calling thread and completes its ticket.
   void run_job(const Job& job);
   // io_uring: starts queued reads (urgent ones up to the ring's depth, reads ahead up to
-  // `lanes` in flight) and collects finished ones, blocking for one when `block`.
+  // `lanes` in flight) and collects finished ones, first sleeping until `wait_for` of those
+  // in flight have finished (0: no sleep).
   void pump_uring();
-  void reap_uring(bool block);
+  void reap_uring(int wait_for);
   // Removes the queued speculative jobs of `ticket` (caller holds mutex_).
   std::vector<Job> take_speculative(ReadTicket* ticket);
   void complete(ReadTicket* ticket, const std::string& error);

@@ -506,8 +506,12 @@ int StreamingExperts::take_ready(std::vector<int>& ready) {
   // work, so computing one while the next lands always pays.
   const Stopwatch wait;
   if (!overlap_now_ && !prompt_batch_) {
-    for (size_t i = 0; i < n; ++i) {
-      if (tickets_[i] && !lanes_.wait(*tickets_[i])) fail_layer(tickets_[i]->error());
+    std::vector<ReadTicket*> all;
+    for (const auto& t : tickets_) all.push_back(t.get());
+    if (!lanes_.wait_all(all)) {
+      for (size_t i = 0; i < n; ++i) {
+        if (tickets_[i] && tickets_[i]->failed()) fail_layer(tickets_[i]->error());
+      }
     }
   }
   for (;;) {
