@@ -17,6 +17,7 @@
 #include <fstream>
 #include <map>
 #include <set>
+#include "moe/buffer_pool.h"
 #include "moe/cache_file.h"
 #include "moe/cache_policy.h"
 #include "moe/streaming_experts.h"
@@ -169,6 +170,60 @@ INSTANTIATE_TEST_SUITE_P(
 
 // The chooser on a made-up clock: passes in the probe alternate the modes; afterwards the mode
 // with the shorter median pass time runs until the next probe.
+TEST(BufferPool, ReservedBuffersAreTouchedAndRecycled) {
+  BufferPool pool;
+  pool.reserve(8192, 2);
+  pool.reserve(12288, 1);
+  EXPECT_EQ(pool.reserved_bytes(), 2u * 8192 + 12288);
+  EXPECT_EQ(pool.free_count(), 3u);
+  auto a = pool.take(8192);
+  auto b = pool.take(4096);  // the smallest that fits
+  auto c = pool.take(8192);  // the 8 KiB ones are gone: a larger one fits
+  EXPECT_EQ(a->capacity, 8192u);
+  EXPECT_EQ(b->capacity, 8192u);
+  EXPECT_EQ(c->capacity, 12288u);
+  EXPECT_EQ(pool.allocations(), 0u);
+  a->data[8191] = 1;  // the memory is there to write
+  auto d = pool.take(8192);  // nothing free: a new buffer, counted
+  EXPECT_EQ(pool.allocations(), 1u);
+  EXPECT_EQ(d->capacity, 8192u);
+  EXPECT_EQ(pool.resident_bytes(), 3u * 8192 + 12288);
+  uint8_t* const a_data = a->data;
+  pool.give(std::move(a));
+  pool.give(std::move(d));
+  auto e = pool.take(8000);  // recycled, not allocated
+  EXPECT_EQ(pool.allocations(), 1u);
+  EXPECT_TRUE(e->data == a_data || e->capacity == 8192u);
+  pool.give(std::move(e));
+  pool.give(std::move(b));
+  pool.give(std::move(c));
+  EXPECT_EQ(pool.free_count(), 4u);
+}
+
+TEST(BufferPool, TrimReleasesTheSurplusSizeAndTakingItBackCounts) {
+  BufferPool pool;
+  pool.reserve(8192, 3);
+  pool.reserve(16384, 1);
+  const uint64_t all = pool.resident_bytes();
+  pool.trim(all);  // within the limit: nothing released
+  EXPECT_EQ(pool.resident_bytes(), all);
+  pool.trim(all - 8192);  // the 8 KiB buffers are the surplus (three free against one)
+  EXPECT_EQ(pool.resident_bytes(), all - 8192);
+  EXPECT_EQ(pool.free_count(), 3u);
+  auto big = pool.take(16384);
+  EXPECT_EQ(pool.allocations(), 0u);
+  std::vector<std::unique_ptr<BufferPool::Buffer>> small;
+  for (int i = 0; i < 3; ++i) small.push_back(pool.take(8192));  // the third gets its pages back
+  EXPECT_EQ(pool.allocations(), 1u);
+  for (auto& b : small) std::memset(b->data, 7, b->capacity);
+  EXPECT_EQ(pool.resident_bytes(), all);
+  EXPECT_EQ(pool.free_count(), 0u);
+  pool.give(std::move(big));
+  for (auto& b : small) pool.give(std::move(b));
+  pool.trim(0);  // everything free goes
+  EXPECT_EQ(pool.resident_bytes(), 0u);
+}
+
 TEST(OverlapChooser, KeepsTheFasterModeAfterEachProbe) {
   for (const bool serial_wins : {true, false}) {
     OverlapChooser c(true, true);
@@ -398,6 +453,51 @@ TEST(Streaming, LargeCacheHitsAfterWarmup) {
   const ExpertStats st = model->experts->stats();
   EXPECT_GT(st.hits, st.misses);  // 32 experts, 64 tokens: almost everything hits
   EXPECT_EQ(st.evictions, 0u);
+}
+
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kSanitizedAllocator = true;  // ASan's quarantine hands out fresh memory
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr bool kSanitizedAllocator = true;
+#else
+constexpr bool kSanitizedAllocator = false;
+#endif
+#else
+constexpr bool kSanitizedAllocator = false;
+#endif
+
+TEST(Streaming, SteadyStateAllocatesNothingAndTakesNoPageFaults) {
+  // The pool reserves and touches the cache's buffers before the first token: once the cache
+  // is full, a decode step allocates no expert buffer, and the process takes no page fault (a
+  // read landing in fresh memory costs a fault and a zeroed page per 4 KiB). Every step is
+  // counted, in both engines and both modes, on a cache that evicts on almost every visit.
+  const std::string path = test_model_path("tiny-qwen3moe", 4);
+  for (const IoEngine engine : {IoEngine::Threads, IoEngine::Uring}) {
+    for (const bool overlap : {false, true}) {
+      const std::string what = fmt::format("{} {}", engine == IoEngine::Uring ? "uring" : "threads", overlap ? "overlap" : "serial");
+      auto model = streamed(path, {8, 4, true, DenseWeights::Anon, overlap, "", 0, false, 0, engine});
+      ThreadPool pool(2);
+      Session s(*model, pool, 512, 64, SamplerConfig{});
+      s.prefill(model->tokenizer->encode("the quick brown fox jumps over the lazy dog", false, false));
+      for (int i = 0; i < 24; ++i) s.accept(s.sample());
+      ASSERT_TRUE(model->experts->stats().cache_full) << what;
+      const uint64_t evictions = model->experts->stats().evictions;
+      const size_t first = s.records().size();
+      for (int i = 0; i < 32; ++i) s.accept(s.sample());
+      EXPECT_GT(model->experts->stats().evictions, evictions + 16) << what;  // it kept replacing experts
+      uint64_t allocations = 0, faults = 0;
+      for (size_t i = first; i < s.records().size(); ++i) {
+        EXPECT_TRUE(s.records()[i].steady) << what << " token " << i;
+        allocations += s.records()[i].buffer_allocations;
+        faults += s.records()[i].minor_faults;
+      }
+      EXPECT_EQ(allocations, 0u) << what;
+      if (!kSanitizedAllocator) {
+        EXPECT_EQ(faults, 0u) << what;
+      }
+    }
+  }
 }
 
 TEST(Streaming, EvictedBuffersAreReused) {
