@@ -471,12 +471,15 @@ TEST(Streaming, SteadyStateAllocatesNothingAndTakesNoPageFaults) {
   // The pool reserves and touches the cache's buffers before the first token: once the cache
   // is full, a decode step allocates no expert buffer, and the process takes no page fault (a
   // read landing in fresh memory costs a fault and a zeroed page per 4 KiB). Every step is
-  // counted, in both engines and both modes, on a cache that evicts on almost every visit.
+  // counted, in both engines, serial, overlapped and with reads ahead, on a cache that evicts
+  // on almost every visit.
   const std::string path = test_model_path("tiny-qwen3moe", 4);
   for (const IoEngine engine : {IoEngine::Threads, IoEngine::Uring}) {
-    for (const bool overlap : {false, true}) {
-      const std::string what = fmt::format("{} {}", engine == IoEngine::Uring ? "uring" : "threads", overlap ? "overlap" : "serial");
-      auto model = streamed(path, {8, 4, true, DenseWeights::Anon, overlap, "", 0, false, 0, engine});
+    for (const int mode : {0, 1, 2}) {  // serial, overlap, overlap with prefetch (affinity, 2 layers ahead)
+      const bool overlap = mode > 0;
+      const int affinity = mode == 2 ? 2 : 0;
+      const std::string what = fmt::format("{} mode {}", engine == IoEngine::Uring ? "uring" : "threads", mode);
+      auto model = streamed(path, {8, 4, true, DenseWeights::Anon, overlap, "", 0, false, affinity, engine});
       ThreadPool pool(2);
       Session s(*model, pool, 512, 64, SamplerConfig{});
       s.prefill(model->tokenizer->encode("the quick brown fox jumps over the lazy dog", false, false));

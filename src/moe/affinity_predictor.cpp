@@ -10,6 +10,14 @@ AffinityPredictor::AffinityPredictor(std::vector<int> experts_per_layer, const A
     : experts_per_layer_(std::move(experts_per_layer)), options_(options) {
   if (options_.window < 1 || options_.window > 8) fail("internal: affinity window {} outside 1..8", options_.window);
   pairs_.resize(experts_per_layer_.size() * static_cast<size_t>(options_.window));
+  for (int from = 0; from < static_cast<int>(experts_per_layer_.size()); ++from) {
+    for (int distance = 1; distance <= options_.window; ++distance) {
+      PairCounts& p = pairs_[static_cast<size_t>(from) * static_cast<size_t>(options_.window) + static_cast<size_t>(distance - 1)];
+      const size_t n_from = static_cast<size_t>(experts_at(from));
+      p.seen.assign(n_from, 0);
+      p.counts.assign(n_from * static_cast<size_t>(experts_at(from + distance)), 0);
+    }
+  }
   current_.resize(experts_per_layer_.size());
 }
 
@@ -20,17 +28,13 @@ int AffinityPredictor::experts_at(int layer) const {
 
 AffinityPredictor::PairCounts& AffinityPredictor::pairs(int from, int distance) {
   PairCounts& p = pairs_[static_cast<size_t>(from) * static_cast<size_t>(options_.window) + static_cast<size_t>(distance - 1)];
-  if (p.seen.empty()) {
-    const size_t n_from = static_cast<size_t>(experts_at(from));
-    p.seen.assign(n_from, 0);
-    p.counts.assign(n_from * static_cast<size_t>(experts_at(from + distance)), 0);
-  }
+  p.used = true;
   return p;
 }
 
 const AffinityPredictor::PairCounts* AffinityPredictor::find_pairs(int from, int distance) const {
   const PairCounts& p = pairs_[static_cast<size_t>(from) * static_cast<size_t>(options_.window) + static_cast<size_t>(distance - 1)];
-  return p.seen.empty() ? nullptr : &p;
+  return p.used && !p.seen.empty() ? &p : nullptr;
 }
 
 void AffinityPredictor::break_token() {

@@ -53,6 +53,7 @@ class AffinityPredictor {
   struct PairCounts {
     std::vector<uint32_t> counts;
     std::vector<uint32_t> seen;
+    bool used = false;  // counted at least once
   };
   PairCounts& pairs(int from, int distance);
   const PairCounts* find_pairs(int from, int distance) const;
@@ -60,7 +61,9 @@ class AffinityPredictor {
 
   std::vector<int> experts_per_layer_;
   AffinityOptions options_;
-  std::vector<PairCounts> pairs_;  // [from * window + distance - 1], allocated on first use
+  // [from * window + distance - 1], all allocated (and so touched) up front: tables that appeared
+  // as layers were first seen were page faults on the decode path.
+  std::vector<PairCounts> pairs_;
   // The current token's routing per layer (empty: not observed for this token).
   std::vector<std::vector<int32_t>> current_;
   int last_layer_ = -1;
