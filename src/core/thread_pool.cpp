@@ -43,7 +43,7 @@ void ThreadPool::worker_loop(int thread_index) {
   uint64_t seen = 0;
   for (;;) {
     uint64_t gen = generation_.load(std::memory_order_acquire);
-    for (int spin = 0; gen == seen && spin < kSpinIterations; ++spin) {
+    for (int spin = 0; gen == seen && spin < kSpinIterations && !parked_.load(std::memory_order_relaxed); ++spin) {
       BMOE_CPU_RELAX();
       gen = generation_.load(std::memory_order_acquire);
     }
@@ -67,6 +67,7 @@ void ThreadPool::run(int64_t n_tasks, const Task& fn) {
     for (int64_t t = 0; t < n_tasks; ++t) fn(t, 0);
     return;
   }
+  parked_.store(false, std::memory_order_relaxed);
   job_ = &fn;
   job_tasks_ = n_tasks;
   next_task_.store(0, std::memory_order_relaxed);
@@ -81,6 +82,8 @@ void ThreadPool::run(int64_t n_tasks, const Task& fn) {
   while (active_workers_.load(std::memory_order_acquire) != 0) BMOE_CPU_RELAX();
   job_ = nullptr;
 }
+
+void ThreadPool::park() { parked_.store(true, std::memory_order_relaxed); }
 
 void ThreadPool::parallel_for(int64_t n, int64_t grain,
                               const std::function<void(int64_t, int64_t, int)>& fn) {

@@ -30,6 +30,11 @@ class ThreadPool {
   // Runs fn over [0, n_tasks). Tasks are claimed dynamically, so uneven tasks balance.
   void run(int64_t n_tasks, const Task& fn);
 
+  // The caller is about to block for a while (on reads): workers stop spinning and sleep until
+  // the next run(), leaving the cores to whatever the caller waits for. Cheap; call it only
+  // before a real wait, since the next run() must then wake them.
+  void park();
+
   // Convenience: splits [0, n) into contiguous chunks of about `grain` items and calls
   // fn(begin, end, thread) once per chunk.
   void parallel_for(int64_t n, int64_t grain,
@@ -49,6 +54,7 @@ class ThreadPool {
   std::atomic<int> active_workers_{0};
   std::atomic<uint64_t> generation_{0};
   std::atomic<bool> stopping_{false};
+  std::atomic<bool> parked_{false};  // spinning workers go to sleep now
 
   std::mutex sleep_mutex_;
   std::condition_variable wake_;

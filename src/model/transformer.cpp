@@ -801,6 +801,10 @@ void InferenceState::routed_experts(int layer, int n, const float* h, const floa
   // Ready experts are computed in groups of at most kExpertGroupRows token rows (at least one
   // expert each), so the group buffers stay bounded however large a prompt batch is.
   constexpr size_t kExpertGroupRows = 4096;
+  // While the source waits on reads, this pass's idle workers sleep instead of spinning on the
+  // cores the reads' kernel work needs (on 2 cores, spinning through waits slowed decode).
+  ThreadPool& pool = pool_;
+  source.set_wait_hook([&pool] { pool.park(); });
   while (true) {
     ready.clear();
     if (source.take_ready(ready) == 0) break;
@@ -815,6 +819,7 @@ void InferenceState::routed_experts(int layer, int n, const float* h, const floa
     }
   }
   source.end_layer();
+  source.set_wait_hook({});
 
   // Sum the slots in slot order, as llama.cpp adds them.
   for (int i = 0; i < n; ++i) {

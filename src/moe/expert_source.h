@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -117,6 +118,10 @@ class ExpertSource {
  public:
   virtual ~ExpertSource() = default;
 
+  // Called by take_ready() right before it blocks on reads (the model parks its idle compute
+  // threads there, so they do not spin on cores the reads need). Optional.
+  void set_wait_hook(std::function<void()> hook) { wait_hook_ = std::move(hook); }
+
   // The router of `routing.layer` picked `routing.experts`; fetching may start now.
   virtual void begin_layer(const LayerRouting& routing) = 0;
   // Appends to `ready` the indices (into begin_layer's list) of experts now in memory that
@@ -135,6 +140,14 @@ class ExpertSource {
 
   virtual ExpertStats stats() const = 0;
   virtual std::string describe() const = 0;
+
+ protected:
+  void before_wait() const {
+    if (wait_hook_) wait_hook_();
+  }
+
+ private:
+  std::function<void()> wait_hook_;
 };
 
 }  // namespace bmoe

@@ -507,7 +507,12 @@ int StreamingExperts::take_ready(std::vector<int>& ready) {
   const Stopwatch wait;
   if (!overlap_now_ && !prompt_batch_) {
     std::vector<ReadTicket*> all;
-    for (const auto& t : tickets_) all.push_back(t.get());
+    bool blocks = false;
+    for (const auto& t : tickets_) {
+      all.push_back(t.get());
+      blocks = blocks || (t && !t->done());
+    }
+    if (blocks) before_wait();
     if (!lanes_.wait_all(all)) {
       for (size_t i = 0; i < n; ++i) {
         if (tickets_[i] && tickets_[i]->failed()) fail_layer(tickets_[i]->error());
@@ -528,6 +533,7 @@ int StreamingExperts::take_ready(std::vector<int>& ready) {
     if (ready.size() > before) break;
     std::vector<ReadTicket*> pending;
     for (size_t i = 0; i < n; ++i) pending.push_back(handed_[i] ? nullptr : tickets_[i].get());
+    before_wait();
     lanes_.wait_any(pending);
   }
   stats_.stall_seconds += wait.seconds();
