@@ -503,6 +503,24 @@ TEST(Streaming, SteadyStateAllocatesNothingAndTakesNoPageFaults) {
   }
 }
 
+TEST(Streaming, CopiesOnlyWhatBufferedReadsCopy) {
+  // O_DIRECT reads land in the expert buffers by DMA and a hit hands its buffer out in place:
+  // nothing is copied. Buffered reads are copied by the kernel from the page cache, and
+  // counted as such.
+  const std::string path = test_model_path("tiny-qwen3moe", 4);
+  for (const bool odirect : {true, false}) {
+    auto model = streamed(path, {8, 2, odirect});
+    greedy(*model, 2, 8);
+    const ExpertStats st = model->experts->stats();
+    ASSERT_GT(st.bytes_read, 0u);
+    if (!odirect) {
+      EXPECT_EQ(st.copied_bytes, st.bytes_read);
+    } else if (model->streamer()->io_notes().empty()) {  // O_DIRECT in effect on this filesystem
+      EXPECT_EQ(st.copied_bytes, 0u);
+    }
+  }
+}
+
 TEST(Streaming, EvictedBuffersAreReused) {
   // A cache that evicts on almost every visit must not allocate a new buffer per miss: each
   // allocation is fresh pages the kernel zeroes while the read lands (on the gpt-oss-120b shape

@@ -13,13 +13,14 @@ StepCosts step_costs(std::span<const TokenRecord> records) {
   StepCosts c;
   c.tokens = records.size();
   if (records.empty()) return c;
-  double wall = 0, compute = 0, stall = 0, bytes = 0, cpu = 0, switches = 0, faults = 0;
+  double wall = 0, compute = 0, stall = 0, bytes = 0, copied = 0, cpu = 0, switches = 0, faults = 0;
   uint64_t hits = 0, lookups = 0;
   for (const TokenRecord& r : records) {
     wall += r.wall_ms / 1e3;
     compute += r.compute_ms / 1e3;
     stall += r.stall_ms / 1e3;
     bytes += static_cast<double>(r.bytes_read);
+    copied += static_cast<double>(r.copied_bytes);
     cpu += r.cpu_ms / 1e3;
     switches += static_cast<double>(r.context_switches);
     faults += static_cast<double>(r.minor_faults);
@@ -32,6 +33,7 @@ StepCosts step_costs(std::span<const TokenRecord> records) {
   c.compute_s_per_token = compute / n;
   c.stall_s_per_token = stall / n;
   c.read_mib_per_token = bytes / n / 1048576.0;
+  c.copied_mib_per_token = copied / n / 1048576.0;
   c.hit_rate = lookups ? static_cast<double>(hits) / static_cast<double>(lookups) : 0.0;
   c.cpu_s_per_token = cpu / n;
   c.switches_per_token = switches / n;
@@ -84,14 +86,14 @@ void write_token_csv(const std::string& path, const std::vector<TokenRecord>& re
   if (!f) fail_errno("cannot create " + path);
   std::fprintf(f,
                "index,token,wall_ms,compute_ms,io_ms,stall_ms,experts_routed,cache_hits,cache_misses,bytes_read,cache_used_bytes,batch,"
-               "overlapped,steady,cpu_ms,minor_faults,context_switches,involuntary_switches,buffer_allocations\n");
+               "overlapped,steady,cpu_ms,minor_faults,context_switches,involuntary_switches,buffer_allocations,copied_bytes\n");
   using ull = unsigned long long;
   for (const TokenRecord& r : records) {
-    std::fprintf(f, "%d,%d,%.3f,%.3f,%.3f,%.3f,%llu,%llu,%llu,%llu,%llu,%d,%d,%d,%.3f,%llu,%llu,%llu,%llu\n", r.index, r.token, r.wall_ms,
+    std::fprintf(f, "%d,%d,%.3f,%.3f,%.3f,%.3f,%llu,%llu,%llu,%llu,%llu,%d,%d,%d,%.3f,%llu,%llu,%llu,%llu,%llu\n", r.index, r.token, r.wall_ms,
                  r.compute_ms, r.io_ms, r.stall_ms, static_cast<ull>(r.routed), static_cast<ull>(r.hits), static_cast<ull>(r.misses),
                  static_cast<ull>(r.bytes_read), static_cast<ull>(r.cache_used), r.batch, r.overlapped ? 1 : 0, r.steady ? 1 : 0,
                  r.cpu_ms, static_cast<ull>(r.minor_faults), static_cast<ull>(r.context_switches),
-                 static_cast<ull>(r.involuntary_switches), static_cast<ull>(r.buffer_allocations));
+                 static_cast<ull>(r.involuntary_switches), static_cast<ull>(r.buffer_allocations), static_cast<ull>(r.copied_bytes));
   }
   if (std::fclose(f) != 0) fail_errno("cannot write " + path);
 }
@@ -99,8 +101,9 @@ void write_token_csv(const std::string& path, const std::vector<TokenRecord>& re
 std::string summary_lines(const RunSummary& s, bool streaming, int lanes, uint64_t budget_bytes) {
   std::string out;
   if (streaming) {
-    out += fmt::format("moe-stream: compute {:.3f} + I/O {:.3f} s/tok, stall {:.3f} s/tok, flash read {:.1f} MiB/tok, lanes {}\n",
-                       s.compute_s_per_token, s.io_s_per_token, s.stall_s_per_token, s.read_mib_per_token, lanes);
+    out += fmt::format(
+        "moe-stream: compute {:.3f} + I/O {:.3f} s/tok, stall {:.3f} s/tok, flash read {:.1f} MiB/tok, lanes {}, copied {:.1f} MiB/tok\n",
+        s.compute_s_per_token, s.io_s_per_token, s.stall_s_per_token, s.read_mib_per_token, lanes, s.whole.copied_mib_per_token);
     out += fmt::format("moe-cache: budget {} MiB, hit {:.1f} %, evictions {}\n", budget_bytes >> 20, 100.0 * s.hit_rate,
                        s.evictions);
     if (s.probe_overlap_s > 0 || s.overlapped_tokens > 0) {
@@ -161,6 +164,7 @@ void write_metrics(const std::string& path, const MetricsInput& m) {
                           {"stall_s_per_token", c.stall_s_per_token},
                           {"cache_hit_rate", c.hit_rate},
                           {"flash_read_mib_per_token", c.read_mib_per_token},
+                          {"copied_mib_per_token", c.copied_mib_per_token},
                           {"cpu_s_per_token", c.cpu_s_per_token},
                           {"context_switches_per_token", c.switches_per_token},
                           {"page_faults_per_token", c.faults_per_token},

@@ -20,6 +20,7 @@ struct StepCosts {
   double stall_s_per_token = 0;
   double hit_rate = 0;
   double read_mib_per_token = 0;
+  double copied_mib_per_token = 0;   // of the bytes read, copied by the kernel (buffered reads)
   double cpu_s_per_token = 0;        // the whole process: compute and read lanes
   double switches_per_token = 0;     // context switches, voluntary + involuntary
   double faults_per_token = 0;       // minor page faults

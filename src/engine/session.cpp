@@ -133,6 +133,7 @@ void Session::record(int32_t token, double wall_seconds, const StepStart& start,
   // hits + misses = routed must hold per row: misses follow from the other two shares.
   r.misses = r.routed >= r.hits ? r.routed - r.hits : 0;
   r.bytes_read = part(after.bytes_read - before.bytes_read);
+  r.copied_bytes = part(after.copied_bytes - before.copied_bytes);
   r.cache_used = after.cache_used_bytes;
   r.overlapped = after.overlapped_passes > before.overlapped_passes;
   r.steady = before.cache_full || before.cache_budget_bytes == 0;

@@ -26,6 +26,7 @@ struct TokenRecord {
   uint64_t hits = 0;
   uint64_t misses = 0;
   uint64_t bytes_read = 0;
+  uint64_t copied_bytes = 0;  // of bytes_read, copied by the kernel (buffered reads)
   uint64_t cache_used = 0;
   int batch = 1;        // tokens in the forward pass that produced this one (speculative: 1 + draft)
   bool overlapped = false;  // that pass overlapped reads with compute (--overlap)

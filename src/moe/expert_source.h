@@ -65,6 +65,9 @@ struct ExpertStats {
   uint64_t hits = 0;         // served from memory without reading
   uint64_t misses = 0;       // had to be read
   uint64_t bytes_read = 0;
+  // Of those, bytes copied on the way into a buffer: buffered reads (no O_DIRECT) go through
+  // the page cache and the kernel copies them. O_DIRECT reads land by DMA; a hit copies nothing.
+  uint64_t copied_bytes = 0;
   uint64_t evictions = 0;
   double io_busy_seconds = 0;  // sum of read time over lanes
   double stall_seconds = 0;    // time compute waited for reads

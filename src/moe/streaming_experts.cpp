@@ -131,6 +131,7 @@ void StreamingExperts::queue_reads(int layer, int expert, Buffer& buffer, ReadTi
     buffer.views.push_back(w);
     submit_window(file, begin, end - begin, off + m.bytes - begin, buffer.data + at, ticket, priority);
     stats_.bytes_read += end - begin;
+    if (!file.direct_active()) stats_.copied_bytes += end - begin;
     at += end - begin;
   }
 }
@@ -167,6 +168,7 @@ StreamingExperts::WarmStart StreamingExperts::warm(std::span<const ExpertKey> ke
     cache_.remove(p.key);
   }
   result.bytes = stats_.bytes_read - counted;
+  stats_.copied_bytes -= std::min(stats_.copied_bytes, result.bytes);
   stats_.bytes_read = counted;
   update_fill_stats();
   return result;
