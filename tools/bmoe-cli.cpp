@@ -24,6 +24,7 @@
 #include "model/arch.h"
 #include "text/chat.h"
 #include "text/utf8.h"
+#include "llama_flags.h"
 #include "run_options.h"
 
 using namespace bmoe;
@@ -37,7 +38,8 @@ struct CliOptions {
   std::string prompt_ids;
   std::string system;
   int n_predict = 128;
-  uint64_t seed = 0xB30E;
+  int64_t seed_option = -1;  // -s; -1: a random seed, printed so the run can be repeated
+  uint64_t seed = 0;         // resolved
   float temperature = 0.0f;
   int top_k = 40;
   float top_p = 0.95f;
@@ -66,10 +68,11 @@ void add_flags(CLI::App& app, CliOptions& o) {
   app.add_option("-f,--file", o.prompt_file, "read the prompt from a file");
   app.add_option("--prompt-ids", o.prompt_ids, "the prompt as comma-separated token ids (instead of -p)");
   app.add_option("-n,--n-predict", o.n_predict, "tokens to generate (-1: until end of text or context)")->capture_default_str();
-  app.add_option("-s,--seed", o.seed, "sampling seed")->capture_default_str();
-  app.add_option("--temp", o.temperature, "temperature (0 = greedy)")->capture_default_str()->check(CLI::Range(0.0, 100.0));
+  app.add_option("-s,--seed", o.seed_option, "sampling seed (-1: random, printed when sampling)")->capture_default_str()
+      ->check(CLI::Range(int64_t{-1}, INT64_MAX));
+  app.add_option("--temp", o.temperature, "temperature (0 = greedy)")->capture_default_str()->check(finite_number() & CLI::Range(0.0, 100.0));
   app.add_option("--top-k", o.top_k, "top-k sampling (0 = off)")->capture_default_str()->check(CLI::Range(0, 1 << 24));
-  app.add_option("--top-p", o.top_p, "top-p (nucleus) sampling (1 = off)")->capture_default_str()->check(CLI::Range(0.0, 1.0));
+  app.add_option("--top-p", o.top_p, "top-p (nucleus) sampling (1 = off)")->capture_default_str()->check(finite_number() & CLI::Range(0.0, 1.0));
   app.add_flag("--chatml", o.chatml, "wrap the prompt in the ChatML template (<|im_start|>user ...)");
   app.add_flag("--chat", o.chat, "wrap the prompt in the model's own chat format (ChatML, harmony, Gemma)");
   app.add_option("--system", o.system, "system message for --chat/--chatml");
@@ -450,12 +453,30 @@ int run(const CliOptions& o) {
 
 int main(int argc, char** argv) {
   CLI::App app{"bmoe-cli: run Mixture-of-Experts GGUF models, streaming experts from flash"};
+  app.set_version_flag("--version", BMOE_VERSION);
   CliOptions options;
   add_flags(app, options);
   try {
-    app.parse(argc, argv);
+    const TranslatedArgs args = translate_llama_flags(app, argc, argv);
+    if (!args.error.empty()) {
+      fmt::print(stderr, "error: {}\n", args.error);
+      return 2;
+    }
+    for (const std::string& note : args.notes) fmt::print(stderr, "{}\n", note);
+    parse_translated(app, args);
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);
+    fmt::print(stderr, "error: {}\n", e.what());
+    return 2;
+  }
+  options.seed = options.seed_option >= 0 ? static_cast<uint64_t>(options.seed_option) : random_seed();
+  if (options.temperature > 0 && options.seed_option < 0) fmt::print(stderr, "seed: {} (-s {} repeats this run)\n", options.seed, options.seed);
+  try {
+    for (const auto& [path, flag] : {std::pair{options.csv, "--csv"}, {options.metrics, "--metrics"},
+                                     {options.dump_logits, "--dump-logits"}, {options.run.cache_file, "--cache-file"}}) {
+      check_output_path(path, flag);
+    }
+  } catch (const std::exception& e) {
     fmt::print(stderr, "error: {}\n", e.what());
     return 2;
   }

@@ -15,6 +15,7 @@ using namespace bmoe;
 
 int main(int argc, char** argv) {
   CLI::App app{"bmoe-tokenize: tokenize text with a GGUF model's vocabulary"};
+  app.set_version_flag("--version", BMOE_VERSION);
   std::string model_path, prompt, json_file;
   bool no_special = false;
   app.add_option("-m,--model", model_path, "GGUF model")->required();

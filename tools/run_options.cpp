@@ -1,10 +1,14 @@
 #include "run_options.h"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <thread>
 
 #include "core/cpu_features.h"
@@ -20,6 +24,40 @@ namespace bmoe {
 
 int RunOptions::thread_count() const {
   return threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+CLI::Validator finite_number() {
+  return CLI::Validator(
+      [](std::string& value) -> std::string {
+        try {
+          size_t used = 0;
+          const double v = std::stod(value, &used);
+          if (used == value.size() && std::isfinite(v)) return {};
+        } catch (const std::exception&) {
+        }
+        return "must be a finite number, got " + value;
+      },
+      "FINITE");
+}
+
+uint64_t random_seed() {
+  std::random_device device;
+  return (static_cast<uint64_t>(device()) << 32 | device()) & 0x7fffffffffffffffull;  // -s takes it back
+}
+
+void check_output_path(const std::string& path, const std::string& flag) {
+  if (path.empty()) return;
+  namespace fs = std::filesystem;
+  const fs::path p(path);
+  const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) fail("{} {}: folder {} does not exist", flag, path, dir.string());
+  if (fs::exists(p, ec)) {
+    if (!fs::is_regular_file(p, ec)) fail("{} {}: exists and is not a regular file", flag, path);
+    if (::access(path.c_str(), W_OK) != 0) fail("{} {}: not writable", flag, path);
+  } else if (::access(dir.c_str(), W_OK) != 0) {
+    fail("{} {}: folder {} is not writable", flag, path, dir.string());
+  }
 }
 
 void add_run_flags(CLI::App& app, RunOptions& o) {
@@ -80,7 +118,7 @@ void add_run_flags(CLI::App& app, RunOptions& o) {
   app.add_option("--drop-cold-experts", o.drop_cold,
                  "LOSSY: skip a routed expert that is not in memory when its router weight is below F x an even split "
                  "(1/k); the others are rescaled (decode only; the top expert is always kept)")
-      ->capture_default_str()->check(CLI::Range(0.0f, 1.0f));
+      ->capture_default_str()->check(finite_number() & CLI::Range(0.0f, 1.0f));
   app.add_option("--draft", o.draft,
                  "speculative decoding: verify up to N drafted tokens per forward pass (lossless; greedy sampling "
                  "only; the length adapts and drafting pauses itself when few drafts are accepted)")

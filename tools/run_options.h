@@ -64,6 +64,14 @@ struct RunOptions {
   bool lossy() const { return route_ahead > 0 || drop_cold > 0.0f || n_expert_used > 0; }
 };
 
+// CLI11 validator: the value parses as a finite number (CLI::Range lets NaN through).
+CLI::Validator finite_number();
+// A seed from the system's entropy source.
+uint64_t random_seed();
+// Fails (bmoe::Error naming `flag`) unless `path` can be written: its folder exists and is
+// writable, and an existing file there is a writable regular file. Empty: nothing to check.
+void check_output_path(const std::string& path, const std::string& flag);
+
 void add_run_flags(CLI::App& app, RunOptions& o);
 
 // The prompt and output token ids of an earlier `bmoe-cli --json` run (for --draft-oracle and

@@ -1,6 +1,7 @@
 """Bad input to the tools: every case must end with a non-zero exit (not a signal), within a few
 seconds, and one clear `error:` line on stderr that names the problem."""
 import os
+import re
 import subprocess
 import tempfile
 import unittest
@@ -79,6 +80,90 @@ class BadInputGetsOneClearError(unittest.TestCase):
         if os.path.exists(TRACE):
             self.check([tool("bmoe-replay"), TRACE, "--budgets", "1000,abc"], "--budgets")
             self.check([tool("bmoe-replay"), TRACE, "--policies", "nope"], "nope")
+
+
+class LlamaCppConventions(unittest.TestCase):
+    """llama.cpp's spellings are translated, accepted with a note, or refused with what bmoe does
+    instead; never split into bundled short flags (-fa once became "-f a")."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.model = os.path.join(cls.tmp.name, "tiny.gguf")
+        subprocess.run([tool("bmoe-synth"), "--preset", "tiny-qwen3moe", "-o", cls.model], check=True,
+                       capture_output=True)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def run_cli(self, *args):
+        return subprocess.run([tool("bmoe-cli"), "-m", self.model, "-n", "4", *args], capture_output=True, text=True,
+                              timeout=60, stdin=subprocess.DEVNULL)
+
+    def refused(self, args, *needles):
+        p = self.run_cli(*args)
+        self.assertEqual(p.returncode, 2, f"{args}: {p.stderr[-800:]}")
+        errors = [line for line in p.stderr.splitlines() if line.startswith("error:")]
+        self.assertEqual(len(errors), 1, p.stderr[-800:])
+        for n in needles:
+            self.assertIn(n, errors[0])
+        self.assertNotIn("load:", p.stderr)  # refused before the model was loaded
+
+    def test_accepted_with_a_note_or_translated(self):
+        base = self.run_cli("-p", "hello", "--temp", "0")
+        self.assertEqual(base.returncode, 0, base.stderr[-800:])
+        for args, note in ((["-fa"], "-fa ignored"), (["-fa", "on"], "-fa ignored"), (["--flash-attn", "auto"], "ignored"),
+                           (["-ngl", "99"], "CPU only"), (["--color"], "--color ignored"), (["-no-cnv"], None),
+                           (["-ngl", "0"], None), (["-ctk", "f16", "-ctv", "f16"], None)):
+            p = self.run_cli("-p", "hello", "--temp", "0", *args)
+            self.assertEqual(p.returncode, 0, f"{args}: {p.stderr[-800:]}")
+            self.assertEqual(p.stdout, base.stdout, f"{args} changed the output (the prompt was replaced?)")
+            if note:
+                self.assertIn(note, p.stderr, args)
+        p = self.run_cli("-p", "hello", "--temp", "0", "-ctk", "f32", "-ctv", "f32", "--json")
+        self.assertEqual(p.returncode, 0, p.stderr[-800:])
+        p = self.run_cli("--chat", "-sys", "You are terse.", "-p", "hello", "--temp", "0", "--tokenize")
+        self.assertEqual(p.returncode, 0, p.stderr[-800:])
+        q = self.run_cli("--chat", "--system", "You are terse.", "-p", "hello", "--temp", "0", "--tokenize")
+        self.assertEqual(p.stdout, q.stdout)  # -sys is --system
+        # A value that looks like a llama.cpp flag stays a value.
+        p = self.run_cli("-p", "-fa", "--temp", "0", "--tokenize")
+        self.assertEqual(p.returncode, 0, p.stderr[-800:])
+        self.assertNotIn("ignored", p.stderr)
+
+    def test_refused_with_what_bmoe_does_instead(self):
+        self.refused(["-p", "x", "-ctk", "q8_0"], "-ctk q8_0", "--kv-type")
+        self.refused(["-p", "x", "-ctk", "f16", "-ctv", "f32"], "--kv-type")
+        self.refused(["-p", "x", "-r", "User:"], "reverse prompt")
+        self.refused(["-p", "x", "-tb", "2"], "-tb", "bundle")
+        self.refused(["-p", "x", "--temp", "nan"], "--temp")
+        self.refused(["-p", "x", "--top-p", "nan"], "--top-p")
+        self.refused(["-p", "x", "--csv", os.path.join(self.tmp.name, "no", "such", "dir", "x.csv")], "--csv")
+        self.refused(["-p", "x", "--metrics", self.tmp.name], "--metrics", "not a regular file")
+        self.refused(["-p", "x", "--dump-logits", os.path.join(self.tmp.name, "nodir", "l.bin")], "--dump-logits")
+        self.refused(["-p", "x", "--moe-stream", "--cache-file", os.path.join(self.tmp.name, "none", "c.bin")], "--cache-file")
+
+    def test_version_on_every_tool(self):
+        for name in ("bmoe-cli", "bmoe-server", "bmoe-synth", "bmoe-replay", "bmoe-tokenize", "bmoe-iobench"):
+            p = subprocess.run([tool(name), "--version"], capture_output=True, text=True, timeout=30)
+            self.assertEqual(p.returncode, 0, name)
+            self.assertRegex(p.stdout.strip(), r"^\d+\.\d+", name)
+
+    def test_random_seed_is_printed_and_repeatable(self):
+        runs = [self.run_cli("-p", "hello", "--temp", "1.5") for _ in range(2)]
+        seeds = []
+        for p in runs:
+            self.assertEqual(p.returncode, 0, p.stderr[-800:])
+            m = re.search(r"^seed: (\d+)", p.stderr, re.M)
+            self.assertIsNotNone(m, p.stderr[-800:])
+            seeds.append(m.group(1))
+        self.assertNotEqual(seeds[0], seeds[1])
+        again = self.run_cli("-p", "hello", "--temp", "1.5", "-s", seeds[0])
+        self.assertEqual(again.stdout, runs[0].stdout)  # the printed seed repeats the run
+        self.assertNotIn("seed:", again.stderr)
+        greedy = self.run_cli("-p", "hello", "--temp", "0")
+        self.assertNotIn("seed:", greedy.stderr)  # nothing is sampled
 
 
 if __name__ == "__main__":
