@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 #include <httplib.h>
 #include <pthread.h>
+#include <sys/socket.h>
 
 #include <atomic>
 #include <chrono>
@@ -28,6 +29,7 @@
 #include "core/error.h"
 #include "engine/generate.h"
 #include "engine/session.h"
+#include "llama_flags.h"
 #include "run_options.h"
 #include "server_request.h"
 #include "telemetry/system.h"
@@ -71,6 +73,8 @@ void send_json(httplib::Response& res, int status, const json& body) {
 }
 
 // ------------------------------------------------------------------ jobs and the worker
+
+constexpr const char* kShuttingDown = "the server is shutting down (SIGTERM or SIGINT): the request was not completed";
 
 struct Job {
   std::vector<int32_t> prompt;
@@ -117,9 +121,25 @@ class Engine {
   LoadedModel& model() { return *run_.model; }
   int n_ctx() { return session_.state().n_ctx(); }
 
-  // Queues a job; false when the queue is full.
+  // Stops taking jobs (SIGTERM): the running one is cancelled and ends with an error, the
+  // queued ones end with an error at once, and later submits are refused.
+  void shutdown() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (shutting_down_) return;
+    shutting_down_ = true;
+    if (current_) current_->cancel.store(true);
+    for (auto& job : queue_) finish(*job, {}, kShuttingDown);
+    queue_.clear();
+  }
+  bool shutting_down() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return shutting_down_;
+  }
+
+  // Queues a job; false when the queue is full or the server is shutting down.
   bool submit(const std::shared_ptr<Job>& job) {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (shutting_down_) return false;
     if (queue_.size() >= capacity_) {
       ++counters_.rejected_busy;
       return false;
@@ -185,14 +205,16 @@ class Engine {
         job = queue_.front();
         queue_.pop_front();
         busy_ = true;
+        current_ = job;
       }
       run_job(*job);
       std::lock_guard<std::mutex> lock(mutex_);
       busy_ = false;
+      current_.reset();
     }
     // Release anyone still waiting.
     std::lock_guard<std::mutex> lock(mutex_);
-    for (auto& job : queue_) finish(*job, {}, "the server is shutting down");
+    for (auto& job : queue_) finish(*job, {}, kShuttingDown);
   }
 
   void run_job(Job& job) {
@@ -213,6 +235,7 @@ class Engine {
         session_.reset();  // the KV cache may be half-written
       }
     }
+    if (error.empty() && result.finish_reason == "cancelled" && shutting_down()) error = kShuttingDown;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       Counters& c = counters_;
@@ -241,6 +264,8 @@ class Engine {
     job.changed.notify_all();
   }
 
+  std::shared_ptr<Job> current_;  // the job being decoded
+  bool shutting_down_ = false;
   LoadedRun run_;
   bmoe::ThreadPool pool_;
   Session session_;
@@ -326,7 +351,7 @@ std::string random_id(const char* prefix) {
 class Server {
  public:
   Server(Engine& engine, const ServerOptions& o) : engine_(engine), o_(o) {
-    model_name_ = o.alias.empty() ? std::filesystem::path(o.run.model).filename().string() : o.alias;
+    model_name_ = utf8_sanitize(o.alias.empty() ? std::filesystem::path(o.run.model).filename().string() : o.alias);
     const ModelConfig& cfg = engine.model().transformer->config();
     chat_format_ = detect_chat_format(cfg.arch, engine.model().tokenizer->vocab().chat_template);
   }
@@ -397,6 +422,11 @@ class Server {
     job->prompt = std::move(request.prompt);
     const bool stream = request.stream;
     if (!engine_.submit(job)) {
+      res.set_header("Retry-After", "1");
+      if (engine_.shutting_down()) {
+        send_json(res, 503, error_body("server_shutting_down", kShuttingDown));
+        return;
+      }
       send_json(res, 503, error_body("server_busy", fmt::format("the server is busy: {} requests are already waiting; "
                                                                 "retry later", o_.queue)));
       return;
@@ -490,6 +520,8 @@ class Server {
   ChatFormat chat_format_;
 };
 
+constexpr int kListenBacklog = 512;
+
 int serve(const ServerOptions& o) {
   // Signals go to one waiting thread (blocked everywhere else), which stops the server.
   sigset_t signals;
@@ -505,16 +537,31 @@ int serve(const ServerOptions& o) {
   Engine engine(std::move(loaded), resolved);
   Server api(engine, resolved);
   httplib::Server http;
-  const int threads = o.http_threads > 0 ? o.http_threads : std::max(16, o.queue + 8);
+  // Each connection holds an HTTP thread while it is open (the library has no event loop), so
+  // slow or idle clients must not be able to take them all: many threads (cheap while they
+  // wait), and reads that stall for 10 s close the connection.
+  const int threads = o.http_threads > 0 ? o.http_threads : std::max(64, o.queue + 16);
   http.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
   http.set_payload_max_length(16u << 20);
-  http.set_read_timeout(30, 0);
+  http.set_read_timeout(10, 0);
+  http.set_keep_alive_timeout(5);
+  // The library's default sets SO_REUSEPORT, which let a second server bind the same busy port
+  // and the kernel split connections between the two: address reuse only. The listening
+  // socket's descriptor is kept to raise its backlog after bind (the library listens with 5).
+  int listening = -1;
+  http.set_socket_options([&listening](int sock) {
+    const int yes = 1;
+    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+    if (listening < 0) listening = sock;
+  });
   api.install(http);
   if (!http.bind_to_port(o.host, o.port)) fail("cannot listen on {}:{} (in use, or not permitted)", o.host, o.port);
+  if (listening >= 0) ::listen(listening, kListenBacklog);
   std::thread stopper([&] {
     int sig = 0;
     sigwait(&signals, &sig);
-    fmt::print(stderr, "server: stopping (signal {})\n", sig);
+    fmt::print(stderr, "server: stopping (signal {}): the running request is cancelled, queued ones are answered\n", sig);
+    engine.shutdown();
     http.stop();
   });
   fmt::print(stderr, "server: listening on http://{}:{} ({} chat format, queue {}, {} HTTP threads{})\n", o.host, o.port,
@@ -532,6 +579,7 @@ int serve(const ServerOptions& o) {
 
 int main(int argc, char** argv) {
   CLI::App app{"bmoe-server: OpenAI-compatible HTTP server for a MoE GGUF model"};
+  app.set_version_flag("--version", BMOE_VERSION);
   ServerOptions o;
   add_run_flags(app, o.run);
   app.add_option("--host", o.host, "address to bind (default loopback only)")->capture_default_str();
@@ -541,18 +589,29 @@ int main(int argc, char** argv) {
   app.add_option("--queue", o.queue, "requests that may wait while one decodes; more get 503")->capture_default_str()->check(CLI::Range(0, 4096));
   app.add_option("--http-threads", o.http_threads, "HTTP worker threads (default: queue + 8, at least 16)")->check(CLI::Range(1, 4096));
   app.add_option("-n,--n-predict", o.n_predict, "default max_tokens (-1: up to the context for chat, 16 for completions)")->capture_default_str();
-  app.add_option("--temp", o.temperature, "default temperature")->capture_default_str()->check(CLI::Range(0.0, 2.0));
+  app.add_option("--temp", o.temperature, "default temperature")->capture_default_str()->check(finite_number() & CLI::Range(0.0, 2.0));
   app.add_option("--top-k", o.top_k, "default top-k (0 = off)")->capture_default_str()->check(CLI::Range(0, 1 << 24));
-  app.add_option("--top-p", o.top_p, "default top-p (1 = off)")->capture_default_str()->check(CLI::Range(0.0, 1.0));
+  app.add_option("--top-p", o.top_p, "default top-p (1 = off)")->capture_default_str()->check(finite_number() & CLI::Range(0.0, 1.0));
   app.add_flag("--no-think", o.no_think, "answer without reasoning by default (chat_template_kwargs.enable_thinking overrides)");
   try {
-    app.parse(argc, argv);
+    const TranslatedArgs args = translate_llama_flags(app, argc, argv);
+    if (!args.error.empty()) {
+      fmt::print(stderr, "error: {}\n", args.error);
+      return 2;
+    }
+    for (const std::string& note : args.notes) fmt::print(stderr, "{}\n", note);
+    parse_translated(app, args);
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);
     fmt::print(stderr, "error: {}\n", e.what());
     return 2;
   }
+  if (!utf8_valid(o.alias)) {
+    fmt::print(stderr, "error: --alias must be valid UTF-8\n");
+    return 2;
+  }
   try {
+    check_output_path(o.run.cache_file, "--cache-file");
     return serve(o);
   } catch (const std::exception& e) {
     fmt::print(stderr, "error: {}\n", e.what());

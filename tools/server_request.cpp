@@ -3,7 +3,10 @@
 #include <fmt/format.h>
 
 #include <nlohmann/json.hpp>
+#include <random>
 #include <set>
+
+#include "text/utf8.h"
 
 namespace bmoe {
 namespace {
@@ -15,6 +18,9 @@ using json = nlohmann::json;
 }
 
 json parse_body(const std::string& text) {
+  // Checked up front: JSON text is UTF-8, and invalid bytes inside a string would otherwise
+  // surface later as a library error.
+  if (!utf8_valid(text)) bad_request("the request body is not valid UTF-8");
   try {
     json j = json::parse(text);
     if (!j.is_object()) bad_request("the request body must be a JSON object");
@@ -79,7 +85,9 @@ GenerateParams sampling_params(const json& body, const RequestContext& o, int64_
   p.sampler.temperature = static_cast<float>(number_field(body, "temperature", o.temperature, 0.0, 2.0));
   p.sampler.top_p = static_cast<float>(number_field(body, "top_p", o.top_p, 0.0, 1.0));
   p.sampler.top_k = static_cast<int>(int_field(body, "top_k", o.top_k, 0, 1 << 24));
-  p.sampler.seed = static_cast<uint64_t>(int_field(body, "seed", 0xB30E, INT64_MIN, INT64_MAX));
+  // No seed (or -1, llama-server's "random"): a fresh one, so seedless requests differ.
+  const int64_t seed = int_field(body, "seed", -1, INT64_MIN, INT64_MAX);
+  p.sampler.seed = seed == -1 ? (static_cast<uint64_t>(std::random_device{}()) << 32 | std::random_device{}()) : static_cast<uint64_t>(seed);
   p.stop = stop_field(body);
   p.draft = o.draft;  // used by greedy requests only (lossless verification needs argmax)
   only_default(body, "n", 1);

@@ -287,5 +287,132 @@ class ServerLimitsTest(unittest.TestCase):
             s.stop()
 
 
+class ServerHardeningTest(unittest.TestCase):
+    """What an exposed server meets: a busy port, slow and many clients, SIGTERM mid-stream,
+    bytes that are not UTF-8, and clients that rely on seeds."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.model = synth("tiny-qwen3moe", "tiny-qwen3moe")
+
+    def test_busy_port_is_refused(self):
+        s = Server(self.model)
+        try:
+            p = subprocess.run([tool("bmoe-server"), "-m", self.model, "--port", str(s.port), "-t", THREADS],
+                               capture_output=True, text=True, timeout=60)
+            self.assertNotEqual(p.returncode, 0, p.stderr[-800:])
+            self.assertIn("cannot listen", p.stderr)
+            self.assertEqual(s.get("/health")[0], 200)  # the first one is unaffected
+        finally:
+            s.stop()
+
+    def test_slow_and_many_clients(self):
+        s = Server(self.model)
+        slow = []
+        stop = threading.Event()
+        try:
+            # 24 clients that trickle their headers hold a connection each...
+            for _ in range(24):
+                c = socket.create_connection(("127.0.0.1", s.port))
+                c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+                slow.append(c)
+
+            def trickle():
+                while not stop.wait(0.5):
+                    for c in slow:
+                        try:
+                            c.sendall(b"X")
+                        except OSError:
+                            pass
+            t = threading.Thread(target=trickle)
+            t.start()
+            time.sleep(1.0)
+            # ...and /health still answers at once.
+            for _ in range(3):
+                t0 = time.time()
+                self.assertEqual(s.get("/health", timeout=5)[0], 200)
+                self.assertLess(time.time() - t0, 1.0)
+            # 32 clients at once: every connection is answered, none reset.
+            results = []
+            lock = threading.Lock()
+            barrier = threading.Barrier(32)
+
+            def client():
+                barrier.wait()
+                try:
+                    status, _ = s.get("/v1/models", timeout=30)
+                except OSError as e:
+                    status = str(e)
+                with lock:
+                    results.append(status)
+            clients = [threading.Thread(target=client) for _ in range(32)]
+            for c in clients:
+                c.start()
+            for c in clients:
+                c.join()
+            self.assertEqual(results, [200] * 32)
+            stop.set()
+            t.join()
+        finally:
+            stop.set()
+            for c in slow:
+                c.close()
+            s.stop()
+
+    def test_sigterm_ends_running_and_queued_requests_with_an_error(self):
+        s = Server(self.model, "-c", "32768")
+        outcome = {}
+
+        def streamer():
+            body = {"prompt": "Once upon a time", "max_tokens": 30000, "temperature": 0, "stream": True}
+            try:
+                outcome["stream"] = s.request("POST", "/v1/completions", body, timeout=60)
+            except OSError as e:
+                outcome["stream"] = (-1, str(e))
+
+        def queued(k):
+            try:
+                outcome[k] = s.request("POST", "/v1/completions", {"prompt": "hi", "max_tokens": 8}, timeout=60)
+            except OSError as e:
+                outcome[k] = (-1, str(e))
+        threads = [threading.Thread(target=streamer)]
+        threads[0].start()
+        time.sleep(1.0)  # the stream is decoding
+        threads += [threading.Thread(target=queued, args=(k,)) for k in ("q1", "q2")]
+        for t in threads[1:]:
+            t.start()
+        time.sleep(0.5)
+        s.proc.terminate()
+        for t in threads:
+            t.join(timeout=60)
+        self.assertEqual(s.proc.wait(timeout=30), 0)
+        status, text = outcome["stream"]
+        self.assertEqual(status, 200, text[-500:])
+        self.assertIn("shutting down", text)  # an error event, not a silent end
+        for k in ("q1", "q2"):
+            status, text = outcome[k]
+            self.assertIn(status, (200, 503), text)
+            self.assertIn("shutting down", json.loads(text)["error"]["message"])
+
+    def test_seeds_and_utf8(self):
+        s = Server(self.model)
+        try:
+            body = {"prompt": "The weather today", "max_tokens": 16, "temperature": 1.0}
+            texts = [s.post("/v1/completions", body)[1]["choices"][0]["text"] for _ in range(2)]
+            self.assertNotEqual(texts[0], texts[1], "two seedless requests sampled the same text")
+            seeded = [s.post("/v1/completions", {**body, "seed": 7})[1]["choices"][0]["text"] for _ in range(2)]
+            self.assertEqual(seeded[0], seeded[1])
+            status, text = s.request("POST", "/v1/completions", raw=b'{"prompt": "\xff\xfe", "max_tokens": 2}')
+            self.assertEqual(status, 400, text)
+            self.assertIn("UTF-8", json.loads(text)["error"]["message"])
+            self.assertEqual(s.get("/health")[0], 200)
+        finally:
+            s.stop()
+        p = subprocess.run([tool("bmoe-server").encode(), b"-m", self.model.encode(), b"--port", b"0", b"--alias", b"\xff\xfe"],
+                           capture_output=True, timeout=60)
+        self.assertEqual(p.returncode, 2, p.stderr[-500:])
+        self.assertIn(b"--alias must be valid UTF-8", p.stderr)
+
+
 if __name__ == "__main__":
     unittest.main()
