@@ -229,5 +229,42 @@ TEST(Chat, HarmonyAndLlama3) {
   EXPECT_EQ(detect_chat_format("qwen3moe", "<|im_start|>"), ChatFormat::ChatML);
 }
 
+TEST(Chat, ReasoningSplitterSeparatesTheThinkBlock) {
+  struct Case {
+    std::string text, reasoning, content;
+  };
+  const std::vector<Case> cases = {
+      {"<think>\nweigh the options\n</think>\n\nThe answer.", "weigh the options\n", "The answer."},
+      {"Plain answer, no thinking.", "", "Plain answer, no thinking."},
+      {"  <think>x</think>y", "x", "y"},
+      {"<think>\n\n</think>\n\nEmpty think block.", "", "Empty think block."},
+      {"<think>never closed", "never closed", ""},
+      {"<thinking is not a tag", "", "<thinking is not a tag"},
+      {"a </think> in content", "", "a </think> in content"},
+      {"<think>a < b, and </thin is not the end</think>ok", "a < b, and </thin is not the end", "ok"},
+      {"", "", ""},
+  };
+  for (const Case& c : cases) {
+    // Whole, and in two or three pieces split at every pair of positions: the same result.
+    for (size_t i = 0; i <= c.text.size(); ++i) {
+      for (size_t j = i; j <= c.text.size(); ++j) {
+        ReasoningSplitter s;
+        std::string reasoning, content;
+        for (const std::string_view piece : {std::string_view(c.text).substr(0, i), std::string_view(c.text).substr(i, j - i),
+                                             std::string_view(c.text).substr(j)}) {
+          const ReasoningSplitter::Delta d = s.feed(piece);
+          reasoning += d.reasoning;
+          content += d.content;
+        }
+        const ReasoningSplitter::Delta d = s.finish();
+        reasoning += d.reasoning;
+        content += d.content;
+        EXPECT_EQ(reasoning, c.reasoning) << c.text << " split " << i << "," << j;
+        EXPECT_EQ(content, c.content) << c.text << " split " << i << "," << j;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace bmoe

@@ -1,5 +1,7 @@
 #include "text/chat.h"
 
+#include <algorithm>
+
 namespace bmoe {
 
 ChatFormat detect_chat_format(const std::string& arch, const std::string& chat_template) {
@@ -65,6 +67,84 @@ std::string render_chat(ChatFormat format, const std::vector<ChatMessage>& messa
       return out;
   }
   return out;
+}
+
+namespace {
+constexpr std::string_view kThinkOpen = "<think>";
+constexpr std::string_view kThinkClose = "</think>";
+
+// Length of the longest suffix of `text` that is a proper prefix of `tag`.
+size_t partial_tag_suffix(std::string_view text, std::string_view tag) {
+  for (size_t n = std::min(text.size(), tag.size() - 1); n > 0; --n) {
+    if (text.substr(text.size() - n) == tag.substr(0, n)) return n;
+  }
+  return 0;
+}
+}  // namespace
+
+ReasoningSplitter::Delta ReasoningSplitter::feed(std::string_view piece) {
+  Delta d;
+  held_.append(piece);
+  for (bool progress = true; progress;) {
+    progress = false;
+    switch (state_) {
+      case State::Start: {
+        const size_t first = held_.find_first_not_of(" \t\r\n");
+        if (first == std::string::npos) return d;  // only whitespace so far
+        const std::string_view rest = std::string_view(held_).substr(first);
+        if (rest.substr(0, kThinkOpen.size()) == kThinkOpen) {
+          held_.erase(0, first + kThinkOpen.size());
+          state_ = State::ReasoningStart;
+          progress = true;
+        } else if (kThinkOpen.substr(0, rest.size()) == rest) {
+          return d;  // could still become <think>
+        } else {
+          state_ = State::Content;
+          progress = true;
+        }
+        break;
+      }
+      case State::Reasoning: {
+        const size_t close = held_.find(kThinkClose);
+        if (close != std::string::npos) {
+          d.reasoning += held_.substr(0, close);
+          held_.erase(0, close + kThinkClose.size());
+          state_ = State::ContentStart;
+          progress = true;
+        } else {
+          const size_t keep = partial_tag_suffix(held_, kThinkClose);
+          d.reasoning += held_.substr(0, held_.size() - keep);
+          held_.erase(0, held_.size() - keep);
+        }
+        break;
+      }
+      case State::ReasoningStart:
+      case State::ContentStart: {
+        const size_t first = held_.find_first_not_of('\n');
+        if (first == std::string::npos) {
+          held_.clear();
+          return d;
+        }
+        held_.erase(0, first);
+        state_ = state_ == State::ReasoningStart ? State::Reasoning : State::Content;
+        progress = true;
+        break;
+      }
+      case State::Content:
+        d.content += held_;
+        held_.clear();
+        break;
+    }
+  }
+  return d;
+}
+
+ReasoningSplitter::Delta ReasoningSplitter::finish() {
+  Delta d;
+  if (state_ == State::Reasoning) d.reasoning = held_;
+  else if (state_ == State::Start || state_ == State::Content) d.content = held_;
+  held_.clear();
+  return d;
 }
 
 }  // namespace bmoe
