@@ -54,6 +54,7 @@ struct ServerOptions {
   int top_k = 40;
   float top_p = 0.95f;
   bool no_think = false;
+  std::string reasoning_format = "deepseek";  // chat: a <think> block goes to reasoning_content
   DraftConfig draft;  // resolved from run after load
 };
 
@@ -283,6 +284,7 @@ class Engine {
 
 struct Completion {
   bool chat = false;
+  bool split_reasoning = false;  // chat with --reasoning-format deepseek
   std::string id;
   int64_t created = 0;
   std::string model;
@@ -317,7 +319,16 @@ std::string finish_reason(const GenerateResult& r) { return r.finish_reason == "
 json full_response(const Completion& c, const GenerateResult& r) {
   json choice = {{"index", 0}, {"finish_reason", finish_reason(r)}};
   if (c.chat) {
-    choice["message"] = {{"role", "assistant"}, {"content", utf8_sanitize(r.text)}};
+    std::string content = r.text, reasoning;
+    if (c.split_reasoning) {
+      ReasoningSplitter splitter;
+      const ReasoningSplitter::Delta d = splitter.feed(r.text);
+      const ReasoningSplitter::Delta rest = splitter.finish();
+      content = d.content + rest.content;
+      reasoning = d.reasoning + rest.reasoning;
+    }
+    choice["message"] = {{"role", "assistant"}, {"content", utf8_sanitize(content)}};
+    if (!reasoning.empty()) choice["message"]["reasoning_content"] = utf8_sanitize(reasoning);
   } else {
     choice["text"] = utf8_sanitize(r.text);
     choice["logprobs"] = nullptr;
@@ -362,6 +373,45 @@ class Server {
       send_json(res, 200, {{"object", "list"},
                            {"data", json::array({{{"id", model_name_}, {"object", "model"}, {"created", 0},
                                                   {"owned_by", "bmoe"}}})}});
+    }));
+    http.Get(R"(/v1/models/(.+))", guarded([this](const httplib::Request& req, httplib::Response& res) {
+      const std::string id = req.matches[1];
+      if (id != model_name_) {
+        send_json(res, 404, error_body("invalid_request_error", fmt::format("The model '{}' does not exist", utf8_sanitize(id)),
+                                       "model", "model_not_found"));
+        return;
+      }
+      send_json(res, 200, {{"id", model_name_}, {"object", "model"}, {"created", 0}, {"owned_by", "bmoe"}});
+    }));
+    http.Post("/tokenize", guarded([this](const httplib::Request& req, httplib::Response& res) {
+      const TokenizeRequest r = parse_tokenize_request(req.body);
+      const Tokenizer& tok = *engine_.model().tokenizer;
+      const std::vector<int32_t> ids = tok.encode(r.content, true, r.add_special && tok.vocab().add_bos);
+      json tokens = json::array();
+      for (int32_t id : ids) {
+        if (r.with_pieces) tokens.push_back({{"id", id}, {"piece", utf8_sanitize(tok.decode({id}, true))}});
+        else tokens.push_back(id);
+      }
+      send_json(res, 200, {{"tokens", tokens}});
+    }));
+    http.Post("/detokenize", guarded([this](const httplib::Request& req, httplib::Response& res) {
+      const Tokenizer& tok = *engine_.model().tokenizer;
+      const std::vector<int32_t> ids = parse_detokenize_request(req.body, tok.vocab_size());
+      send_json(res, 200, {{"content", utf8_sanitize(tok.decode(ids, true))}});
+    }));
+    http.Get("/props", guarded([this](const httplib::Request&, httplib::Response& res) {
+      const ModelConfig& cfg = engine_.model().transformer->config();
+      json settings = {{"n_ctx", engine_.n_ctx()}, {"n_predict", o_.n_predict}, {"temperature", o_.temperature},
+                       {"top_k", o_.top_k}, {"top_p", o_.top_p}};
+      send_json(res, 200, {{"default_generation_settings", settings},
+                           {"total_slots", 1},
+                           {"model_alias", model_name_},
+                           {"model_path", utf8_sanitize(o_.run.model)},
+                           {"chat_format", chat_format_name(chat_format_)},
+                           {"chat_template", utf8_sanitize(engine_.model().tokenizer->vocab().chat_template)},
+                           {"architecture", cfg.arch},
+                           {"reasoning_format", o_.reasoning_format},
+                           {"build_info", fmt::format("bmoe {}", BMOE_VERSION)}});
     }));
     http.Get("/metrics", guarded([this](const httplib::Request&, httplib::Response& res) {
       res.set_content(engine_.prometheus(), "text/plain; version=0.0.4");
@@ -431,13 +481,31 @@ class Server {
                                                                 "retry later", o_.queue)));
       return;
     }
-    Completion c{chat, random_id(chat ? "chatcmpl" : "cmpl"), static_cast<int64_t>(std::time(nullptr)), model_name_};
-    if (stream) stream_response(res, job, c);
-    else whole_response(res, job, c);
+    Completion c{chat, chat && o_.reasoning_format == "deepseek", random_id(chat ? "chatcmpl" : "cmpl"),
+                 static_cast<int64_t>(std::time(nullptr)), model_name_};
+    // Counted until the library is done with the response (it destroys the provider then).
+    ++responding_;
+    const auto responding = std::shared_ptr<void>(nullptr, [this](void*) { --responding_; });
+    if (stream) stream_response(res, job, c, responding);
+    else whole_response(res, job, c, responding);
   }
 
+ public:
+  // Waits (up to `limit`) until every accepted completion has been answered: at shutdown the
+  // library stops writing responses once stopped, which would cut their error off.
+  void wait_answered(std::chrono::seconds limit) const {
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    while (responding_.load() > 0 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+
+ private:
+  std::atomic<int> responding_{0};
+
   // Waits for the job, writing a space each second so a vanished client is noticed.
-  void whole_response(httplib::Response& res, const std::shared_ptr<Job>& job, const Completion& c) {
+  void whole_response(httplib::Response& res, const std::shared_ptr<Job>& job, const Completion& c,
+                      const std::shared_ptr<void>& responding) {
     res.set_chunked_content_provider("application/json", [job, c](size_t, httplib::DataSink& sink) {
       std::unique_lock<std::mutex> lock(job->mutex);
       if (!job->changed.wait_for(lock, std::chrono::seconds(1), [&] { return job->done; })) {
@@ -453,14 +521,16 @@ class Server {
       sink.write(text.data(), text.size());
       sink.done();
       return true;
-    }, [job](bool) { job->cancel.store(true); });
+    }, [job, responding](bool) { job->cancel.store(true); });
   }
 
   // Server-sent events: a role chunk, one chunk per piece, a finish chunk, [DONE].
-  void stream_response(httplib::Response& res, const std::shared_ptr<Job>& job, const Completion& c) {
+  void stream_response(httplib::Response& res, const std::shared_ptr<Job>& job, const Completion& c,
+                       const std::shared_ptr<void>& responding) {
     res.set_header("Cache-Control", "no-cache");
     auto started = std::make_shared<bool>(false);
-    res.set_chunked_content_provider("text/event-stream", [job, c, started](size_t, httplib::DataSink& sink) {
+    auto splitter = std::make_shared<ReasoningSplitter>();
+    res.set_chunked_content_provider("text/event-stream", [job, c, started, splitter](size_t, httplib::DataSink& sink) {
       auto send = [&](const std::string& text) {
         if (sink.write(text.data(), text.size())) return true;
         job->cancel.store(true);
@@ -483,7 +553,24 @@ class Server {
       }
       const bool done = job->done;
       lock.unlock();
-      if (!text.empty() && !send(sse(chunk(c, &text, nullptr)))) return false;
+      if (c.split_reasoning) {
+        // The reasoning goes out as delta.reasoning_content, the rest as delta.content.
+        ReasoningSplitter::Delta d = splitter->feed(text);
+        if (done) {
+          const ReasoningSplitter::Delta rest = splitter->finish();
+          d.reasoning += rest.reasoning;
+          d.content += rest.content;
+        }
+        if (!d.reasoning.empty() || !d.content.empty()) {
+          json delta_chunk = chunk(c, nullptr, nullptr);
+          json& delta = delta_chunk["choices"][0]["delta"];
+          if (!d.reasoning.empty()) delta["reasoning_content"] = d.reasoning;
+          if (!d.content.empty()) delta["content"] = d.content;
+          if (!send(sse(delta_chunk))) return false;
+        }
+      } else if (!text.empty() && !send(sse(chunk(c, &text, nullptr)))) {
+        return false;
+      }
       if (!done) return text.empty() ? send(": keep-alive\n\n") : true;
       if (!job->error.empty()) {
         if (!send(sse(error_body("server_error", job->error)))) return false;
@@ -497,7 +584,7 @@ class Server {
       if (!send("data: [DONE]\n\n")) return false;
       sink.done();
       return true;
-    }, [job](bool) { job->cancel.store(true); });
+    }, [job, responding](bool) { job->cancel.store(true); });
   }
 
   Engine& engine_;
@@ -562,6 +649,7 @@ int serve(const ServerOptions& o) {
     sigwait(&signals, &sig);
     fmt::print(stderr, "server: stopping (signal {}): the running request is cancelled, queued ones are answered\n", sig);
     engine.shutdown();
+    api.wait_answered(std::chrono::seconds(10));
     http.stop();
   });
   fmt::print(stderr, "server: listening on http://{}:{} ({} chat format, queue {}, {} HTTP threads{})\n", o.host, o.port,
@@ -593,6 +681,10 @@ int main(int argc, char** argv) {
   app.add_option("--top-k", o.top_k, "default top-k (0 = off)")->capture_default_str()->check(CLI::Range(0, 1 << 24));
   app.add_option("--top-p", o.top_p, "default top-p (1 = off)")->capture_default_str()->check(finite_number() & CLI::Range(0.0, 1.0));
   app.add_flag("--no-think", o.no_think, "answer without reasoning by default (chat_template_kwargs.enable_thinking overrides)");
+  app.add_option("--reasoning-format", o.reasoning_format,
+                 "chat: deepseek puts an answer's leading <think> block in message.reasoning_content "
+                 "(delta.reasoning_content when streaming); none leaves it in content")
+      ->capture_default_str()->check(CLI::IsMember({"deepseek", "none"}));
   try {
     const TranslatedArgs args = translate_llama_flags(app, argc, argv);
     if (!args.error.empty()) {

@@ -96,6 +96,42 @@ GenerateParams sampling_params(const json& body, const RequestContext& o, int64_
   return p;
 }
 
+// The documented request fields bmoe does not act on, as clients send them by default. Each is
+// accepted at its neutral value (a feature that is off) and refused otherwise, so a request
+// never silently loses what it asked for; the informational ones are accepted with any value.
+void check_unused_fields(const json& body, bool chat) {
+  // Accepted with any value and ignored (they change nothing in the answer): user, metadata,
+  // store, service_tier, prompt_cache_key, safety_identifier, parallel_tool_calls (no tools),
+  // reasoning_effort, verbosity, prediction, cache_prompt (the KV prefix is always reused).
+  only_default(body, "logit_bias", json::object());
+  only_default(body, "suffix", "");
+  only_default(body, "audio", nullptr);
+  if (body.contains("modalities") && !body["modalities"].is_null() && body["modalities"] != json::array({"text"})) {
+    bad_request("'modalities' is not supported (only [\"text\"])", "modalities");
+  }
+  if (chat) {
+    only_default(body, "logprobs", false);
+    only_default(body, "top_logprobs", 0);
+    only_default(body, "tools", json::array());
+    only_default(body, "functions", json::array());
+    for (const char* key : {"tool_choice", "function_call"}) {
+      if (body.contains(key) && !body[key].is_null() && body[key] != "none" && body[key] != "auto") {
+        bad_request(fmt::format("'{}' is not supported (tool calling is not implemented; only \"none\" or \"auto\" "
+                                "without tools)", key), key);
+      }
+    }
+    if (body.contains("response_format") && !body["response_format"].is_null()) {
+      const json& f = body["response_format"];
+      if (!f.is_object() || f.value("type", "") != "text") {
+        bad_request("'response_format' is not supported (only {\"type\":\"text\"})", "response_format");
+      }
+    }
+    if (body.contains("web_search_options") && !body["web_search_options"].is_null()) {
+      bad_request("'web_search_options' is not supported", "web_search_options");
+    }
+  }
+}
+
 std::string message_content(const json& m, size_t index) {
   const std::string where = fmt::format("messages[{}].content", index);
   if (!m.contains("content") || m["content"].is_null()) return {};
@@ -169,13 +205,20 @@ std::vector<int32_t> prompt_of(const json& body, bool chat, const RequestContext
 
 CompletionRequest parse_completion_request(const std::string& text, bool chat, const RequestContext& context) {
   const json body = parse_body(text);
+  // OpenAI's documented fields, and llama-server's top_k and chat_template_kwargs. What bmoe does
+  // with each: README ("Request fields").
   static const std::set<std::string> kChatFields = {
       "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "stop",
-      "stream", "stream_options", "n", "presence_penalty", "frequency_penalty", "user", "chat_template_kwargs"};
+      "stream", "stream_options", "n", "presence_penalty", "frequency_penalty", "user", "chat_template_kwargs",
+      "logprobs", "top_logprobs", "logit_bias", "response_format", "tools", "tool_choice", "parallel_tool_calls",
+      "functions", "function_call", "store", "metadata", "reasoning_effort", "service_tier", "modalities", "audio",
+      "prediction", "prompt_cache_key", "safety_identifier", "verbosity", "web_search_options", "cache_prompt"};
   static const std::set<std::string> kCompletionFields = {
       "model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream",
-      "stream_options", "n", "presence_penalty", "frequency_penalty", "user", "echo", "logprobs", "best_of"};
+      "stream_options", "n", "presence_penalty", "frequency_penalty", "user", "echo", "logprobs", "best_of",
+      "logit_bias", "suffix", "cache_prompt"};
   reject_unknown_fields(body, chat ? kChatFields : kCompletionFields);
+  check_unused_fields(body, chat);
   if (!chat) {
     only_default(body, "echo", false);
     only_default(body, "logprobs", nullptr);
@@ -194,6 +237,32 @@ CompletionRequest parse_completion_request(const std::string& text, bool chat, c
                        chat ? "messages" : "prompt", "context_length_exceeded");
   }
   return r;
+}
+
+TokenizeRequest parse_tokenize_request(const std::string& text) {
+  const json body = parse_body(text);
+  reject_unknown_fields(body, {"content", "add_special", "with_pieces", "parse_special"});
+  if (!body.contains("content") || !body["content"].is_string()) bad_request("'content' must be a string", "content");
+  TokenizeRequest r;
+  r.content = body["content"].get<std::string>();
+  r.add_special = bool_field(body, "add_special", false);
+  r.with_pieces = bool_field(body, "with_pieces", false);
+  only_default(body, "parse_special", true);
+  return r;
+}
+
+std::vector<int32_t> parse_detokenize_request(const std::string& text, int vocab_size) {
+  const json body = parse_body(text);
+  reject_unknown_fields(body, {"tokens"});
+  if (!body.contains("tokens") || !body["tokens"].is_array()) bad_request("'tokens' must be an array of token ids", "tokens");
+  std::vector<int32_t> ids;
+  for (const json& e : body["tokens"]) {
+    if (!e.is_number_integer() || e.get<int64_t>() < 0 || e.get<int64_t>() >= vocab_size) {
+      bad_request("'tokens' must be integers inside the vocabulary", "tokens");
+    }
+    ids.push_back(static_cast<int32_t>(e.get<int64_t>()));
+  }
+  return ids;
 }
 
 }  // namespace bmoe

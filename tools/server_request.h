@@ -44,4 +44,14 @@ struct CompletionRequest {
 // Parses a request body; throws RequestError (4xx) for anything it cannot serve.
 CompletionRequest parse_completion_request(const std::string& body, bool chat, const RequestContext& context);
 
+// llama-server's POST /tokenize: {"content": text, "add_special": false, "with_pieces": false}.
+struct TokenizeRequest {
+  std::string content;
+  bool add_special = false;  // add BOS where the vocabulary does
+  bool with_pieces = false;  // answer [{"id", "piece"}] instead of ids
+};
+TokenizeRequest parse_tokenize_request(const std::string& body);
+// llama-server's POST /detokenize: {"tokens": [ids]}; ids outside [0, vocab_size) are refused.
+std::vector<int32_t> parse_detokenize_request(const std::string& body, int vocab_size);
+
 }  // namespace bmoe

@@ -1,6 +1,7 @@
-// libFuzzer target: bmoe-server's request parser (JSON body -> prompt tokens and sampling
-// parameters) for both endpoints. Every input must parse or be refused with RequestError (an
-// HTTP 4xx with an OpenAI-style body); anything else is a bug.
+// libFuzzer target: bmoe-server's request parsers (JSON body -> prompt tokens and sampling
+// parameters) for both completion endpoints, and /tokenize and /detokenize. Every input must
+// parse or be refused with RequestError (an HTTP 4xx with an OpenAI-style body); anything else
+// is a bug.
 #include <cstdint>
 #include <cstdlib>
 #include <string>
@@ -20,6 +21,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     } catch (const bmoe::RequestError& e) {
       if (e.status < 400 || e.status > 499) std::abort();
     }
+  }
+  // The tokenizer endpoints' bodies (/tokenize, /detokenize).
+  try {
+    bmoe::parse_tokenize_request(body);
+  } catch (const bmoe::RequestError& e) {
+    if (e.status < 400 || e.status > 499) std::abort();
+  }
+  try {
+    const int vocab = context.tokenizer->vocab_size();
+    for (int32_t id : bmoe::parse_detokenize_request(body, vocab)) {
+      if (id < 0 || id >= vocab) std::abort();
+    }
+  } catch (const bmoe::RequestError& e) {
+    if (e.status < 400 || e.status > 499) std::abort();
   }
   return 0;
 }

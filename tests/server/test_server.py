@@ -203,6 +203,54 @@ class ServerTest(unittest.TestCase):
         self.assert_error(status, json.loads(text), 400)
         self.assertEqual(s.get("/health")[0], 200)  # still alive
 
+    def test_fields_clients_send_by_default_are_accepted(self):
+        s = self.server
+        base = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0}
+        defaults = {"logprobs": False, "top_logprobs": 0, "response_format": {"type": "text"}, "store": False,
+                    "metadata": {"k": "v"}, "parallel_tool_calls": True, "tools": [], "tool_choice": "auto",
+                    "logit_bias": {}, "reasoning_effort": "low", "user": "u", "service_tier": "auto",
+                    "modalities": ["text"], "n": 1, "presence_penalty": 0, "frequency_penalty": 0}
+        status, body = s.post("/v1/chat/completions", {**base, **defaults})
+        self.assertEqual(status, 200, body)
+        status, plain = s.post("/v1/chat/completions", base)
+        self.assertEqual(body["choices"][0]["message"]["content"], plain["choices"][0]["message"]["content"])
+        status, body = s.post("/v1/completions", {"prompt": "hi", "max_tokens": 2, "logit_bias": {}, "suffix": "",
+                                                  "echo": False, "best_of": 1, "user": "u"})
+        self.assertEqual(status, 200, body)
+        # Asking for what bmoe does not do is refused, naming the field, never silently dropped.
+        for field, value in (("logprobs", True), ("tools", [{"type": "function", "function": {"name": "f"}}]),
+                             ("response_format", {"type": "json_object"}), ("logit_bias", {"1": 5}),
+                             ("tool_choice", "required"), ("modalities", ["text", "audio"])):
+            status, body = s.post("/v1/chat/completions", {**base, field: value})
+            self.assert_error(status, body, 400)
+            self.assertEqual(body["error"]["param"], field)
+
+    def test_model_by_id_tokenize_detokenize_props(self):
+        s = self.server
+        status, text = s.get("/v1/models/tiny-qwen3moe.gguf")
+        self.assertEqual(status, 200)
+        self.assertEqual(json.loads(text)["id"], "tiny-qwen3moe.gguf")
+        status, text = s.get("/v1/models/gpt-4")
+        self.assertEqual(status, 404)
+        self.assertEqual(json.loads(text)["error"]["code"], "model_not_found")
+        want = json.loads(run([tool("bmoe-cli"), "-m", self.model, "-p", "Hello world", "--tokenize"]))
+        status, body = s.post("/tokenize", {"content": "Hello world", "add_special": True})
+        self.assertEqual(status, 200, body)
+        self.assertEqual(body["tokens"], want)
+        status, pieces = s.post("/tokenize", {"content": "Hello world", "with_pieces": True})
+        self.assertEqual("".join(p["piece"] for p in pieces["tokens"]), "Hello world")
+        status, body = s.post("/detokenize", {"tokens": [p["id"] for p in pieces["tokens"]]})
+        self.assertEqual(body, {"content": "Hello world"})
+        status, body = s.post("/detokenize", {"tokens": [-1]})
+        self.assert_error(status, body, 400)
+        status, body = s.post("/tokenize", {"text": "x"})
+        self.assert_error(status, body, 400)
+        status, text = s.get("/props")
+        props = json.loads(text)
+        self.assertEqual(props["total_slots"], 1)
+        self.assertEqual(props["default_generation_settings"]["n_ctx"], 512)
+        self.assertEqual(props["architecture"], "qwen3moe")
+
     def test_disconnect_cancels_the_generation(self):
         before = self.server.metric_labelled("bmoe_requests_total", 'outcome="cancelled"')
         conn = socket.create_connection(("127.0.0.1", self.server.port))
@@ -367,14 +415,14 @@ class ServerHardeningTest(unittest.TestCase):
             body = {"prompt": "Once upon a time", "max_tokens": 30000, "temperature": 0, "stream": True}
             try:
                 outcome["stream"] = s.request("POST", "/v1/completions", body, timeout=60)
-            except OSError as e:
-                outcome["stream"] = (-1, str(e))
+            except (OSError, http.client.HTTPException) as e:  # a stream cut off reads short
+                outcome["stream"] = (-1, repr(e))
 
         def queued(k):
             try:
                 outcome[k] = s.request("POST", "/v1/completions", {"prompt": "hi", "max_tokens": 8}, timeout=60)
-            except OSError as e:
-                outcome[k] = (-1, str(e))
+            except (OSError, http.client.HTTPException) as e:
+                outcome[k] = (-1, repr(e))
         threads = [threading.Thread(target=streamer)]
         threads[0].start()
         time.sleep(1.0)  # the stream is decoding
