@@ -285,6 +285,7 @@ class Engine {
 struct Completion {
   bool chat = false;
   bool split_reasoning = false;  // chat with --reasoning-format deepseek
+  bool include_usage = false;    // stream_options.include_usage
   std::string id;
   int64_t created = 0;
   std::string model;
@@ -481,7 +482,7 @@ class Server {
                                                                 "retry later", o_.queue)));
       return;
     }
-    Completion c{chat, chat && o_.reasoning_format == "deepseek", random_id(chat ? "chatcmpl" : "cmpl"),
+    Completion c{chat, chat && o_.reasoning_format == "deepseek", request.include_usage, random_id(chat ? "chatcmpl" : "cmpl"),
                  static_cast<int64_t>(std::time(nullptr)), model_name_};
     // Counted until the library is done with the response (it destroys the provider then).
     ++responding_;
@@ -580,6 +581,12 @@ class Server {
         last["usage"] = usage_of(job->result);
         last["timings"] = timings_of(job->result);
         if (!send(sse(last))) return false;
+        if (c.include_usage) {  // as OpenAI: one more chunk, with usage and no choices
+          json usage = chunk(c, nullptr, nullptr);
+          usage["choices"] = json::array();
+          usage["usage"] = usage_of(job->result);
+          if (!send(sse(usage))) return false;
+        }
       }
       if (!send("data: [DONE]\n\n")) return false;
       sink.done();

@@ -103,6 +103,7 @@ void check_unused_fields(const json& body, bool chat) {
   // Accepted with any value and ignored (they change nothing in the answer): user, metadata,
   // store, service_tier, prompt_cache_key, safety_identifier, parallel_tool_calls (no tools),
   // reasoning_effort, verbosity, prediction, cache_prompt (the KV prefix is always reused).
+  // (stream_options.include_usage is read by parse_completion_request.)
   only_default(body, "logit_bias", json::object());
   only_default(body, "suffix", "");
   only_default(body, "audio", nullptr);
@@ -227,6 +228,11 @@ CompletionRequest parse_completion_request(const std::string& text, bool chat, c
   if (body.contains("model") && !body["model"].is_string()) bad_request("'model' must be a string", "model");
   CompletionRequest r;
   r.stream = bool_field(body, "stream", false);
+  if (body.contains("stream_options") && !body["stream_options"].is_null()) {
+    const json& so = body["stream_options"];
+    if (!so.is_object()) bad_request("'stream_options' must be an object", "stream_options");
+    r.include_usage = bool_field(so, "include_usage", false);
+  }
   const int n_ctx = context.n_ctx;
   r.params = sampling_params(body, context, context.n_predict > 0 ? context.n_predict : (chat ? n_ctx : 16));
   r.prompt = prompt_of(body, chat, context);

@@ -39,6 +39,7 @@ struct CompletionRequest {
   std::vector<int32_t> prompt;
   GenerateParams params;
   bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage: a last chunk with usage, no choices
 };
 
 // Parses a request body; throws RequestError (4xx) for anything it cannot serve.

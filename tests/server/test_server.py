@@ -225,6 +225,19 @@ class ServerTest(unittest.TestCase):
             self.assert_error(status, body, 400)
             self.assertEqual(body["error"]["param"], field)
 
+    def test_stream_usage_chunk(self):
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 6, "temperature": 0}
+        plain = self.server.stream("/v1/chat/completions", body)
+        self.assertTrue(all(e == "[DONE]" or e["choices"] for e in plain))
+        events = self.server.stream("/v1/chat/completions", {**body, "stream_options": {"include_usage": True}})
+        self.assertEqual(events[-1], "[DONE]")
+        self.assertEqual(events[-2]["choices"], [])
+        usage = events[-2]["usage"]
+        self.assertEqual(usage["prompt_tokens"] + usage["completion_tokens"], usage["total_tokens"])
+        self.assertEqual(len(events), len(plain) + 1)
+        status, err = self.server.post("/v1/chat/completions", {**body, "stream_options": 3})
+        self.assert_error(status, err, 400)
+
     def test_model_by_id_tokenize_detokenize_props(self):
         s = self.server
         status, text = s.get("/v1/models/tiny-qwen3moe.gguf")
