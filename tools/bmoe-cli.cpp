@@ -456,19 +456,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", BMOE_VERSION);
   CliOptions options;
   add_flags(app, options);
-  try {
-    const TranslatedArgs args = translate_llama_flags(app, argc, argv);
-    if (!args.error.empty()) {
-      fmt::print(stderr, "error: {}\n", args.error);
-      return 2;
-    }
-    for (const std::string& note : args.notes) fmt::print(stderr, "{}\n", note);
-    parse_translated(app, args);
-  } catch (const CLI::ParseError& e) {
-    if (e.get_exit_code() == 0) return app.exit(e);
-    fmt::print(stderr, "error: {}\n", e.what());
-    return 2;
-  }
+  if (const std::optional<int> status = parse_command_line(app, argc, argv)) return *status;
   options.seed = options.seed_option >= 0 ? static_cast<uint64_t>(options.seed_option) : random_seed();
   if (options.temperature > 0 && options.seed_option < 0) fmt::print(stderr, "seed: {} (-s {} repeats this run)\n", options.seed, options.seed);
   try {

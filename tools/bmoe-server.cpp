@@ -692,19 +692,7 @@ int main(int argc, char** argv) {
                  "chat: deepseek puts an answer's leading <think> block in message.reasoning_content "
                  "(delta.reasoning_content when streaming); none leaves it in content")
       ->capture_default_str()->check(CLI::IsMember({"deepseek", "none"}));
-  try {
-    const TranslatedArgs args = translate_llama_flags(app, argc, argv);
-    if (!args.error.empty()) {
-      fmt::print(stderr, "error: {}\n", args.error);
-      return 2;
-    }
-    for (const std::string& note : args.notes) fmt::print(stderr, "{}\n", note);
-    parse_translated(app, args);
-  } catch (const CLI::ParseError& e) {
-    if (e.get_exit_code() == 0) return app.exit(e);
-    fmt::print(stderr, "error: {}\n", e.what());
-    return 2;
-  }
+  if (const std::optional<int> status = parse_command_line(app, argc, argv)) return *status;
   if (!utf8_valid(o.alias)) {
     fmt::print(stderr, "error: --alias must be valid UTF-8\n");
     return 2;

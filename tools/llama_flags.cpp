@@ -83,9 +83,22 @@ TranslatedArgs translate_llama_flags(const CLI::App& app, int argc, const char* 
   return t;
 }
 
-void parse_translated(CLI::App& app, const TranslatedArgs& translated) {
-  std::vector<std::string> reversed(translated.args.rbegin(), translated.args.rend());
-  app.parse(reversed);
+std::optional<int> parse_command_line(CLI::App& app, int argc, const char* const* argv) {
+  try {
+    const TranslatedArgs translated = translate_llama_flags(app, argc, argv);
+    if (!translated.error.empty()) {
+      fmt::print(stderr, "error: {}\n", translated.error);
+      return 2;
+    }
+    for (const std::string& note : translated.notes) fmt::print(stderr, "{}\n", note);
+    std::vector<std::string> reversed(translated.args.rbegin(), translated.args.rend());  // CLI11 wants them so
+    app.parse(reversed);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);
+    fmt::print(stderr, "error: {}\n", e.what());
+    return 2;
+  }
+  return std::nullopt;
 }
 
 }  // namespace bmoe

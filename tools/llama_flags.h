@@ -8,6 +8,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -22,7 +23,9 @@ struct TranslatedArgs {
 // `app` holds the tool's options (to tell option values from option names).
 TranslatedArgs translate_llama_flags(const CLI::App& app, int argc, const char* const* argv);
 
-// Parses translated arguments with CLI11 (which wants them reversed).
-void parse_translated(CLI::App& app, const TranslatedArgs& translated);
+// Translates, prints the notes, and parses with CLI11. Returns the exit status when the tool
+// should stop now (2 after printing one `error:` line; 0 after --help or --version), else
+// nullopt.
+std::optional<int> parse_command_line(CLI::App& app, int argc, const char* const* argv);
 
 }  // namespace bmoe
