@@ -43,33 +43,24 @@ StepCosts step_costs(std::span<const TokenRecord> records) {
 
 RunSummary summarize(const std::vector<TokenRecord>& records, const ExpertStats& final_stats) {
   RunSummary s;
+  s.whole = step_costs(records);
   s.tokens = records.size();
-  double compute = 0, io = 0, stall = 0, bytes = 0;
-  uint64_t hits = 0, lookups = 0;
+  double io = 0;
   for (const TokenRecord& r : records) {
     s.decode_seconds += r.wall_ms / 1e3;
-    compute += r.compute_ms / 1e3;
     io += (r.overlapped ? r.io_ms : r.stall_ms) / 1e3;
     s.overlapped_tokens += r.overlapped ? 1 : 0;
-    stall += r.stall_ms / 1e3;
-    bytes += static_cast<double>(r.bytes_read);
-    hits += r.hits;
-    lookups += r.routed;
+    s.lookups += r.routed;
   }
-  if (s.tokens) {
-    const double n = static_cast<double>(s.tokens);
-    s.seconds_per_token = s.decode_seconds / n;
-    s.compute_s_per_token = compute / n;
-    s.io_s_per_token = io / n;
-    s.stall_s_per_token = stall / n;
-    s.read_mib_per_token = bytes / n / 1048576.0;
-  }
-  s.lookups = lookups;
-  s.hit_rate = lookups ? static_cast<double>(hits) / static_cast<double>(lookups) : 0.0;
+  s.seconds_per_token = s.whole.seconds_per_token;
+  s.compute_s_per_token = s.whole.compute_s_per_token;
+  s.io_s_per_token = s.tokens ? io / static_cast<double>(s.tokens) : 0.0;
+  s.stall_s_per_token = s.whole.stall_s_per_token;
+  s.read_mib_per_token = s.whole.read_mib_per_token;
+  s.hit_rate = s.whole.hit_rate;
   s.evictions = final_stats.evictions;
   s.probe_overlap_s = final_stats.probe_overlap_seconds;
   s.probe_serial_s = final_stats.probe_serial_seconds;
-  s.whole = step_costs(records);
   s.steady_from = records.size();
   for (size_t i = 0; i < records.size(); ++i) {
     if (records[i].steady) {
