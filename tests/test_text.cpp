@@ -1,6 +1,7 @@
 // Tokenizer, UTF-8 streaming and sampling tests on a synthetic byte-level BPE vocabulary.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <unistd.h>
 
@@ -202,6 +203,111 @@ TEST(Sampler, TopPKeepsTheNucleus) {
   c.top_p = 0.5f;
   Sampler s(c);
   for (int i = 0; i < 20; ++i) EXPECT_EQ(s.sample(logits, 4), 0);
+}
+
+TEST(Sampler, NeutralPenaltiesKeepGreedyAnArgmax) {
+  const float logits[] = {0.5f, 2.0f, 2.0f, -3.0f};
+  SamplerConfig c;
+  c.repeat_last_n = 0;  // a window but no penalty, and a penalty but no window: both neutral
+  c.repeat_penalty = 1.3f;
+  EXPECT_FALSE(c.penalized());
+  Sampler s(c);
+  s.begin({1, 1, 2});
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(s.sample(logits, 4), 1);
+    s.accept(1);
+  }
+}
+
+TEST(Sampler, PresenceAndFrequencyPenaltiesCountTheAnswerOnly) {
+  // Token 0 leads by 1.0; it is in the prompt, which the OpenAI penalties do not look at.
+  const float logits[] = {3.0f, 2.0f, 0.0f};
+  SamplerConfig c;
+  c.frequency_penalty = 0.4f;
+  Sampler s(c);
+  s.begin({0, 0, 0});
+  EXPECT_EQ(s.sample(logits, 3), 0);
+  s.accept(0);  // 3.0 - 0.4 = 2.6 still leads
+  EXPECT_EQ(s.sample(logits, 3), 0);
+  s.accept(0);  // 3.0 - 0.8 = 2.2 still leads
+  EXPECT_EQ(s.sample(logits, 3), 0);
+  s.accept(0);  // 3.0 - 1.2 = 1.8 < 2.0
+  EXPECT_EQ(s.sample(logits, 3), 1);
+  SamplerConfig p;
+  p.presence_penalty = 1.5f;  // once, however often the token occurred
+  Sampler q(p);
+  q.begin({});
+  q.accept(1);
+  EXPECT_EQ(q.sample(logits, 3), 0);
+  q.accept(0);  // both penalized by 1.5: 1.5 vs 0.5
+  EXPECT_EQ(q.sample(logits, 3), 0);
+  q.begin({});  // a new answer forgets the counts
+  q.accept(0);
+  EXPECT_EQ(q.sample(logits, 3), 1);
+  // The caller's logits are not modified.
+  EXPECT_EQ(logits[0], 3.0f);
+}
+
+TEST(Sampler, RepeatPenaltyLooksAtTheLastNTokensPromptIncluded) {
+  const float logits[] = {2.0f, 1.5f, -1.0f, -1.2f};
+  SamplerConfig c;
+  c.repeat_penalty = 2.0f;
+  c.repeat_last_n = 2;
+  Sampler s(c);
+  s.begin({0, 3, 3});  // 0 fell out of the last 2; 3 is penalized (multiplied: -2.4)
+  EXPECT_EQ(s.sample(logits, 4), 0);
+  s.begin({3, 0});  // 0 is in the window: 2.0 / 2 = 1.0 < 1.5
+  EXPECT_EQ(s.sample(logits, 4), 1);
+  s.accept(2);
+  s.accept(3);  // the window slides past 0
+  EXPECT_EQ(s.sample(logits, 4), 0);
+  // A negative logit is multiplied, so it drops: 2 (-1.0 -> -2.0) falls below 3 (-1.2).
+  const float negative[] = {-1.0f, -1.2f};
+  Sampler n(c);
+  n.begin({0});
+  EXPECT_EQ(n.sample(negative, 2), 1);
+}
+
+TEST(Sampler, MinPDropsTheUnlikelyTail) {
+  // p(1)/p(0) = e^-1 = 0.37, p(2)/p(0) = e^-5: min_p 0.1 keeps 0 and 1, never 2.
+  const float logits[] = {5.0f, 4.0f, 0.0f};
+  SamplerConfig c;
+  c.temperature = 1.5f;
+  c.top_k = 0;
+  c.top_p = 1.0f;
+  c.min_p = 0.1f;
+  c.seed = 3;
+  Sampler s(c);
+  int seen[3] = {0, 0, 0};
+  for (int i = 0; i < 400; ++i) ++seen[s.sample(logits, 3)];
+  EXPECT_GT(seen[0], 0);
+  EXPECT_GT(seen[1], 0);
+  EXPECT_EQ(seen[2], 0);
+  c.min_p = 0.5f;  // 0.37 < 0.5: only the best token is left
+  Sampler t(c);
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(t.sample(logits, 3), 0);
+  c.min_p = 0.0f;  // off: the tail is reachable (e^-5/1.5 is not that small)
+  Sampler u(c);
+  int tail = 0;
+  for (int i = 0; i < 4000; ++i) tail += u.sample(logits, 3) == 2;
+  EXPECT_GT(tail, 0);
+}
+
+TEST(Sampler, TokenLogprobIsTheLogSoftmaxWithTheTopTokens) {
+  const float logits[] = {1.0f, 3.0f, 2.0f, 3.0f, -10.0f};
+  double z = 0;
+  for (float l : logits) z += std::exp(static_cast<double>(l));
+  const TokenLogprob lp = token_logprob(logits, 5, 2, 3);
+  EXPECT_EQ(lp.token, 2);
+  EXPECT_NEAR(lp.logprob, 2.0 - std::log(z), 1e-6);
+  ASSERT_EQ(lp.top.size(), 3u);
+  EXPECT_EQ(lp.top[0].first, 1);  // ties: lowest id first
+  EXPECT_EQ(lp.top[1].first, 3);
+  EXPECT_EQ(lp.top[2].first, 2);
+  EXPECT_NEAR(lp.top[0].second, 3.0 - std::log(z), 1e-6);
+  EXPECT_EQ(lp.top[2].second, lp.logprob);
+  EXPECT_TRUE(token_logprob(logits, 5, 0, 0).top.empty());
+  EXPECT_EQ(token_logprob(logits, 5, 0, 50).top.size(), 5u);  // at most the vocabulary
 }
 
 TEST(Chat, ChatMLAndNoThink) {

@@ -43,6 +43,11 @@ struct CliOptions {
   float temperature = 0.0f;
   int top_k = 40;
   float top_p = 0.95f;
+  float min_p = 0.0f;
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  float repeat_penalty = 1.0f;
+  int repeat_last_n = 64;
   bool chatml = false;
   bool chat = false;
   bool no_think = false;
@@ -73,6 +78,16 @@ void add_flags(CLI::App& app, CliOptions& o) {
   app.add_option("--temp", o.temperature, "temperature (0 = greedy)")->capture_default_str()->check(finite_number() & CLI::Range(0.0, 100.0));
   app.add_option("--top-k", o.top_k, "top-k sampling (0 = off)")->capture_default_str()->check(CLI::Range(0, 1 << 24));
   app.add_option("--top-p", o.top_p, "top-p (nucleus) sampling (1 = off)")->capture_default_str()->check(finite_number() & CLI::Range(0.0, 1.0));
+  app.add_option("--min-p", o.min_p, "min-p sampling: keep tokens at least this times as likely as the best (0 = off)")
+      ->capture_default_str()->check(finite_number() & CLI::Range(0.0, 1.0));
+  app.add_option("--presence-penalty", o.presence_penalty, "subtract from the logit of each token already in the answer")
+      ->capture_default_str()->check(finite_number() & CLI::Range(-2.0, 2.0));
+  app.add_option("--frequency-penalty", o.frequency_penalty, "subtract this times the count of each token in the answer")
+      ->capture_default_str()->check(finite_number() & CLI::Range(-2.0, 2.0));
+  app.add_option("--repeat-penalty", o.repeat_penalty, "penalize the tokens of the last --repeat-last-n (1 = off)")
+      ->capture_default_str()->check(finite_number() & CLI::Range(0.01, 10.0));
+  app.add_option("--repeat-last-n", o.repeat_last_n, "tokens --repeat-penalty looks back over, prompt included (-1: all, 0: off)")
+      ->capture_default_str()->check(CLI::Range(-1, 1 << 24));
   app.add_flag("--chatml", o.chatml, "wrap the prompt in the ChatML template (<|im_start|>user ...)");
   app.add_flag("--chat", o.chat, "wrap the prompt in the model's own chat format (ChatML, harmony, Gemma)");
   app.add_option("--system", o.system, "system message for --chat/--chatml");
@@ -98,6 +113,16 @@ void add_flags(CLI::App& app, CliOptions& o) {
   app.add_flag("-i,--interactive", o.interactive,
                "chat in the terminal with the model's chat format; the model, KV cache and expert cache stay "
                "loaded across turns (/reset clears the conversation, Ctrl-C stops an answer, Ctrl-D quits)");
+}
+
+SamplerConfig sampler_config(const CliOptions& o) {
+  SamplerConfig c{o.temperature, o.top_k, o.top_p, o.seed};
+  c.min_p = o.min_p;
+  c.presence_penalty = o.presence_penalty;
+  c.frequency_penalty = o.frequency_penalty;
+  c.repeat_penalty = o.repeat_penalty;
+  c.repeat_last_n = o.repeat_last_n;
+  return c;
 }
 
 std::string read_file(const std::string& path) {
@@ -207,7 +232,7 @@ int interactive(const CliOptions& o) {
   if (!o.system.empty()) messages.push_back({"system", o.system});
   GenerateParams params;
   params.max_tokens = o.n_predict < 0 ? o.run.ctx_size : o.n_predict;
-  params.sampler = SamplerConfig{o.temperature, o.top_k, o.top_p, o.seed};
+  params.sampler = sampler_config(o);
   params.show_special = o.show_special;
   params.draft = o.run.draft_config(cfg);
   catch_interrupts();
@@ -313,7 +338,7 @@ int run(const CliOptions& o) {
   }
 
   ThreadPool pool(threads);
-  SamplerConfig sampler{o.temperature, o.top_k, o.top_p, o.seed};
+  const SamplerConfig sampler = sampler_config(o);
   Session session(*model, pool, o.run.ctx_size, o.run.batch(), sampler, o.run.kv());
   session.state().set_routing_options(o.run.routing());
   std::unique_ptr<RouteReplayer> replayer;
@@ -357,7 +382,7 @@ int run(const CliOptions& o) {
   const DraftConfig draft = o.run.draft_config(cfg);
   std::unique_ptr<DraftController> drafts;
   if (drafting_possible(draft, sampler)) drafts = std::make_unique<DraftController>(draft);
-  else if (draft.max_draft > 0) fmt::print(stderr, "warning: --draft needs greedy sampling (--temp 0); drafting is off\n");
+  else if (draft.max_draft > 0) fmt::print(stderr, "warning: --draft needs plain greedy sampling (--temp 0, no penalties); drafting is off\n");
   std::vector<int32_t> forced;  // --teacher-force: the reference continuation
   int forced_equal = 0, forced_steps = 0;
   if (!o.teacher_force.empty()) {

@@ -45,7 +45,8 @@ std::string StopMatcher::flush() {
 }
 
 bool drafting_possible(const DraftConfig& draft, const SamplerConfig& sampler) {
-  return draft.max_draft > 0 && sampler.temperature <= 0.0f;
+  // Verification keeps a draft token when it is the raw logits' argmax: penalties move the pick.
+  return draft.max_draft > 0 && sampler.temperature <= 0.0f && !sampler.penalized();
 }
 
 std::vector<int32_t> feed_token(Session& session, int32_t token, DraftController* drafts, int budget) {
@@ -78,7 +79,8 @@ void DecodeCursor::feed(int32_t token, int budget) {
 }
 
 GenerateResult generate(Session& session, const std::vector<int32_t>& prompt, const GenerateParams& params,
-                        const PieceCallback& on_piece, const std::atomic<bool>* cancel) {
+                        const PieceCallback& on_piece, const std::atomic<bool>* cancel,
+                        const LogprobCallback& on_logprob) {
   GenerateResult result;
   const int n_ctx = session.state().n_ctx();
   if (prompt.empty()) fail("the prompt is empty");
@@ -104,8 +106,9 @@ GenerateResult generate(Session& session, const std::vector<int32_t>& prompt, co
   result.finish_reason = "length";
   const int limit = std::min(params.max_tokens, n_ctx - static_cast<int>(prompt.size()));
   std::unique_ptr<DraftController> drafts;
-  if (drafting_possible(params.draft, params.sampler)) drafts = std::make_unique<DraftController>(params.draft);
+  if (drafting_possible(params.draft, params.sampler) && params.logprobs < 0) drafts = std::make_unique<DraftController>(params.draft);
   DecodeCursor cursor(session, drafts.get());
+  const int n_vocab = session.model().transformer->config().n_vocab;
   // Emits one token; false when generation ends with it (end token or stop string).
   auto take = [&](int32_t token) {
     if (!params.ignore_eos && tok.is_end_of_generation(token)) {
@@ -113,6 +116,10 @@ GenerateResult generate(Session& session, const std::vector<int32_t>& prompt, co
       return false;
     }
     result.tokens.push_back(token);
+    if (params.logprobs >= 0) {  // the logits it was sampled from are still the session's
+      result.logprobs.push_back(token_logprob(session.logits().data(), n_vocab, token, params.logprobs));
+      if (on_logprob) on_logprob(result.logprobs.back());
+    }
     emit(stop.push(utf8.push(tok.token_bytes(token, params.show_special))));
     if (stop.stopped()) {
       result.finish_reason = "stop";

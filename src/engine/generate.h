@@ -20,6 +20,9 @@ struct GenerateParams {
   bool ignore_eos = false;
   bool show_special = false;
   DraftConfig draft;  // speculative decoding (greedy sampling only; ignored otherwise)
+  // >= 0: report each generated token's log-probability with this many most likely
+  // alternatives (GenerateResult::logprobs); turns drafting off, whose kept tokens have no logits.
+  int logprobs = -1;
 };
 
 struct GenerateResult {
@@ -32,13 +35,17 @@ struct GenerateResult {
   double decode_seconds = 0;
   int64_t drafted = 0;   // speculative: tokens proposed
   int64_t accepted = 0;  // speculative: proposals kept
+  std::vector<TokenLogprob> logprobs;  // one per token of `tokens` when GenerateParams::logprobs >= 0
 };
 
 // Receives each new piece of text; returning false cancels the generation.
 using PieceCallback = std::function<bool(const std::string& piece)>;
+// Receives each token's log-probabilities (GenerateParams::logprobs >= 0) before its text.
+using LogprobCallback = std::function<void(const TokenLogprob&)>;
 
 GenerateResult generate(Session& session, const std::vector<int32_t>& prompt, const GenerateParams& params,
-                        const PieceCallback& on_piece = {}, const std::atomic<bool>* cancel = nullptr);
+                        const PieceCallback& on_piece = {}, const std::atomic<bool>* cancel = nullptr,
+                        const LogprobCallback& on_logprob = {});
 
 // Feeds `token` (just emitted) so that the next one can be sampled. With a draft controller
 // that wants a draft, also proposes and verifies up to `budget` draft tokens; returns the kept

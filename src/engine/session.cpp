@@ -40,6 +40,7 @@ PrefillRecord Session::prefill(const std::vector<int32_t>& tokens, const Prefill
   state_.set_layer_hook(nullptr);
   state_.set_prefill(false);
   history_.insert(history_.end(), tokens.begin(), tokens.end());
+  sampler_.begin(history_);  // an answer starts here: its penalties look back from this point
   return {static_cast<int>(tokens.size()), timer.seconds()};
 }
 
@@ -72,6 +73,7 @@ const TokenRecord& Session::accept(int32_t token) {
   Stopwatch timer;
   logits_ = &state_.eval(&token, 1);
   history_.push_back(token);
+  sampler_.accept(token);
   record(token, timer.seconds(), before, 0, 1, 1);
   return records_.back();
 }
@@ -104,6 +106,7 @@ int Session::accept_draft(int32_t token, const std::vector<int32_t>& draft) {
   const double wall = timer.seconds();
   for (int i = 0; i <= kept; ++i) {
     history_.push_back(batch[static_cast<size_t>(i)]);
+    sampler_.accept(batch[static_cast<size_t>(i)]);
     record(batch[static_cast<size_t>(i)], wall, before, i, kept + 1, n);
   }
   return kept;
