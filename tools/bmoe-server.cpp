@@ -35,6 +35,7 @@
 #include "telemetry/system.h"
 #include "text/chat.h"
 #include "text/utf8.h"
+#include "web_index.h"  // kWebIndexHtml: tools/web/index.html, embedded at build time
 
 using namespace bmoe;
 using json = nlohmann::json;
@@ -96,7 +97,8 @@ struct Counters {
   double decode_seconds = 0, prefill_seconds = 0;
   double last_decode_tps = 0;
   double last_prompt_tps = 0;
-  ExpertStats experts;  // snapshot after the last job (the worker owns the live counters)
+  ExpertStats experts;  // latest snapshot: after each piece and each job (the worker owns the live counters)
+  uint64_t live_pieces = 0;  // pieces of the running job so far (~ its tokens; exact counts come at its end)
 };
 
 class Engine {
@@ -195,6 +197,28 @@ class Engine {
     return out;
   }
 
+  // GET /stats: the same counters as JSON, for the web page. generated_tokens includes the
+  // running job's pieces so far, so a client can take differences while an answer streams
+  // (cache hit rate and flash MiB per token of that answer).
+  json stats() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const Counters& c = counters_;
+    const ExpertStats& e = c.experts;
+    const MemorySnapshot m = read_memory();
+    json memory = {{"rss_bytes", m.rss}, {"peak_rss_bytes", m.peak_rss}};
+    if (const std::optional<uint64_t> available = m.available()) memory["available_bytes"] = *available;
+    return {{"busy", busy_},
+            {"queue_depth", queue_.size()},
+            {"prompt_tokens", c.prompt_tokens},
+            {"generated_tokens", c.generated_tokens + c.live_pieces},
+            {"last_decode_tokens_per_second", c.last_decode_tps},
+            {"last_prompt_tokens_per_second", c.last_prompt_tps},
+            {"experts", {{"streamed", run_.model->streamer() != nullptr},  // false: all mapped, no cache
+                         {"lookups", e.requests}, {"hits", e.hits}, {"flash_read_bytes", e.bytes_read},
+                         {"cache_used_bytes", e.cache_used_bytes}, {"cache_budget_bytes", e.cache_budget_bytes}}},
+            {"memory", memory}};
+  }
+
  private:
   void work() {
     for (;;) {
@@ -225,7 +249,8 @@ class Engine {
       result.finish_reason = "cancelled";
     } else {
       try {
-        result = generate(session_, job.prompt, job.params, [&job](const std::string& piece) {
+        result = generate(session_, job.prompt, job.params, [this, &job](const std::string& piece) {
+          publish_progress();
           std::lock_guard<std::mutex> lock(job.mutex);
           job.pieces.push_back(piece);
           job.changed.notify_all();
@@ -246,6 +271,7 @@ class Engine {
       c.prompt_tokens += static_cast<uint64_t>(result.prompt_tokens);
       c.reused_tokens += static_cast<uint64_t>(result.reused_tokens);
       c.generated_tokens += result.tokens.size();
+      c.live_pieces = 0;
       c.decode_seconds += result.decode_seconds;
       c.prefill_seconds += result.prefill_seconds;
       if (!result.tokens.empty()) c.last_decode_tps = static_cast<double>(result.tokens.size()) / std::max(result.decode_seconds, 1e-9);
@@ -255,6 +281,15 @@ class Engine {
       c.experts = run_.model->experts->stats();
     }
     finish(job, std::move(result), error);
+  }
+
+  // Between tokens, on the worker (the expert counters are only written by it): the live
+  // figures /stats reports while an answer streams. A copy under the lock costs ~1 us a token.
+  void publish_progress() {
+    const ExpertStats e = run_.model->experts->stats();
+    std::lock_guard<std::mutex> lock(mutex_);
+    counters_.experts = e;
+    ++counters_.live_pieces;
   }
 
   static void finish(Job& job, GenerateResult result, const std::string& error) {
@@ -370,6 +405,13 @@ class Server {
 
   void install(httplib::Server& http) {
     http.Get("/health", [](const httplib::Request&, httplib::Response& res) { send_json(res, 200, {{"status", "ok"}}); });
+    // The web chat page: open without the API key (it holds no data; the page asks for the
+    // key and sends it with its own requests).
+    http.Get("/", [](const httplib::Request&, httplib::Response& res) {
+      res.set_header("Cache-Control", "no-cache");
+      res.set_content(kWebIndexHtml.data(), kWebIndexHtml.size(), "text/html; charset=utf-8");
+    });
+    http.Get("/stats", guarded([this](const httplib::Request&, httplib::Response& res) { send_json(res, 200, engine_.stats()); }));
     http.Get("/v1/models", guarded([this](const httplib::Request&, httplib::Response& res) {
       send_json(res, 200, {{"object", "list"},
                            {"data", json::array({{{"id", model_name_}, {"object", "model"}, {"created", 0},
