@@ -9,6 +9,8 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <httplib.h>
+#include <netdb.h>
+#include <poll.h>
 #include <pthread.h>
 #include <sys/socket.h>
 
@@ -78,17 +80,34 @@ void send_json(httplib::Response& res, int status, const json& body) {
 
 constexpr const char* kShuttingDown = "the server is shutting down (SIGTERM or SIGINT): the request was not completed";
 
+// One step of a job's output, in order: a piece of a choice's text, a token's
+// log-probabilities, or the end of a choice other than the last (the last ends with the job).
+struct JobEvent {
+  int choice = 0;
+  std::string text;
+  std::optional<TokenLogprob> logprob;
+  std::string finish;  // GenerateResult::finish_reason of the choice that ended
+};
+
 struct Job {
   std::vector<int32_t> prompt;
   GenerateParams params;
+  int n = 1;  // choices, generated one after the other; choice i is seeded params.sampler.seed + i
   std::atomic<bool> cancel{false};
 
   std::mutex mutex;
   std::condition_variable changed;
-  std::deque<std::string> pieces;  // streamed text not yet sent
+  std::deque<JobEvent> events;  // streamed output not yet sent
   bool done = false;
-  GenerateResult result;
-  std::string error;  // set when generation failed
+  std::vector<GenerateResult> results;  // one per choice generated
+  std::string error;       // set when generation failed
+  int error_status = 500;  // 503 when the server is shutting down
+
+  void push(JobEvent e) {
+    std::lock_guard<std::mutex> lock(mutex);
+    events.push_back(std::move(e));
+    changed.notify_all();
+  }
 };
 
 struct Counters {
@@ -131,7 +150,7 @@ class Engine {
     if (shutting_down_) return;
     shutting_down_ = true;
     if (current_) current_->cancel.store(true);
-    for (auto& job : queue_) finish(*job, {}, kShuttingDown);
+    for (auto& job : queue_) finish(*job, {}, kShuttingDown, 503);
     queue_.clear();
   }
   bool shutting_down() {
@@ -239,48 +258,69 @@ class Engine {
     }
     // Release anyone still waiting.
     std::lock_guard<std::mutex> lock(mutex_);
-    for (auto& job : queue_) finish(*job, {}, kShuttingDown);
+    for (auto& job : queue_) finish(*job, {}, kShuttingDown, 503);
   }
 
   void run_job(Job& job) {
-    GenerateResult result;
+    std::vector<GenerateResult> results;
     std::string error;
-    if (job.cancel.load()) {
-      result.finish_reason = "cancelled";
-    } else {
-      try {
-        result = generate(session_, job.prompt, job.params, [this, &job](const std::string& piece) {
-          publish_progress();
-          std::lock_guard<std::mutex> lock(job.mutex);
-          job.pieces.push_back(piece);
-          job.changed.notify_all();
-          return true;
-        }, &job.cancel);
-      } catch (const std::exception& e) {
-        error = e.what();
-        session_.reset();  // the KV cache may be half-written
-      }
+    // n choices one after the other: each re-evaluates only the prompt's last token (the KV
+    // prefix is kept), and is seeded apart so that sampled choices differ.
+    for (int i = 0; i < job.n && error.empty(); ++i) {
+      results.push_back(run_choice(job, i, error));
+      const std::string& reason = results.back().finish_reason;
+      if (reason == "cancelled") break;
+      if (i + 1 < job.n && error.empty()) job.push({i, {}, std::nullopt, reason});
     }
-    if (error.empty() && result.finish_reason == "cancelled" && shutting_down()) error = kShuttingDown;
+    const bool cancelled = !results.empty() && results.back().finish_reason == "cancelled";
+    int status = 500;
+    if (error.empty() && cancelled && shutting_down()) {
+      error = kShuttingDown;
+      status = 503;
+    }
     {
       std::lock_guard<std::mutex> lock(mutex_);
       Counters& c = counters_;
       if (!error.empty()) ++c.failed;
-      else if (result.finish_reason == "cancelled") ++c.cancelled;
+      else if (cancelled) ++c.cancelled;
       else ++c.ok;
-      c.prompt_tokens += static_cast<uint64_t>(result.prompt_tokens);
-      c.reused_tokens += static_cast<uint64_t>(result.reused_tokens);
-      c.generated_tokens += result.tokens.size();
-      c.live_pieces = 0;
-      c.decode_seconds += result.decode_seconds;
-      c.prefill_seconds += result.prefill_seconds;
-      if (!result.tokens.empty()) c.last_decode_tps = static_cast<double>(result.tokens.size()) / std::max(result.decode_seconds, 1e-9);
-      if (result.prompt_tokens > result.reused_tokens) {
-        c.last_prompt_tps = (result.prompt_tokens - result.reused_tokens) / std::max(result.prefill_seconds, 1e-9);
+      for (const GenerateResult& result : results) {
+        c.prompt_tokens += static_cast<uint64_t>(result.prompt_tokens);
+        c.reused_tokens += static_cast<uint64_t>(result.reused_tokens);
+        c.generated_tokens += result.tokens.size();
+        c.decode_seconds += result.decode_seconds;
+        c.prefill_seconds += result.prefill_seconds;
+        if (!result.tokens.empty()) c.last_decode_tps = static_cast<double>(result.tokens.size()) / std::max(result.decode_seconds, 1e-9);
+        if (result.prompt_tokens > result.reused_tokens) {
+          c.last_prompt_tps = (result.prompt_tokens - result.reused_tokens) / std::max(result.prefill_seconds, 1e-9);
+        }
       }
+      c.live_pieces = 0;
       c.experts = run_.model->experts->stats();
     }
-    finish(job, std::move(result), error);
+    finish(job, std::move(results), error, status);
+  }
+
+  // Generates choice `index` of the job, streaming its pieces and log-probabilities as events.
+  GenerateResult run_choice(Job& job, int index, std::string& error) {
+    GenerateResult result;
+    if (job.cancel.load()) {
+      result.finish_reason = "cancelled";
+      return result;
+    }
+    GenerateParams params = job.params;
+    params.sampler.seed += static_cast<uint64_t>(index);
+    try {
+      result = generate(session_, job.prompt, params, [this, &job, index](const std::string& piece) {
+        publish_progress();
+        job.push({index, piece, std::nullopt, {}});
+        return true;
+      }, &job.cancel, [&job, index](const TokenLogprob& lp) { job.push({index, {}, lp, {}}); });
+    } catch (const std::exception& e) {
+      error = e.what();
+      session_.reset();  // the KV cache may be half-written
+    }
+    return result;
   }
 
   // Between tokens, on the worker (the expert counters are only written by it): the live
@@ -292,10 +332,11 @@ class Engine {
     ++counters_.live_pieces;
   }
 
-  static void finish(Job& job, GenerateResult result, const std::string& error) {
+  static void finish(Job& job, std::vector<GenerateResult> results, const std::string& error, int status = 500) {
     std::lock_guard<std::mutex> lock(job.mutex);
-    job.result = std::move(result);
+    job.results = std::move(results);
     job.error = error;
+    job.error_status = status;
     job.done = true;
     job.changed.notify_all();
   }
@@ -324,22 +365,35 @@ struct Completion {
   std::string id;
   int64_t created = 0;
   std::string model;
+  int n = 1;                           // choices
+  bool logprobs = false;               // report log-probabilities
+  const Tokenizer* tokenizer = nullptr;  // for the tokens' text in logprobs
 };
 
-json usage_of(const GenerateResult& r) {
-  const int completion = static_cast<int>(r.tokens.size());
-  return {{"prompt_tokens", r.prompt_tokens}, {"completion_tokens", completion},
-          {"total_tokens", r.prompt_tokens + completion},
-          {"prompt_tokens_details", {{"cached_tokens", r.reused_tokens}}}};
+// Usage over all choices: the prompt once (as OpenAI), the completion tokens of every choice.
+json usage_of(const std::vector<GenerateResult>& rs) {
+  const int prompt = rs.empty() ? 0 : rs.front().prompt_tokens;
+  const int cached = rs.empty() ? 0 : rs.front().reused_tokens;
+  int completion = 0;
+  for (const GenerateResult& r : rs) completion += static_cast<int>(r.tokens.size());
+  return {{"prompt_tokens", prompt}, {"completion_tokens", completion}, {"total_tokens", prompt + completion},
+          {"prompt_tokens_details", {{"cached_tokens", cached}}}};
 }
 
 // llama-server's "timings": prompt tokens evaluated (cache_n came from the kept prefix) and
-// generated, with their times and rates.
-json timings_of(const GenerateResult& r) {
-  const int evaluated = r.prompt_tokens - r.reused_tokens;
-  const int generated = static_cast<int>(r.tokens.size());
-  const double prompt_ms = r.prefill_seconds * 1e3, predicted_ms = r.decode_seconds * 1e3;
-  return {{"cache_n", r.reused_tokens},
+// generated, with their times and rates; summed over the choices (each after the first
+// evaluates the prompt's last token again).
+json timings_of(const std::vector<GenerateResult>& rs) {
+  int reused = 0, evaluated = 0, generated = 0;
+  double prompt_ms = 0, predicted_ms = 0;
+  for (const GenerateResult& r : rs) {
+    reused += r.reused_tokens;
+    evaluated += r.prompt_tokens - r.reused_tokens;
+    generated += static_cast<int>(r.tokens.size());
+    prompt_ms += r.prefill_seconds * 1e3;
+    predicted_ms += r.decode_seconds * 1e3;
+  }
+  return {{"cache_n", reused},
           {"prompt_n", evaluated},
           {"prompt_ms", prompt_ms},
           {"prompt_per_token_ms", evaluated > 0 ? prompt_ms / evaluated : 0.0},
@@ -350,33 +404,91 @@ json timings_of(const GenerateResult& r) {
           {"predicted_per_second", predicted_ms > 0 ? generated * 1e3 / predicted_ms : 0.0}};
 }
 
-std::string finish_reason(const GenerateResult& r) { return r.finish_reason == "length" ? "length" : "stop"; }
+std::string finish_reason(const std::string& reason) { return reason == "length" ? "length" : "stop"; }
 
-json full_response(const Completion& c, const GenerateResult& r) {
-  json choice = {{"index", 0}, {"finish_reason", finish_reason(r)}};
-  if (c.chat) {
-    std::string content = r.text, reasoning;
-    if (c.split_reasoning) {
-      ReasoningSplitter splitter;
-      const ReasoningSplitter::Delta d = splitter.feed(r.text);
-      const ReasoningSplitter::Delta rest = splitter.finish();
-      content = d.content + rest.content;
-      reasoning = d.reasoning + rest.reasoning;
-    }
-    choice["message"] = {{"role", "assistant"}, {"content", utf8_sanitize(content)}};
-    if (!reasoning.empty()) choice["message"]["reasoning_content"] = utf8_sanitize(reasoning);
-  } else {
-    choice["text"] = utf8_sanitize(r.text);
-    choice["logprobs"] = nullptr;
+// ---- log-probabilities
+
+// A masked token's logprob is -inf, which JSON cannot carry: OpenAI reports -9999 for those.
+double finite_logprob(float lp) { return std::max(static_cast<double>(lp), -9999.0); }
+
+// Chat: {token, logprob, bytes} (bytes: the token's raw bytes, which may be part of a character).
+json chat_token(const Tokenizer& tok, int32_t id, float logprob) {
+  const std::string bytes = tok.token_bytes(id, true);
+  json raw = json::array();
+  for (char b : bytes) raw.push_back(static_cast<unsigned char>(b));
+  return {{"token", utf8_sanitize(bytes)}, {"logprob", finite_logprob(logprob)}, {"bytes", raw}};
+}
+
+// Chat's choices[].logprobs: {"content": [{token, logprob, bytes, top_logprobs: [...]}]}.
+json chat_logprobs(const Tokenizer& tok, const std::vector<TokenLogprob>& lps) {
+  json content = json::array();
+  for (const TokenLogprob& lp : lps) {
+    json entry = chat_token(tok, lp.token, lp.logprob);
+    entry["top_logprobs"] = json::array();
+    for (const auto& [id, logprob] : lp.top) entry["top_logprobs"].push_back(chat_token(tok, id, logprob));
+    content.push_back(std::move(entry));
   }
+  return {{"content", content}, {"refusal", nullptr}};
+}
+
+// Completions' legacy object: tokens, token_logprobs, top_logprobs ({text: logprob}) and
+// text_offset, the character offset of each token in the choice's text. `offset` carries the
+// count on from one streamed chunk to the next.
+json completion_logprobs(const Tokenizer& tok, const std::vector<TokenLogprob>& lps, int64_t& offset) {
+  json tokens = json::array(), logprobs = json::array(), tops = json::array(), offsets = json::array();
+  for (const TokenLogprob& lp : lps) {
+    const std::string bytes = tok.token_bytes(lp.token, true);
+    tokens.push_back(utf8_sanitize(bytes));
+    logprobs.push_back(finite_logprob(lp.logprob));
+    json top = json::object();
+    for (const auto& [id, logprob] : lp.top) top[utf8_sanitize(tok.token_bytes(id, true))] = finite_logprob(logprob);
+    tops.push_back(std::move(top));
+    offsets.push_back(offset);
+    // Characters begin at bytes that are not UTF-8 continuation bytes (10xxxxxx).
+    for (char b : bytes) offset += (static_cast<unsigned char>(b) & 0xC0) != 0x80;
+  }
+  return {{"tokens", tokens}, {"token_logprobs", logprobs}, {"top_logprobs", tops}, {"text_offset", offsets}};
+}
+
+json logprobs_of(const Completion& c, const std::vector<TokenLogprob>& lps, int64_t& offset) {
+  if (!c.logprobs) return nullptr;
+  return c.chat ? chat_logprobs(*c.tokenizer, lps) : completion_logprobs(*c.tokenizer, lps, offset);
+}
+
+// ---- whole responses and stream chunks
+
+json full_choice(const Completion& c, const GenerateResult& r, int index) {
+  json choice = {{"index", index}, {"finish_reason", finish_reason(r.finish_reason)}};
+  int64_t offset = 0;
+  choice["logprobs"] = logprobs_of(c, r.logprobs, offset);
+  if (!c.chat) {
+    choice["text"] = utf8_sanitize(r.text);
+    return choice;
+  }
+  std::string content = r.text, reasoning;
+  if (c.split_reasoning) {
+    ReasoningSplitter splitter;
+    const ReasoningSplitter::Delta d = splitter.feed(r.text);
+    const ReasoningSplitter::Delta rest = splitter.finish();
+    content = d.content + rest.content;
+    reasoning = d.reasoning + rest.reasoning;
+  }
+  choice["message"] = {{"role", "assistant"}, {"content", utf8_sanitize(content)}};
+  if (!reasoning.empty()) choice["message"]["reasoning_content"] = utf8_sanitize(reasoning);
+  return choice;
+}
+
+json full_response(const Completion& c, const std::vector<GenerateResult>& rs) {
+  json choices = json::array();
+  for (size_t i = 0; i < rs.size(); ++i) choices.push_back(full_choice(c, rs[i], static_cast<int>(i)));
   return {{"id", c.id}, {"object", c.chat ? "chat.completion" : "text_completion"}, {"created", c.created},
-          {"model", c.model}, {"choices", json::array({choice})}, {"usage", usage_of(r)}, {"timings", timings_of(r)}};
+          {"model", c.model}, {"choices", choices}, {"usage", usage_of(rs)}, {"timings", timings_of(rs)}};
 }
 
 std::string sse(const json& j) { return "data: " + j.dump() + "\n\n"; }
 
-json chunk(const Completion& c, const std::string* text, const std::string* finish) {
-  json choice = {{"index", 0}, {"finish_reason", finish ? json(*finish) : json(nullptr)}};
+json chunk(const Completion& c, int index, const std::string* text, const std::string* finish) {
+  json choice = {{"index", index}, {"finish_reason", finish ? json(*finish) : json(nullptr)}};
   if (c.chat) {
     choice["delta"] = text ? json{{"content", *text}} : json::object();
   } else {
@@ -385,6 +497,157 @@ json chunk(const Completion& c, const std::string* text, const std::string* fini
   }
   return {{"id", c.id}, {"object", c.chat ? "chat.completion.chunk" : "text_completion"}, {"created", c.created},
           {"model", c.model}, {"choices", json::array({choice})}};
+}
+
+// The OpenAI error object for a job that failed (type by status: 503 is the shutdown).
+json job_error(const Job& job) {
+  return error_body(job.error_status == 503 ? "server_shutting_down" : "server_error", job.error);
+}
+
+// Writes a job's events as server-sent events, one provider call at a time. Consecutive events
+// of one choice go out as one chunk (text and the log-probabilities of its tokens).
+class StreamWriter {
+ public:
+  explicit StreamWriter(const Completion& c)
+      : c_(c), splitters_(static_cast<size_t>(c.n)), opened_(static_cast<size_t>(c.n), false),
+        offsets_(static_cast<size_t>(c.n), 0) {}
+
+  // One provider call: waits up to a second for output; false when the client is gone.
+  bool step(Job& job, httplib::DataSink& sink) {
+    sink_ = &sink;
+    if (!opened_[0]) return open(0);  // at once: the client sees the stream start
+    std::unique_lock<std::mutex> lock(job.mutex);
+    job.changed.wait_for(lock, std::chrono::seconds(1), [&] { return job.done || !job.events.empty(); });
+    std::deque<JobEvent> events;
+    events.swap(job.events);
+    const bool done = job.done;
+    lock.unlock();
+    if (!write_events(events)) return false;
+    if (!done) return events.empty() ? send(": keep-alive\n\n") : true;
+    if (!finish_stream(job)) return false;
+    sink.done();
+    return true;
+  }
+
+ private:
+  bool send(const std::string& text) { return sink_->write(text.data(), text.size()); }
+
+  // The chat role chunk that starts a choice.
+  bool open(int choice) {
+    opened_[static_cast<size_t>(choice)] = true;
+    if (!c_.chat) return true;
+    json first = chunk(c_, choice, nullptr, nullptr);
+    first["choices"][0]["delta"] = {{"role", "assistant"}, {"content", ""}};
+    return send(sse(first));
+  }
+
+  bool write_events(const std::deque<JobEvent>& events) {
+    std::string text;
+    std::vector<TokenLogprob> lps;
+    for (size_t i = 0; i < events.size(); ++i) {
+      const JobEvent& e = events[i];
+      text += e.text;
+      if (e.logprob) lps.push_back(*e.logprob);
+      const bool last_of_run = i + 1 == events.size() || events[i + 1].choice != e.choice || !e.finish.empty();
+      if (!last_of_run) continue;
+      if (!write_piece(e.choice, text, lps, !e.finish.empty())) return false;
+      if (!e.finish.empty() && !send(sse(finish_chunk(e.choice, e.finish)))) return false;
+      text.clear();
+      lps.clear();
+    }
+    return true;
+  }
+
+  // A choice's text (split into reasoning and content for chat with --reasoning-format
+  // deepseek) with its tokens' log-probabilities; `ending` flushes what the splitter held.
+  bool write_piece(int choice, const std::string& text, const std::vector<TokenLogprob>& lps, bool ending) {
+    const size_t k = static_cast<size_t>(choice);
+    if (!opened_[k] && !open(choice)) return false;
+    ReasoningSplitter::Delta d{std::string(), text};
+    if (c_.split_reasoning) {
+      d = splitters_[k].feed(text);
+      if (ending) {
+        const ReasoningSplitter::Delta rest = splitters_[k].finish();
+        d.reasoning += rest.reasoning;
+        d.content += rest.content;
+      }
+    }
+    if (d.reasoning.empty() && d.content.empty() && lps.empty()) return true;
+    json out = chunk(c_, choice, c_.chat ? nullptr : &d.content, nullptr);
+    json& choice_json = out["choices"][0];
+    if (c_.chat) {
+      if (!d.reasoning.empty()) choice_json["delta"]["reasoning_content"] = d.reasoning;
+      if (!d.content.empty()) choice_json["delta"]["content"] = d.content;
+    }
+    if (c_.logprobs) choice_json["logprobs"] = logprobs_of(c_, lps, offsets_[k]);
+    return send(sse(out));
+  }
+
+  json finish_chunk(int choice, const std::string& reason) {
+    const std::string r = finish_reason(reason);
+    return chunk(c_, choice, nullptr, &r);
+  }
+
+  // The job is done: the last choice's end, with usage and timings, or the error event.
+  bool finish_stream(Job& job) {
+    if (!job.error.empty()) return send(sse(job_error(job))) && send("data: [DONE]\n\n");
+    const int last = static_cast<int>(job.results.size()) - 1;
+    if (last >= 0 && !write_piece(last, {}, {}, true)) return false;
+    json end = finish_chunk(std::max(last, 0), last >= 0 ? job.results.back().finish_reason : "stop");
+    end["usage"] = usage_of(job.results);
+    end["timings"] = timings_of(job.results);
+    if (!send(sse(end))) return false;
+    if (c_.include_usage) {  // as OpenAI: one more chunk, with usage and no choices
+      json usage = chunk(c_, 0, nullptr, nullptr);
+      usage["choices"] = json::array();
+      usage["usage"] = usage_of(job.results);
+      if (!send(sse(usage))) return false;
+    }
+    return send("data: [DONE]\n\n");
+  }
+
+  Completion c_;
+  std::vector<ReasoningSplitter> splitters_;
+  std::vector<bool> opened_;
+  std::vector<int64_t> offsets_;  // completions' text_offset, per choice
+  httplib::DataSink* sink_ = nullptr;
+};
+
+// ---- the client's connection
+
+// The socket of the request's connection, found among the process's descriptors by its peer
+// and local ports and peer address (cpp-httplib 0.11 does not give it to handlers); -1 if none.
+int client_socket(const httplib::Request& req) {
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
+    const std::string name = entry.path().filename().string();
+    char* end = nullptr;
+    const long fd = std::strtol(name.c_str(), &end, 10);
+    if (end == name.c_str() || *end != '\0') continue;
+    sockaddr_storage peer{}, local{};
+    socklen_t peer_len = sizeof(peer), local_len = sizeof(local);
+    if (::getpeername(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0) continue;
+    if (::getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&local), &local_len) != 0) continue;
+    char host[NI_MAXHOST], peer_port[NI_MAXSERV], local_port[NI_MAXSERV];
+    if (::getnameinfo(reinterpret_cast<sockaddr*>(&peer), peer_len, host, sizeof(host), peer_port, sizeof(peer_port),
+                      NI_NUMERICHOST | NI_NUMERICSERV) != 0 ||
+        ::getnameinfo(reinterpret_cast<sockaddr*>(&local), local_len, nullptr, 0, local_port, sizeof(local_port),
+                      NI_NUMERICSERV) != 0) {
+      continue;
+    }
+    if (req.remote_addr == host && std::to_string(req.remote_port) == peer_port &&
+        (req.local_port < 0 || std::to_string(req.local_port) == local_port)) {
+      return static_cast<int>(fd);
+    }
+  }
+  return -1;
+}
+
+// Whether the client closed its side (or the connection broke). Pipelined bytes waiting to
+// be read are no hang-up.
+bool client_hung_up(int sock) {
+  pollfd p{sock, POLLRDHUP, 0};
+  return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
 }
 
 std::string random_id(const char* prefix) {
@@ -513,6 +776,7 @@ class Server {
     auto job = std::make_shared<Job>();
     job->params = std::move(request.params);
     job->prompt = std::move(request.prompt);
+    job->n = request.n;
     const bool stream = request.stream;
     if (!engine_.submit(job)) {
       res.set_header("Retry-After", "1");
@@ -525,12 +789,13 @@ class Server {
       return;
     }
     Completion c{chat, chat && o_.reasoning_format == "deepseek", request.include_usage, random_id(chat ? "chatcmpl" : "cmpl"),
-                 static_cast<int64_t>(std::time(nullptr)), model_name_};
+                 static_cast<int64_t>(std::time(nullptr)), model_name_, request.n, request.logprobs(),
+                 engine_.model().tokenizer.get()};
     // Counted until the library is done with the response (it destroys the provider then).
     ++responding_;
     const auto responding = std::shared_ptr<void>(nullptr, [this](void*) { --responding_; });
     if (stream) stream_response(res, job, c, responding);
-    else whole_response(res, job, c, responding);
+    else whole_response(req, res, job, c, responding);
   }
 
  public:
@@ -546,9 +811,31 @@ class Server {
  private:
   std::atomic<int> responding_{0};
 
-  // Waits for the job, writing a space each second so a vanished client is noticed.
-  void whole_response(httplib::Response& res, const std::shared_ptr<Job>& job, const Completion& c,
-                      const std::shared_ptr<void>& responding) {
+  // Non-streaming: the answer, or the error with its own HTTP status (500, 503 at shutdown),
+  // once the job is done. Nothing may be written before: the first byte commits the status line.
+  // A vanished client must still cancel its job, so the wait polls the connection's socket for
+  // a hang-up. Where that socket cannot be found, the old way is kept: a space each second
+  // (JSON allows leading whitespace), whose failed write notices the client, at the price of
+  // a 200 for a late error.
+  void whole_response(const httplib::Request& req, httplib::Response& res, const std::shared_ptr<Job>& job,
+                      const Completion& c, const std::shared_ptr<void>& responding) {
+    const int sock = client_socket(req);
+    if (sock < 0) return whitespace_response(res, job, c, responding);
+    std::unique_lock<std::mutex> lock(job->mutex);
+    while (!job->changed.wait_for(lock, std::chrono::milliseconds(250), [&] { return job->done; })) {
+      if (client_hung_up(sock)) {
+        job->cancel.store(true);  // the worker skips it, or stops it at the next token
+        return;
+      }
+    }
+    // A plain body (not a provider): the library writes it even once stopping at shutdown.
+    if (job->error.empty()) return send_json(res, 200, full_response(c, job->results));
+    if (job->error_status == 503) res.set_header("Retry-After", "1");
+    send_json(res, job->error_status, job_error(*job));
+  }
+
+  void whitespace_response(httplib::Response& res, const std::shared_ptr<Job>& job, const Completion& c,
+                           const std::shared_ptr<void>& responding) {
     res.set_chunked_content_provider("application/json", [job, c](size_t, httplib::DataSink& sink) {
       std::unique_lock<std::mutex> lock(job->mutex);
       if (!job->changed.wait_for(lock, std::chrono::seconds(1), [&] { return job->done; })) {
@@ -559,80 +846,23 @@ class Server {
         }
         return true;
       }
-      const json body = job->error.empty() ? full_response(c, job->result) : error_body("server_error", job->error);
-      const std::string text = body.dump();
+      const std::string text = (job->error.empty() ? full_response(c, job->results) : job_error(*job)).dump();
       sink.write(text.data(), text.size());
       sink.done();
       return true;
     }, [job, responding](bool) { job->cancel.store(true); });
   }
 
-  // Server-sent events: a role chunk, one chunk per piece, a finish chunk, [DONE].
+  // Server-sent events: per choice a role chunk (chat), its pieces, a finish chunk; the last
+  // finish chunk carries usage and timings; then the usage chunk if asked for, and [DONE].
   void stream_response(httplib::Response& res, const std::shared_ptr<Job>& job, const Completion& c,
                        const std::shared_ptr<void>& responding) {
     res.set_header("Cache-Control", "no-cache");
-    auto started = std::make_shared<bool>(false);
-    auto splitter = std::make_shared<ReasoningSplitter>();
-    res.set_chunked_content_provider("text/event-stream", [job, c, started, splitter](size_t, httplib::DataSink& sink) {
-      auto send = [&](const std::string& text) {
-        if (sink.write(text.data(), text.size())) return true;
-        job->cancel.store(true);
-        return false;
-      };
-      if (!*started) {
-        *started = true;
-        if (c.chat) {
-          json first = chunk(c, nullptr, nullptr);
-          first["choices"][0]["delta"] = {{"role", "assistant"}, {"content", ""}};
-          return send(sse(first));
-        }
-      }
-      std::unique_lock<std::mutex> lock(job->mutex);
-      job->changed.wait_for(lock, std::chrono::seconds(1), [&] { return job->done || !job->pieces.empty(); });
-      std::string text;
-      while (!job->pieces.empty()) {
-        text += job->pieces.front();
-        job->pieces.pop_front();
-      }
-      const bool done = job->done;
-      lock.unlock();
-      if (c.split_reasoning) {
-        // The reasoning goes out as delta.reasoning_content, the rest as delta.content.
-        ReasoningSplitter::Delta d = splitter->feed(text);
-        if (done) {
-          const ReasoningSplitter::Delta rest = splitter->finish();
-          d.reasoning += rest.reasoning;
-          d.content += rest.content;
-        }
-        if (!d.reasoning.empty() || !d.content.empty()) {
-          json delta_chunk = chunk(c, nullptr, nullptr);
-          json& delta = delta_chunk["choices"][0]["delta"];
-          if (!d.reasoning.empty()) delta["reasoning_content"] = d.reasoning;
-          if (!d.content.empty()) delta["content"] = d.content;
-          if (!send(sse(delta_chunk))) return false;
-        }
-      } else if (!text.empty() && !send(sse(chunk(c, &text, nullptr)))) {
-        return false;
-      }
-      if (!done) return text.empty() ? send(": keep-alive\n\n") : true;
-      if (!job->error.empty()) {
-        if (!send(sse(error_body("server_error", job->error)))) return false;
-      } else {
-        const std::string reason = finish_reason(job->result);
-        json last = chunk(c, nullptr, &reason);
-        last["usage"] = usage_of(job->result);
-        last["timings"] = timings_of(job->result);
-        if (!send(sse(last))) return false;
-        if (c.include_usage) {  // as OpenAI: one more chunk, with usage and no choices
-          json usage = chunk(c, nullptr, nullptr);
-          usage["choices"] = json::array();
-          usage["usage"] = usage_of(job->result);
-          if (!send(sse(usage))) return false;
-        }
-      }
-      if (!send("data: [DONE]\n\n")) return false;
-      sink.done();
-      return true;
+    auto writer = std::make_shared<StreamWriter>(c);
+    res.set_chunked_content_provider("text/event-stream", [job, writer](size_t, httplib::DataSink& sink) {
+      const bool ok = writer->step(*job, sink);
+      if (!ok) job->cancel.store(true);  // the client is gone
+      return ok;
     }, [job, responding](bool) { job->cancel.store(true); });
   }
 

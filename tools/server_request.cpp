@@ -90,10 +90,25 @@ GenerateParams sampling_params(const json& body, const RequestContext& o, int64_
   p.sampler.seed = seed == -1 ? (static_cast<uint64_t>(std::random_device{}()) << 32 | std::random_device{}()) : static_cast<uint64_t>(seed);
   p.stop = stop_field(body);
   p.draft = o.draft;  // used by greedy requests only (lossless verification needs argmax)
-  only_default(body, "n", 1);
-  only_default(body, "presence_penalty", 0);
-  only_default(body, "frequency_penalty", 0);
+  p.sampler.min_p = static_cast<float>(number_field(body, "min_p", 0.0, 0.0, 1.0));
+  p.sampler.presence_penalty = static_cast<float>(number_field(body, "presence_penalty", 0.0, -2.0, 2.0));
+  p.sampler.frequency_penalty = static_cast<float>(number_field(body, "frequency_penalty", 0.0, -2.0, 2.0));
+  // llama-server's repetition penalty (0 would divide by zero: its floor is 0.01).
+  p.sampler.repeat_penalty = static_cast<float>(number_field(body, "repeat_penalty", 1.0, 0.01, 10.0));
+  p.sampler.repeat_last_n = static_cast<int>(int_field(body, "repeat_last_n", 64, -1, 1 << 24));
   return p;
+}
+
+// Chat: logprobs (bool) and top_logprobs (0..20, needs logprobs). Completions: the legacy
+// logprobs, an integer count of alternatives (0..20; OpenAI's own limit is 5). Returns the
+// number of alternatives, or -1 when no log-probabilities are wanted.
+int logprobs_field(const json& body, bool chat) {
+  constexpr int kMaxTop = 20;  // OpenAI's limit for top_logprobs
+  if (!chat) return static_cast<int>(int_field(body, "logprobs", -1, 0, kMaxTop));
+  const bool wanted = bool_field(body, "logprobs", false);
+  const int top = static_cast<int>(int_field(body, "top_logprobs", 0, 0, kMaxTop));
+  if (top > 0 && !wanted) bad_request("'top_logprobs' needs 'logprobs': true", "top_logprobs");
+  return wanted ? top : -1;
 }
 
 // The documented request fields bmoe does not act on, as clients send them by default. Each is
@@ -111,8 +126,6 @@ void check_unused_fields(const json& body, bool chat) {
     bad_request("'modalities' is not supported (only [\"text\"])", "modalities");
   }
   if (chat) {
-    only_default(body, "logprobs", false);
-    only_default(body, "top_logprobs", 0);
     only_default(body, "tools", json::array());
     only_default(body, "functions", json::array());
     for (const char* key : {"tool_choice", "function_call"}) {
@@ -206,23 +219,23 @@ std::vector<int32_t> prompt_of(const json& body, bool chat, const RequestContext
 
 CompletionRequest parse_completion_request(const std::string& text, bool chat, const RequestContext& context) {
   const json body = parse_body(text);
-  // OpenAI's documented fields, and llama-server's top_k and chat_template_kwargs. What bmoe does
-  // with each: README ("Request fields").
+  // OpenAI's documented fields, and llama-server's top_k, min_p, repeat_penalty, repeat_last_n
+  // and chat_template_kwargs. What bmoe does with each: README ("Request fields").
   static const std::set<std::string> kChatFields = {
       "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "stop",
       "stream", "stream_options", "n", "presence_penalty", "frequency_penalty", "user", "chat_template_kwargs",
       "logprobs", "top_logprobs", "logit_bias", "response_format", "tools", "tool_choice", "parallel_tool_calls",
       "functions", "function_call", "store", "metadata", "reasoning_effort", "service_tier", "modalities", "audio",
-      "prediction", "prompt_cache_key", "safety_identifier", "verbosity", "web_search_options", "cache_prompt"};
+      "prediction", "prompt_cache_key", "safety_identifier", "verbosity", "web_search_options", "cache_prompt",
+      "min_p", "repeat_penalty", "repeat_last_n"};
   static const std::set<std::string> kCompletionFields = {
       "model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream",
       "stream_options", "n", "presence_penalty", "frequency_penalty", "user", "echo", "logprobs", "best_of",
-      "logit_bias", "suffix", "cache_prompt"};
+      "logit_bias", "suffix", "cache_prompt", "min_p", "repeat_penalty", "repeat_last_n"};
   reject_unknown_fields(body, chat ? kChatFields : kCompletionFields);
   check_unused_fields(body, chat);
   if (!chat) {
     only_default(body, "echo", false);
-    only_default(body, "logprobs", nullptr);
     only_default(body, "best_of", 1);
   }
   if (body.contains("model") && !body["model"].is_string()) bad_request("'model' must be a string", "model");
@@ -236,6 +249,8 @@ CompletionRequest parse_completion_request(const std::string& text, bool chat, c
   const int n_ctx = context.n_ctx;
   r.params = sampling_params(body, context, context.n_predict > 0 ? context.n_predict : (chat ? n_ctx : 16));
   r.prompt = prompt_of(body, chat, context);
+  r.params.logprobs = logprobs_field(body, chat);
+  r.n = static_cast<int>(int_field(body, "n", 1, 1, 128));  // OpenAI's limit
   if (r.prompt.empty()) bad_request("the prompt is empty", chat ? "messages" : "prompt");
   if (static_cast<int>(r.prompt.size()) >= n_ctx) {
     throw RequestError(400, "invalid_request_error",

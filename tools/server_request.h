@@ -40,6 +40,9 @@ struct CompletionRequest {
   GenerateParams params;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage: a last chunk with usage, no choices
+  int n = 1;  // choices to generate, one after the other, choice i seeded params.sampler.seed + i
+  // Log-probabilities asked for (params.logprobs is the number of alternatives, -1 for none).
+  bool logprobs() const { return params.logprobs >= 0; }
 };
 
 // Parses a request body; throws RequestError (4xx) for anything it cannot serve.
