@@ -1,5 +1,6 @@
 """Bad input to the tools: every case must end with a non-zero exit (not a signal), within a few
 seconds, and one clear `error:` line on stderr that names the problem."""
+import json
 import os
 import re
 import subprocess
@@ -139,10 +140,28 @@ class LlamaCppConventions(unittest.TestCase):
         self.refused(["-p", "x", "-tb", "2"], "-tb", "bundle")
         self.refused(["-p", "x", "--temp", "nan"], "--temp")
         self.refused(["-p", "x", "--top-p", "nan"], "--top-p")
+        self.refused(["-p", "x", "--min-p", "nan"], "--min-p")
+        self.refused(["-p", "x", "--presence-penalty", "3"], "--presence-penalty")
+        self.refused(["-p", "x", "--frequency-penalty", "nan"], "--frequency-penalty")
+        self.refused(["-p", "x", "--repeat-penalty", "0"], "--repeat-penalty")
+        self.refused(["-p", "x", "--repeat-last-n", "-2"], "--repeat-last-n")
         self.refused(["-p", "x", "--csv", os.path.join(self.tmp.name, "no", "such", "dir", "x.csv")], "--csv")
         self.refused(["-p", "x", "--metrics", self.tmp.name], "--metrics", "not a regular file")
         self.refused(["-p", "x", "--dump-logits", os.path.join(self.tmp.name, "nodir", "l.bin")], "--dump-logits")
         self.refused(["-p", "x", "--moe-stream", "--cache-file", os.path.join(self.tmp.name, "none", "c.bin")], "--cache-file")
+
+    def test_penalties_change_a_greedy_answer(self):
+        def text(*flags):
+            p = subprocess.run([tool("bmoe-cli"), "-m", self.model, "-p", "Once upon a time", "-n", "32", "--temp", "0",
+                                "--json", *flags], capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+            self.assertEqual(p.returncode, 0, p.stderr[-800:])
+            return json.loads(p.stdout)["tokens"]
+        plain = text()
+        self.assertLess(len(set(plain)), len(plain), "the plain answer repeats a token (the test needs one)")
+        self.assertNotEqual(text("--frequency-penalty", "2", "--presence-penalty", "2"), plain)
+        self.assertNotEqual(text("--repeat-penalty", "1.5", "--repeat-last-n", "-1"), plain)
+        self.assertEqual(text("--repeat-penalty", "1.5", "--repeat-last-n", "0"), plain)  # no window: off
+        self.assertEqual(text("--min-p", "0.5"), plain)  # min-p does not move greedy's pick
 
     def test_version_on_every_tool(self):
         for name in ("bmoe-cli", "bmoe-server", "bmoe-synth", "bmoe-replay", "bmoe-tokenize", "bmoe-iobench"):
