@@ -4,8 +4,8 @@
 // validate requests, tokenize, and wait for (or stream) their job's output. The model, its KV
 // cache and its expert cache stay loaded; each request reuses the KV rows of the prefix it
 // shares with the previous one. A full queue answers 503; a client that goes away cancels its
-// job (streaming: the next write fails; non-streaming: the whitespace written while waiting
-// fails -- JSON allows leading whitespace).
+// job (streaming: the next write fails; non-streaming: its socket is polled for a hang-up while
+// nothing is written, so that an error still gets its own HTTP status; see whole_response).
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <httplib.h>
