@@ -1,6 +1,12 @@
 #include "text/chat.h"
 
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "core/error.h"
+#include "text/jinja.h"
 
 namespace bmoe {
 
@@ -67,6 +73,127 @@ std::string render_chat(ChatFormat format, const std::vector<ChatMessage>& messa
       return out;
   }
   return out;
+}
+
+ChatFormat chat_format_by_name(std::string_view name) {
+  for (ChatFormat f : {ChatFormat::ChatML, ChatFormat::Harmony, ChatFormat::Gemma, ChatFormat::Llama3, ChatFormat::Gemma4}) {
+    if (name == chat_format_name(f)) return f;
+  }
+  return ChatFormat::None;
+}
+
+class JinjaTemplateHolder {
+ public:
+  explicit JinjaTemplateHolder(std::string_view source) : tmpl(source) {}
+  jinja::Template tmpl;
+};
+
+namespace {
+
+std::string read_template_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("--chat-template: cannot read {}", path);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// Messages as templates expect them: content a string (text parts joined, null as ""), as
+// llama-server hands them to templates that take strings.
+nlohmann::ordered_json normalized_messages(const nlohmann::ordered_json& messages) {
+  nlohmann::ordered_json out = nlohmann::ordered_json::array();
+  for (const auto& m : messages) {
+    nlohmann::ordered_json copy = m;
+    if (copy.is_object()) {
+      const auto c = copy.find("content");
+      if (c == copy.end() || c->is_null()) {
+        copy["content"] = "";
+      } else if (c->is_array()) {
+        std::string text;
+        for (const auto& part : *c) {
+          if (part.is_object() && part.contains("text") && part["text"].is_string()) text += part["text"].get<std::string>();
+        }
+        *c = text;
+      }
+    }
+    out.push_back(std::move(copy));
+  }
+  return out;
+}
+
+}  // namespace
+
+ChatTemplate ChatTemplate::builtin(ChatFormat format) {
+  ChatTemplate t;
+  t.format_ = format;
+  t.description_ = fmt::format("built-in {}", chat_format_name(format));
+  return t;
+}
+
+ChatTemplate ChatTemplate::for_model(const std::string& arch, const std::string& model_template,
+                                     const std::string& choice, std::string bos_text, std::string eos_text,
+                                     bool tokenizer_adds_bos, std::string* warning) {
+  const ChatFormat closest = detect_chat_format(arch, model_template);
+  std::string source = model_template;
+  std::string origin = "the model's chat template";
+  if (!choice.empty()) {
+    if (const ChatFormat named = chat_format_by_name(choice); named != ChatFormat::None) return builtin(named);
+    std::error_code ec;
+    if (std::filesystem::is_regular_file(choice, ec)) {
+      source = read_template_file(choice);
+      origin = "chat template " + choice;
+    } else if (choice.find("{{") != std::string::npos || choice.find("{%") != std::string::npos) {
+      source = choice;
+      origin = "the chat template given on the command line";
+    } else {
+      fail("--chat-template: '{}' is neither a built-in format (chatml, harmony, gemma, gemma4, llama3), a file "
+           "nor a Jinja template", choice);
+    }
+  }
+  ChatTemplate t = builtin(choice.empty() ? closest : detect_chat_format(arch, source));
+  if (source.empty()) {
+    if (warning) *warning = fmt::format("the model has no chat template: using the built-in {} format", chat_format_name(t.format_));
+    return t;
+  }
+  try {
+    t.jinja_ = std::make_shared<const JinjaTemplateHolder>(source);
+  } catch (const jinja::JinjaError& e) {
+    if (!choice.empty()) fail("--chat-template: {}", e.what());
+    if (warning) *warning = fmt::format("{} does not parse ({}): using the built-in {} format", origin, e.what(), chat_format_name(t.format_));
+    return t;
+  }
+  t.bos_text_ = std::move(bos_text);
+  t.eos_text_ = std::move(eos_text);
+  t.strip_bos_ = tokenizer_adds_bos && !t.bos_text_.empty();
+  t.description_ = origin;
+  return t;
+}
+
+std::string ChatTemplate::apply(const ChatInputs& in) const {
+  if (!jinja_) {
+    std::vector<ChatMessage> messages;
+    for (const auto& m : normalized_messages(in.messages)) {
+      messages.push_back({m.value("role", ""), m["content"].is_string() ? m["content"].get<std::string>() : m["content"].dump()});
+    }
+    return render_chat(format_, messages, !in.enable_thinking);
+  }
+  nlohmann::ordered_json context = in.kwargs.is_object() ? in.kwargs : nlohmann::ordered_json::object();
+  context["messages"] = normalized_messages(in.messages);
+  if (!in.tools.is_null() && !in.tools.empty()) context["tools"] = in.tools;
+  context["add_generation_prompt"] = in.add_generation_prompt;
+  if (!context.contains("enable_thinking")) context["enable_thinking"] = in.enable_thinking;
+  context["bos_token"] = bos_text_;
+  context["eos_token"] = eos_text_;
+  std::string out = jinja_->tmpl.render(jinja::Value::from_json(context));
+  if (strip_bos_ && out.starts_with(bos_text_)) out.erase(0, bos_text_.size());
+  return out;
+}
+
+std::string ChatTemplate::apply(const std::vector<ChatMessage>& messages, bool no_think) const {
+  ChatInputs in;
+  for (const auto& m : messages) in.messages.push_back({{"role", m.role}, {"content", m.content}});
+  in.enable_thinking = !no_think;
+  return apply(in);
 }
 
 namespace {

@@ -1,7 +1,10 @@
-// Chat prompt formats. bmoe renders the common templates itself (no Jinja engine): ChatML for
-// Qwen, harmony for gpt-oss, Gemma's turn formats (Gemma 2/3 and Gemma 4), Llama 3 headers.
+// Chat prompts. A model's own template (tokenizer.chat_template, Jinja) is rendered with bmoe's
+// Jinja engine (text/jinja.h); built-in formats (ChatML for Qwen, harmony for gpt-oss, Gemma's
+// turn formats, Llama 3 headers) remain for files without a usable template and by name.
 #pragma once
 
+#include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -22,6 +25,50 @@ const char* chat_format_name(ChatFormat f);
 // Renders messages followed by the assistant's turn opening. no_think: Qwen3 gets an empty
 // think block; gpt-oss is primed straight into its final channel.
 std::string render_chat(ChatFormat format, const std::vector<ChatMessage>& messages, bool no_think);
+
+// What a chat template is rendered with (the variables llama.cpp and transformers pass).
+struct ChatInputs {
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();  // OpenAI messages
+  nlohmann::ordered_json tools;  // OpenAI tool list, or null
+  bool add_generation_prompt = true;
+  bool enable_thinking = true;
+  nlohmann::ordered_json kwargs = nlohmann::ordered_json::object();  // chat_template_kwargs, passed as variables
+};
+
+class JinjaTemplateHolder;
+
+// A model's chat template: its own Jinja template, or a built-in format.
+class ChatTemplate {
+ public:
+  // The template to use for a model. `choice` is what the user asked for (--chat-template):
+  // empty for the model's own, a built-in format's name, a file, or template text. A model
+  // template that does not parse falls back to the built-in format for the architecture, and
+  // `warning` says so. Throws Error for a choice that names nothing usable.
+  static ChatTemplate for_model(const std::string& arch, const std::string& model_template, const std::string& choice,
+                                std::string bos_text, std::string eos_text, bool tokenizer_adds_bos,
+                                std::string* warning);
+  static ChatTemplate builtin(ChatFormat format);
+
+  // Renders a conversation. The BOS a template writes at the start is dropped when the
+  // tokenizer adds one (otherwise the prompt would open with two). Throws jinja::JinjaError
+  // where the template refuses the conversation (raise_exception) or fails.
+  std::string apply(const ChatInputs& inputs) const;
+  std::string apply(const std::vector<ChatMessage>& messages, bool no_think) const;
+
+  bool is_jinja() const { return jinja_ != nullptr; }
+  ChatFormat format() const { return format_; }  // the built-in format, or the closest one
+  const std::string& description() const { return description_; }  // for logs and /props
+
+ private:
+  std::shared_ptr<const JinjaTemplateHolder> jinja_;
+  ChatFormat format_ = ChatFormat::ChatML;
+  std::string bos_text_, eos_text_;
+  bool strip_bos_ = false;
+  std::string description_;
+};
+
+// A built-in format by name ("chatml", "harmony", ...), or None.
+ChatFormat chat_format_by_name(std::string_view name);
 
 // Splits an answer into reasoning and content as llama-server's "deepseek" reasoning format
 // does: an answer that opens with <think> (leading whitespace aside) is reasoning up to
