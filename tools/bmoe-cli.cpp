@@ -23,6 +23,7 @@
 #include "engine/session.h"
 #include "model/arch.h"
 #include "text/chat.h"
+#include "text/jinja.h"
 #include "text/utf8.h"
 #include "llama_flags.h"
 #include "run_options.h"
@@ -223,8 +224,7 @@ int interactive(const CliOptions& o) {
   LoadedRun loaded = load_run(o.run);
   LoadedModel& model = *loaded.model;
   const ModelConfig& cfg = model.transformer->config();
-  const ChatFormat format =
-      o.chatml ? ChatFormat::ChatML : detect_chat_format(cfg.arch, model.tokenizer->vocab().chat_template);
+  const ChatTemplate chat = o.chatml ? ChatTemplate::builtin(ChatFormat::ChatML) : chat_template_for(o.run, model);
   ThreadPool pool(o.run.thread_count());
   Session session(model, pool, o.run.ctx_size, o.run.batch(), SamplerConfig{}, o.run.kv());
   session.state().set_routing_options(o.run.routing());
@@ -236,8 +236,8 @@ int interactive(const CliOptions& o) {
   params.show_special = o.show_special;
   params.draft = o.run.draft_config(cfg);
   catch_interrupts();
-  fmt::print(stderr, "interactive chat ({} format): /reset clears the conversation, Ctrl-C stops an answer, "
-                     "Ctrl-D or /exit quits\n", chat_format_name(format));
+  fmt::print(stderr, "interactive chat ({}): /reset clears the conversation, Ctrl-C stops an answer, "
+                     "Ctrl-D or /exit quits\n", chat.description());
   std::string line;
   for (;;) {
     fmt::print("> ");
@@ -252,7 +252,14 @@ int interactive(const CliOptions& o) {
     }
     if (line.empty()) continue;
     messages.push_back({"user", line});
-    const std::vector<int32_t> ids = session.tokenize(render_chat(format, messages, o.no_think), true);
+    std::vector<int32_t> ids;
+    try {
+      ids = session.tokenize(chat.apply(messages, o.no_think), true);
+    } catch (const jinja::JinjaError& e) {
+      messages.pop_back();
+      fmt::print(stderr, "error: {}\n", e.what());
+      continue;
+    }
     g_interrupted.store(false);
     GenerateResult r;
     try {
@@ -329,12 +336,11 @@ int run(const CliOptions& o) {
   const double load_seconds = loaded.load_seconds;
 
   if (o.chatml || o.chat) {
-    const ChatFormat format = o.chatml ? ChatFormat::ChatML
-                                       : detect_chat_format(cfg.arch, model->tokenizer->vocab().chat_template);
+    const ChatTemplate chat = o.chatml ? ChatTemplate::builtin(ChatFormat::ChatML) : chat_template_for(o.run, *model);
     std::vector<ChatMessage> messages;
     if (!o.system.empty()) messages.push_back({"system", o.system});
     messages.push_back({"user", prompt});
-    prompt = render_chat(format, messages, o.no_think);
+    prompt = chat.apply(messages, o.no_think);
   }
 
   ThreadPool pool(threads);

@@ -662,9 +662,10 @@ class Server {
  public:
   Server(Engine& engine, const ServerOptions& o) : engine_(engine), o_(o) {
     model_name_ = utf8_sanitize(o.alias.empty() ? std::filesystem::path(o.run.model).filename().string() : o.alias);
-    const ModelConfig& cfg = engine.model().transformer->config();
-    chat_format_ = detect_chat_format(cfg.arch, engine.model().tokenizer->vocab().chat_template);
+    chat_template_ = chat_template_for(o.run, engine.model());
   }
+
+  const std::string& chat_template_description() const { return chat_template_.description(); }
 
   void install(httplib::Server& http) {
     http.Get("/health", [](const httplib::Request&, httplib::Response& res) { send_json(res, 200, {{"status", "ok"}}); });
@@ -713,7 +714,8 @@ class Server {
                            {"total_slots", 1},
                            {"model_alias", model_name_},
                            {"model_path", utf8_sanitize(o_.run.model)},
-                           {"chat_format", chat_format_name(chat_format_)},
+                           {"chat_format", chat_format_name(chat_template_.format())},
+                           {"chat_template_source", chat_template_.description()},
                            {"chat_template", utf8_sanitize(engine_.model().tokenizer->vocab().chat_template)},
                            {"architecture", cfg.arch},
                            {"reasoning_format", o_.reasoning_format},
@@ -870,7 +872,7 @@ class Server {
   RequestContext request_context() const {
     RequestContext c;
     c.tokenizer = engine_.model().tokenizer.get();
-    c.chat_format = chat_format_;
+    c.chat_template = &chat_template_;
     c.n_ctx = engine_.n_ctx();
     c.n_predict = o_.n_predict;
     c.temperature = o_.temperature;
@@ -883,7 +885,7 @@ class Server {
 
   const ServerOptions& o_;
   std::string model_name_;
-  ChatFormat chat_format_;
+  ChatTemplate chat_template_;
 };
 
 constexpr int kListenBacklog = 512;
@@ -931,9 +933,8 @@ int serve(const ServerOptions& o) {
     api.wait_answered(std::chrono::seconds(10));
     http.stop();
   });
-  fmt::print(stderr, "server: listening on http://{}:{} ({} chat format, queue {}, {} HTTP threads{})\n", o.host, o.port,
-             chat_format_name(detect_chat_format(engine.model().transformer->config().arch,
-                                                 engine.model().tokenizer->vocab().chat_template)),
+  fmt::print(stderr, "server: listening on http://{}:{} (chat: {}, queue {}, {} HTTP threads{})\n", o.host, o.port,
+             api.chat_template_description(),
              o.queue, threads, o.api_key.empty() ? "" : ", API key required");
   http.listen_after_bind();
   pthread_kill(stopper.native_handle(), SIGTERM);  // if the server stopped by itself

@@ -60,6 +60,16 @@ void check_output_path(const std::string& path, const std::string& flag) {
   }
 }
 
+ChatTemplate chat_template_for(const RunOptions& o, const LoadedModel& model) {
+  const Vocabulary& v = model.tokenizer->vocab();
+  const auto token_text = [&](int32_t id) { return id >= 0 && id < static_cast<int32_t>(v.tokens.size()) ? v.tokens[static_cast<size_t>(id)] : std::string(); };
+  std::string warning;
+  ChatTemplate t = ChatTemplate::for_model(model.transformer->config().arch, v.chat_template, o.chat_template,
+                                           token_text(v.bos), token_text(v.eos), v.add_bos, &warning);
+  if (!warning.empty()) fmt::print(stderr, "warning: {}\n", warning);
+  return t;
+}
+
 void add_run_flags(CLI::App& app, RunOptions& o) {
   app.add_option("-m,--model", o.model, "GGUF model file (any shard of a split model)");
   app.add_option("-t,--threads", o.threads, "compute threads (default: all cores)")->check(CLI::Range(0, 512));
@@ -68,6 +78,18 @@ void add_run_flags(CLI::App& app, RunOptions& o) {
       ->check(CLI::Range(1, 8192));
   app.add_option("--n-expert-used", o.n_expert_used, "override the model's top-k experts per token (lossy)")->check(CLI::Range(1, 1024));
   app.add_option("--kv-type", o.kv_type, "KV cache element type: f16 or f32")->capture_default_str()->check(CLI::IsMember({"f16", "f32"}));
+  const auto template_choice = [](const std::string& v) -> std::string {
+    std::error_code ec;
+    if (chat_format_by_name(v) != ChatFormat::None || std::filesystem::is_regular_file(v, ec)) return {};
+    if (v.find("{{") != std::string::npos || v.find("{%") != std::string::npos) return {};
+    return "'" + v + "' is neither a built-in format (chatml, harmony, gemma, gemma4, llama3), a file nor a Jinja template";
+  };
+  app.add_option("--chat-template", o.chat_template,
+                 "chat template: a built-in format (chatml, harmony, gemma, gemma4, llama3), a Jinja file or Jinja "
+                 "text (default: the model's own tokenizer.chat_template)")->check(template_choice);
+  app.add_option("--chat-template-file", o.chat_template, "a Jinja chat template file (as llama.cpp's flag)")
+      ->check(CLI::ExistingFile);
+  app.add_flag("--jinja")->description("accepted for llama.cpp compatibility: chat templates are always rendered with Jinja");
   app.add_flag("--moe-stream", o.moe_stream, "read routed experts from flash on demand instead of mapping the whole model");
   app.add_option("--dense-weights", o.dense_weights, "streaming: dense weights in anonymous memory (anon) or mapped (mmap)")
       ->capture_default_str()->check(CLI::IsMember({"anon", "mmap"}));

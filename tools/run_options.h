@@ -13,6 +13,7 @@
 #include "engine/loader.h"
 #include "engine/speculative.h"
 #include "model/attention.h"
+#include "text/chat.h"
 
 namespace bmoe {
 
@@ -38,6 +39,7 @@ struct RunOptions {
   std::string predictor = "both";  // --predictor: router, affinity or both
   std::string predict_log;
   std::string cache_file;  // --cache-file: warm start from / save the hot set to this file
+  std::string chat_template;  // --chat-template: a built-in format's name, a file or Jinja text; empty: the model's
   // Lossy knobs (off by default).
   int route_ahead = 0;
   float drop_cold = 0.0f;
@@ -90,6 +92,10 @@ struct LoadedRun {
 
 // Writes --predict-log (one row per checked prediction) when asked; prints the prefetch line.
 void report_prefetch(const RunOptions& o, LoadedModel& model);
+
+// The chat template a run uses (--chat-template, else the model's own); says on stderr when
+// it falls back to a built-in format.
+ChatTemplate chat_template_for(const RunOptions& o, const LoadedModel& model);
 
 // --cache-file: saves the streaming cache's residents (at the end of a run or a server's life).
 void save_cache_file(const RunOptions& o, LoadedModel& model);

@@ -6,6 +6,7 @@
 #include <random>
 #include <set>
 
+#include "text/jinja.h"
 #include "text/utf8.h"
 
 namespace bmoe {
@@ -162,28 +163,41 @@ std::string message_content(const json& m, size_t index) {
   return text;
 }
 
-std::vector<ChatMessage> chat_messages(const json& body) {
+// The conversation as the template receives it: each message checked (a role the template can
+// place, content a string or text parts, an assistant's tool_calls and a tool's answer kept as
+// sent), in the request's own key order (a template's tojson shows it).
+nlohmann::ordered_json chat_messages(const nlohmann::ordered_json& body, bool jinja) {
   if (!body.contains("messages") || !body["messages"].is_array() || body["messages"].empty()) {
     bad_request("'messages' must be a non-empty array", "messages");
   }
-  std::vector<ChatMessage> out;
+  nlohmann::ordered_json out = nlohmann::ordered_json::array();
   size_t i = 0;
-  for (const json& m : body["messages"]) {
+  for (const auto& m : body["messages"]) {
     if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) {
       bad_request(fmt::format("messages[{}] needs a string 'role'", i), "messages");
     }
     std::string role = m["role"].get<std::string>();
     if (role == "developer") role = "system";
-    if (role != "system" && role != "user" && role != "assistant") {
-      bad_request(fmt::format("messages[{}]: unsupported role '{}' (system, developer, user, assistant)", i, role), "messages");
+    const bool tool_role = role == "tool" || role == "function";
+    if (role != "system" && role != "user" && role != "assistant" && !(jinja && tool_role)) {
+      bad_request(fmt::format("messages[{}]: unsupported role '{}' (system, developer, user, assistant{})", i, role,
+                              jinja ? ", tool" : ""), "messages");
     }
-    out.push_back({role, message_content(m, i)});
+    nlohmann::ordered_json copy = m;
+    copy["role"] = role;
+    copy["content"] = message_content(json::parse(m.dump()), i);
+    if (m.contains("tool_calls") && !m["tool_calls"].is_null()) {
+      if (!jinja || !m["tool_calls"].is_array()) {
+        bad_request(fmt::format("messages[{}].tool_calls needs the model's own chat template and a list", i), "messages");
+      }
+    }
+    out.push_back(std::move(copy));
     ++i;
   }
   return out;
 }
 
-std::vector<int32_t> prompt_of(const json& body, bool chat, const RequestContext& o) {
+std::vector<int32_t> prompt_of(const json& body, const std::string& text, bool chat, const RequestContext& o) {
   const Tokenizer& tok = *o.tokenizer;
   const bool add_bos = tok.vocab().add_bos;
   if (chat) {
@@ -196,7 +210,22 @@ std::vector<int32_t> prompt_of(const json& body, bool chat, const RequestContext
         no_think = !k["enable_thinking"].get<bool>();
       }
     }
-    return tok.encode(render_chat(o.chat_format, chat_messages(body), no_think), true, add_bos);
+    static const ChatTemplate kChatML = ChatTemplate::builtin(ChatFormat::ChatML);
+    const ChatTemplate& tmpl = o.chat_template ? *o.chat_template : kChatML;
+    const auto ordered = nlohmann::ordered_json::parse(text);
+    ChatInputs in;
+    in.messages = chat_messages(ordered, tmpl.is_jinja());
+    in.enable_thinking = !no_think;
+    if (ordered.contains("chat_template_kwargs")) in.kwargs = ordered["chat_template_kwargs"];
+    if (ordered.contains("reasoning_effort") && ordered["reasoning_effort"].is_string()) {
+      in.kwargs["reasoning_effort"] = ordered["reasoning_effort"];
+    }
+    try {
+      return tok.encode(tmpl.apply(in), true, add_bos);
+    } catch (const jinja::JinjaError& e) {
+      // The template refused the conversation (roles out of order, say): the client's to fix.
+      bad_request(fmt::format("the chat template cannot render these messages: {}", e.what()), "messages");
+    }
   }
   if (!body.contains("prompt")) bad_request("'prompt' is required", "prompt");
   const json& p = body["prompt"];
@@ -248,9 +277,9 @@ CompletionRequest parse_completion_request(const std::string& text, bool chat, c
   }
   const int n_ctx = context.n_ctx;
   r.params = sampling_params(body, context, context.n_predict > 0 ? context.n_predict : (chat ? n_ctx : 16));
-  r.prompt = prompt_of(body, chat, context);
   r.params.logprobs = logprobs_field(body, chat);
   r.n = static_cast<int>(int_field(body, "n", 1, 1, 128));  // OpenAI's limit
+  r.prompt = prompt_of(body, text, chat, context);
   if (r.prompt.empty()) bad_request("the prompt is empty", chat ? "messages" : "prompt");
   if (static_cast<int>(r.prompt.size()) >= n_ctx) {
     throw RequestError(400, "invalid_request_error",

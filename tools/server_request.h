@@ -25,7 +25,7 @@ struct RequestError : std::runtime_error {
 // What the server fills in where a request is silent, and what it is serving.
 struct RequestContext {
   const Tokenizer* tokenizer = nullptr;
-  ChatFormat chat_format = ChatFormat::ChatML;
+  const ChatTemplate* chat_template = nullptr;  // nullptr: the built-in ChatML
   int n_ctx = 4096;
   int n_predict = -1;  // default max_tokens (-1: the context for chat, 16 for completions)
   float temperature = 0.8f;

@@ -424,8 +424,15 @@ struct VocabInfo {
   const char* chat_template;
 };
 
-const char* kHarmonyTemplate = "{# harmony: <|start|>role<|message|>content<|end|> #}<|start|>assistant";
-const char* kLlama3Template = "{{- bos_token }}{%- for m in messages %}<|start_header_id|>{{ m.role }}<|end_header_id|>\n\n{{ m.content }}<|eot_id|>{%- endfor %}";
+// Small Jinja templates that render what bmoe's built-in formats do (the real ones are tens of
+// kilobytes; tests/templates checks bmoe against those).
+const char* kHarmonyTemplate =
+    "{%- for m in messages %}<|start|>{{ 'developer' if m.role == 'system' else m.role }}<|message|>"
+    "{{ m.content }}<|end|>{%- endfor %}{%- if add_generation_prompt %}<|start|>assistant"
+    "{%- if enable_thinking is defined and not enable_thinking %}<|channel|>final<|message|>{%- endif %}{%- endif %}";
+const char* kLlama3Template =
+    "{{- bos_token }}{%- for m in messages %}<|start_header_id|>{{ m.role }}<|end_header_id|>\n\n{{ m.content }}"
+    "<|eot_id|>{%- endfor %}{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}";
 
 VocabInfo vocab_info(const std::string& name) {
   if (name == "qwen3") return {"qwen2", "<|endoftext|>", "<|im_end|>", "<|endoftext|>", kQwenChatTemplate};
@@ -493,8 +500,8 @@ Vocabulary real_vocab(const std::string& name, const std::string& file, int pad_
 }
 
 const char* kGemma4Template =
-    "{{ bos_token }}{%- for m in messages %}<|turn>{{ m.role }}\n{{ m.content }}<turn|>\n{%- endfor %}"
-    "{%- if add_generation_prompt %}<|turn>model\n{%- endif %}";
+    "{{ bos_token }}{% for m in messages %}<|turn>{{ 'model' if m.role == 'assistant' else m.role }}\n{{ m.content }}"
+    "<turn|>\n{% endfor %}{% if add_generation_prompt %}<|turn>model\n{% endif %}";
 
 const std::string kSpmSpace = "\xE2\x96\x81";  // U+2581, SPM's visible space
 
