@@ -1,0 +1,99 @@
+"""bmoe's Jinja engine renders the models' real chat templates exactly as @huggingface/jinja does
+(the renderer behind transformers.js' apply_chat_template), on every conversation in templates.py:
+same text where the reference renders, an error where the reference raises."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+from templates import ROOT, conversations, load_templates
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "conformance"))
+from common import bmoe_tokenize, oracle as llama_oracle, synth  # noqa: E402
+
+BUILD = os.environ.get("BMOE_BUILD", os.path.join(ROOT, "build"))
+TEMPLATE_TOOL = os.path.join(BUILD, "tools", "bmoe-template")
+
+
+def oracle(templates, contexts):
+    payload = json.dumps({"templates": templates, "contexts": contexts})
+    r = subprocess.run(["node", os.path.join(os.path.dirname(__file__), "render_oracle.mjs")], input=payload,
+                       capture_output=True, text=True, check=True, cwd=ROOT)
+    return json.loads(r.stdout)
+
+
+def ours(source, contexts):
+    with tempfile.TemporaryDirectory() as tmp:
+        tpath, cpath = os.path.join(tmp, "t.jinja"), os.path.join(tmp, "c.json")
+        with open(tpath, "w") as f:
+            f.write(source)
+        with open(cpath, "w") as f:
+            json.dump(contexts, f)
+        r = subprocess.run([TEMPLATE_TOOL, "-t", tpath, "--json", cpath], capture_output=True, text=True)
+    if r.returncode != 0:
+        return [{"error": r.stderr.strip()}] * len(contexts)
+    return json.loads(r.stdout)
+
+
+class ChatTemplateTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.templates = load_templates()
+        cls.cases = conversations()
+        cls.expected = oracle(cls.templates, [ctx for _, ctx in cls.cases])
+
+    def test_every_template_renders_like_the_reference(self):
+        rendered_somewhere = 0
+        for name, source in self.templates.items():
+            got = ours(source, [ctx for _, ctx in self.cases])
+            for (label, _), want, have in zip(self.cases, self.expected[name], got):
+                with self.subTest(template=name, conversation=label):
+                    if isinstance(want, dict):
+                        self.assertIsInstance(have, dict, f"the reference raised ({want['error']}), bmoe rendered")
+                    else:
+                        rendered_somewhere += 1
+                        self.assertEqual(have, want, f"{name}/{label}")
+        # The comparison means something only if most cases render.
+        self.assertGreater(rendered_somewhere, len(self.templates) * len(self.cases) // 2)
+
+    def test_the_conversations_reach_the_templates_features(self):
+        # The tool and thinking cases change what the qwen3 template renders (tools block,
+        # empty think block, reasoning dropped from history), so they exercise those paths.
+        labels = [label for label, _ in self.cases]
+        qwen = dict(zip(labels, self.expected["qwen3"]))
+        self.assertIn("<tools>", qwen["tools"])
+        self.assertIn("<think>\n\n</think>", qwen["thinking-off"])
+        self.assertIn("<tool_response>", qwen["tool-call"])
+        self.assertNotIn("Easy one", qwen["reasoning-content"])  # history's reasoning is dropped
+        self.assertIn("<|channel|>commentary", self.expected["gpt-oss"][labels.index("tool-call")])
+
+
+class RenderedPromptTokensTest(unittest.TestCase):
+    """The prompts bmoe renders from real templates tokenize to llama.cpp's ids: the rendered
+    text's special tokens (<|im_start|>, <|start|>, <|start_header_id|>, ...) are recognised the
+    same way on both sides, for the vocabulary each template belongs to."""
+
+    PAIRS = [("qwen3", "qwen3", "tiny-qwen3moe"), ("qwen3.5", "qwen3", "tiny-qwen3moe"),
+             ("gpt-oss", "gptoss", "tiny-gpt-oss"), ("llama3_1", "llama3", "tiny-mixtral"),
+             ("llama3.1-tools", "llama3", "tiny-mixtral")]
+
+    def test_rendered_prompts_tokenize_like_llama_cpp(self):
+        templates = load_templates()
+        cases = conversations()
+        checked = 0
+        for name, vocab, preset in self.PAIRS:
+            model = synth(f"templates-{preset}-{vocab}", preset, "--vocab", vocab)
+            texts = [t for t in ours(templates[name], [ctx for _, ctx in cases]) if isinstance(t, str)]
+            mine = bmoe_tokenize(model, texts)
+            theirs = llama_oracle("tokenize", model, texts)
+            for text, a, b in zip(texts, mine, theirs):
+                with self.subTest(template=name, text=text[:60]):
+                    self.assertEqual(a, b)
+                    checked += 1
+        self.assertGreater(checked, 30)
+
+
+if __name__ == "__main__":
+    unittest.main()
