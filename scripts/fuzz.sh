@@ -21,11 +21,11 @@ fi
 # The sanitizer build of scripts/test.sh (clang: ASan + UBSan + libFuzzer), reused if present.
 scripts/configure-asan.sh
 B=build-asan
-cmake --build $B --target fuzz_gguf fuzz_tokenizer fuzz_chat_request
+cmake --build $B --target fuzz_gguf fuzz_tokenizer fuzz_chat_request fuzz_template
 
 mkdir -p $B/artifacts
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-for target in gguf tokenizer chat_request; do
+for target in gguf tokenizer chat_request template; do
   work="$B/corpus/$target"
   mkdir -p "$work"
   cp -n tests/fuzz/corpus/$target/* "$work"/
