@@ -29,6 +29,8 @@ BUNDLE_TEMPLATES = {  # name -> path in llama.cpp's tree
     "qwen3-coder": "models/templates/Qwen3-Coder.jinja",
     "deepseek-r1": "models/templates/deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja",
     "mistral-small": "models/templates/Mistral-Small-3.2-24B-Instruct-2506.jinja",
+    "qwen2.5": "models/templates/Qwen-Qwen2.5-7B-Instruct.jinja",
+    "mistral-nemo": "models/templates/mistralai-Mistral-Nemo-Instruct-2407.jinja",
 }
 
 
