@@ -126,14 +126,6 @@ SamplerConfig sampler_config(const CliOptions& o) {
   return c;
 }
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("cannot read prompt file {}", path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 std::vector<int32_t> parse_ids(const std::string& text, int vocab_size) {
   std::vector<int32_t> ids;
   std::stringstream ss(text);
@@ -324,7 +316,7 @@ int run(const CliOptions& o) {
   }
   if (o.interactive) return interactive(o);
   std::string prompt = o.prompt;
-  if (!o.prompt_file.empty()) prompt = read_file(o.prompt_file);
+  if (!o.prompt_file.empty()) prompt = read_whole_file(o.prompt_file, "prompt file");
 
   MemoryWatcher watcher;
   const auto thermal_start = read_thermal();

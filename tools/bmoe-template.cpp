@@ -6,25 +6,14 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "core/error.h"
+#include "core/mapped_file.h"
 #include "gguf/gguf.h"
 #include "text/jinja.h"
 
 using namespace bmoe;
-
-namespace {
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("cannot read {}", path);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"bmoe-template: render a chat template with bmoe's Jinja engine"};
@@ -44,7 +33,7 @@ int main(int argc, char** argv) {
   try {
     std::string source;
     if (!template_file.empty()) {
-      source = read_file(template_file);
+      source = read_whole_file(template_file, "template");
     } else {
       source = GgufModel::open(model_path)->get_string_or("tokenizer.chat_template", "");
       if (source.empty()) fail("{} carries no tokenizer.chat_template", model_path);
@@ -52,7 +41,7 @@ int main(int argc, char** argv) {
     const jinja::Template tmpl(source);
     nlohmann::ordered_json contexts;
     try {
-      contexts = nlohmann::ordered_json::parse(read_file(json_file));
+      contexts = nlohmann::ordered_json::parse(read_whole_file(json_file, "contexts file"));
     } catch (const nlohmann::ordered_json::exception& e) {
       fail("{}: not valid JSON ({})", json_file, e.what());
     }

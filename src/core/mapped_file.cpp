@@ -5,11 +5,21 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <fstream>
+#include <sstream>
 #include <utility>
 
 #include "core/error.h"
 
 namespace bmoe {
+
+std::string read_whole_file(const std::string& path, const std::string& what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("cannot read {}{}", what.empty() ? "" : what + " ", path);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
 
 MappedFile::MappedFile(const std::string& path) : path_(path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);

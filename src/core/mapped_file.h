@@ -7,6 +7,10 @@
 
 namespace bmoe {
 
+// Reads a whole (small) file: a prompt, a template, a JSON list. Throws bmoe::Error
+// "cannot read <what> <path>" where it cannot.
+std::string read_whole_file(const std::string& path, const std::string& what);
+
 class MappedFile {
  public:
   MappedFile() = default;
