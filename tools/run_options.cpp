@@ -78,11 +78,8 @@ void add_run_flags(CLI::App& app, RunOptions& o) {
       ->check(CLI::Range(1, 8192));
   app.add_option("--n-expert-used", o.n_expert_used, "override the model's top-k experts per token (lossy)")->check(CLI::Range(1, 1024));
   app.add_option("--kv-type", o.kv_type, "KV cache element type: f16 or f32")->capture_default_str()->check(CLI::IsMember({"f16", "f32"}));
-  const auto template_choice = [](const std::string& v) -> std::string {
-    std::error_code ec;
-    if (chat_format_by_name(v) != ChatFormat::None || std::filesystem::is_regular_file(v, ec)) return {};
-    if (v.find("{{") != std::string::npos || v.find("{%") != std::string::npos) return {};
-    return "'" + v + "' is neither a built-in format (chatml, harmony, gemma, gemma4, llama3), a file nor a Jinja template";
+  const auto template_choice = [](const std::string& v) {
+    return chat_template_choice(v) == ChatTemplateChoice::Invalid ? chat_template_choice_error(v) : std::string();
   };
   app.add_option("--chat-template", o.chat_template,
                  "chat template: a built-in format (chatml, harmony, gemma, gemma4, llama3), a Jinja file or Jinja "

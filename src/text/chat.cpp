@@ -2,10 +2,9 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "core/error.h"
+#include "core/mapped_file.h"
 #include "text/jinja.h"
 
 namespace bmoe {
@@ -90,14 +89,6 @@ class JinjaTemplateHolder {
 
 namespace {
 
-std::string read_template_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("--chat-template: cannot read {}", path);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
 // Messages as templates expect them: content a string (text parts joined, null as ""), as
 // llama-server hands them to templates that take strings.
 nlohmann::ordered_json normalized_messages(const nlohmann::ordered_json& messages) {
@@ -123,6 +114,20 @@ nlohmann::ordered_json normalized_messages(const nlohmann::ordered_json& message
 
 }  // namespace
 
+ChatTemplateChoice chat_template_choice(const std::string& choice) {
+  if (choice.empty()) return ChatTemplateChoice::ModelOwn;
+  if (chat_format_by_name(choice) != ChatFormat::None) return ChatTemplateChoice::Builtin;
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(choice, ec)) return ChatTemplateChoice::File;
+  if (choice.find("{{") != std::string::npos || choice.find("{%") != std::string::npos) return ChatTemplateChoice::Text;
+  return ChatTemplateChoice::Invalid;
+}
+
+std::string chat_template_choice_error(const std::string& choice) {
+  return fmt::format("'{}' is neither a built-in format (chatml, harmony, gemma, gemma4, llama3), a file nor a Jinja "
+                     "template", choice);
+}
+
 ChatTemplate ChatTemplate::builtin(ChatFormat format) {
   ChatTemplate t;
   t.format_ = format;
@@ -136,19 +141,18 @@ ChatTemplate ChatTemplate::for_model(const std::string& arch, const std::string&
   const ChatFormat closest = detect_chat_format(arch, model_template);
   std::string source = model_template;
   std::string origin = "the model's chat template";
-  if (!choice.empty()) {
-    if (const ChatFormat named = chat_format_by_name(choice); named != ChatFormat::None) return builtin(named);
-    std::error_code ec;
-    if (std::filesystem::is_regular_file(choice, ec)) {
-      source = read_template_file(choice);
+  switch (chat_template_choice(choice)) {
+    case ChatTemplateChoice::ModelOwn: break;
+    case ChatTemplateChoice::Builtin: return builtin(chat_format_by_name(choice));
+    case ChatTemplateChoice::File:
+      source = read_whole_file(choice, "chat template");
       origin = "chat template " + choice;
-    } else if (choice.find("{{") != std::string::npos || choice.find("{%") != std::string::npos) {
+      break;
+    case ChatTemplateChoice::Text:
       source = choice;
       origin = "the chat template given on the command line";
-    } else {
-      fail("--chat-template: '{}' is neither a built-in format (chatml, harmony, gemma, gemma4, llama3), a file "
-           "nor a Jinja template", choice);
-    }
+      break;
+    case ChatTemplateChoice::Invalid: fail("--chat-template: {}", chat_template_choice_error(choice));
   }
   ChatTemplate t = builtin(choice.empty() ? closest : detect_chat_format(arch, source));
   if (source.empty()) {

@@ -67,6 +67,12 @@ class ChatTemplate {
   std::string description_;
 };
 
+// What a --chat-template value names: nothing (the model's own), a built-in format, a file, or
+// Jinja text (it holds "{{" or "{%").
+enum class ChatTemplateChoice { ModelOwn, Builtin, File, Text, Invalid };
+ChatTemplateChoice chat_template_choice(const std::string& choice);
+std::string chat_template_choice_error(const std::string& choice);  // for Invalid
+
 // A built-in format by name ("chatml", "harmony", ...), or None.
 ChatFormat chat_format_by_name(std::string_view name);
 
