@@ -230,26 +230,6 @@ std::string Value::to_json(int indent) const {
   return out;
 }
 
-nlohmann::json Value::to_nlohmann() const {
-  switch (kind_) {
-    case Kind::Bool: return as_bool();
-    case Kind::Int: return int_;
-    case Kind::Float: return float_;
-    case Kind::String: return *string_;
-    case Kind::Array: {
-      nlohmann::json j = nlohmann::json::array();
-      for (const auto& e : *array_) j.push_back(e.to_nlohmann());
-      return j;
-    }
-    case Kind::Object: {
-      nlohmann::json j = nlohmann::json::object();
-      for (const auto& [k, v] : *object_) j[k] = v.to_nlohmann();
-      return j;
-    }
-    default: return nullptr;
-  }
-}
-
 bool Value::equals(const Value& o) const {
   if (is_number() && o.is_number()) {
     if (is_int() && o.is_int()) return int_ == o.int_;
@@ -301,6 +281,10 @@ const char* Value::kind_name() const {
 
 Value Arguments::at(size_t index, std::string_view name, Value fallback) const {
   if (index < positional.size()) return positional[index];
+  return named(name, std::move(fallback));
+}
+
+Value Arguments::named(std::string_view name, Value fallback) const {
   for (const auto& [k, v] : keyword) {
     if (k == name) return v;
   }
@@ -785,36 +769,21 @@ class Parser {
     }
   }
 
-  NodePtr parse_additive() {
-    auto left = parse_concat();
-    while (peek().type == Tok::Op && (peek().text == "+" || peek().text == "-")) {
+  // One left-associative level of binary operators: operands from `next`, joined by any of `ops`.
+  NodePtr parse_operators(std::initializer_list<std::string_view> ops, NodePtr (Parser::*next)()) {
+    auto left = (this->*next)();
+    for (;;) {
+      const Token& t = peek();
+      if (t.type != Tok::Op || std::find(ops.begin(), ops.end(), t.text) == ops.end()) return left;
       const std::string op = t_[i_++].text;
-      left = binary(NodeKind::Binary, op, std::move(left), parse_concat());
+      left = binary(NodeKind::Binary, op, std::move(left), (this->*next)());
     }
-    return left;
   }
 
-  NodePtr parse_concat() {
-    auto left = parse_multiplicative();
-    while (accept_op("~")) left = binary(NodeKind::Binary, "~", std::move(left), parse_multiplicative());
-    return left;
-  }
-
-  NodePtr parse_multiplicative() {
-    auto left = parse_power();
-    while (peek().type == Tok::Op &&
-           (peek().text == "*" || peek().text == "/" || peek().text == "//" || peek().text == "%")) {
-      const std::string op = t_[i_++].text;
-      left = binary(NodeKind::Binary, op, std::move(left), parse_power());
-    }
-    return left;
-  }
-
-  NodePtr parse_power() {
-    auto left = parse_unary();
-    while (accept_op("**")) left = binary(NodeKind::Binary, "**", std::move(left), parse_unary());
-    return left;
-  }
+  NodePtr parse_additive() { return parse_operators({"+", "-"}, &Parser::parse_concat); }
+  NodePtr parse_concat() { return parse_operators({"~"}, &Parser::parse_multiplicative); }
+  NodePtr parse_multiplicative() { return parse_operators({"*", "/", "//", "%"}, &Parser::parse_power); }
+  NodePtr parse_power() { return parse_operators({"**"}, &Parser::parse_unary); }
 
   NodePtr parse_unary() {
     Nest nest(*this);
@@ -1820,12 +1789,12 @@ Value Renderer::apply_filter(const std::string& name, const Value& v, Arguments&
     return Value(std::move(out));
   }
   if (name == "map") {
-    const Value attr = a.at(99, "attribute");
+    const Value attr = a.named("attribute");
     Array out;
     for (const auto& item : iterate(v, line)) {
       if (attr.is_string()) {
         Value got = item.get(attr.as_string());
-        out.push_back(got.is_undefined() ? a.at(99, "default") : got);
+        out.push_back(got.is_undefined() ? a.named("default") : got);
       } else {
         const Value filter_name = a.at(0, "");
         if (!filter_name.is_string()) fail(line, "map needs a filter name or attribute=");

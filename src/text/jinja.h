@@ -79,7 +79,6 @@ class Value {
   bool truthy() const;
   std::string to_string() const;  // what {{ v }} prints
   std::string to_json(int indent = -1) const;
-  nlohmann::json to_nlohmann() const;
   bool equals(const Value& other) const;
   const char* kind_name() const;
 
@@ -99,6 +98,8 @@ struct Arguments {
 
   // The argument at `index`, else the keyword `name`, else `fallback`.
   Value at(size_t index, std::string_view name, Value fallback = Value()) const;
+  // A keyword-only argument (map's attribute=, default=).
+  Value named(std::string_view name, Value fallback = Value()) const;
 };
 
 struct Node;
