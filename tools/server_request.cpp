@@ -12,7 +12,9 @@
 namespace bmoe {
 namespace {
 
-using json = nlohmann::json;
+// Bodies keep their keys' order: a chat template's tojson shows the client's tools and
+// messages as sent.
+using json = nlohmann::ordered_json;
 
 [[noreturn]] void bad_request(const std::string& message, const std::string& param = {}) {
   throw RequestError(400, "invalid_request_error", message, param);
@@ -166,11 +168,11 @@ std::string message_content(const json& m, size_t index) {
 // The conversation as the template receives it: each message checked (a role the template can
 // place, content a string or text parts, an assistant's tool_calls and a tool's answer kept as
 // sent), in the request's own key order (a template's tojson shows it).
-nlohmann::ordered_json chat_messages(const nlohmann::ordered_json& body, bool jinja) {
+json chat_messages(const json& body, bool jinja) {
   if (!body.contains("messages") || !body["messages"].is_array() || body["messages"].empty()) {
     bad_request("'messages' must be a non-empty array", "messages");
   }
-  nlohmann::ordered_json out = nlohmann::ordered_json::array();
+  json out = json::array();
   size_t i = 0;
   for (const auto& m : body["messages"]) {
     if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) {
@@ -183,9 +185,9 @@ nlohmann::ordered_json chat_messages(const nlohmann::ordered_json& body, bool ji
       bad_request(fmt::format("messages[{}]: unsupported role '{}' (system, developer, user, assistant{})", i, role,
                               jinja ? ", tool" : ""), "messages");
     }
-    nlohmann::ordered_json copy = m;
+    json copy = m;
     copy["role"] = role;
-    copy["content"] = message_content(json::parse(m.dump()), i);
+    copy["content"] = message_content(m, i);
     if (m.contains("tool_calls") && !m["tool_calls"].is_null()) {
       if (!jinja || !m["tool_calls"].is_array()) {
         bad_request(fmt::format("messages[{}].tool_calls needs the model's own chat template and a list", i), "messages");
@@ -197,7 +199,7 @@ nlohmann::ordered_json chat_messages(const nlohmann::ordered_json& body, bool ji
   return out;
 }
 
-std::vector<int32_t> prompt_of(const json& body, const std::string& text, bool chat, const RequestContext& o) {
+std::vector<int32_t> prompt_of(const json& body, bool chat, const RequestContext& o) {
   const Tokenizer& tok = *o.tokenizer;
   const bool add_bos = tok.vocab().add_bos;
   if (chat) {
@@ -212,13 +214,12 @@ std::vector<int32_t> prompt_of(const json& body, const std::string& text, bool c
     }
     static const ChatTemplate kChatML = ChatTemplate::builtin(ChatFormat::ChatML);
     const ChatTemplate& tmpl = o.chat_template ? *o.chat_template : kChatML;
-    const auto ordered = nlohmann::ordered_json::parse(text);
     ChatInputs in;
-    in.messages = chat_messages(ordered, tmpl.is_jinja());
+    in.messages = chat_messages(body, tmpl.is_jinja());
     in.enable_thinking = !no_think;
-    if (ordered.contains("chat_template_kwargs")) in.kwargs = ordered["chat_template_kwargs"];
-    if (ordered.contains("reasoning_effort") && ordered["reasoning_effort"].is_string()) {
-      in.kwargs["reasoning_effort"] = ordered["reasoning_effort"];
+    if (body.contains("chat_template_kwargs")) in.kwargs = body["chat_template_kwargs"];
+    if (body.contains("reasoning_effort") && body["reasoning_effort"].is_string()) {
+      in.kwargs["reasoning_effort"] = body["reasoning_effort"];
     }
     try {
       return tok.encode(tmpl.apply(in), true, add_bos);
@@ -279,7 +280,7 @@ CompletionRequest parse_completion_request(const std::string& text, bool chat, c
   r.params = sampling_params(body, context, context.n_predict > 0 ? context.n_predict : (chat ? n_ctx : 16));
   r.params.logprobs = logprobs_field(body, chat);
   r.n = static_cast<int>(int_field(body, "n", 1, 1, 128));  // OpenAI's limit
-  r.prompt = prompt_of(body, text, chat, context);
+  r.prompt = prompt_of(body, chat, context);
   if (r.prompt.empty()) bad_request("the prompt is empty", chat ? "messages" : "prompt");
   if (static_cast<int>(r.prompt.size()) >= n_ctx) {
     throw RequestError(400, "invalid_request_error",
