@@ -57,6 +57,7 @@ struct ServerOptions {
   int top_k = 40;
   float top_p = 0.95f;
   bool no_think = false;
+  bool ignore_eos = false;
   std::string reasoning_format = "deepseek";  // chat: a <think> block goes to reasoning_content
   DraftConfig draft;  // resolved from run after load
 };
@@ -879,6 +880,7 @@ class Server {
     c.top_k = o_.top_k;
     c.top_p = o_.top_p;
     c.no_think = o_.no_think;
+    c.ignore_eos = o_.ignore_eos;
     c.draft = o_.draft;
     return c;
   }
@@ -960,6 +962,7 @@ int main(int argc, char** argv) {
   app.add_option("--temp", o.temperature, "default temperature")->capture_default_str()->check(finite_number() & CLI::Range(0.0, 2.0));
   app.add_option("--top-k", o.top_k, "default top-k (0 = off)")->capture_default_str()->check(CLI::Range(0, 1 << 24));
   app.add_option("--top-p", o.top_p, "default top-p (1 = off)")->capture_default_str()->check(finite_number() & CLI::Range(0.0, 1.0));
+  app.add_flag("--ignore-eos", o.ignore_eos, "keep generating past end-of-text tokens by default (as llama-server; the request's ignore_eos overrides)");
   app.add_flag("--no-think", o.no_think, "answer without reasoning by default (chat_template_kwargs.enable_thinking overrides)");
   app.add_option("--reasoning-format", o.reasoning_format,
                  "chat: deepseek puts an answer's leading <think> block in message.reasoning_content "

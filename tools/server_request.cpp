@@ -99,6 +99,7 @@ GenerateParams sampling_params(const json& body, const RequestContext& o, int64_
   // llama-server's repetition penalty (0 would divide by zero: its floor is 0.01).
   p.sampler.repeat_penalty = static_cast<float>(number_field(body, "repeat_penalty", 1.0, 0.01, 10.0));
   p.sampler.repeat_last_n = static_cast<int>(int_field(body, "repeat_last_n", 64, -1, 1 << 24));
+  p.ignore_eos = bool_field(body, "ignore_eos", o.ignore_eos);  // llama-server's field
   return p;
 }
 
@@ -249,19 +250,19 @@ std::vector<int32_t> prompt_of(const json& body, bool chat, const RequestContext
 
 CompletionRequest parse_completion_request(const std::string& text, bool chat, const RequestContext& context) {
   const json body = parse_body(text);
-  // OpenAI's documented fields, and llama-server's top_k, min_p, repeat_penalty, repeat_last_n
-  // and chat_template_kwargs. What bmoe does with each: README ("Request fields").
+  // OpenAI's documented fields, and llama-server's top_k, min_p, repeat_penalty, repeat_last_n,
+  // ignore_eos and chat_template_kwargs. What bmoe does with each: README ("Request fields").
   static const std::set<std::string> kChatFields = {
       "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "stop",
       "stream", "stream_options", "n", "presence_penalty", "frequency_penalty", "user", "chat_template_kwargs",
       "logprobs", "top_logprobs", "logit_bias", "response_format", "tools", "tool_choice", "parallel_tool_calls",
       "functions", "function_call", "store", "metadata", "reasoning_effort", "service_tier", "modalities", "audio",
       "prediction", "prompt_cache_key", "safety_identifier", "verbosity", "web_search_options", "cache_prompt",
-      "min_p", "repeat_penalty", "repeat_last_n"};
+      "min_p", "repeat_penalty", "repeat_last_n", "ignore_eos"};
   static const std::set<std::string> kCompletionFields = {
       "model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream",
       "stream_options", "n", "presence_penalty", "frequency_penalty", "user", "echo", "logprobs", "best_of",
-      "logit_bias", "suffix", "cache_prompt", "min_p", "repeat_penalty", "repeat_last_n"};
+      "logit_bias", "suffix", "cache_prompt", "min_p", "repeat_penalty", "repeat_last_n", "ignore_eos"};
   reject_unknown_fields(body, chat ? kChatFields : kCompletionFields);
   check_unused_fields(body, chat);
   if (!chat) {

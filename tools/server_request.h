@@ -32,6 +32,7 @@ struct RequestContext {
   int top_k = 40;
   float top_p = 0.95f;
   bool no_think = false;
+  bool ignore_eos = false;  // llama-server's ignore_eos default
   DraftConfig draft;
 };
 

@@ -164,6 +164,23 @@ class ServerTest(unittest.TestCase):
         events = self.server.stream("/v1/completions", body)
         self.assertEqual("".join(e["choices"][0]["text"] for e in events[:-1]), want)
 
+    def test_ignore_eos_runs_to_max_tokens(self):
+        # llama-server's ignore_eos: an answer that ends with the model's end token (found among
+        # a few seeds at temperature 1) runs on to max_tokens with the field set.
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 300, "temperature": 1}
+        ended = None
+        for seed in range(1, 21):
+            _, resp = self.server.post("/v1/chat/completions", {**body, "seed": seed})
+            if resp["choices"][0]["finish_reason"] == "stop":
+                ended = seed
+                break
+        self.assertIsNotNone(ended, "no seed in 1..20 ended by itself within 300 tokens")
+        self.assertLess(resp["usage"]["completion_tokens"], 300)
+        status, resp = self.server.post("/v1/chat/completions", {**body, "seed": ended, "ignore_eos": True})
+        self.assertEqual(status, 200, resp)
+        self.assertEqual(resp["usage"]["completion_tokens"], 300)
+        self.assertEqual(resp["choices"][0]["finish_reason"], "length")
+
     def test_stop_strings_end_the_text(self):
         body = {"prompt": "The capital of France is", "max_tokens": 40, "temperature": 0}
         _, full = self.server.post("/v1/completions", body)
@@ -190,7 +207,8 @@ class ServerTest(unittest.TestCase):
                     {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2},  # without logprobs
                     {"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 21},
                     {"messages": [{"role": "user", "content": "x"}], "presence_penalty": 2.5},
-                    {"messages": [{"role": "user", "content": "x"}], "stop": 5}):
+                    {"messages": [{"role": "user", "content": "x"}], "stop": 5},
+                    {"messages": [{"role": "user", "content": "x"}], "ignore_eos": "yes"}):
             status, body = s.post("/v1/chat/completions", bad)
             self.assert_error(status, body, 400)
         status, body = s.post("/v1/completions", {"prompt": "word " * 2000, "max_tokens": 4})

@@ -188,9 +188,12 @@ class WebChatTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.model = synth("tiny-qwen3moe", "tiny-qwen3moe")
-        # A long context so that an answer with no token limit streams for seconds; experts
-        # streamed through a cache smaller than the model, so hits and flash reads both happen.
-        cls.server = Server(cls.model, "-c", "16384", "--moe-stream", "--cache-mb", "1")
+        # An answer with no token limit that cannot end by itself (--ignore-eos, a long context)
+        # streams far longer than the test waits: sampled, the tiny model ended 3 answers in 8
+        # with its end token after 761-1091 tokens, sometimes before Stop was pressed, and even
+        # greedy ends this prompt after 11,007 tokens (a few seconds). Experts are streamed
+        # through a cache smaller than the model, so hits and flash reads both happen.
+        cls.server = Server(cls.model, "-c", "65536", "--moe-stream", "--cache-mb", "1", "--ignore-eos")
         cls.browser = Chromium()
 
     @classmethod
