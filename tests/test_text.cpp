@@ -173,6 +173,28 @@ TEST(Tokenizer, UnsupportedModelsAreRejected) {
   EXPECT_THROW(Tokenizer{v}, Error);
 }
 
+// A harmony vocabulary's channel markers are printed (a reply parser reads them) and <|end|>
+// closes a message, not the turn, once <|return|> and <|call|> end generation (as llama.cpp).
+TEST(Tokenizer, HarmonyMarkersArePrintedAndEndClosesOnlyAMessage) {
+  Vocabulary v;
+  v.tokens = {"a", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>", "<|start|>"};
+  v.types = {TokenType::Normal, TokenType::Control, TokenType::Control, TokenType::Control,
+             TokenType::Control, TokenType::Control, TokenType::Control};
+  const Tokenizer harmony(v);
+  for (int32_t id : {1, 2, 3, 6}) EXPECT_EQ(harmony.token_bytes(id), v.tokens[static_cast<size_t>(id)]);
+  EXPECT_EQ(harmony.token_bytes(4), "");
+  EXPECT_FALSE(harmony.is_end_of_generation(3));
+  EXPECT_TRUE(harmony.is_end_of_generation(4));
+  EXPECT_TRUE(harmony.is_end_of_generation(5));
+  EXPECT_EQ(harmony.encode("<|channel|>a", false, false), (std::vector<int32_t>{1, 0}));
+
+  v.tokens.resize(4);  // without <|return|> and <|call|>, <|end|> still ends the turn
+  v.types.resize(4);
+  const Tokenizer plain(v);
+  EXPECT_TRUE(plain.is_end_of_generation(3));
+  EXPECT_EQ(plain.token_bytes(3), "");
+}
+
 TEST(Sampler, GreedyPicksArgmaxLowestOnTies) {
   const float logits[] = {0.1f, 3.0f, 3.0f, -1.0f};
   Sampler s(SamplerConfig{});

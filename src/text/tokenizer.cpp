@@ -142,6 +142,26 @@ bool is_end_marker(const std::string& text) {
   return false;
 }
 
+bool has_control_token(const Vocabulary& vocab, std::string_view text) {
+  for (size_t i = 0; i < vocab.tokens.size(); ++i) {
+    if (vocab.types[i] == TokenType::Control && vocab.tokens[i] == text) return true;
+  }
+  return false;
+}
+
+// The harmony format (gpt-oss) writes its channel structure with control tokens that a reply
+// parser must see, and ends a message, not the turn, with <|end|>. As llama.cpp does, those
+// markers become user-defined tokens (always printed, always recognised in text) and <|end|>
+// stops being an end of generation when the vocabulary has <|return|> and <|call|> for that.
+void render_harmony_markers(Vocabulary& vocab) {
+  const bool harmony_ends = has_control_token(vocab, "<|return|>") && has_control_token(vocab, "<|call|>");
+  for (size_t i = 0; i < vocab.tokens.size(); ++i) {
+    const std::string& t = vocab.tokens[i];
+    const bool marker = t == "<|channel|>" || t == "<|message|>" || t == "<|start|>" || t == "<|constrain|>";
+    if (marker || (harmony_ends && t == "<|end|>")) vocab.types[i] = TokenType::UserDefined;
+  }
+}
+
 }  // namespace
 
 Tokenizer::Tokenizer(Vocabulary vocab) : vocab_(std::move(vocab)) {
@@ -172,6 +192,7 @@ Tokenizer::Tokenizer(Vocabulary vocab) : vocab_(std::move(vocab)) {
     byte_tokens_[b] = it == token_ids_.end() ? -1 : it->second;
   }
 
+  render_harmony_markers(vocab_);
   for (size_t i = 0; i < vocab_.tokens.size(); ++i) {
     const TokenType t = vocab_.types[i];
     if ((t == TokenType::Control || t == TokenType::UserDefined || t == TokenType::Unknown) &&
