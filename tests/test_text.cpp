@@ -195,6 +195,42 @@ TEST(Tokenizer, HarmonyMarkersArePrintedAndEndClosesOnlyAMessage) {
   EXPECT_EQ(plain.token_bytes(3), "");
 }
 
+namespace {
+// Allows the tokens whose id is a multiple of `step` (none when step is 0).
+struct EveryNth : TokenFilter {
+  int step;
+  explicit EveryNth(int s) : step(s) {}
+  bool allows(int32_t t) const override { return step > 0 && t % step == 0; }
+  void mask(float* logits, int n) const override {
+    for (int i = 0; i < n; ++i) {
+      if (!allows(i)) logits[i] = -INFINITY;
+    }
+  }
+};
+}  // namespace
+
+TEST(Sampler, FilterRestrictsGreedyAndSampledPicks) {
+  std::vector<float> logits(50);
+  for (int i = 0; i < 50; ++i) logits[static_cast<size_t>(i)] = static_cast<float>((i * 37) % 50);
+  Sampler greedy(SamplerConfig{});
+  int32_t best = -1;
+  for (int i = 0; i < 50; i += 7) {
+    if (best < 0 || logits[static_cast<size_t>(i)] > logits[static_cast<size_t>(best)]) best = i;
+  }
+  EXPECT_EQ(greedy.sample(logits.data(), 50, EveryNth(7)), best);
+  EXPECT_EQ(greedy.sample(logits.data(), 50, EveryNth(1)), Sampler::argmax(logits.data(), 50));
+  SamplerConfig c;
+  c.temperature = 1.5f;
+  c.top_k = 0;
+  c.top_p = 1.0f;
+  for (uint64_t seed = 1; seed <= 200; ++seed) {
+    c.seed = seed;
+    Sampler s(c);
+    EXPECT_EQ(s.sample(logits.data(), 50, EveryNth(7)) % 7, 0);
+  }
+  EXPECT_THROW(greedy.sample(logits.data(), 50, EveryNth(0)), Error);
+}
+
 TEST(Sampler, GreedyPicksArgmaxLowestOnTies) {
   const float logits[] = {0.1f, 3.0f, 3.0f, -1.0f};
   Sampler s(SamplerConfig{});

@@ -61,9 +61,10 @@ int Session::prefill_reusing(const std::vector<int32_t>& prompt, PrefillRecord* 
   return static_cast<int>(keep);
 }
 
-int32_t Session::sample() {
+int32_t Session::sample(const TokenFilter* filter) {
   if (logits_ == nullptr) fail("internal: sample() before prefill()");
-  return sampler_.sample(logits_->data(), model_.transformer->config().n_vocab);
+  const int n_vocab = model_.transformer->config().n_vocab;
+  return filter ? sampler_.sample(logits_->data(), n_vocab, *filter) : sampler_.sample(logits_->data(), n_vocab);
 }
 
 Session::StepStart Session::step_start() const { return {model_.experts->stats(), read_process_counters()}; }

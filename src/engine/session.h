@@ -65,8 +65,9 @@ class Session {
   void set_sampler(const SamplerConfig& config) { sampler_ = Sampler(config); }
   // The tokens whose keys and values the cache holds, in order.
   const std::vector<int32_t>& history() const { return history_; }
-  // Samples the next token from the current logits (does not feed it).
-  int32_t sample();
+  // Samples the next token from the current logits (does not feed it), among the tokens
+  // `filter` allows when there is one.
+  int32_t sample(const TokenFilter* filter = nullptr);
   // Feeds one generated token and records its cost.
   const TokenRecord& accept(int32_t token);
   // Speculative step (greedy only): feeds `token` and the draft in one batched pass and keeps

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/error.h"
+
 namespace bmoe {
 
 int32_t Sampler::argmax(const float* logits, int n_vocab) {
@@ -53,6 +55,17 @@ int32_t Sampler::sample(const float* logits, int n_vocab) {
   if (config_.penalized()) logits = penalize(logits, n_vocab);
   if (config_.temperature <= 0.0f) return argmax(logits, n_vocab);
   return draw(logits, n_vocab);
+}
+
+int32_t Sampler::sample(const float* logits, int n_vocab, const TokenFilter& filter) {
+  const int32_t first = sample(logits, n_vocab);
+  if (filter.allows(first)) return first;
+  masked_.assign(logits, logits + n_vocab);
+  filter.mask(masked_.data(), n_vocab);
+  if (std::none_of(masked_.begin(), masked_.end(), [](float l) { return std::isfinite(l); })) {
+    fail("the grammar allows no token here");
+  }
+  return sample(masked_.data(), n_vocab);
 }
 
 int32_t Sampler::draw(const float* logits, int n_vocab) {

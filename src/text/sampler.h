@@ -34,10 +34,22 @@ struct SamplerConfig {
   }
 };
 
+// Restricts which tokens may be sampled (a grammar). allows() must agree with mask().
+class TokenFilter {
+ public:
+  virtual ~TokenFilter() = default;
+  virtual bool allows(int32_t token) const = 0;
+  virtual void mask(float* logits, int n_vocab) const = 0;  // -infinity on every refused token
+};
+
 class Sampler {
  public:
   explicit Sampler(SamplerConfig config) : config_(config), rng_(config.seed) {}
   int32_t sample(const float* logits, int n_vocab);
+  // Samples among the tokens `filter` allows. The unrestricted pick is tried first and the full
+  // mask is built only when the filter refuses it (llama.cpp's order: most steps of a grammar
+  // cost one check). Greedy gives the best allowed token; fails when the filter allows none.
+  int32_t sample(const float* logits, int n_vocab, const TokenFilter& filter);
   void reseed(uint64_t seed) { rng_ = Rng(seed); }
   // Starts an answer after `sequence` (the tokens fed so far): clears the answer's counts and
   // keeps the sequence's tail for the repetition penalty.
@@ -59,6 +71,7 @@ class Sampler {
   std::unordered_map<int32_t, int> answer_counts_;  // tokens of this answer -> occurrences
   std::vector<int32_t> recent_;                    // the repetition penalty's window, oldest first
   std::vector<float> penalized_;
+  std::vector<float> masked_;
 };
 
 // A chosen token's log-probability under the raw logits (log-softmax, before any temperature or
