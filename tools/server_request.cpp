@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <charconv>
+#include <cmath>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <set>
@@ -81,6 +83,52 @@ void only_default(const json& body, const char* key, const json& neutral) {
   }
 }
 
+// One logit_bias entry's value: a number (-100..100, as OpenAI) or false (llama-server: banned).
+float bias_value(const json& v) {
+  if (v.is_boolean() && !v.get<bool>()) return -INFINITY;
+  if (!v.is_number() || !std::isfinite(v.get<double>()) || std::fabs(v.get<double>()) > 100.0) {
+    bad_request("'logit_bias' values must be numbers from -100 to 100 (or false to ban)", "logit_bias");
+  }
+  return static_cast<float>(v.get<double>());
+}
+
+// The tokens a logit_bias key names: a token id ("1234", as OpenAI) or, as llama-server also
+// reads it, a text whose every token gets the bias.
+std::vector<int32_t> bias_tokens(const std::string& key, const Tokenizer& tok) {
+  int64_t id = 0;
+  const auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), id);
+  if (ec == std::errc() && end == key.data() + key.size()) {
+    if (id < 0 || id >= tok.vocab_size()) bad_request(fmt::format("'logit_bias': token {} is outside the vocabulary", key), "logit_bias");
+    return {static_cast<int32_t>(id)};
+  }
+  return tok.encode(key, false, false);
+}
+
+// OpenAI's {"token id": bias} and llama-server's [[token id or text, bias], ...].
+std::vector<std::pair<int32_t, float>> logit_bias_field(const json& body, const Tokenizer* tok) {
+  if (!body.contains("logit_bias") || body["logit_bias"].is_null()) return {};
+  const json& b = body["logit_bias"];
+  if (!b.is_object() && !b.is_array()) bad_request("'logit_bias' must be an object of token id -> bias", "logit_bias");
+  if (b.size() > 1024) bad_request("'logit_bias' has more than 1024 entries", "logit_bias");
+  if (!b.empty() && tok == nullptr) bad_request("'logit_bias' needs the model's tokenizer", "logit_bias");
+  std::vector<std::pair<int32_t, float>> out;
+  auto add = [&](const std::string& key, const json& value) {
+    const float bias = bias_value(value);
+    for (int32_t t : bias_tokens(key, *tok)) out.emplace_back(t, bias);
+  };
+  if (b.is_object()) {
+    for (const auto& [key, value] : b.items()) add(key, value);
+    return out;
+  }
+  for (const json& pair : b) {
+    if (!pair.is_array() || pair.size() != 2 || !(pair[0].is_string() || pair[0].is_number_integer())) {
+      bad_request("'logit_bias' as a list holds [token id or text, bias] pairs", "logit_bias");
+    }
+    add(pair[0].is_string() ? pair[0].get<std::string>() : std::to_string(pair[0].get<int64_t>()), pair[1]);
+  }
+  return out;
+}
+
 GenerateParams sampling_params(const json& body, const RequestContext& o, int64_t default_max) {
   GenerateParams p;
   const int64_t max_tokens = int_field(body, "max_tokens", default_max, 1, 1 << 24);
@@ -100,6 +148,7 @@ GenerateParams sampling_params(const json& body, const RequestContext& o, int64_
   p.sampler.repeat_penalty = static_cast<float>(number_field(body, "repeat_penalty", 1.0, 0.01, 10.0));
   p.sampler.repeat_last_n = static_cast<int>(int_field(body, "repeat_last_n", 64, -1, 1 << 24));
   p.ignore_eos = bool_field(body, "ignore_eos", o.ignore_eos);  // llama-server's field
+  p.sampler.logit_bias = logit_bias_field(body, o.tokenizer);
   return p;
 }
 
@@ -123,7 +172,6 @@ void check_unused_fields(const json& body, bool chat) {
   // store, service_tier, prompt_cache_key, safety_identifier, parallel_tool_calls (no tools),
   // reasoning_effort, verbosity, prediction, cache_prompt (the KV prefix is always reused).
   // (stream_options.include_usage is read by parse_completion_request.)
-  only_default(body, "logit_bias", json::object());
   only_default(body, "suffix", "");
   only_default(body, "audio", nullptr);
   if (body.contains("modalities") && !body["modalities"].is_null() && body["modalities"] != json::array({"text"})) {

@@ -32,6 +32,9 @@ void Sampler::accept(int32_t token) {
 const float* Sampler::penalize(const float* logits, int n_vocab) {
   penalized_.assign(logits, logits + n_vocab);
   auto in_vocab = [n_vocab](int32_t t) { return t >= 0 && t < n_vocab; };
+  for (const auto& [t, bias] : config_.logit_bias) {
+    if (in_vocab(t)) penalized_[static_cast<size_t>(t)] += bias;
+  }
   if (config_.repeat_penalty != 1.0f) {
     // Each token in the window once, however often it occurs (as llama.cpp).
     std::vector<int32_t> seen(recent_);
@@ -53,6 +56,9 @@ const float* Sampler::penalize(const float* logits, int n_vocab) {
 int32_t Sampler::sample(const float* logits, int n_vocab) {
   // Neutral penalties leave the logits untouched, so greedy stays a plain argmax.
   if (config_.penalized()) logits = penalize(logits, n_vocab);
+  if (!config_.logit_bias.empty() && !std::isfinite(*std::max_element(logits, logits + n_vocab))) {
+    fail("logit_bias bans every token");
+  }
   if (config_.temperature <= 0.0f) return argmax(logits, n_vocab);
   return draw(logits, n_vocab);
 }

@@ -28,9 +28,13 @@ struct SamplerConfig {
   // negative one multiplied.
   float repeat_penalty = 1.0f;
   int repeat_last_n = 64;
+  // Added to a token's logit before anything else (OpenAI's logit_bias; -infinity bans it).
+  std::vector<std::pair<int32_t, float>> logit_bias;
 
+  // Whether anything changes the raw logits before the choice.
   bool penalized() const {
-    return presence_penalty != 0.0f || frequency_penalty != 0.0f || (repeat_penalty != 1.0f && repeat_last_n != 0);
+    return presence_penalty != 0.0f || frequency_penalty != 0.0f || (repeat_penalty != 1.0f && repeat_last_n != 0) ||
+           !logit_bias.empty();
   }
 };
 

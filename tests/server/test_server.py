@@ -181,6 +181,25 @@ class ServerTest(unittest.TestCase):
         self.assertEqual(resp["usage"]["completion_tokens"], 300)
         self.assertEqual(resp["choices"][0]["finish_reason"], "length")
 
+    def test_logit_bias_favours_and_bans_tokens(self):
+        s = self.server
+        body = {"prompt": "The capital of France is", "max_tokens": 4, "temperature": 0}
+        _, pieces = s.post("/tokenize", {"content": " world", "with_pieces": True})
+        self.assertEqual(len(pieces["tokens"]), 1)
+        world = pieces["tokens"][0]["id"]
+        for bias in ({str(world): 100}, [[world, 100]], [[" world", 100]]):
+            status, out = s.post("/v1/completions", {**body, "logit_bias": bias})
+            self.assertEqual(status, 200, out)
+            self.assertEqual(out["choices"][0]["text"], " world" * 4)
+        _, plain = s.post("/v1/completions", {**body, "max_tokens": 1, "logprobs": 0})
+        first = plain["choices"][0]["logprobs"]["tokens"][0]
+        _, ids = s.post("/tokenize", {"content": first})
+        self.assertEqual(len(ids["tokens"]), 1)
+        for ban in (False, -100):
+            _, banned = s.post("/v1/completions", {**body, "max_tokens": 1, "logprobs": 0,
+                                                    "logit_bias": {str(ids["tokens"][0]): ban}})
+            self.assertNotEqual(banned["choices"][0]["logprobs"]["tokens"][0], first)
+
     def test_stop_strings_end_the_text(self):
         body = {"prompt": "The capital of France is", "max_tokens": 40, "temperature": 0}
         _, full = self.server.post("/v1/completions", body)
@@ -208,7 +227,11 @@ class ServerTest(unittest.TestCase):
                     {"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 21},
                     {"messages": [{"role": "user", "content": "x"}], "presence_penalty": 2.5},
                     {"messages": [{"role": "user", "content": "x"}], "stop": 5},
-                    {"messages": [{"role": "user", "content": "x"}], "ignore_eos": "yes"}):
+                    {"messages": [{"role": "user", "content": "x"}], "ignore_eos": "yes"},
+                    {"messages": [{"role": "user", "content": "x"}], "logit_bias": {"1": 500}},
+                    {"messages": [{"role": "user", "content": "x"}], "logit_bias": {"999999999": 1}},
+                    {"messages": [{"role": "user", "content": "x"}], "logit_bias": [[1]]},
+                    {"messages": [{"role": "user", "content": "x"}], "logit_bias": 3}):
             status, body = s.post("/v1/chat/completions", bad)
             self.assert_error(status, body, 400)
         status, body = s.post("/v1/completions", {"prompt": "word " * 2000, "max_tokens": 4})
@@ -241,7 +264,7 @@ class ServerTest(unittest.TestCase):
         self.assertEqual(status, 200, body)
         # Asking for what bmoe does not do is refused, naming the field, never silently dropped.
         for field, value in (("tools", [{"type": "function", "function": {"name": "f"}}]),
-                             ("response_format", {"type": "json_object"}), ("logit_bias", {"1": 5}),
+                             ("response_format", {"type": "json_object"}),
                              ("tool_choice", "required"), ("modalities", ["text", "audio"])):
             status, body = s.post("/v1/chat/completions", {**base, field: value})
             self.assert_error(status, body, 400)
