@@ -41,14 +41,7 @@ struct CliOptions {
   int n_predict = 128;
   int64_t seed_option = -1;  // -s; -1: a random seed, printed so the run can be repeated
   uint64_t seed = 0;         // resolved
-  float temperature = 0.0f;
-  int top_k = 40;
-  float top_p = 0.95f;
-  float min_p = 0.0f;
-  float presence_penalty = 0.0f;
-  float frequency_penalty = 0.0f;
-  float repeat_penalty = 1.0f;
-  int repeat_last_n = 64;
+  SamplerConfig sampling;  // from the flags; the seed is resolved apart
   bool chatml = false;
   bool chat = false;
   bool no_think = false;
@@ -76,19 +69,7 @@ void add_flags(CLI::App& app, CliOptions& o) {
   app.add_option("-n,--n-predict", o.n_predict, "tokens to generate (-1: until end of text or context)")->capture_default_str();
   app.add_option("-s,--seed", o.seed_option, "sampling seed (-1: random, printed when sampling)")->capture_default_str()
       ->check(CLI::Range(int64_t{-1}, INT64_MAX));
-  app.add_option("--temp", o.temperature, "temperature (0 = greedy)")->capture_default_str()->check(finite_number() & CLI::Range(0.0, 100.0));
-  app.add_option("--top-k", o.top_k, "top-k sampling (0 = off)")->capture_default_str()->check(CLI::Range(0, 1 << 24));
-  app.add_option("--top-p", o.top_p, "top-p (nucleus) sampling (1 = off)")->capture_default_str()->check(finite_number() & CLI::Range(0.0, 1.0));
-  app.add_option("--min-p", o.min_p, "min-p sampling: keep tokens at least this times as likely as the best (0 = off)")
-      ->capture_default_str()->check(finite_number() & CLI::Range(0.0, 1.0));
-  app.add_option("--presence-penalty", o.presence_penalty, "subtract from the logit of each token already in the answer")
-      ->capture_default_str()->check(finite_number() & CLI::Range(-2.0, 2.0));
-  app.add_option("--frequency-penalty", o.frequency_penalty, "subtract this times the count of each token in the answer")
-      ->capture_default_str()->check(finite_number() & CLI::Range(-2.0, 2.0));
-  app.add_option("--repeat-penalty", o.repeat_penalty, "penalize the tokens of the last --repeat-last-n (1 = off)")
-      ->capture_default_str()->check(finite_number() & CLI::Range(0.01, 10.0));
-  app.add_option("--repeat-last-n", o.repeat_last_n, "tokens --repeat-penalty looks back over, prompt included (-1: all, 0: off)")
-      ->capture_default_str()->check(CLI::Range(-1, 1 << 24));
+  add_sampling_flags(app, o.sampling);
   app.add_flag("--chatml", o.chatml, "wrap the prompt in the ChatML template (<|im_start|>user ...)");
   app.add_flag("--chat", o.chat, "wrap the prompt in the model's own chat format (ChatML, harmony, Gemma)");
   app.add_option("--system", o.system, "system message for --chat/--chatml");
@@ -117,12 +98,8 @@ void add_flags(CLI::App& app, CliOptions& o) {
 }
 
 SamplerConfig sampler_config(const CliOptions& o) {
-  SamplerConfig c{o.temperature, o.top_k, o.top_p, o.seed};
-  c.min_p = o.min_p;
-  c.presence_penalty = o.presence_penalty;
-  c.frequency_penalty = o.frequency_penalty;
-  c.repeat_penalty = o.repeat_penalty;
-  c.repeat_last_n = o.repeat_last_n;
+  SamplerConfig c = o.sampling;
+  c.seed = o.seed;
   return c;
 }
 
@@ -152,7 +129,7 @@ std::string config_json(const CliOptions& c, int threads, const LoadedModel& mod
   j["ctx_size"] = o.ctx_size;
   j["batch_size"] = o.batch();
   j["n_predict"] = c.n_predict;
-  j["temperature"] = c.temperature;
+  j["temperature"] = c.sampling.temperature;
   j["seed"] = c.seed;
   j["kv_type"] = o.kv_type;
   j["n_expert_used"] = model.transformer->config().n_expert_used;
@@ -481,7 +458,7 @@ int main(int argc, char** argv) {
   add_flags(app, options);
   if (const std::optional<int> status = parse_command_line(app, argc, argv)) return *status;
   options.seed = options.seed_option >= 0 ? static_cast<uint64_t>(options.seed_option) : random_seed();
-  if (options.temperature > 0 && options.seed_option < 0) fmt::print(stderr, "seed: {} (-s {} repeats this run)\n", options.seed, options.seed);
+  if (options.sampling.temperature > 0 && options.seed_option < 0) fmt::print(stderr, "seed: {} (-s {} repeats this run)\n", options.seed, options.seed);
   try {
     for (const auto& [path, flag] : {std::pair{options.csv, "--csv"}, {options.metrics, "--metrics"},
                                      {options.dump_logits, "--dump-logits"}, {options.run.cache_file, "--cache-file"}}) {

@@ -53,9 +53,7 @@ struct ServerOptions {
   int queue = 8;
   int http_threads = 0;
   int n_predict = -1;
-  float temperature = 0.8f;
-  int top_k = 40;
-  float top_p = 0.95f;
+  SamplerConfig sampling = server_sampling_defaults();  // each request's defaults (no seed)
   bool no_think = false;
   bool ignore_eos = false;
   std::string reasoning_format = "deepseek";  // chat: a <think> block goes to reasoning_content
@@ -709,8 +707,12 @@ class Server {
     }));
     http.Get("/props", guarded([this](const httplib::Request&, httplib::Response& res) {
       const ModelConfig& cfg = engine_.model().transformer->config();
-      json settings = {{"n_ctx", engine_.n_ctx()}, {"n_predict", o_.n_predict}, {"temperature", o_.temperature},
-                       {"top_k", o_.top_k}, {"top_p", o_.top_p}};
+      const SamplerConfig& d = o_.sampling;
+      json settings = {{"n_ctx", engine_.n_ctx()}, {"n_predict", o_.n_predict}, {"temperature", d.temperature},
+                       {"top_k", d.top_k}, {"top_p", d.top_p}, {"min_p", d.min_p},
+                       {"presence_penalty", d.presence_penalty}, {"frequency_penalty", d.frequency_penalty},
+                       {"repeat_penalty", d.repeat_penalty}, {"repeat_last_n", d.repeat_last_n},
+                       {"ignore_eos", o_.ignore_eos}};
       send_json(res, 200, {{"default_generation_settings", settings},
                            {"total_slots", 1},
                            {"model_alias", model_name_},
@@ -876,9 +878,7 @@ class Server {
     c.chat_template = &chat_template_;
     c.n_ctx = engine_.n_ctx();
     c.n_predict = o_.n_predict;
-    c.temperature = o_.temperature;
-    c.top_k = o_.top_k;
-    c.top_p = o_.top_p;
+    c.sampling = o_.sampling;
     c.no_think = o_.no_think;
     c.ignore_eos = o_.ignore_eos;
     c.draft = o_.draft;
@@ -959,9 +959,7 @@ int main(int argc, char** argv) {
   app.add_option("--queue", o.queue, "requests that may wait while one decodes; more get 503")->capture_default_str()->check(CLI::Range(0, 4096));
   app.add_option("--http-threads", o.http_threads, "HTTP worker threads (default: queue + 8, at least 16)")->check(CLI::Range(1, 4096));
   app.add_option("-n,--n-predict", o.n_predict, "default max_tokens (-1: up to the context for chat, 16 for completions)")->capture_default_str();
-  app.add_option("--temp", o.temperature, "default temperature")->capture_default_str()->check(finite_number() & CLI::Range(0.0, 2.0));
-  app.add_option("--top-k", o.top_k, "default top-k (0 = off)")->capture_default_str()->check(CLI::Range(0, 1 << 24));
-  app.add_option("--top-p", o.top_p, "default top-p (1 = off)")->capture_default_str()->check(finite_number() & CLI::Range(0.0, 1.0));
+  add_sampling_flags(app, o.sampling);
   app.add_flag("--ignore-eos", o.ignore_eos, "keep generating past end-of-text tokens by default (as llama-server; the request's ignore_eos overrides)");
   app.add_flag("--no-think", o.no_think, "answer without reasoning by default (chat_template_kwargs.enable_thinking overrides)");
   app.add_option("--reasoning-format", o.reasoning_format,

@@ -70,6 +70,22 @@ ChatTemplate chat_template_for(const RunOptions& o, const LoadedModel& model) {
   return t;
 }
 
+void add_sampling_flags(CLI::App& app, SamplerConfig& c) {
+  app.add_option("--temp", c.temperature, "temperature (0 = greedy)")->capture_default_str()->check(finite_number() & CLI::Range(0.0, 100.0));
+  app.add_option("--top-k", c.top_k, "top-k sampling (0 = off)")->capture_default_str()->check(CLI::Range(0, 1 << 24));
+  app.add_option("--top-p", c.top_p, "top-p (nucleus) sampling (1 = off)")->capture_default_str()->check(finite_number() & CLI::Range(0.0, 1.0));
+  app.add_option("--min-p", c.min_p, "min-p sampling: keep tokens at least this times as likely as the best (0 = off)")
+      ->capture_default_str()->check(finite_number() & CLI::Range(0.0, 1.0));
+  app.add_option("--presence-penalty", c.presence_penalty, "subtract from the logit of each token already in the answer")
+      ->capture_default_str()->check(finite_number() & CLI::Range(-2.0, 2.0));
+  app.add_option("--frequency-penalty", c.frequency_penalty, "subtract this times the count of each token in the answer")
+      ->capture_default_str()->check(finite_number() & CLI::Range(-2.0, 2.0));
+  app.add_option("--repeat-penalty", c.repeat_penalty, "penalize the tokens of the last --repeat-last-n (1 = off)")
+      ->capture_default_str()->check(finite_number() & CLI::Range(0.01, 10.0));
+  app.add_option("--repeat-last-n", c.repeat_last_n, "tokens --repeat-penalty looks back over, prompt included (-1: all, 0: off)")
+      ->capture_default_str()->check(CLI::Range(-1, 1 << 24));
+}
+
 void add_run_flags(CLI::App& app, RunOptions& o) {
   app.add_option("-m,--model", o.model, "GGUF model file (any shard of a split model)");
   app.add_option("-t,--threads", o.threads, "compute threads (default: all cores)")->check(CLI::Range(0, 512));

@@ -14,6 +14,7 @@
 #include "engine/speculative.h"
 #include "model/attention.h"
 #include "text/chat.h"
+#include "text/sampler.h"
 
 namespace bmoe {
 
@@ -75,6 +76,9 @@ uint64_t random_seed();
 void check_output_path(const std::string& path, const std::string& flag);
 
 void add_run_flags(CLI::App& app, RunOptions& o);
+// The sampling flags (--temp --top-k --top-p --min-p and the penalties) into `c`, whose values
+// are the defaults shown; bmoe-cli's are its settings, bmoe-server's each request's defaults.
+void add_sampling_flags(CLI::App& app, SamplerConfig& c);
 
 // The prompt and output token ids of an earlier `bmoe-cli --json` run (for --draft-oracle and
 // --teacher-force); `flag` names the option in errors.

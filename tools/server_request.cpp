@@ -133,20 +133,21 @@ GenerateParams sampling_params(const json& body, const RequestContext& o, int64_
   GenerateParams p;
   const int64_t max_tokens = int_field(body, "max_tokens", default_max, 1, 1 << 24);
   p.max_tokens = static_cast<int>(int_field(body, "max_completion_tokens", max_tokens, 1, 1 << 24));
-  p.sampler.temperature = static_cast<float>(number_field(body, "temperature", o.temperature, 0.0, 2.0));
-  p.sampler.top_p = static_cast<float>(number_field(body, "top_p", o.top_p, 0.0, 1.0));
-  p.sampler.top_k = static_cast<int>(int_field(body, "top_k", o.top_k, 0, 1 << 24));
+  const SamplerConfig& d = o.sampling;
+  p.sampler.temperature = static_cast<float>(number_field(body, "temperature", d.temperature, 0.0, 2.0));
+  p.sampler.top_p = static_cast<float>(number_field(body, "top_p", d.top_p, 0.0, 1.0));
+  p.sampler.top_k = static_cast<int>(int_field(body, "top_k", d.top_k, 0, 1 << 24));
   // No seed (or -1, llama-server's "random"): a fresh one, so seedless requests differ.
   const int64_t seed = int_field(body, "seed", -1, INT64_MIN, INT64_MAX);
   p.sampler.seed = seed == -1 ? (static_cast<uint64_t>(std::random_device{}()) << 32 | std::random_device{}()) : static_cast<uint64_t>(seed);
   p.stop = stop_field(body);
   p.draft = o.draft;  // used by greedy requests only (lossless verification needs argmax)
-  p.sampler.min_p = static_cast<float>(number_field(body, "min_p", 0.0, 0.0, 1.0));
-  p.sampler.presence_penalty = static_cast<float>(number_field(body, "presence_penalty", 0.0, -2.0, 2.0));
-  p.sampler.frequency_penalty = static_cast<float>(number_field(body, "frequency_penalty", 0.0, -2.0, 2.0));
+  p.sampler.min_p = static_cast<float>(number_field(body, "min_p", d.min_p, 0.0, 1.0));
+  p.sampler.presence_penalty = static_cast<float>(number_field(body, "presence_penalty", d.presence_penalty, -2.0, 2.0));
+  p.sampler.frequency_penalty = static_cast<float>(number_field(body, "frequency_penalty", d.frequency_penalty, -2.0, 2.0));
   // llama-server's repetition penalty (0 would divide by zero: its floor is 0.01).
-  p.sampler.repeat_penalty = static_cast<float>(number_field(body, "repeat_penalty", 1.0, 0.01, 10.0));
-  p.sampler.repeat_last_n = static_cast<int>(int_field(body, "repeat_last_n", 64, -1, 1 << 24));
+  p.sampler.repeat_penalty = static_cast<float>(number_field(body, "repeat_penalty", d.repeat_penalty, 0.01, 10.0));
+  p.sampler.repeat_last_n = static_cast<int>(int_field(body, "repeat_last_n", d.repeat_last_n, -1, 1 << 24));
   p.ignore_eos = bool_field(body, "ignore_eos", o.ignore_eos);  // llama-server's field
   p.sampler.logit_bias = logit_bias_field(body, o.tokenizer);
   return p;

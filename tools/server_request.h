@@ -22,15 +22,20 @@ struct RequestError : std::runtime_error {
       : std::runtime_error(message), status(s), type(std::move(t)), param(std::move(p)), code(std::move(c)) {}
 };
 
+// llama-server's defaults: temperature 0.8, top-k 40, top-p 0.95, no penalties.
+inline SamplerConfig server_sampling_defaults() {
+  SamplerConfig c;
+  c.temperature = 0.8f;
+  return c;
+}
+
 // What the server fills in where a request is silent, and what it is serving.
 struct RequestContext {
   const Tokenizer* tokenizer = nullptr;
   const ChatTemplate* chat_template = nullptr;  // nullptr: the built-in ChatML
   int n_ctx = 4096;
   int n_predict = -1;  // default max_tokens (-1: the context for chat, 16 for completions)
-  float temperature = 0.8f;
-  int top_k = 40;
-  float top_p = 0.95f;
+  SamplerConfig sampling = server_sampling_defaults();  // defaults of the sampling fields
   bool no_think = false;
   bool ignore_eos = false;  // llama-server's ignore_eos default
   DraftConfig draft;

@@ -310,7 +310,12 @@ class ServerTest(unittest.TestCase):
         status, text = s.get("/props")
         props = json.loads(text)
         self.assertEqual(props["total_slots"], 1)
-        self.assertEqual(props["default_generation_settings"]["n_ctx"], 512)
+        settings = props["default_generation_settings"]
+        self.assertEqual(settings["n_ctx"], 512)
+        self.assertAlmostEqual(settings["temperature"], 0.8, places=5)  # llama-server's default
+        for key, value in (("min_p", 0), ("repeat_penalty", 1), ("repeat_last_n", 64), ("presence_penalty", 0),
+                           ("ignore_eos", False)):
+            self.assertEqual(settings[key], value, key)
         self.assertEqual(props["architecture"], "qwen3moe")
 
     def test_disconnect_cancels_the_generation(self):
@@ -345,6 +350,25 @@ class ServerLimitsTest(unittest.TestCase):
             self.assertEqual(json.loads(text)["error"]["type"], "authentication_error")
             status, _ = s.get("/v1/models", headers={"Authorization": "Bearer sekrit"})
             self.assertEqual(status, 200)
+        finally:
+            s.stop()
+
+    def test_sampling_flags_are_the_requests_defaults(self):
+        body = {"prompt": "The capital of France is", "max_tokens": 24, "temperature": 0}
+        plain = Server(self.model, "-c", "512")
+        try:
+            _, want = plain.post("/v1/completions", {**body, "repeat_penalty": 5, "repeat_last_n": -1})
+            _, unpenalized = plain.post("/v1/completions", body)
+        finally:
+            plain.stop()
+        self.assertNotEqual(want["choices"][0]["text"], unpenalized["choices"][0]["text"])
+        s = Server(self.model, "-c", "512", "--repeat-penalty", "5", "--repeat-last-n", "-1", "--temp", "0")
+        try:
+            _, got = s.post("/v1/completions", body)
+            self.assertEqual(got["choices"][0]["text"], want["choices"][0]["text"])
+            _, props = s.request("GET", "/props")
+            settings = json.loads(props)["default_generation_settings"]
+            self.assertEqual((settings["repeat_penalty"], settings["repeat_last_n"], settings["temperature"]), (5, -1, 0))
         finally:
             s.stop()
 
