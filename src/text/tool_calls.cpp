@@ -1,0 +1,1576 @@
+// Tool calls in each family's format (see tool_calls.h): detection, parsers and grammars.
+//
+// Parsers work on string_views with an explicit position and return nullopt for anything they do
+// not recognise; every nested value goes one level deeper and gives up past kMaxDepth, and JSON
+// text is measured (json_extent, depth-bounded) before nlohmann parses it, so hostile input costs
+// linear time and bounded stack.
+//
+// Grammars are built with one JsonGrammarBuilder: JSON arguments come from add_schema; the
+// syntaxes that are not JSON (gemma4 values, qwen-xml raw strings, lfm2 keyword arguments) are
+// written here, reusing the builder's rules for numbers, dates and nested JSON values. Every
+// string the grammar lets a model write is one the parser reads back unchanged: raw strings
+// cannot contain their terminator (excluding()), and keys are written in a form the parser
+// accepts or the tool is refused.
+#include "text/tool_calls.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <map>
+#include <optional>
+#include <set>
+
+#include "core/error.h"
+#include "core/rng.h"
+#include "text/json_schema.h"
+
+namespace bmoe {
+
+namespace {
+
+using json = nlohmann::ordered_json;
+constexpr size_t npos = std::string_view::npos;
+constexpr int kMaxDepth = 64;
+constexpr std::string_view kGemmaQuote = "<|\"|>";
+
+// ---------------------------------------------------------------------------------------------
+// Text helpers
+
+bool has(std::string_view s, std::string_view what) { return s.find(what) != npos; }
+bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+bool is_alnum(char c) { return std::isalnum(static_cast<unsigned char>(c)) != 0; }
+
+size_t skip_ws(std::string_view s, size_t p) {
+  while (p < s.size() && is_space(s[p])) ++p;
+  return p;
+}
+
+bool at(std::string_view s, size_t p, std::string_view lit) { return p <= s.size() && s.substr(p, lit.size()) == lit; }
+
+std::string_view trim(std::string_view s) {
+  size_t b = 0, e = s.size();
+  while (b < e && is_space(s[b])) ++b;
+  while (e > b && is_space(s[e - 1])) --e;
+  return s.substr(b, e - b);
+}
+
+std::string compact(const json& v) { return v.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+const json* field(const json& obj, const char* key) {
+  if (!obj.is_object()) return nullptr;
+  const auto it = obj.find(key);
+  return it == obj.end() ? nullptr : &*it;
+}
+
+void append_utf8(std::string& out, uint32_t cp) {
+  if (cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) cp = 0xFFFD;
+  if (cp < 0x80) {
+    out += static_cast<char>(cp);
+  } else if (cp < 0x800) {
+    out += static_cast<char>(0xC0 | (cp >> 6));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else if (cp < 0x10000) {
+    out += static_cast<char>(0xE0 | (cp >> 12));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else {
+    out += static_cast<char>(0xF0 | (cp >> 18));
+    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// JSON values inside other text
+
+// The end of the JSON value that starts at p, or npos. Only the extent is found here (strings,
+// brackets, nesting bounded); nlohmann checks the rest.
+size_t json_extent(std::string_view s, size_t p, int depth) {
+  if (p >= s.size() || depth > kMaxDepth) return npos;
+  const char c = s[p];
+  if (c == '"') {
+    for (size_t i = p + 1; i < s.size(); ++i) {
+      if (s[i] == '\\') {
+        ++i;
+      } else if (s[i] == '"') {
+        return i + 1;
+      }
+    }
+    return npos;
+  }
+  if (c == '{' || c == '[') {
+    const char close = c == '{' ? '}' : ']';
+    size_t i = skip_ws(s, p + 1);
+    if (i < s.size() && s[i] == close) return i + 1;
+    for (;;) {
+      if (c == '{') {
+        if (i >= s.size() || s[i] != '"') return npos;
+        i = json_extent(s, i, depth + 1);
+        if (i == npos) return npos;
+        i = skip_ws(s, i);
+        if (i >= s.size() || s[i] != ':') return npos;
+        i = skip_ws(s, i + 1);
+      }
+      i = json_extent(s, i, depth + 1);
+      if (i == npos) return npos;
+      i = skip_ws(s, i);
+      if (i >= s.size()) return npos;
+      if (s[i] == close) return i + 1;
+      if (s[i] != ',') return npos;
+      i = skip_ws(s, i + 1);
+    }
+  }
+  size_t i = p;
+  while (i < s.size() && (is_alnum(s[i]) || s[i] == '-' || s[i] == '+' || s[i] == '.')) ++i;
+  return i == p ? npos : i;
+}
+
+std::optional<json> parse_json_exact(std::string_view s) {
+  try {
+    json v = json::parse(s.begin(), s.end(), nullptr, false);
+    if (v.is_discarded()) return std::nullopt;
+    return v;
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+// The JSON value at p (no leading whitespace); advances p past it on success.
+std::optional<json> json_at(std::string_view s, size_t& p) {
+  const size_t end = json_extent(s, p, 0);
+  if (end == npos) return std::nullopt;
+  auto v = parse_json_exact(s.substr(p, end - p));
+  if (v) p = end;
+  return v;
+}
+
+// The whole text (whitespace around it aside) as one JSON value.
+std::optional<json> json_whole(std::string_view s) {
+  size_t p = skip_ws(s, 0);
+  auto v = json_at(s, p);
+  if (!v || skip_ws(s, p) != s.size()) return std::nullopt;
+  return v;
+}
+
+// A number token in JSON or Python spelling ("2", "-1.5e3", "1.", ".5", "+3").
+std::optional<json> number_token(std::string_view t) {
+  if (t.empty() || t.size() > 64) return std::nullopt;
+  for (const char c : t) {
+    if (!std::isdigit(static_cast<unsigned char>(c)) && c != '-' && c != '+' && c != '.' && c != 'e' && c != 'E') {
+      return std::nullopt;
+    }
+  }
+  if (auto v = parse_json_exact(t); v && v->is_number()) return v;
+  const std::string text(t);
+  char* end = nullptr;
+  errno = 0;
+  const double d = std::strtod(text.c_str(), &end);
+  if (end != text.c_str() + text.size() || errno != 0 || !std::isfinite(d)) return std::nullopt;
+  return json(d);
+}
+
+// A literal word: JSON's and Python's true/false/null, or a number.
+std::optional<json> literal_token(std::string_view t) {
+  if (t == "true" || t == "True") return json(true);
+  if (t == "false" || t == "False") return json(false);
+  if (t == "null" || t == "None") return json(nullptr);
+  return number_token(t);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Calls written as JSON objects
+
+// "arguments": an object, a JSON string holding an object, or absent / null (no arguments).
+std::optional<json> arguments_value(const json* v) {
+  if (!v || v->is_null()) return json::object();
+  if (v->is_object()) return *v;
+  if (v->is_string()) {
+    auto parsed = json_whole(v->get_ref<const std::string&>());
+    if (parsed && parsed->is_object()) return parsed;
+  }
+  return std::nullopt;
+}
+
+bool valid_mistral_id(std::string_view id) {
+  return id.size() == 9 && std::all_of(id.begin(), id.end(), is_alnum);
+}
+
+std::optional<ToolCall> call_from_json(const json& obj, std::initializer_list<const char*> arg_keys, bool with_id) {
+  if (!obj.is_object()) return std::nullopt;
+  const json* name = field(obj, "name");
+  if (!name || !name->is_string() || trim(name->get_ref<const std::string&>()).empty()) return std::nullopt;
+  const json* args = nullptr;
+  for (const char* key : arg_keys) {
+    if ((args = field(obj, key)) != nullptr) break;
+  }
+  const auto a = arguments_value(args);
+  if (!a) return std::nullopt;
+  ToolCall call{"", std::string(trim(name->get_ref<const std::string&>())), compact(*a)};
+  if (with_id) {
+    if (const json* id = field(obj, "id")) {
+      const std::string text = id->is_string() ? id->get<std::string>() : id->is_number_unsigned() ? id->dump() : "";
+      if (valid_mistral_id(text)) call.id = text;
+    }
+  }
+  return call;
+}
+
+ParsedToolCalls finish(std::vector<ToolCall> calls, std::string_view text, size_t end) {
+  ParsedToolCalls out;
+  if (calls.empty()) return out;
+  out.ok = true;
+  out.calls = std::move(calls);
+  const std::string_view rest = text.substr(std::min(end, text.size()));
+  if (!trim(rest).empty()) out.rest = std::string(rest);
+  return out;
+}
+
+// <tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>, several objects in one block
+// separated by commas, blocks separated by whitespace.
+ParsedToolCalls parse_hermes(std::string_view s) {
+  std::vector<ToolCall> calls;
+  size_t pos = 0;
+  for (;;) {
+    size_t p = skip_ws(s, pos);
+    if (!at(s, p, "<tool_call>")) break;
+    p = skip_ws(s, p + 11);
+    std::vector<ToolCall> block;
+    for (;;) {
+      const auto v = json_at(s, p);
+      const auto call = v ? call_from_json(*v, {"arguments", "parameters"}, false) : std::nullopt;
+      if (!call) {
+        block.clear();
+        break;
+      }
+      block.push_back(*call);
+      p = skip_ws(s, p);
+      if (p < s.size() && s[p] == ',') {
+        p = skip_ws(s, p + 1);
+        continue;
+      }
+      break;
+    }
+    if (block.empty()) break;
+    if (at(s, p, "</tool_call>")) {
+      p += 12;
+    } else if (p != s.size()) {  // a missing closer is fine only at the end of the answer
+      break;
+    }
+    calls.insert(calls.end(), block.begin(), block.end());
+    pos = p;
+  }
+  return finish(std::move(calls), s, pos);
+}
+
+// {"name": ..., "parameters": ...} (or "arguments"), with an optional "type": "function";
+// several separated by whitespace or ';'.
+ParsedToolCalls parse_llama3(std::string_view s) {
+  std::vector<ToolCall> calls;
+  size_t pos = 0;
+  for (;;) {
+    size_t p = skip_ws(s, pos);
+    if (!calls.empty() && p < s.size() && s[p] == ';') p = skip_ws(s, p + 1);
+    if (p >= s.size() || s[p] != '{') break;
+    const auto v = json_at(s, p);
+    if (!v) break;
+    const json* type = field(*v, "type");
+    if (type && *type != "function") break;
+    const auto call = call_from_json(*v, {"parameters", "arguments"}, false);
+    if (!call) break;
+    calls.push_back(*call);
+    pos = p;
+  }
+  return finish(std::move(calls), s, pos);
+}
+
+// Both Mistral forms: [TOOL_CALLS][{"name", "arguments", "id"}, ...] (Nemo) and
+// [TOOL_CALLS]NAME[CALL_ID]ID[ARGS]{...} (Small 3.2; Ministral and Devstral without [CALL_ID]).
+ParsedToolCalls parse_mistral(std::string_view s) {
+  std::vector<ToolCall> calls;
+  size_t pos = 0;
+  for (;;) {
+    size_t p = skip_ws(s, pos);
+    if (!at(s, p, "[TOOL_CALLS]")) break;
+    p = skip_ws(s, p + 12);
+    std::vector<ToolCall> block;
+    if (p < s.size() && (s[p] == '[' || s[p] == '{')) {
+      auto v = json_at(s, p);
+      if (!v) break;
+      if (v->is_object()) {
+        json list = json::array();
+        list.push_back(std::move(*v));
+        v = std::move(list);
+      }
+      for (const auto& item : *v) {
+        const auto call = call_from_json(item, {"arguments", "parameters"}, true);
+        if (!call) {
+          block.clear();
+          break;
+        }
+        block.push_back(*call);
+      }
+      if (block.empty()) break;
+    } else {
+      size_t e = p;
+      while (e < s.size() && s[e] != '[' && s[e] != '{' && s[e] != '\n') ++e;
+      const std::string_view name = trim(s.substr(p, e - p));
+      if (name.empty()) break;
+      p = e;
+      std::string id;
+      if (at(s, p, "[CALL_ID]")) {
+        const size_t args = s.find("[ARGS]", p + 9);
+        if (args == npos) break;
+        const std::string_view written = trim(s.substr(p + 9, args - p - 9));
+        if (valid_mistral_id(written)) id = std::string(written);
+        p = args;
+      }
+      if (!at(s, p, "[ARGS]")) break;
+      p = skip_ws(s, p + 6);
+      const auto v = json_at(s, p);
+      const auto a = v ? arguments_value(&*v) : std::nullopt;
+      if (!a) break;
+      block.push_back({id, std::string(name), compact(*a)});
+    }
+    calls.insert(calls.end(), block.begin(), block.end());
+    pos = p;
+  }
+  return finish(std::move(calls), s, pos);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Qwen XML: <tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>\n...</function>\n</tool_call>
+
+// How a parameter's value is read: raw text (schema type "string", or an enum/const of strings
+// without a type), JSON checked against a type list that includes "string" (the raw text where
+// it does not fit), or JSON (the raw text where it is not JSON).
+enum class XmlKind { Raw, Typed, Json };
+
+XmlKind xml_kind(const json* schema) {
+  if (!schema || !schema->is_object()) return XmlKind::Json;
+  const json* type = field(*schema, "type");
+  if (type && type->is_string()) return *type == "string" ? XmlKind::Raw : XmlKind::Json;
+  if (type && type->is_array()) {
+    return std::find(type->begin(), type->end(), json("string")) != type->end() ? XmlKind::Typed : XmlKind::Json;
+  }
+  if (!type) {
+    const json* e = field(*schema, "enum");
+    if (e && e->is_array() && !e->empty() && std::all_of(e->begin(), e->end(), [](const json& v) { return v.is_string(); })) {
+      return XmlKind::Raw;
+    }
+    const json* c = field(*schema, "const");
+    if (c && c->is_string()) return XmlKind::Raw;
+  }
+  return XmlKind::Json;
+}
+
+bool json_type_in(const json& v, const json& types) {
+  for (const auto& t : types) {
+    if (!t.is_string()) continue;
+    const auto& n = t.get_ref<const std::string&>();
+    if ((n == "null" && v.is_null()) || (n == "boolean" && v.is_boolean()) || (n == "object" && v.is_object()) ||
+        (n == "array" && v.is_array()) || (n == "string" && v.is_string()) || (n == "number" && v.is_number()) ||
+        (n == "integer" && v.is_number_integer())) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// The schema of parameter `key` of the tool named `name` in an OpenAI tools array, or null.
+const json* param_schema(const json& tools, std::string_view name, std::string_view key) {
+  if (!tools.is_array()) return nullptr;
+  for (const auto& t : tools) {
+    const json* f = field(t, "function");
+    const json* n = f ? field(*f, "name") : nullptr;
+    if (!n || !n->is_string() || n->get_ref<const std::string&>() != name) continue;
+    const json* params = field(*f, "parameters");
+    const json* props = params ? field(*params, "properties") : nullptr;
+    if (!props || !props->is_object()) return nullptr;
+    const auto it = props->find(std::string(key));
+    return it == props->end() ? nullptr : &*it;
+  }
+  return nullptr;
+}
+
+json xml_value(std::string_view raw, const json* schema) {
+  const XmlKind kind = xml_kind(schema);
+  if (kind == XmlKind::Raw) return json(std::string(raw));
+  const std::string_view t = trim(raw);
+  std::optional<json> v = json_whole(t);
+  if (!v && (t == "True" || t == "False" || t == "None")) v = literal_token(t);
+  if (v && kind == XmlKind::Typed && !json_type_in(*v, (*schema)["type"])) v.reset();
+  return v ? *v : json(std::string(raw));
+}
+
+// Where the value starting at `from` ends: the first </parameter> that the next parameter or
+// </function> follows, else the first </parameter> (npos if none).
+size_t find_param_close(std::string_view s, size_t from) {
+  size_t first = npos;
+  int looked = 0;
+  for (size_t e = s.find("</parameter>", from); e != npos && looked < 64; e = s.find("</parameter>", e + 1), ++looked) {
+    if (first == npos) first = e;
+    const size_t n = skip_ws(s, e + 12);
+    if (at(s, n, "<parameter=") || at(s, n, "</function>")) return e;
+  }
+  return first;
+}
+
+// A tag's value up to '>': trimmed, one line, no '<'.
+std::optional<std::string_view> tag_value(std::string_view s, size_t& p) {
+  const size_t gt = s.find('>', p);
+  if (gt == npos) return std::nullopt;
+  const std::string_view v = trim(s.substr(p, gt - p));
+  if (v.empty() || has(v, "\n") || has(v, "<")) return std::nullopt;
+  p = gt + 1;
+  return v;
+}
+
+ParsedToolCalls parse_qwen_xml(std::string_view s, const json& tools) {
+  std::vector<ToolCall> calls;
+  size_t pos = 0;
+  for (;;) {
+    size_t p = skip_ws(s, pos);
+    if (at(s, p, "<tool_call>")) p = skip_ws(s, p + 11);
+    if (!at(s, p, "<function=")) break;
+    p += 10;
+    const auto name = tag_value(s, p);
+    if (!name) break;
+    json args = json::object();
+    bool closed = false;
+    for (;;) {
+      size_t q = skip_ws(s, p);
+      if (at(s, q, "</function>")) {
+        p = q + 11;
+        closed = true;
+        break;
+      }
+      if (!at(s, q, "<parameter=")) break;
+      q += 11;
+      const auto key = tag_value(s, q);
+      if (!key) break;
+      const json* schema = param_schema(tools, *name, *key);
+      size_t close = npos;
+      if (xml_kind(schema) != XmlKind::Raw) {  // a JSON value decides its own end
+        size_t e = skip_ws(s, q);
+        if (json_at(s, e)) {
+          e = skip_ws(s, e);
+          if (at(s, e, "</parameter>")) close = e;
+        }
+      }
+      if (close == npos) close = find_param_close(s, q);
+      if (close == npos) break;
+      std::string_view raw = s.substr(q, close - q);
+      if (!raw.empty() && raw.front() == '\n') raw.remove_prefix(1);
+      if (!raw.empty() && raw.back() == '\n') raw.remove_suffix(1);
+      args[std::string(*key)] = xml_value(raw, schema);
+      p = close + 12;
+    }
+    if (!closed) break;
+    const size_t q = skip_ws(s, p);
+    if (at(s, q, "</tool_call>")) p = q + 12;
+    calls.push_back({"", std::string(*name), compact(args)});
+    pos = p;
+  }
+  return finish(std::move(calls), s, pos);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Gemma 4: <|tool_call>call:NAME{key:value,...}<tool_call|>, strings as <|"|>text<|"|>
+
+std::optional<json> gemma_value(std::string_view s, size_t& p, int depth);
+
+std::optional<std::string> gemma_key(std::string_view s, size_t& p) {
+  if (at(s, p, kGemmaQuote)) {
+    const size_t e = s.find(kGemmaQuote, p + kGemmaQuote.size());
+    if (e == npos) return std::nullopt;
+    std::string k(s.substr(p + kGemmaQuote.size(), e - p - kGemmaQuote.size()));
+    p = e + kGemmaQuote.size();
+    return k;
+  }
+  if (p < s.size() && s[p] == '"') {
+    auto v = json_at(s, p);
+    if (v && v->is_string()) return v->get<std::string>();
+    return std::nullopt;
+  }
+  size_t e = p;
+  while (e < s.size() && s[e] != ':') {
+    if (std::string_view("{}[],<").find(s[e]) != npos) return std::nullopt;
+    ++e;
+  }
+  const std::string_view k = trim(s.substr(p, e - p));
+  if (e >= s.size() || k.empty()) return std::nullopt;
+  p = e;
+  return std::string(k);
+}
+
+std::optional<json> gemma_value(std::string_view s, size_t& p, int depth) {
+  if (depth > kMaxDepth) return std::nullopt;
+  p = skip_ws(s, p);
+  if (p >= s.size()) return std::nullopt;
+  if (at(s, p, kGemmaQuote)) {
+    const size_t e = s.find(kGemmaQuote, p + kGemmaQuote.size());
+    if (e == npos) return std::nullopt;
+    json v = std::string(s.substr(p + kGemmaQuote.size(), e - p - kGemmaQuote.size()));
+    p = e + kGemmaQuote.size();
+    return v;
+  }
+  const char c = s[p];
+  if (c == '{' || c == '[') {
+    const bool dict = c == '{';
+    const char close = dict ? '}' : ']';
+    json out = dict ? json::object() : json::array();
+    p = skip_ws(s, p + 1);
+    for (;;) {
+      if (p < s.size() && s[p] == close) {  // also after a trailing comma
+        ++p;
+        return out;
+      }
+      if (dict) {
+        auto k = gemma_key(s, p);
+        if (!k) return std::nullopt;
+        p = skip_ws(s, p);
+        if (p >= s.size() || s[p] != ':') return std::nullopt;
+        ++p;
+        auto v = gemma_value(s, p, depth + 1);
+        if (!v) return std::nullopt;
+        out[*k] = std::move(*v);
+      } else {
+        auto v = gemma_value(s, p, depth + 1);
+        if (!v) return std::nullopt;
+        out.push_back(std::move(*v));
+      }
+      p = skip_ws(s, p);
+      if (p < s.size() && s[p] == ',') {
+        p = skip_ws(s, p + 1);
+      } else if (p >= s.size() || s[p] != close) {
+        return std::nullopt;
+      }
+    }
+  }
+  if (c == '"') {
+    auto v = json_at(s, p);
+    return v && v->is_string() ? v : std::nullopt;
+  }
+  size_t e = p;
+  while (e < s.size() && std::string_view(",}]{[:<").find(s[e]) == npos && !is_space(s[e])) ++e;
+  const std::string_view word = s.substr(p, e - p);
+  if (word.empty()) return std::nullopt;
+  auto v = literal_token(word);
+  if (!v && std::isalpha(static_cast<unsigned char>(word[0]))) v = json(std::string(word));  // a bare word: a string
+  if (v) p = e;
+  return v;
+}
+
+ParsedToolCalls parse_gemma4(std::string_view s) {
+  std::vector<ToolCall> calls;
+  size_t pos = 0;
+  for (;;) {
+    size_t p = skip_ws(s, pos);
+    if (!at(s, p, "<|tool_call>")) break;
+    p = skip_ws(s, p + 12);
+    if (!at(s, p, "call:")) break;
+    p += 5;
+    size_t brace = p;
+    while (brace < s.size() && s[brace] != '{' && s[brace] != '<' && s[brace] != '\n') ++brace;
+    if (brace >= s.size() || s[brace] != '{') break;
+    const std::string_view name = trim(s.substr(p, brace - p));
+    if (name.empty()) break;
+    p = brace;
+    const auto args = gemma_value(s, p, 0);
+    if (!args || !args->is_object()) break;
+    const size_t q = skip_ws(s, p);
+    if (at(s, q, "<tool_call|>")) {
+      p = q + 12;
+    } else if (q != s.size()) {
+      break;
+    }
+    calls.push_back({"", std::string(name), compact(*args)});
+    pos = p;
+  }
+  return finish(std::move(calls), s, pos);
+}
+
+// ---------------------------------------------------------------------------------------------
+// LFM2: <|tool_call_start|>[name(key=value, ...), ...]<|tool_call_end|>, Python or JSON values
+
+std::optional<json> py_value(std::string_view s, size_t& p, int depth);
+
+int hex_digit(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+// n hex digits at s[i..], or -1.
+long hex_at(std::string_view s, size_t i, int n) {
+  if (i + static_cast<size_t>(n) > s.size()) return -1;
+  long v = 0;
+  for (int k = 0; k < n; ++k) {
+    const int d = hex_digit(s[i + static_cast<size_t>(k)]);
+    if (d < 0) return -1;
+    v = v * 16 + d;
+  }
+  return v;
+}
+
+// A quoted string (' or "), with Python's escapes and JSON's (\/ and \u surrogate pairs).
+std::optional<std::string> py_string(std::string_view s, size_t& p) {
+  const char quote = s[p];
+  std::string out;
+  size_t i = p + 1;
+  while (i < s.size()) {
+    const char c = s[i];
+    if (c == quote) {
+      p = i + 1;
+      return out;
+    }
+    if (c != '\\') {
+      out += c;
+      ++i;
+      continue;
+    }
+    if (i + 1 >= s.size()) return std::nullopt;
+    const char e = s[i + 1];
+    i += 2;
+    switch (e) {
+      case 'n': out += '\n'; break;
+      case 't': out += '\t'; break;
+      case 'r': out += '\r'; break;
+      case 'b': out += '\b'; break;
+      case 'f': out += '\f'; break;
+      case 'v': out += '\v'; break;
+      case 'a': out += '\a'; break;
+      case '0': out += '\0'; break;
+      case '\n': break;  // a line continuation
+      case '\\': case '\'': case '"': case '/': out += e; break;
+      case 'x': case 'u': case 'U': {
+        const int n = e == 'x' ? 2 : e == 'u' ? 4 : 8;
+        long cp = hex_at(s, i, n);
+        if (cp < 0) return std::nullopt;
+        i += static_cast<size_t>(n);
+        if (e == 'u' && cp >= 0xD800 && cp <= 0xDBFF && at(s, i, "\\u")) {
+          const long low = hex_at(s, i + 2, 4);
+          if (low >= 0xDC00 && low <= 0xDFFF) {
+            cp = 0x10000 + ((cp - 0xD800) << 10) + (low - 0xDC00);
+            i += 6;
+          }
+        }
+        append_utf8(out, static_cast<uint32_t>(std::min<long>(cp, 0x110000)));
+        break;
+      }
+      default:  // Python keeps an unknown escape as written
+        out += '\\';
+        out += e;
+    }
+  }
+  return std::nullopt;
+}
+
+std::optional<json> py_value(std::string_view s, size_t& p, int depth) {
+  if (depth > kMaxDepth) return std::nullopt;
+  p = skip_ws(s, p);
+  if (p >= s.size()) return std::nullopt;
+  const char c = s[p];
+  if (c == '"' || c == '\'') {
+    auto str = py_string(s, p);
+    return str ? std::optional<json>(json(std::move(*str))) : std::nullopt;
+  }
+  if (c == '{' || c == '[' || c == '(') {
+    const bool dict = c == '{';
+    const char close = dict ? '}' : c == '[' ? ']' : ')';
+    json out = dict ? json::object() : json::array();
+    p = skip_ws(s, p + 1);
+    for (;;) {
+      if (p < s.size() && s[p] == close) {
+        ++p;
+        return out;
+      }
+      if (dict) {
+        auto k = py_value(s, p, depth + 1);
+        if (!k) return std::nullopt;
+        p = skip_ws(s, p);
+        if (p >= s.size() || s[p] != ':') return std::nullopt;
+        ++p;
+        auto v = py_value(s, p, depth + 1);
+        if (!v) return std::nullopt;
+        out[k->is_string() ? k->get<std::string>() : compact(*k)] = std::move(*v);
+      } else {
+        auto v = py_value(s, p, depth + 1);
+        if (!v) return std::nullopt;
+        out.push_back(std::move(*v));
+      }
+      p = skip_ws(s, p);
+      if (p < s.size() && s[p] == ',') {
+        p = skip_ws(s, p + 1);
+      } else if (p >= s.size() || s[p] != close) {
+        return std::nullopt;
+      }
+    }
+  }
+  size_t e = p;
+  while (e < s.size() && (is_alnum(s[e]) || s[e] == '_' || s[e] == '.' || s[e] == '+' || s[e] == '-')) ++e;
+  auto v = literal_token(s.substr(p, e - p));
+  if (v) p = e;
+  return v;
+}
+
+bool is_ident_start(char c) { return std::isalpha(static_cast<unsigned char>(c)) || c == '_'; }
+bool is_ident_char(char c) { return is_alnum(c) || c == '_'; }
+
+// name(key=value, ...)
+std::optional<ToolCall> py_call(std::string_view s, size_t& p) {
+  size_t e = p;
+  while (e < s.size() && (is_alnum(s[e]) || s[e] == '_' || s[e] == '.' || s[e] == '-')) ++e;
+  if (e == p) return std::nullopt;
+  const std::string name(s.substr(p, e - p));
+  size_t q = skip_ws(s, e);
+  if (q >= s.size() || s[q] != '(') return std::nullopt;
+  q = skip_ws(s, q + 1);
+  json args = json::object();
+  for (;;) {
+    if (q < s.size() && s[q] == ')') break;
+    if (q >= s.size() || !is_ident_start(s[q])) return std::nullopt;
+    size_t k = q;
+    while (k < s.size() && is_ident_char(s[k])) ++k;
+    const std::string key(s.substr(q, k - q));
+    q = skip_ws(s, k);
+    if (q >= s.size() || s[q] != '=' || at(s, q, "==")) return std::nullopt;
+    ++q;
+    auto v = py_value(s, q, 1);
+    if (!v) return std::nullopt;
+    args[key] = std::move(*v);
+    q = skip_ws(s, q);
+    if (q < s.size() && s[q] == ',') {
+      q = skip_ws(s, q + 1);
+    } else if (q >= s.size() || s[q] != ')') {
+      return std::nullopt;
+    }
+  }
+  p = q + 1;
+  return ToolCall{"", name, compact(args)};
+}
+
+ParsedToolCalls parse_lfm2(std::string_view s) {
+  std::vector<ToolCall> calls;
+  size_t pos = 0;
+  for (;;) {
+    size_t p = skip_ws(s, pos);
+    if (!at(s, p, "<|tool_call_start|>")) break;
+    p = skip_ws(s, p + 19);
+    const bool bracket = p < s.size() && s[p] == '[';
+    if (bracket) ++p;
+    std::vector<ToolCall> block;
+    bool good = true;
+    for (;;) {
+      p = skip_ws(s, p);
+      if (bracket && !block.empty() && p < s.size() && s[p] == ']') break;  // a trailing comma
+      auto call = py_call(s, p);
+      if (!call) {
+        good = false;
+        break;
+      }
+      block.push_back(std::move(*call));
+      p = skip_ws(s, p);
+      if (p < s.size() && s[p] == ',') {
+        ++p;
+        continue;
+      }
+      break;
+    }
+    if (!good || block.empty()) break;
+    if (bracket) {
+      if (p >= s.size() || s[p] != ']') break;
+      p = skip_ws(s, p + 1);
+    }
+    if (at(s, p, "<|tool_call_end|>")) {
+      p += 17;
+    } else if (p != s.size()) {
+      break;
+    }
+    calls.insert(calls.end(), block.begin(), block.end());
+    pos = p;
+  }
+  return finish(std::move(calls), s, pos);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Harmony: [<|start|>assistant]<|channel|>commentary to=functions.NAME [<|constrain|>]json<|message|>ARGS[<|call|>]
+// (or the recipient before <|channel|>)
+
+ParsedToolCalls parse_harmony(std::string_view s) {
+  std::vector<ToolCall> calls;
+  size_t pos = 0;
+  for (;;) {
+    size_t p = skip_ws(s, pos);
+    if (at(s, p, "<|start|>")) {
+      p += 9;
+      if (at(s, p, "assistant")) p += 9;
+    }
+    const size_t msg = s.find("<|message|>", p);
+    if (msg == npos) break;
+    const std::string_view header = s.substr(p, msg - p);
+    if (!has(header, "<|channel|>") || has(header, "<|end|>") || has(header, "<|call|>") || has(header, "<|start|>") ||
+        has(header, "<|return|>")) {
+      break;
+    }
+    const size_t to = header.find("to=");
+    if (to == npos) break;
+    size_t re = to + 3;
+    while (re < header.size() && !is_space(header[re]) && header[re] != '<') ++re;
+    const std::string_view recipient = header.substr(to + 3, re - to - 3);
+    if (recipient.substr(0, 10) != "functions.") break;
+    const size_t body = msg + 11;
+    size_t end = s.size();
+    for (const std::string_view stop : {"<|call|>", "<|end|>", "<|start|>", "<|return|>"}) end = std::min(end, s.find(stop, body));
+    const auto one = parse_harmony_call(recipient, s.substr(body, end - body));
+    if (!one.ok) break;
+    calls.push_back(one.calls.front());
+    p = end;
+    if (at(s, p, "<|call|>")) p += 8;
+    else if (at(s, p, "<|end|>")) p += 7;
+    pos = p;
+  }
+  return finish(std::move(calls), s, pos);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Grammars
+
+struct Tool {
+  size_t index;
+  std::string name;
+  const json* params;  // null: no "parameters"
+};
+
+bool valid_tool_name(const std::string& n) {
+  return !n.empty() && n.size() <= 256 &&
+         std::all_of(n.begin(), n.end(), [](char c) { return is_alnum(c) || c == '_' || c == '-' || c == '.'; });
+}
+
+std::vector<Tool> usable_tools(const json& tools, std::string_view only) {
+  if (!tools.is_array() || tools.empty()) fail("tools: a tool call needs a non-empty array of tools");
+  std::vector<Tool> out;
+  std::map<std::string, size_t> seen;
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const json& t = tools[i];
+    if (!t.is_object()) fail("tools[{}]: not an object", i);
+    const json* type = field(t, "type");
+    if (type && *type != "function") fail("tools[{}].type: only \"function\" tools can be called", i);
+    const json* f = field(t, "function");
+    if (!f || !f->is_object()) fail("tools[{}].function: missing or not an object", i);
+    const json* n = field(*f, "name");
+    if (!n || !n->is_string()) fail("tools[{}].function.name: missing or not a string", i);
+    const std::string name = n->get<std::string>();
+    if (!valid_tool_name(name)) {
+      fail("tools[{}].function.name {}: a tool name is 1 to 256 letters, digits, '_', '-' or '.'", i, compact(*n));
+    }
+    if (const auto it = seen.find(name); it != seen.end()) {
+      fail("tools[{}].function.name \"{}\": tools[{}] has the same name", i, name, it->second);
+    }
+    seen[name] = i;
+    const json* params = field(*f, "parameters");
+    if (params && params->is_null()) params = nullptr;
+    if (params && !params->is_object()) fail("tools[{}].function.parameters: not an object (a JSON schema)", i);
+    if (params) {
+      const json* ptype = field(*params, "type");
+      if (ptype && *ptype != "object") fail("tools[{}].function.parameters: \"type\" must be \"object\"", i);
+    }
+    if (!only.empty() && name != only) continue;
+    out.push_back({i, name, params});
+  }
+  if (!only.empty() && out.empty()) fail("tools: no function named \"{}\" for tool_choice", only);
+  return out;
+}
+
+std::string lit(std::string_view text) { return JsonGrammarBuilder::literal(text); }
+
+// One character of a GBNF class, escaped where the class syntax needs it.
+std::string class_char(char c) {
+  if (c == '\\' || c == ']' || c == '[' || c == '-' || c == '^') return std::string("\\") + c;
+  if (c == '\n') return "\\n";
+  return std::string(1, c);
+}
+
+std::string alternatives(const std::vector<std::string>& alts) {
+  if (alts.size() == 1) return alts[0];
+  std::string out = "( ";
+  for (size_t i = 0; i < alts.size(); ++i) out += (i ? " | " : "") + alts[i];
+  return out + " )";
+}
+
+// Properties sorted as Jinja's dictsort sorts them (case-insensitively, stable).
+std::vector<std::pair<std::string, const json*>> dictsorted(const json& props) {
+  std::vector<std::pair<std::string, const json*>> out;
+  for (auto it = props.begin(); it != props.end(); ++it) out.emplace_back(it.key(), &it.value());
+  auto lower = [](std::string s) {
+    for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return s;
+  };
+  std::stable_sort(out.begin(), out.end(), [&](const auto& a, const auto& b) { return lower(a.first) < lower(b.first); });
+  return out;
+}
+
+class CallGrammar {
+ public:
+  explicit CallGrammar(ToolFormat format) : format_(format) {}
+
+  std::string build(const std::vector<Tool>& tools, bool parallel) {
+    std::vector<std::string> alts;
+    for (const auto& t : tools) {
+      tool_ = &t;
+      alts.push_back(call(t));
+    }
+    b_.add_rule("tool-call", alternatives(alts));
+    const std::string one = "tool-call";
+    std::string root;
+    switch (format_) {
+      case ToolFormat::Hermes:
+      case ToolFormat::QwenXml: root = parallel ? one + " ( " + lit("\n") + " " + one + " )*" : one; break;
+      case ToolFormat::Gemma4:
+      case ToolFormat::MistralArgs: root = parallel ? one + "+" : one; break;
+      case ToolFormat::Lfm2:
+        root = lit("<|tool_call_start|>[") + " " + one + (parallel ? " ( " + lit(", ") + " " + one + " )*" : "") + " " +
+               lit("]<|tool_call_end|>");
+        break;
+      case ToolFormat::MistralList:
+        root = lit("[TOOL_CALLS][") + " " + one + (parallel ? " ( " + lit(", ") + " " + one + " )*" : "") + " " + lit("]");
+        break;
+      case ToolFormat::Harmony:
+      case ToolFormat::Llama3Json:
+      case ToolFormat::None: root = one; break;
+    }
+    b_.add_rule("root", root);
+    return b_.gbnf();
+  }
+
+ private:
+  std::string call(const Tool& t) {
+    const std::string& n = t.name;
+    switch (format_) {
+      case ToolFormat::Hermes:
+        return lit("<tool_call>\n{\"name\": \"" + n + "\", \"arguments\": ") + " " + json_args(t) + " " + lit("}\n</tool_call>");
+      case ToolFormat::Llama3Json:
+        return lit("{\"name\": \"" + n + "\", \"parameters\": ") + " " + json_args(t) + " " + lit("}");
+      case ToolFormat::MistralList:
+        return lit("{\"name\": \"" + n + "\", \"arguments\": ") + " " + json_args(t) + " " + lit(", \"id\": \"") +
+               " [a-zA-Z0-9]{9} " + lit("\"}");
+      case ToolFormat::MistralArgs:
+        return lit("[TOOL_CALLS]" + n) + " ( " + lit("[CALL_ID]") + " [a-zA-Z0-9]{9} )? " + lit("[ARGS]") + " " + json_args(t);
+      case ToolFormat::Harmony:
+        return lit("<|channel|>commentary to=functions." + n + " <|constrain|>json<|message|>") + " " + json_args(t);
+      case ToolFormat::QwenXml:
+        return lit("<tool_call>\n<function=" + n + ">\n") + " " + xml_params(t) + " " + lit("</function>\n</tool_call>");
+      case ToolFormat::Gemma4:
+        return lit("<|tool_call>call:" + n + "{") + " " + gemma_params(t) + " " + lit("}<tool_call|>");
+      case ToolFormat::Lfm2: return lit(n + "(") + " " + lfm2_params(t) + " " + lit(")");
+      case ToolFormat::None: break;
+    }
+    fail("tools: this chat template has no known tool-call format");
+  }
+
+  [[noreturn]] void schema_error(const std::string& where, const std::string& what) const {
+    fail("tools[{}].function.parameters{}: {}", tool_->index, where, what);
+  }
+
+  std::string fresh(const char* kind) { return fmt::format("tc-{}{}", kind, counter_++); }
+
+  std::string rule(const std::string& body) {
+    const std::string name = fresh("x");
+    b_.add_rule(name, body);
+    return name;
+  }
+
+  // A JSON value for `schema` (the tool's $defs / definitions attached so "#/$defs/..." refs resolve).
+  std::string json_value(const json& schema, const std::string& where) {
+    json s = schema;
+    if (s.is_object() && tool_->params) {
+      for (const char* defs : {"$defs", "definitions"}) {
+        if (const json* d = field(*tool_->params, defs); d && !s.contains(defs)) s[defs] = *d;
+      }
+    }
+    try {
+      return b_.add_schema(s, fresh("a"));
+    } catch (const Error& e) {
+      schema_error(where, e.what());
+    }
+  }
+
+  std::string json_args(const Tool& t) {
+    if (!t.params) return lit("{}");
+    json s = *t.params;
+    if (!s.contains("type")) s["type"] = "object";
+    return json_value(s, "");
+  }
+
+  struct Prop {
+    std::string key;
+    const json* schema;
+    bool required;
+  };
+
+  // The top-level properties of a tool whose calls name their arguments one by one.
+  std::vector<Prop> properties(const Tool& t) {
+    std::vector<Prop> out;
+    if (!t.params) return out;
+    const json& s = *t.params;
+    for (const char* k : {"anyOf", "oneOf", "allOf", "not", "if", "$ref", "enum", "const", "minProperties",
+                          "maxProperties", "patternProperties", "propertyNames", "dependentRequired",
+                          "dependentSchemas", "dependencies", "unevaluatedProperties"}) {
+      if (s.contains(k)) schema_error("", fmt::format("\"{}\" at the top is not supported for {} tool calls", k, tool_format_name(format_)));
+    }
+    const json* props = field(s, "properties");
+    if (props && !props->is_object()) schema_error(".properties", "not an object");
+    std::set<std::string> required;
+    if (const json* r = field(s, "required")) {
+      if (!r->is_array()) schema_error(".required", "not an array");
+      for (const auto& k : *r) {
+        if (!k.is_string()) schema_error(".required", "not an array of strings");
+        if (!props || !props->contains(k.get<std::string>())) schema_error(".required", fmt::format("{} is not in properties", compact(k)));
+        required.insert(k.get<std::string>());
+      }
+    }
+    if (!props) return out;
+    for (auto it = props->begin(); it != props->end(); ++it) {
+      if (!it.value().is_object() && it.value() != json(true)) {
+        schema_error(".properties." + it.key(), "not a schema object");
+      }
+      out.push_back({it.key(), &it.value(), required.count(it.key()) > 0});
+    }
+    return out;
+  }
+
+  // Items joined by sep, each required one present and each optional one possibly left out, in
+  // the order given. first(i): nothing written yet, items i.. remain; rest(i): something written.
+  std::string join_optional(const std::vector<std::pair<std::string, bool>>& items, const std::string& sep) {
+    const size_t n = items.size();
+    if (n == 0) return "";
+    const bool all_required = std::all_of(items.begin(), items.end(), [](const auto& i) { return i.second; });
+    if (all_required) {
+      std::string out;
+      for (size_t i = 0; i < n; ++i) out += (i ? " " + sep + " " : "") + items[i].first;
+      return out;
+    }
+    std::vector<std::string> rest(n + 1);
+    for (size_t i = n; i-- > 1;) {
+      std::string body = items[i].second ? sep + " " + items[i].first : "( " + sep + " " + items[i].first + " )?";
+      if (!rest[i + 1].empty()) body += " " + rest[i + 1];
+      rest[i] = rule(body);
+    }
+    std::vector<bool> needed(n, false);  // first(i) is reachable: items before i are all optional
+    for (size_t i = 0; i < n && (i == 0 || !items[i - 1].second); ++i) needed[i] = true;
+    std::vector<std::string> first(n);
+    for (size_t i = n; i-- > 0;) {
+      if (!needed[i]) continue;
+      const std::string emit = items[i].first + (i + 1 < n ? " " + rest[i + 1] : "");
+      first[i] = rule(items[i].second || i + 1 == n ? emit : emit + " | " + first[i + 1]);
+    }
+    const bool any_required = std::any_of(items.begin(), items.end(), [](const auto& i) { return i.second; });
+    return any_required ? first[0] : "( " + first[0] + " )?";
+  }
+
+  // A rule for any text (empty included) that does not contain `word`; word[0] must not occur
+  // again in word. State k: the text so far ends with word[0..k).
+  std::string excluding(const std::string& name, std::string_view word) {
+    if (added_.count(name)) return name;
+    added_.insert(name);
+    const size_t n = word.size();
+    auto state = [&](size_t k) { return k == 0 ? name : name + "-" + std::to_string(k); };
+    const std::string w0 = class_char(word[0]);
+    for (size_t k = 0; k < n; ++k) {
+      std::vector<std::string> alts;
+      if (k == 0) {
+        alts.push_back("[^" + w0 + "] " + state(0));
+      } else {
+        if (k + 1 < n) alts.push_back(lit(word.substr(k, 1)) + " " + state(k + 1));
+        alts.push_back("[^" + class_char(word[k]) + w0 + "] " + state(0));
+      }
+      if (n > 1) alts.push_back(lit(word.substr(0, 1)) + " " + state(1));
+      alts.push_back("\"\"");
+      std::string body;
+      for (size_t i = 0; i < alts.size(); ++i) body += (i ? " | " : "") + alts[i];
+      b_.add_rule(state(k), body);
+    }
+    return name;
+  }
+
+  // The text of a string in a syntax without escapes, ended by `end` (which it must not hold).
+  std::string raw_string(const json& s, const std::string& where, std::string_view end, const std::string& text_rule) {
+    std::vector<std::string> values;
+    bool listed = false;
+    auto take = [&](const json& v) {
+      if (v.is_string() && !has(v.get_ref<const std::string&>(), end)) values.push_back(lit(v.get<std::string>()));
+    };
+    if (const json* c = field(s, "const")) {
+      listed = true;
+      take(*c);
+    } else if (const json* e = field(s, "enum")) {
+      if (!e->is_array()) schema_error(where + ".enum", "not an array");
+      listed = true;
+      for (const auto& v : *e) take(v);
+    }
+    if (listed) {
+      if (values.empty()) schema_error(where, "no string value of enum/const can be written in this format");
+      return alternatives(values);
+    }
+    const json* format = field(s, "format");
+    if (format && format->is_string()) {
+      const auto& f = format->get_ref<const std::string&>();
+      if (f == "date" || f == "time" || f == "uuid") return b_.shared_rule("json-fmt-" + f);
+      if (f == "date-time") return b_.shared_rule("json-fmt-date") + " \"T\" " + b_.shared_rule("json-fmt-time");
+    }
+    const auto count = [&](const char* key) -> std::optional<int64_t> {
+      const json* v = field(s, key);
+      if (!v) return std::nullopt;
+      if (!v->is_number() || v->get<double>() < 0) schema_error(where + "." + key, "not a non-negative number");
+      return static_cast<int64_t>(std::min(v->get<double>(), 1e9));
+    };
+    const int64_t min = count("minLength").value_or(0);
+    std::optional<int64_t> max = count("maxLength");
+    if (min > 10000) schema_error(where + ".minLength", "above 10000");
+    if (max && *max < min) schema_error(where + ".maxLength", "below minLength");
+    if (max && *max > 10000) max.reset();
+    if (min == 0 && !max) return text_rule;
+    if (max && *max == 0) return "\"\"";
+    // Counted strings hold no '<' (so no terminator can start inside them).
+    return max ? fmt::format("[^<]{{{},{}}}", min, *max) : fmt::format("[^<]{{{},}}", min);
+  }
+
+  // --- qwen-xml
+
+  std::string xml_params(const Tool& t) {
+    const auto props = properties(t);
+    std::string out;
+    for (const bool pass_required : {true, false}) {
+      for (const auto& p : props) {
+        if (p.required != pass_required) continue;
+        const std::string where = ".properties." + p.key;
+        if (p.key.empty() || p.key.find_first_of("<>\n") != std::string::npos || trim(p.key) != p.key) {
+          schema_error(where, "a qwen-xml parameter name cannot be empty, hold '<', '>' or a newline, or start or end with spaces");
+        }
+        std::string value;
+        if (xml_kind(p.schema) == XmlKind::Raw) {
+          value = raw_string(*p.schema, where, "</parameter>", excluding("xml-text", "</parameter>"));
+        } else {
+          value = json_value(*p.schema, where);
+        }
+        const std::string item = lit("<parameter=" + p.key + ">\n") + " " + value + " " + lit("\n</parameter>\n");
+        out += (out.empty() ? "" : " ") + (p.required ? item : "( " + item + " )?");
+      }
+    }
+    return out;
+  }
+
+  // --- lfm2
+
+  std::string lfm2_params(const Tool& t) {
+    std::vector<std::pair<std::string, bool>> items;
+    for (const auto& p : properties(t)) {
+      const std::string where = ".properties." + p.key;
+      if (p.key.empty() || !is_ident_start(p.key[0]) || !std::all_of(p.key.begin(), p.key.end(), is_ident_char)) {
+        schema_error(where, "an lfm2 argument name must be a Python identifier");
+      }
+      items.emplace_back(lit(p.key + "=") + " " + json_value(*p.schema, where), p.required);
+    }
+    return join_optional(items, lit(", "));
+  }
+
+  // --- gemma4
+
+  std::string gemma_params(const Tool& t) {
+    std::vector<std::pair<std::string, bool>> items;
+    const auto props = properties(t);
+    json as_object = json::object();
+    for (const auto& p : props) as_object[p.key] = *p.schema;
+    std::set<std::string> required;
+    for (const auto& p : props) {
+      if (p.required) required.insert(p.key);
+    }
+    for (const auto& [key, schema] : dictsorted(as_object)) {
+      const std::string where = ".properties." + key;
+      items.emplace_back(lit(gemma_key_text(key, where) + ":") + " " + gemma(*schema, where, 1), required.count(key) > 0);
+    }
+    return join_optional(items, lit(","));
+  }
+
+  std::string gemma_key_text(const std::string& key, const std::string& where) {
+    const bool bare = !key.empty() && key.find_first_of(":{}[],<\"' \t\r\n") == std::string::npos;
+    if (bare) return key;
+    if (has(key, kGemmaQuote)) schema_error(where, "this property name cannot be written in gemma4 calls");
+    return std::string(kGemmaQuote) + key + std::string(kGemmaQuote);
+  }
+
+  // A value in gemma4's syntax, as a single GBNF literal (for enum / const), or nullopt.
+  std::optional<std::string> gemma_text(const json& v, int depth) {
+    if (depth > kMaxDepth) return std::nullopt;
+    if (v.is_string()) {
+      if (has(v.get_ref<const std::string&>(), kGemmaQuote)) return std::nullopt;
+      return std::string(kGemmaQuote) + v.get<std::string>() + std::string(kGemmaQuote);
+    }
+    if (v.is_array()) {
+      std::string out = "[";
+      for (size_t i = 0; i < v.size(); ++i) {
+        auto item = gemma_text(v[i], depth + 1);
+        if (!item) return std::nullopt;
+        out += (i ? "," : "") + *item;
+      }
+      return out + "]";
+    }
+    if (v.is_object()) {
+      std::string out = "{";
+      bool first = true;
+      for (const auto& [k, item] : dictsorted(v)) {
+        if (k.empty() || k.find_first_of(":{}[],<\"' \t\r\n") != std::string::npos) return std::nullopt;
+        auto text = gemma_text(*item, depth + 1);
+        if (!text) return std::nullopt;
+        out += (first ? "" : ",") + k + ":" + *text;
+        first = false;
+      }
+      return out + "}";
+    }
+    return v.dump();
+  }
+
+  void add_generic_gemma() {
+    if (added_.count("gemma-value")) return;
+    added_.insert("gemma-value");
+    const std::string text = excluding("gemma-text", kGemmaQuote);
+    const std::string q = lit(kGemmaQuote);
+    b_.add_rule("gemma-value", "gemma-string | gemma-dict | gemma-list | " + b_.shared_rule("json-number") +
+                                   " | \"true\" | \"false\" | \"null\"");
+    b_.add_rule("gemma-string", q + " " + text + " " + q);
+    b_.add_rule("gemma-dict", "\"{\" ( gemma-key \":\" gemma-value ( \",\" gemma-key \":\" gemma-value )* )? \"}\"");
+    b_.add_rule("gemma-list", "\"[\" ( gemma-value ( \",\" gemma-value )* )? \"]\"");
+    b_.add_rule("gemma-key", "[A-Za-z_] [A-Za-z0-9_]*");
+  }
+
+  std::string gemma_generic() {
+    add_generic_gemma();
+    return "gemma-value";
+  }
+
+  const json& resolve(const std::string& ref, const std::string& where) {
+    if (!tool_->params) schema_error(where, "$ref without a schema");
+    if (ref == "#") return *tool_->params;
+    if (ref.rfind("#/", 0) != 0) schema_error(where, fmt::format("$ref \"{}\" is not inside this schema", ref));
+    const json* node = tool_->params;
+    size_t p = 2;
+    while (p <= ref.size()) {
+      size_t e = ref.find('/', p);
+      if (e == std::string::npos) e = ref.size();
+      std::string part = ref.substr(p, e - p);
+      for (size_t i = 0; (i = part.find('~', i)) != std::string::npos; ++i) {
+        if (i + 1 < part.size() && part[i + 1] == '1') part.replace(i, 2, "/");
+        else if (i + 1 < part.size() && part[i + 1] == '0') part.replace(i, 2, "~");
+      }
+      if (node->is_object() && node->contains(part)) {
+        node = &(*node)[part];
+      } else if (node->is_array() && !part.empty() && std::all_of(part.begin(), part.end(), [](char c) { return c >= '0' && c <= '9'; }) &&
+                 part.size() < 9 && std::stoul(part) < node->size()) {
+        node = &(*node)[std::stoul(part)];
+      } else {
+        schema_error(where, fmt::format("$ref \"{}\" points at nothing", ref));
+      }
+      p = e + 1;
+    }
+    return *node;
+  }
+
+  std::string gemma(const json& s, const std::string& where, int depth) {
+    if (depth > kMaxDepth) schema_error(where, "nested deeper than 64");
+    if (s.is_boolean()) {
+      if (!s.get<bool>()) schema_error(where, "the schema false allows no value");
+      return gemma_generic();
+    }
+    if (!s.is_object()) schema_error(where, "not a schema object");
+    if (const json* ref = field(s, "$ref")) {
+      if (!ref->is_string()) schema_error(where + ".$ref", "not a string");
+      const std::string key = fmt::format("{}:{}", tool_->index, ref->get<std::string>());
+      // A rule reached again before any character is written would be left recursion.
+      if (std::find(unconsumed_refs_.begin(), unconsumed_refs_.end(), key) != unconsumed_refs_.end()) {
+        schema_error(where, fmt::format("$ref \"{}\" leads back to itself without a value in between", ref->get<std::string>()));
+      }
+      if (const auto it = refs_.find(key); it != refs_.end()) return it->second;
+      const std::string name = fresh("r");
+      refs_[key] = name;
+      unconsumed_refs_.push_back(key);
+      const std::string body = gemma(resolve(ref->get<std::string>(), where), where, depth + 1);
+      unconsumed_refs_.pop_back();
+      b_.add_rule(name, body);
+      return name;
+    }
+    for (const char* k : {"pattern", "patternProperties", "propertyNames", "minProperties", "maxProperties",
+                          "dependencies", "dependentRequired", "dependentSchemas", "if", "then", "else", "not",
+                          "contains", "minContains", "maxContains", "multipleOf", "unevaluatedProperties",
+                          "unevaluatedItems", "prefixItems", "$dynamicRef", "$recursiveRef"}) {
+      if (s.contains(k)) schema_error(where, fmt::format("\"{}\" is not supported for gemma4 tool calls", k));
+    }
+    if (const json* u = field(s, "uniqueItems"); u && *u != json(false)) {
+      schema_error(where, "\"uniqueItems\" is not supported for gemma4 tool calls");
+    }
+    std::vector<std::string> alts;
+    const json* nullable = field(s, "nullable");
+    if (nullable && *nullable == json(true)) alts.push_back("\"null\"");
+    const json* enum_values = field(s, "enum");
+    const json* const_value = field(s, "const");
+    if (enum_values || const_value) {
+      json values = json::array();
+      if (const_value) {
+        values.push_back(*const_value);
+      } else if (enum_values->is_array()) {
+        values = *enum_values;
+      } else {
+        schema_error(where + ".enum", "not an array");
+      }
+      const json* type = field(s, "type");
+      size_t kept = 0;
+      for (const auto& v : values) {
+        json types = json::array();
+        if (type && type->is_array()) types = *type;
+        if (type && !type->is_array()) types.push_back(*type);
+        if (type && !json_type_in(v, types)) continue;
+        if (auto text = gemma_text(v, depth)) {
+          alts.push_back(lit(*text));
+          ++kept;
+        }
+      }
+      if (kept == 0) schema_error(where, "no value of enum/const can be written in gemma4 calls");
+      return alternatives(alts);
+    }
+    for (const char* k : {"anyOf", "oneOf"}) {
+      if (const json* branches = field(s, k)) {
+        if (!branches->is_array() || branches->empty()) schema_error(where + "." + k, "not a non-empty array");
+        for (size_t i = 0; i < branches->size(); ++i) {
+          alts.push_back(gemma((*branches)[i], fmt::format("{}.{}[{}]", where, k, i), depth + 1));
+        }
+        return alternatives(alts);
+      }
+    }
+    if (const json* all = field(s, "allOf")) {
+      if (!all->is_array() || all->size() != 1) schema_error(where, "\"allOf\" is not supported for gemma4 tool calls");
+      return gemma((*all)[0], where + ".allOf[0]", depth + 1);
+    }
+    std::vector<std::string> types;
+    if (const json* type = field(s, "type")) {
+      if (type->is_string()) {
+        types.push_back(type->get<std::string>());
+      } else if (type->is_array()) {
+        for (const auto& t : *type) {
+          if (t.is_string()) types.push_back(t.get<std::string>());
+        }
+      }
+      if (types.empty()) schema_error(where + ".type", "not a type name or a list of them");
+    } else if (s.contains("properties") || s.contains("additionalProperties") || s.contains("required")) {
+      types.push_back("object");
+    } else if (s.contains("items") || s.contains("minItems") || s.contains("maxItems")) {
+      types.push_back("array");
+    } else if (s.contains("minLength") || s.contains("maxLength") || s.contains("format")) {
+      types.push_back("string");
+    } else {
+      alts.push_back(gemma_generic());
+      return alternatives(alts);
+    }
+    for (const auto& t : types) {
+      if (t == "string") {
+        const std::string text = excluding("gemma-text", kGemmaQuote);
+        alts.push_back(lit(kGemmaQuote) + " " + raw_string(s, where, kGemmaQuote, text) + " " + lit(kGemmaQuote));
+      } else if (t == "object") {
+        alts.push_back(gemma_object(s, where, depth));
+      } else if (t == "array") {
+        alts.push_back(gemma_array(s, where, depth));
+      } else if (t == "integer" || t == "number" || t == "boolean" || t == "null") {
+        json scalar = json::object();
+        scalar["type"] = t;
+        for (const char* k : {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}) {
+          if (const json* v = field(s, k)) scalar[k] = *v;
+        }
+        alts.push_back(json_value(scalar, where));
+      } else {
+        schema_error(where + ".type", fmt::format("unknown type \"{}\"", t));
+      }
+    }
+    return alternatives(alts);
+  }
+
+  // Objects and arrays write '{' / '[' before their members, so $refs inside start afresh.
+  std::string gemma_object(const json& s, const std::string& where, int depth) {
+    std::vector<std::string> outer;
+    outer.swap(unconsumed_refs_);
+    std::string out = gemma_object_body(s, where, depth);
+    unconsumed_refs_.swap(outer);
+    return out;
+  }
+
+  std::string gemma_array(const json& s, const std::string& where, int depth) {
+    std::vector<std::string> outer;
+    outer.swap(unconsumed_refs_);
+    std::string out = gemma_array_body(s, where, depth);
+    unconsumed_refs_.swap(outer);
+    return out;
+  }
+
+  std::string gemma_object_body(const json& s, const std::string& where, int depth) {
+    const json* props = field(s, "properties");
+    if (props && !props->is_object()) schema_error(where + ".properties", "not an object");
+    std::set<std::string> required;
+    if (const json* r = field(s, "required")) {
+      if (!r->is_array()) schema_error(where + ".required", "not an array");
+      for (const auto& k : *r) {
+        if (!k.is_string() || !props || !props->contains(k.get<std::string>())) {
+          schema_error(where + ".required", fmt::format("{} is not in properties", compact(k)));
+        }
+        required.insert(k.get<std::string>());
+      }
+    }
+    if (props && !props->empty()) {
+      std::vector<std::pair<std::string, bool>> items;
+      for (const auto& [key, schema] : dictsorted(*props)) {
+        const std::string w = where + ".properties." + key;
+        items.emplace_back(lit(gemma_key_text(key, w) + ":") + " " + gemma(*schema, w, depth + 1), required.count(key) > 0);
+      }
+      return lit("{") + " " + join_optional(items, lit(",")) + " " + lit("}");
+    }
+    const json* extra = field(s, "additionalProperties");
+    if (extra && *extra == json(false)) return lit("{}");
+    if (!extra || *extra == json(true)) {
+      add_generic_gemma();
+      return "gemma-dict";
+    }
+    add_generic_gemma();
+    const std::string v = gemma(*extra, where + ".additionalProperties", depth + 1);
+    const std::string member = "gemma-key \":\" " + v;
+    return "\"{\" ( " + member + " ( \",\" " + member + " )* )? \"}\"";
+  }
+
+  std::string gemma_array_body(const json& s, const std::string& where, int depth) {
+    std::string item;
+    if (const json* items = field(s, "items")) {
+      if (items->is_array()) schema_error(where + ".items", "a list of item schemas is not supported for gemma4 tool calls");
+      item = gemma(*items, where + ".items", depth + 1);
+    } else {
+      item = gemma_generic();
+    }
+    const auto count = [&](const char* key) -> std::optional<int64_t> {
+      const json* v = field(s, key);
+      if (!v) return std::nullopt;
+      if (!v->is_number() || v->get<double>() < 0) schema_error(where + "." + key, "not a non-negative number");
+      return static_cast<int64_t>(std::min(v->get<double>(), 1e9));
+    };
+    const int64_t min = count("minItems").value_or(0);
+    std::optional<int64_t> max = count("maxItems");
+    if (min > 10000) schema_error(where + ".minItems", "above 10000");
+    if (max && *max < min) schema_error(where + ".maxItems", "below minItems");
+    if (max && *max > 10000) max.reset();
+    if (max && *max == 0) return lit("[]");
+    const std::string more = "( \",\" " + item + " )";
+    const int64_t lo = std::max<int64_t>(min - 1, 0);
+    std::string reps = max ? fmt::format("{{{},{}}}", lo, *max - 1) : lo == 0 ? "*" : fmt::format("{{{},}}", lo);
+    const std::string list = item + " " + more + reps;
+    return lit("[") + " " + (min == 0 ? "( " + list + " )?" : list) + " " + lit("]");
+  }
+
+  ToolFormat format_;
+  JsonGrammarBuilder b_;
+  const Tool* tool_ = nullptr;
+  int counter_ = 0;
+  std::set<std::string> added_;
+  std::map<std::string, std::string> refs_;
+  std::vector<std::string> unconsumed_refs_;  // $refs entered since the last '{' or '['
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+
+ToolFormat tool_format_of(std::string_view t) {
+  if (has(t, "<|channel|>")) return ToolFormat::Harmony;
+  if (has(t, "<|tool_list_start|>") || has(t, "<|tool_call_start|>")) return ToolFormat::Lfm2;
+  if (has(t, "'<|tool_call>call:'") || has(t, "<|tool_call>")) return ToolFormat::Gemma4;
+  if (has(t, "<tool_call>")) {
+    return has(t, "<function=") && has(t, "<parameter=") ? ToolFormat::QwenXml : ToolFormat::Hermes;
+  }
+  if (has(t, "[TOOL_CALLS]")) return has(t, "[ARGS]") ? ToolFormat::MistralArgs : ToolFormat::MistralList;
+  if (has(t, "Respond in the format {\"name\": function name")) return ToolFormat::Llama3Json;
+  return ToolFormat::None;
+}
+
+const char* tool_format_name(ToolFormat format) {
+  switch (format) {
+    case ToolFormat::Hermes: return "hermes";
+    case ToolFormat::QwenXml: return "qwen-xml";
+    case ToolFormat::Harmony: return "harmony";
+    case ToolFormat::Gemma4: return "gemma4";
+    case ToolFormat::Lfm2: return "lfm2";
+    case ToolFormat::MistralList: return "mistral";
+    case ToolFormat::MistralArgs: return "mistral-args";
+    case ToolFormat::Llama3Json: return "llama3-json";
+    case ToolFormat::None: break;
+  }
+  return "none";
+}
+
+std::vector<std::string> tool_call_markers(ToolFormat format) {
+  switch (format) {
+    case ToolFormat::Hermes: return {"<tool_call>"};
+    case ToolFormat::QwenXml: return {"<tool_call>", "<function="};
+    case ToolFormat::Gemma4: return {"<|tool_call>"};
+    case ToolFormat::Lfm2: return {"<|tool_call_start|>"};
+    case ToolFormat::MistralList:
+    case ToolFormat::MistralArgs: return {"[TOOL_CALLS]"};
+    case ToolFormat::Llama3Json: return {"{\"name\"", "{\"type\""};
+    case ToolFormat::Harmony:
+    case ToolFormat::None: break;
+  }
+  return {};
+}
+
+ParsedToolCalls parse_tool_calls(ToolFormat format, std::string_view text, const nlohmann::ordered_json& tools) {
+  switch (format) {
+    case ToolFormat::Hermes: return parse_hermes(text);
+    case ToolFormat::QwenXml: return parse_qwen_xml(text, tools);
+    case ToolFormat::Harmony: return parse_harmony(text);
+    case ToolFormat::Gemma4: return parse_gemma4(text);
+    case ToolFormat::Lfm2: return parse_lfm2(text);
+    case ToolFormat::MistralList:
+    case ToolFormat::MistralArgs: return parse_mistral(text);
+    case ToolFormat::Llama3Json: return parse_llama3(text);
+    case ToolFormat::None: break;
+  }
+  return {};
+}
+
+ParsedToolCalls parse_harmony_call(std::string_view recipient, std::string_view body) {
+  ParsedToolCalls out;
+  std::string_view name = trim(recipient);
+  if (name.substr(0, 10) == "functions.") name.remove_prefix(10);
+  if (name.empty() || std::any_of(name.begin(), name.end(), is_space) || has(name, "<")) return out;
+  std::string_view b = trim(body);
+  if (b.size() >= 8 && b.substr(b.size() - 8) == "<|call|>") b = trim(b.substr(0, b.size() - 8));
+  const auto args = json_whole(b);
+  if (!args || !args->is_object()) return out;
+  out.ok = true;
+  out.calls.push_back({"", std::string(name), compact(*args)});
+  return out;
+}
+
+std::string tool_call_gbnf(ToolFormat format, const nlohmann::ordered_json& tools, bool parallel,
+                           std::string_view only_function) {
+  if (format == ToolFormat::None) fail("tools: this chat template has no known tool-call format");
+  const auto usable = usable_tools(tools, only_function);
+  if (format == ToolFormat::Harmony || format == ToolFormat::Llama3Json) parallel = false;
+  return CallGrammar(format).build(usable, parallel);
+}
+
+std::string new_tool_call_id(ToolFormat format, uint64_t random_bits_seed) {
+  static constexpr char kAlnum[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+  const bool mistral = format == ToolFormat::MistralList || format == ToolFormat::MistralArgs;
+  Rng rng(random_bits_seed);
+  std::string id = mistral ? "" : "call_";
+  for (int i = 0; i < (mistral ? 9 : 24); ++i) id += kAlnum[rng.below(62)];
+  return id;
+}
+
+}  // namespace bmoe
