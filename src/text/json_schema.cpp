@@ -1,0 +1,935 @@
+// JSON Schema to GBNF (see json_schema.h for the subset and where the output is stricter).
+//
+// Each schema becomes a rule body; a sub-schema that is not a single rule name gets a rule of
+// its own, named after its place (root-address-city). Shapes are chosen so the matcher stays
+// cheap: no two whitespace rules next to each other, repetitions over things that cannot be
+// empty, literal sets (enum) and key exclusions as tries, so the number of live parse stacks
+// does not grow with the number of alternatives.
+#include "text/json_schema.h"
+
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <optional>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace bmoe {
+
+using json = nlohmann::ordered_json;
+
+namespace {
+
+constexpr int kMaxDepth = 64;             // nested schemas (and $ref hops while merging allOf)
+constexpr int64_t kMaxCount = 10000;      // minItems / minLength; a larger maximum is unbounded
+constexpr int64_t kRepeatBudget = 100000; // all counted repetitions of one grammar together
+constexpr size_t kMaxGrammarText = size_t{1} << 20;
+constexpr size_t kMaxOptional = 256;      // optional properties of one object
+constexpr size_t kMaxBranches = 256;      // anyOf / oneOf branches
+constexpr int64_t kMergeBudget = 10000;   // schemas visited while merging allOf
+constexpr double kMaxBound = 1e15;        // |minimum| / |maximum|
+
+struct SharedRule {
+  const char* name;
+  const char* body;
+  std::vector<const char*> uses;
+};
+
+const std::vector<SharedRule>& shared_rules() {
+  static const std::vector<SharedRule> rules = {
+      {"json-ws", R"(( " " | "\n" [ \t]{0,20} )?)", {}},
+      {"json-value", R"(json-object | json-array | json-string | json-number | "true" | "false" | "null")",
+       {"json-object", "json-array", "json-string", "json-number"}},
+      {"json-object", R"("{" json-ws ( json-member ( json-ws "," json-ws json-member )* json-ws )? "}")",
+       {"json-ws", "json-member"}},
+      {"json-member", R"(json-string json-ws ":" json-ws json-value)", {"json-string", "json-ws", "json-value"}},
+      {"json-array", R"("[" json-ws ( json-value ( json-ws "," json-ws json-value )* json-ws )? "]")",
+       {"json-ws", "json-value"}},
+      {"json-string", R"("\"" json-char* "\"")", {"json-char"}},
+      // Raw characters but '"', '\' and controls; escapes, with \u surrogates only as valid pairs.
+      {"json-char", R"([^"\\\x00-\x1F] | "\\" ( ["\\/bfnrt] | "u" json-unicode ))", {"json-unicode"}},
+      {"json-unicode",
+       R"([0-9a-cA-CeEfF] json-hex{3} | [dD] [0-7] json-hex{2} | [dD] [89abAB] json-hex{2} "\\u" [dD] [c-fC-F] json-hex{2})",
+       {"json-hex"}},
+      {"json-hex", "[0-9a-fA-F]", {}},
+      {"json-uint", R"("0" | [1-9] [0-9]{0,15})", {}},
+      {"json-number", R"("-"? json-uint ( "." [0-9]{1,16} )? ( [eE] [-+]? [0-9]{1,2} )?)", {"json-uint"}},
+      {"json-integer", R"("-"? json-uint)", {"json-uint"}},
+      {"json-boolean", R"("true" | "false")", {}},
+      {"json-null", R"("null")", {}},
+      {"json-fmt-date",
+       R"([0-9]{4} "-" ( ( "0" [13578] | "1" [02] ) "-" ( "0" [1-9] | [12] [0-9] | "3" [01] ) | ( "0" [469] | "11" ) "-" ( "0" [1-9] | [12] [0-9] | "30" ) | "02" "-" ( "0" [1-9] | "1" [0-9] | "2" [0-8] ) ))",
+       {}},
+      {"json-fmt-time",
+       R"(( [01] [0-9] | "2" [0-3] ) ":" [0-5] [0-9] ":" [0-5] [0-9] ( "." [0-9]{1,9} )? ( "Z" | [+-] ( [01] [0-9] | "2" [0-3] ) ":" [0-5] [0-9] ))",
+       {}},
+      {"json-fmt-uuid", R"([0-9a-fA-F]{8} "-" [0-9a-fA-F]{4} "-" [0-9a-fA-F]{4} "-" [0-9a-fA-F]{4} "-" [0-9a-fA-F]{12})", {}},
+  };
+  return rules;
+}
+
+bool is_unsupported_keyword(const std::string& k) {
+  static const std::set<std::string> unsupported = {
+      "pattern", "patternProperties", "propertyNames", "minProperties", "maxProperties", "dependencies",
+      "dependentRequired", "dependentSchemas", "if", "then", "else", "not", "contains", "minContains", "maxContains",
+      "multipleOf", "unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$recursiveRef", "$dynamicAnchor",
+      "$recursiveAnchor"};
+  return unsupported.count(k) > 0;
+}
+
+// Keywords that constrain a value (everything but the ignored ones and unknown extensions).
+bool is_validating_keyword(const std::string& k) {
+  static const std::set<std::string> known = {"type", "nullable", "properties", "required", "additionalProperties",
+                                              "items", "prefixItems", "minItems", "maxItems", "uniqueItems", "enum",
+                                              "const", "anyOf", "oneOf", "allOf", "$ref", "minLength", "maxLength",
+                                              "format", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"};
+  return known.count(k) > 0 || is_unsupported_keyword(k);
+}
+
+std::string join(const std::vector<std::string>& parts, const char* sep) {
+  std::string out;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (i) out += sep;
+    out += parts[i];
+  }
+  return out;
+}
+
+std::string alternatives(const std::vector<std::string>& alts) {
+  return alts.size() == 1 ? alts[0] : "( " + join(alts, " | ") + " )";
+}
+
+std::string seq(std::initializer_list<std::string> parts) {
+  std::string out;
+  for (const auto& p : parts) {
+    if (p.empty()) continue;
+    if (!out.empty()) out += ' ';
+    out += p;
+  }
+  return out;
+}
+
+// A code point as it may appear inside [...] or "..." in GBNF.
+std::string gbnf_char(uint32_t cp) {
+  if ((cp >= 'a' && cp <= 'z') || (cp >= 'A' && cp <= 'Z') || (cp >= '0' && cp <= '9')) return std::string(1, static_cast<char>(cp));
+  if (cp <= 0xFFFF) return fmt::format("\\u{:04X}", cp);
+  return fmt::format("\\U{:08X}", cp);
+}
+
+// Decodes valid UTF-8 (nlohmann's parser guarantees it for strings it produced).
+std::vector<uint32_t> code_points(std::string_view s) {
+  std::vector<uint32_t> out;
+  for (size_t i = 0; i < s.size();) {
+    const auto b = static_cast<uint8_t>(s[i]);
+    const int n = b < 0x80 ? 1 : (b & 0xE0) == 0xC0 ? 2 : (b & 0xF0) == 0xE0 ? 3 : (b & 0xF8) == 0xF0 ? 4 : 1;
+    uint32_t cp = n == 1 ? b : n == 2 ? b & 0x1F : n == 3 ? b & 0x0F : b & 0x07;
+    for (int k = 1; k < n && i + static_cast<size_t>(k) < s.size(); ++k) cp = (cp << 6) | (static_cast<uint8_t>(s[i + static_cast<size_t>(k)]) & 0x3F);
+    out.push_back(n == 1 && b >= 0x80 ? 0xFFFD : cp);
+    i += static_cast<size_t>(n);
+  }
+  return out;
+}
+
+size_t utf8_length(char lead) {
+  const auto b = static_cast<uint8_t>(lead);
+  return b < 0xC0 ? 1 : b < 0xE0 ? 2 : b < 0xF0 ? 3 : 4;
+}
+
+bool is_rule_name(std::string_view s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-';
+  });
+}
+
+std::string dump(const json& value) { return value.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+// GBNF for the decimal strings from a to b, both of the same length (a <= b).
+std::string same_length_range(const std::string& a, const std::string& b) {
+  if (a.empty()) return "";
+  if (a == b) return JsonGrammarBuilder::literal(a);
+  const std::string ta = a.substr(1), tb = b.substr(1);
+  if (a[0] == b[0]) return seq({JsonGrammarBuilder::literal(a.substr(0, 1)), same_length_range(ta, tb)});
+  const size_t n = ta.size();
+  const std::string any = n == 0 ? "" : n == 1 ? "[0-9]" : fmt::format("[0-9]{{{}}}", n);
+  const bool low_full = ta.find_first_not_of('0') == std::string::npos;
+  const bool high_full = tb.find_first_not_of('9') == std::string::npos;
+  std::vector<std::string> alts;
+  char lo = a[0], hi = b[0];
+  if (!low_full) {
+    alts.push_back(seq({JsonGrammarBuilder::literal(a.substr(0, 1)), same_length_range(ta, std::string(n, '9'))}));
+    ++lo;
+  }
+  if (!high_full) --hi;
+  if (lo <= hi) alts.push_back(seq({lo == hi ? JsonGrammarBuilder::literal(std::string(1, lo)) : fmt::format("[{}-{}]", lo, hi), any}));
+  if (!high_full) alts.push_back(seq({JsonGrammarBuilder::literal(b.substr(0, 1)), same_length_range(std::string(n, '0'), tb)}));
+  return alternatives(alts);
+}
+
+int digit_count(int64_t v) { return static_cast<int>(std::to_string(v).size()); }
+
+int64_t power10(int k) {
+  int64_t p = 1;
+  while (k-- > 0) p *= 10;
+  return p;
+}
+
+// GBNF for the integers in [lo, hi] written without sign or leading zeros; no hi: up to 16
+// digits, as json-uint.
+std::string uint_range(int64_t lo, std::optional<int64_t> hi) {
+  std::vector<std::string> alts;
+  const int first = digit_count(lo);
+  const int last = hi ? digit_count(*hi) : first;
+  for (int k = first; k <= last; ++k) {
+    const int64_t a = k == first ? lo : power10(k - 1);
+    const int64_t b = hi && k == last ? *hi : power10(k) - 1;
+    alts.push_back(same_length_range(std::to_string(a), std::to_string(b)));
+  }
+  if (!hi && first < 16) alts.push_back(fmt::format("[1-9] [0-9]{{{},15}}", first));
+  return alternatives(alts);
+}
+
+std::string integer_range(std::optional<int64_t> lo, std::optional<int64_t> hi) {
+  std::vector<std::string> alts;
+  if (!hi || *hi >= 0) alts.push_back(uint_range(lo && *lo > 0 ? *lo : 0, hi));
+  if (!lo || *lo < 0) {
+    const int64_t magnitude_lo = hi && *hi < 0 ? -*hi : 1;
+    alts.push_back(seq({"\"-\"", uint_range(magnitude_lo, lo ? std::optional<int64_t>(-*lo) : std::nullopt)}));
+  }
+  return alternatives(alts);
+}
+
+// A bound of a number range: a whole value, inclusive or not.
+struct Bound {
+  int64_t value;
+  bool exclusive;
+};
+
+// Magnitudes m = I.F (I the integer part, F the fraction) between whole bounds a and b, by the
+// integer part: I strictly between them takes any fraction; I == a needs a non-zero fraction
+// when a is exclusive; I == b needs a zero fraction (b inclusive) or is out (b exclusive). No
+// exponent: it would break the comparison on the integer part.
+std::string magnitude_range(Bound a, const Bound* b) {  // b null: no upper bound
+  const std::string frac = R"(( "." [0-9]{1,16} )?)";
+  const int64_t any_lo = a.exclusive ? a.value + 1 : a.value;
+  std::vector<std::string> alts;
+  if (!b || any_lo <= b->value - 1) {
+    alts.push_back(seq({uint_range(any_lo, b ? std::optional<int64_t>(b->value - 1) : std::nullopt), frac}));
+  }
+  if (a.exclusive && (!b || a.value < b->value)) {
+    alts.push_back(seq({JsonGrammarBuilder::literal(std::to_string(a.value)), R"("." "0"{0,15} [1-9] [0-9]{0,15})"}));
+  }
+  if (b && !b->exclusive && (b->value > a.value || !a.exclusive)) {
+    alts.push_back(seq({JsonGrammarBuilder::literal(std::to_string(b->value)), R"(( "." "0"{1,16} )?)"}));
+  }
+  return alts.empty() ? "" : alternatives(alts);
+}
+
+// Numbers between whole bounds: the non-negative ones as magnitudes, the negative ones as "-"
+// and a magnitude with the bounds mirrored. "" when none.
+std::string number_range(std::optional<Bound> lo, std::optional<Bound> hi) {
+  std::vector<std::string> alts;
+  if (!hi || hi->value > 0 || (hi->value == 0 && !hi->exclusive)) {
+    const Bound a = lo && lo->value >= 0 ? *lo : Bound{0, false};
+    if (const auto m = magnitude_range(a, hi ? &*hi : nullptr); !m.empty()) alts.push_back(m);
+  }
+  if (!lo || lo->value < 0) {
+    const Bound a = hi && hi->value <= 0 ? Bound{-hi->value, hi->exclusive} : Bound{0, false};
+    const Bound b = lo ? Bound{-lo->value, lo->exclusive} : Bound{0, false};
+    if (const auto m = magnitude_range(a, lo ? &b : nullptr); !m.empty()) alts.push_back(seq({"\"-\"", m}));
+  }
+  return alts.empty() ? "" : alternatives(alts);
+}
+
+}  // namespace
+
+// One add_schema call: walks a schema document and adds its rules to the builder.
+class SchemaConverter {
+ public:
+  SchemaConverter(JsonGrammarBuilder& b, const json& document, int id) : b_(b), document_(document), id_(id) {}
+
+  // A rule body for the schema's values.
+  std::string body(const json& s, const std::string& name) {
+    if (++depth_ > kMaxDepth) error("nested deeper than {} levels", kMaxDepth);
+    std::string out = body_unguarded(s, name);
+    --depth_;
+    return out;
+  }
+
+ private:
+  template <typename... Args>
+  [[noreturn]] void error(fmt::format_string<Args...> format, Args&&... args) const {
+    const std::string where = path_.empty() ? "" : " at " + join(path_, "/");
+    fail("JSON schema{}: {}", where, fmt::format(format, std::forward<Args>(args)...));
+  }
+
+  struct PathGuard {
+    SchemaConverter& c;
+    PathGuard(SchemaConverter& conv, std::string part) : c(conv) { c.path_.push_back(std::move(part)); }
+    ~PathGuard() { c.path_.pop_back(); }
+  };
+
+  // A single sequence item for the schema: a rule name (a new rule when the body is more).
+  std::string item(const json& s, const std::string& name) {
+    const std::string b = body(s, name);
+    return is_rule_name(b) ? b : add_rule(name, b);
+  }
+
+  std::string add_rule(const std::string& name, const std::string& body) {
+    const std::string rule = b_.unique_name(name);
+    b_.rules_[b_.reserve_rule(rule)].second = body;
+    check_size(body.size());
+    return rule;
+  }
+
+  void check_size(size_t more) {
+    text_size_ += more;
+    if (text_size_ > kMaxGrammarText) error("the grammar would be over {} bytes", kMaxGrammarText);
+  }
+
+  void spend_repeats(int64_t n) {
+    repeats_ += n;
+    if (repeats_ > kRepeatBudget) error("minItems/maxItems/minLength/maxLength add up to over {}", kRepeatBudget);
+  }
+
+  std::string body_unguarded(const json& s, const std::string& name) {
+    if (s.is_boolean()) {
+      if (!s.get<bool>()) error("the schema false matches nothing");
+      return b_.shared_rule("json-value");
+    }
+    if (!s.is_object()) error("a schema must be an object or a boolean, not {}", s.type_name());
+    for (const auto& [k, v] : s.items()) {
+      if (is_unsupported_keyword(k)) error("'{}' is not supported", k);
+      if (k == "uniqueItems" && v != json(false)) error("'uniqueItems' is not supported");
+    }
+    if (s.contains("$ref")) return ref(s);
+    if (s.contains("allOf")) return body(merge_all_of(s), name);
+    if (s.contains("anyOf") || s.contains("oneOf")) return any_of(s, name);
+    if (s.contains("enum") || s.contains("const")) return enumeration(s, name);
+    const auto types = type_list(s);
+    if (types.empty()) return b_.shared_rule("json-value");
+    if (types.size() == 1) return typed(types[0], s, name);
+    std::vector<std::string> alts;
+    for (const auto& t : types) alts.push_back(typed_item(t, s, name + "-" + t));
+    return join(alts, " | ");
+  }
+
+  std::string typed_item(const std::string& type, const json& s, const std::string& name) {
+    const std::string b = typed(type, s, name);
+    return is_rule_name(b) ? b : add_rule(name, b);
+  }
+
+  // The types a schema allows; empty for any value. Without "type", the keywords present
+  // choose (stricter than the schema, which would let other types through).
+  std::vector<std::string> type_list(const json& s) {
+    static const std::set<std::string> known = {"object", "array", "string", "number", "integer", "boolean", "null"};
+    std::vector<std::string> types;
+    if (s.contains("type")) {
+      const json& t = s["type"];
+      const json list = t.is_array() ? t : json::array({t});
+      if (list.empty()) error("'type' is an empty list");
+      for (const auto& e : list) {
+        if (!e.is_string() || !known.count(e.get<std::string>())) error("unknown type {}", dump(e));
+        if (std::find(types.begin(), types.end(), e.get<std::string>()) == types.end()) types.push_back(e.get<std::string>());
+      }
+    } else if (s.contains("properties") || s.contains("additionalProperties") || s.contains("required")) {
+      types = {"object"};
+    } else if (s.contains("items") || s.contains("prefixItems") || s.contains("minItems") || s.contains("maxItems")) {
+      types = {"array"};
+    } else if (s.contains("minLength") || s.contains("maxLength") || s.contains("format")) {
+      types = {"string"};
+    } else if (s.contains("minimum") || s.contains("maximum") || s.contains("exclusiveMinimum") || s.contains("exclusiveMaximum")) {
+      types = {"number"};
+    }
+    if (s.value("nullable", false) == true && !types.empty() && std::find(types.begin(), types.end(), "null") == types.end()) {
+      types.push_back("null");
+    }
+    return types;
+  }
+
+  std::string typed(const std::string& type, const json& s, const std::string& name) {
+    if (type == "null") return b_.shared_rule("json-null");
+    if (type == "boolean") return b_.shared_rule("json-boolean");
+    if (type == "integer") return integer(s);
+    if (type == "number") return number(s);
+    if (type == "string") return string(s);
+    if (type == "array") return array(s, name);
+    return object(s, name);
+  }
+
+  std::optional<double> read_number(const json& s, const char* key) {
+    if (!s.contains(key)) return std::nullopt;
+    const json& v = s[key];
+    if (!v.is_number()) error("'{}' must be a number", key);
+    const double d = v.get<double>();
+    if (!std::isfinite(d) || std::fabs(d) > kMaxBound) error("'{}' {} is beyond +-1e15", key, dump(v));
+    return d;
+  }
+
+  // Draft 4 writes exclusiveMinimum as a flag on minimum, later drafts as a number.
+  bool exclusive_flag(const json& s, const char* key) {
+    return s.contains(key) && s[key].is_boolean() && s[key].get<bool>();
+  }
+  std::optional<double> exclusive_bound(const json& s, const char* key) {
+    if (!s.contains(key) || s[key].is_boolean()) return std::nullopt;
+    return read_number(s, key);
+  }
+
+  std::string integer(const json& s) {
+    std::optional<int64_t> lo, hi;
+    auto raise = [&](int64_t v) { lo = lo ? std::max(*lo, v) : v; };
+    auto lower = [&](int64_t v) { hi = hi ? std::min(*hi, v) : v; };
+    if (const auto m = read_number(s, "minimum")) {
+      raise(static_cast<int64_t>(exclusive_flag(s, "exclusiveMinimum") ? std::floor(*m) + 1 : std::ceil(*m)));
+    }
+    if (const auto m = read_number(s, "maximum")) {
+      lower(static_cast<int64_t>(exclusive_flag(s, "exclusiveMaximum") ? std::ceil(*m) - 1 : std::floor(*m)));
+    }
+    if (const auto m = exclusive_bound(s, "exclusiveMinimum")) raise(static_cast<int64_t>(std::floor(*m) + 1));
+    if (const auto m = exclusive_bound(s, "exclusiveMaximum")) lower(static_cast<int64_t>(std::ceil(*m) - 1));
+    if (!lo && !hi) return b_.shared_rule("json-integer");
+    if (lo && hi && *lo > *hi) error("no integer lies between the minimum and the maximum");
+    return integer_range(lo, hi);
+  }
+
+  // Whole bounds only (minimum, maximum, exclusiveMinimum, exclusiveMaximum; draft 4's flags).
+  std::string number(const json& s) {
+    auto whole = [&](const char* key) -> std::optional<int64_t> {
+      const auto m = key[0] == 'e' ? exclusive_bound(s, key) : read_number(s, key);
+      if (m && *m != std::floor(*m)) error("'{}' on a number must be a whole number (got {})", key, *m);
+      return m ? std::optional<int64_t>(static_cast<int64_t>(*m)) : std::nullopt;
+    };
+    std::optional<Bound> lo, hi;
+    if (const auto m = whole("minimum")) lo = Bound{*m, exclusive_flag(s, "exclusiveMinimum")};
+    if (const auto m = whole("maximum")) hi = Bound{*m, exclusive_flag(s, "exclusiveMaximum")};
+    if (const auto m = whole("exclusiveMinimum"); m && (!lo || *m >= lo->value)) lo = Bound{*m, true};
+    if (const auto m = whole("exclusiveMaximum"); m && (!hi || *m <= hi->value)) hi = Bound{*m, true};
+    if (!lo && !hi) return b_.shared_rule("json-number");
+    const std::string body = number_range(lo, hi);
+    if (body.empty()) error("no number lies between the minimum and the maximum");
+    return body;
+  }
+
+  // A count keyword (minItems...): a whole number >= 0.
+  std::optional<int64_t> read_count(const json& s, const char* key) {
+    if (!s.contains(key)) return std::nullopt;
+    const json& v = s[key];
+    if (!v.is_number() || v.get<double>() < 0 || v.get<double>() != std::floor(v.get<double>())) {
+      error("'{}' must be a whole number >= 0", key);
+    }
+    return v.get<double>() > 1e15 ? int64_t{1000000000000000} : static_cast<int64_t>(v.get<double>());
+  }
+
+  // min and max of a count pair; max is nullopt when absent or too large to enforce.
+  std::pair<int64_t, std::optional<int64_t>> counts(const json& s, const char* min_key, const char* max_key) {
+    const int64_t min = read_count(s, min_key).value_or(0);
+    std::optional<int64_t> max = read_count(s, max_key);
+    if (min > kMaxCount) error("'{}' {} is above {}", min_key, min, kMaxCount);
+    if (max && *max < min) error("'{}' is below '{}'", max_key, min_key);
+    if (max && *max > kMaxCount) max.reset();
+    spend_repeats(max ? *max : min);
+    return {min, max};
+  }
+
+  static std::string repetition(int64_t min, std::optional<int64_t> max) {
+    if (!max) return min == 0 ? "*" : min == 1 ? "+" : fmt::format("{{{},}}", min);
+    if (min == *max) return fmt::format("{{{}}}", min);
+    return fmt::format("{{{},{}}}", min, *max);
+  }
+
+  std::string string(const json& s) {
+    const std::string quote = "\"\\\"\"";
+    const std::string format = s.contains("format") && s["format"].is_string() ? s["format"].get<std::string>() : "";
+    if (format == "date" || format == "time" || format == "date-time" || format == "uuid") {
+      if (s.contains("minLength") || s.contains("maxLength")) error("'format' {} with minLength/maxLength is not supported", format);
+      if (format == "date-time") return seq({quote, b_.shared_rule("json-fmt-date"), "\"T\"", b_.shared_rule("json-fmt-time"), quote});
+      return seq({quote, b_.shared_rule("json-fmt-" + format), quote});
+    }
+    const auto [min, max] = counts(s, "minLength", "maxLength");
+    if (min == 0 && !max) return b_.shared_rule("json-string");
+    if (max && *max == 0) return "\"\\\"\\\"\"";
+    return seq({quote, b_.shared_rule("json-char") + repetition(min, max), quote});
+  }
+
+  std::string array(const json& s, const std::string& name) {
+    const std::string ws = b_.shared_rule("json-ws");
+    const std::string sep = ws + " \",\" " + ws;
+    const json* tuple = nullptr;
+    if (s.contains("prefixItems")) tuple = &s["prefixItems"];
+    if (s.contains("items") && s["items"].is_array()) {
+      if (tuple) error("both 'prefixItems' and a list in 'items'");
+      tuple = &s["items"];
+    }
+    ++consumed_;
+    std::string out;
+    if (tuple) {
+      out = tuple_array(*tuple, s, name, ws, sep);
+    } else {
+      out = list_array(s, name, ws, sep);
+    }
+    --consumed_;
+    return out;
+  }
+
+  std::string tuple_array(const json& tuple, const json& s, const std::string& name, const std::string& ws, const std::string& sep) {
+    if (!tuple.is_array()) error("'prefixItems' must be a list");
+    const auto [min, max] = counts(s, "minItems", "maxItems");
+    const auto n = static_cast<int64_t>(tuple.size());
+    if (n < min || (max && n > *max)) error("a tuple of {} items does not meet minItems/maxItems", n);
+    if (n == 0) return seq({"\"[\"", ws, "\"]\""});
+    std::vector<std::string> items;
+    for (size_t i = 0; i < tuple.size(); ++i) {
+      PathGuard g(*this, "prefixItems/" + std::to_string(i));
+      items.push_back(item(tuple[i], name + "-" + std::to_string(i)));
+    }
+    return seq({"\"[\"", ws, join(items, (" " + sep + " ").c_str()), ws, "\"]\""});
+  }
+
+  std::string list_array(const json& s, const std::string& name, const std::string& ws, const std::string& sep) {
+    auto [min, max] = counts(s, "minItems", "maxItems");
+    const json items = s.contains("items") ? s["items"] : json(true);
+    if (items == json(false)) {
+      if (min > 0) error("'items' false with minItems above 0");
+      max = 0;
+    }
+    if (max && *max == 0) return seq({"\"[\"", ws, "\"]\""});
+    std::string element;
+    {
+      PathGuard g(*this, "items");
+      element = item(items, name + "-item");
+    }
+    // The first element, then (sep element) for the rest of the count.
+    const std::optional<int64_t> more_max = max ? std::optional<int64_t>(*max - 1) : std::nullopt;
+    const std::string more = more_max && *more_max == 0 ? "" : "( " + sep + " " + element + " )" + repetition(min > 0 ? min - 1 : 0, more_max);
+    if (min == 0) return seq({"\"[\"", ws, "(", element, more, ws, ")?", "\"]\""});
+    return seq({"\"[\"", ws, element, more, ws, "\"]\""});
+  }
+
+  std::string object(const json& s, const std::string& name) {
+    const std::string ws = b_.shared_rule("json-ws");
+    const std::string sep = ws + " \",\" " + ws;
+    if (s.contains("properties") && !s["properties"].is_object()) error("'properties' must be an object");
+    if (s.contains("required") && !s["required"].is_array()) error("'required' must be a list");
+    const json properties = s.contains("properties") ? s["properties"] : json::object();
+    std::set<std::string> required;
+    for (const auto& r : s.contains("required") ? s["required"] : json::array()) {
+      if (!r.is_string()) error("'required' must list strings");
+      required.insert(r.get<std::string>());
+    }
+    // Without additionalProperties no other keys are produced, unless nothing else is said.
+    const bool free_form = !s.contains("properties") && !s.contains("required");
+    const bool has_additional = s.contains("additionalProperties");
+    const json additional = has_additional ? s["additionalProperties"] : json(free_form);
+    if (!additional.is_boolean() && !additional.is_object()) error("'additionalProperties' must be a boolean or a schema");
+
+    ++consumed_;
+    std::vector<std::string> required_kvs, optional_kvs;
+    std::vector<std::string> declared;
+    for (const auto& [key, sub] : properties.items()) {
+      declared.push_back(key);
+      PathGuard g(*this, "properties/" + key);
+      const std::string kv = seq({literal_json(json(key)), ws, "\":\"", ws, item(sub, name + "-" + key)});
+      (required.count(key) ? required_kvs : optional_kvs).push_back(kv);
+    }
+    for (const auto& r : s.contains("required") ? s["required"] : json::array()) {
+      const std::string key = r.get<std::string>();
+      if (properties.contains(key) || std::find(declared.begin(), declared.end(), key) != declared.end()) continue;
+      if (has_additional && additional == json(false)) error("required property '{}' is not allowed by additionalProperties false", key);
+      declared.push_back(key);
+      PathGuard g(*this, "required/" + key);
+      const json& value = additional.is_object() ? additional : json(true);
+      required_kvs.push_back(seq({literal_json(json(key)), ws, "\":\"", ws, item(value, name + "-" + key)}));
+    }
+    std::string extra;
+    if (additional != json(false)) {
+      PathGuard g(*this, "additionalProperties");
+      extra = seq({"\"\\\"\"", key_excluding(declared, name + "-extra-key"), "\"\\\"\"", ws, "\":\"", ws,
+                   item(additional, name + "-extra-value")});
+    }
+    --consumed_;
+    if (optional_kvs.size() > kMaxOptional) error("more than {} optional properties in one object", kMaxOptional);
+    const std::string members = object_members(required_kvs, optional_kvs, extra, sep, name);
+    if (members.empty()) return seq({"\"{\"", ws, "\"}\""});
+    return seq({"\"{\"", ws, "(", members, ws, ")" + std::string(required_kvs.empty() ? "?" : ""), "\"}\""});
+  }
+
+  // Required members in order, then each optional one or none, then extra keys. The optional
+  // ones share one separator: rest(k) ::= (sep choice(k))?, choice(k) ::= opt(k) rest(k+1) |
+  // choice(k+1), so after a comma the live parses are one per remaining candidate.
+  std::string object_members(const std::vector<std::string>& required, const std::vector<std::string>& optional,
+                             const std::string& extra, const std::string& sep, const std::string& name) {
+    const size_t m = optional.size();
+    std::string rest = extra.empty() ? "" : add_rule(name + "-rest", "( " + sep + " " + extra + " )*");
+    std::string choice = extra.empty() ? "" : add_rule(name + "-first", seq({extra, rest}));
+    for (size_t k = m; k-- > 0;) {
+      const std::string here = seq({optional[k], rest});
+      choice = add_rule(name + "-choice", choice.empty() ? here : here + " | " + choice);
+      rest = add_rule(name + "-rest", "( " + sep + " " + choice + " )?");
+    }
+    if (required.empty()) return choice;
+    return seq({join(required, (" " + sep + " ").c_str()), rest});
+  }
+
+  // The characters of a JSON string (between the quotes) that do not spell any of `keys`: a
+  // trie where every node may diverge with a character that is not a child, end (if no key ends
+  // there), or follow a child; escapes only once the text can no longer spell a key.
+  std::string key_excluding(const std::vector<std::string>& keys, const std::string& name) {
+    const std::string chars = b_.shared_rule("json-char");
+    if (keys.empty()) return chars + "*";
+    struct Node {
+      std::map<uint32_t, size_t> children;
+      bool terminal = false;
+    };
+    std::vector<Node> nodes(1);
+    for (const auto& key : keys) {
+      size_t n = 0;
+      for (const uint32_t cp : code_points(key)) {
+        auto it = nodes[n].children.find(cp);
+        if (it == nodes[n].children.end()) {
+          it = nodes[n].children.emplace(cp, nodes.size()).first;
+          nodes.emplace_back();
+        }
+        n = it->second;
+      }
+      nodes[n].terminal = true;
+    }
+    check_size(nodes.size() * 16);
+    std::vector<std::string> rule_names(nodes.size());
+    for (size_t n = nodes.size(); n-- > 0;) {  // children come after their parent
+      const Node& node = nodes[n];
+      std::vector<std::string> alts;
+      if (node.children.empty()) {
+        alts.push_back(chars + "+");  // a whole key: only a longer text differs
+      } else {
+        std::string diverge = "[^\"\\\\\\x00-\\x1F";
+        for (const auto& [cp, child] : node.children) diverge += gbnf_char(cp);
+        alts.push_back(diverge + "] " + chars + "*");
+        for (const auto& [cp, child] : node.children) {
+          if (cp == '"' || cp == '\\' || cp < 0x20) continue;  // needs an escape: not reachable raw
+          alts.push_back("\"" + gbnf_char(cp) + "\" " + rule_names[child]);
+        }
+        if (!node.terminal) alts.push_back("\"\"");
+      }
+      rule_names[n] = add_rule(name, join(alts, " | "));
+    }
+    return rule_names[0];
+  }
+
+  // A GBNF literal for a JSON value's compact text.
+  std::string literal_json(const json& value) {
+    std::string text = dump(value);
+    check_size(text.size());
+    return JsonGrammarBuilder::literal(text);
+  }
+
+  std::string enumeration(const json& s, const std::string& name) {
+    for (const auto& [k, v] : s.items()) {
+      if (is_validating_keyword(k) && k != "enum" && k != "const" && k != "type" && k != "nullable") {
+        error("'{}' next to enum/const is not supported", k);
+      }
+    }
+    json values = json::array();
+    if (s.contains("const")) values.push_back(s["const"]);
+    if (s.contains("enum")) {
+      if (!s["enum"].is_array()) error("'enum' must be a list");
+      json allowed = json::array();
+      for (const auto& v : s["enum"]) {
+        if (!s.contains("const") || v == s["const"]) allowed.push_back(v);
+      }
+      values = allowed;
+    }
+    const auto types = s.contains("type") ? type_list(s) : std::vector<std::string>{};
+    std::vector<std::string> texts;
+    for (const auto& v : values) {
+      if (!types.empty() && !has_type(v, types)) continue;
+      texts.push_back(dump(v));
+      check_size(texts.back().size());
+    }
+    if (texts.empty()) error("enum/const allows no value");
+    return literal_set(texts, name);
+  }
+
+  static bool has_type(const json& v, const std::vector<std::string>& types) {
+    for (const auto& t : types) {
+      if ((t == "null" && v.is_null()) || (t == "boolean" && v.is_boolean()) || (t == "string" && v.is_string()) ||
+          (t == "array" && v.is_array()) || (t == "object" && v.is_object()) || (t == "number" && v.is_number()) ||
+          (t == "integer" && (v.is_number_integer() || (v.is_number_float() && v.get<double>() == std::floor(v.get<double>()))))) {
+        return true;
+      }
+    }
+    return false;
+  }
+
+  // Alternatives between fixed texts, as a trie of rules (one per branching point).
+  std::string literal_set(std::vector<std::string> texts, const std::string& name) {
+    std::sort(texts.begin(), texts.end());
+    texts.erase(std::unique(texts.begin(), texts.end()), texts.end());
+    return trie_body(texts, 0, texts.size(), 0, name);
+  }
+
+  // texts[first, last) share their first `depth` bytes; the body for what follows.
+  std::string trie_body(const std::vector<std::string>& texts, size_t first, size_t last, size_t depth, const std::string& name) {
+    std::vector<std::string> alts;
+    size_t i = first;
+    if (texts[i].size() == depth) {
+      alts.push_back("\"\"");
+      ++i;
+    }
+    while (i < last) {
+      // The run of texts with the same next character, then the bytes they all share, backed
+      // off to a character boundary: literals never split a UTF-8 sequence.
+      const std::string_view head = std::string_view(texts[i]).substr(depth, utf8_length(texts[i][depth]));
+      size_t j = i + 1;
+      while (j < last && std::string_view(texts[j]).substr(depth, head.size()) == head) ++j;
+      size_t shared = depth + head.size();
+      while (shared < texts[i].size() && shared < texts[j - 1].size() && texts[i][shared] == texts[j - 1][shared]) ++shared;
+      while (shared > depth + head.size() && shared < texts[i].size() && (static_cast<uint8_t>(texts[i][shared]) & 0xC0) == 0x80) --shared;
+      const std::string lit = JsonGrammarBuilder::literal(std::string_view(texts[i]).substr(depth, shared - depth));
+      if (j - i == 1 && shared == texts[i].size()) {
+        alts.push_back(lit);
+      } else {
+        const std::string rest = trie_body(texts, i, j, shared, name);
+        alts.push_back(lit + " " + (rest.find_first_of(" |") == std::string::npos ? rest : add_rule(name, rest)));
+      }
+      i = j;
+    }
+    return join(alts, " | ");
+  }
+
+  std::string any_of(const json& s, const std::string& name) {
+    if (s.contains("anyOf") && s.contains("oneOf")) error("both 'anyOf' and 'oneOf'");
+    const char* key = s.contains("anyOf") ? "anyOf" : "oneOf";
+    for (const auto& [k, v] : s.items()) {
+      if (is_validating_keyword(k) && k != key) error("'{}' next to '{}' is not supported", k, key);
+    }
+    const json& branches = s[key];
+    if (!branches.is_array() || branches.empty()) error("'{}' must be a non-empty list", key);
+    if (branches.size() > kMaxBranches) error("more than {} branches in '{}'", kMaxBranches, key);
+    std::vector<std::string> alts;
+    for (size_t i = 0; i < branches.size(); ++i) {
+      PathGuard g(*this, std::string(key) + "/" + std::to_string(i));
+      alts.push_back(item(branches[i], name + "-" + std::to_string(i)));
+    }
+    return join(alts, " | ");
+  }
+
+  // $ref: one rule per target, made on first use; a reference back to a target still being
+  // built is fine once some JSON text (a '{' or '[') lies in between, else it is a loop.
+  std::string ref(const json& s) {
+    for (const auto& [k, v] : s.items()) {
+      if (k != "$ref" && is_validating_keyword(k)) error("'$ref' next to '{}' is not supported", k);
+    }
+    const json& r = s["$ref"];
+    if (!r.is_string()) error("'$ref' must be a string");
+    const std::string target_ref = r.get<std::string>();
+    for (const auto& [open_ref, consumed] : open_refs_) {
+      if (open_ref == target_ref && consumed == consumed_) error("$ref '{}' refers to itself with no JSON text in between", target_ref);
+    }
+    const auto key = std::make_pair(id_, target_ref);
+    const auto it = b_.ref_rules_.find(key);
+    if (it != b_.ref_rules_.end()) return it->second;
+    const json& target = resolve(target_ref);
+    const std::string rule = b_.unique_name("ref-" + target_ref.substr(target_ref.rfind('/') + 1));
+    b_.ref_rules_[key] = rule;
+    const size_t slot = b_.reserve_rule(rule);
+    open_refs_.emplace_back(target_ref, consumed_);
+    PathGuard g(*this, target_ref);
+    std::string out = body(target, rule);
+    open_refs_.pop_back();
+    check_size(out.size());
+    b_.rules_[slot].second = std::move(out);
+    return rule;
+  }
+
+  const json& resolve(const std::string& r) {
+    if (r.empty() || r[0] != '#') error("$ref '{}' is not supported (only references inside the schema, #/...)", r);
+    try {
+      const json::json_pointer pointer(r.substr(1));
+      return document_.at(pointer);
+    } catch (const nlohmann::json::exception&) {
+      error("$ref '{}' does not name a part of the schema", r);
+    }
+  }
+
+  // allOf: one schema with the branches' properties and required lists combined, the types
+  // intersected, and every other keyword required to agree.
+  json merge_all_of(const json& s) {
+    json merged = s;
+    merged.erase("allOf");
+    const json& branches = s["allOf"];
+    if (!branches.is_array() || branches.empty()) error("'allOf' must be a non-empty list");
+    for (const auto& branch : branches) merge_into(merged, flatten(branch, 0));
+    return merged;
+  }
+
+  // A branch with its $ref followed and its own allOf merged.
+  json flatten(const json& s, int hops) {
+    if (++merge_work_ > kMergeBudget || hops > kMaxDepth) error("'allOf' expands too much (through $ref)");
+    if (s.is_boolean()) {
+      if (!s.get<bool>()) error("the schema false matches nothing");
+      return json::object();
+    }
+    if (!s.is_object()) error("a schema must be an object or a boolean, not {}", s.type_name());
+    json out = s;
+    if (s.contains("$ref")) {
+      for (const auto& [k, v] : s.items()) {
+        if (k != "$ref" && is_validating_keyword(k)) error("'$ref' next to '{}' is not supported", k);
+      }
+      if (!s["$ref"].is_string()) error("'$ref' must be a string");
+      out = flatten(resolve(s["$ref"].get<std::string>()), hops + 1);
+    }
+    if (out.contains("allOf")) {
+      json merged = out;
+      merged.erase("allOf");
+      if (!out["allOf"].is_array() || out["allOf"].empty()) error("'allOf' must be a non-empty list");
+      for (const auto& branch : out["allOf"]) merge_into(merged, flatten(branch, hops + 1));
+      out = std::move(merged);
+    }
+    return out;
+  }
+
+  void merge_into(json& merged, const json& branch) {
+    for (const auto& [k, v] : branch.items()) {
+      if (!is_validating_keyword(k)) continue;
+      if (!merged.contains(k)) {
+        merged[k] = v;
+      } else if (k == "properties") {
+        if (!v.is_object() || !merged[k].is_object()) error("'properties' must be an object");
+        for (const auto& [pk, pv] : v.items()) {
+          json& mine = merged[k][pk];
+          mine = mine.is_null() || mine == pv ? pv : json{{"allOf", json::array({mine, pv})}};
+        }
+      } else if (k == "required") {
+        if (!v.is_array() || !merged[k].is_array()) error("'required' must be a list");
+        for (const auto& r : v) {
+          if (std::find(merged[k].begin(), merged[k].end(), r) == merged[k].end()) merged[k].push_back(r);
+        }
+      } else if (k == "type") {
+        merged[k] = intersect_types(merged[k], v);
+      } else if (merged[k] != v) {
+        error("'allOf' branches disagree on '{}'", k);
+      }
+    }
+  }
+
+  json intersect_types(const json& a, const json& b) {
+    const json la = a.is_array() ? a : json::array({a});
+    const json lb = b.is_array() ? b : json::array({b});
+    json out = json::array();
+    auto has = [](const json& l, const char* t) { return std::find(l.begin(), l.end(), json(t)) != l.end(); };
+    for (const auto& t : la) {
+      if (has(lb, t.is_string() ? t.get<std::string>().c_str() : "")) {
+        out.push_back(t);
+      } else if ((t == "integer" && has(lb, "number")) || (t == "number" && has(lb, "integer"))) {
+        out.push_back("integer");
+      }
+    }
+    if (out.empty()) error("'allOf' branches allow no common type");
+    return out;
+  }
+
+  JsonGrammarBuilder& b_;
+  const json& document_;
+  int id_;
+  int depth_ = 0;
+  int consumed_ = 0;  // '{' and '[' entered: a $ref loop needs one in between
+  std::vector<std::pair<std::string, int>> open_refs_;
+  std::vector<std::string> path_;
+  size_t text_size_ = 0;
+  int64_t repeats_ = 0;
+  int64_t merge_work_ = 0;
+};
+
+JsonGrammarBuilder::JsonGrammarBuilder() {
+  for (const auto& r : shared_rules()) taken_.insert(r.name);
+}
+
+std::string JsonGrammarBuilder::unique_name(const std::string& wanted) {
+  std::string base;
+  for (const char c : wanted) {
+    base += ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-') ? c : '-';
+    if (base.size() >= 64) break;
+  }
+  if (base.empty()) base = "rule";
+  std::string name = base;
+  for (int n = 2; taken_.count(name); ++n) name = base + "-" + std::to_string(n);
+  taken_.insert(name);
+  return name;
+}
+
+size_t JsonGrammarBuilder::reserve_rule(const std::string& name) {
+  rules_.emplace_back(name, "");
+  return rules_.size() - 1;
+}
+
+std::string JsonGrammarBuilder::add_schema(const nlohmann::ordered_json& schema, const std::string& name) {
+  const std::string rule = unique_name(name);
+  const size_t slot = reserve_rule(rule);
+  SchemaConverter converter(*this, schema, ++documents_);
+  try {
+    rules_[slot].second = converter.body(schema, rule);
+  } catch (const nlohmann::json::exception& e) {
+    fail("JSON schema: {}", e.what());
+  }
+  return rule;
+}
+
+void JsonGrammarBuilder::add_rule(const std::string& name, const std::string& body) {
+  const bool valid = !name.empty() && std::all_of(name.begin(), name.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-';
+  });
+  if (!valid) fail("JSON schema: '{}' is not a rule name (letters, digits and '-')", name);
+  if (taken_.count(name)) fail("JSON schema: the rule name '{}' is already used", name);
+  taken_.insert(name);
+  rules_.emplace_back(name, body);
+}
+
+std::string JsonGrammarBuilder::shared_rule(const std::string& name) {
+  for (const auto& r : shared_rules()) {
+    if (r.name != name) continue;
+    const bool added = std::any_of(rules_.begin(), rules_.end(), [&](const auto& rule) { return rule.first == name; });
+    if (!added) {
+      rules_.emplace_back(name, r.body);
+      for (const char* use : r.uses) shared_rule(use);
+    }
+    return name;
+  }
+  fail("JSON schema: no shared rule named '{}'", name);
+}
+
+std::string JsonGrammarBuilder::literal(std::string_view text) {
+  std::string out = "\"";
+  for (const char c : text) {
+    const auto b = static_cast<uint8_t>(c);
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (b < 0x20 || b == 0x7F) {
+      out += fmt::format("\\x{:02X}", b);
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+std::string JsonGrammarBuilder::gbnf() const {
+  std::string out;
+  for (const auto& [name, body] : rules_) out += name + " ::= " + body + "\n";
+  return out;
+}
+
+std::string json_object_gbnf() {
+  JsonGrammarBuilder b;
+  b.add_rule("root", b.shared_rule("json-object"));
+  return b.gbnf();
+}
+
+std::string json_schema_to_gbnf(const nlohmann::ordered_json& schema) {
+  JsonGrammarBuilder b;
+  b.add_schema(schema, "root");  // a new builder has "root" free
+  return b.gbnf();
+}
+
+}  // namespace bmoe
