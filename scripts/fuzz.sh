@@ -21,11 +21,11 @@ fi
 # The sanitizer build of scripts/test.sh (clang: ASan + UBSan + libFuzzer), reused if present.
 scripts/configure-asan.sh
 B=build-asan
-cmake --build $B --target fuzz_gguf fuzz_tokenizer fuzz_chat_request fuzz_template fuzz_tool_calls
+cmake --build $B --target fuzz_gguf fuzz_tokenizer fuzz_chat_request fuzz_template fuzz_tool_calls fuzz_grammar fuzz_json_schema
 
 mkdir -p $B/artifacts
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-for target in gguf tokenizer chat_request template tool_calls; do
+for target in gguf tokenizer chat_request template tool_calls grammar json_schema; do
   work="$B/corpus/$target"
   mkdir -p "$work"
   cp -n tests/fuzz/corpus/$target/* "$work"/
