@@ -70,13 +70,16 @@ std::vector<int32_t> feed_token(Session& session, int32_t token, DraftController
 
 int32_t DecodeCursor::next(bool& fed) {
   fed = next_known_ < known_.size();
-  return fed ? known_[next_known_++] : session_.sample();
+  return fed ? known_[next_known_++] : session_.sample(filter_);
 }
 
 void DecodeCursor::feed(int32_t token, int budget) {
   known_ = feed_token(session_, token, drafts_, budget);
   next_known_ = 0;
 }
+
+GrammarFilter::GrammarFilter(std::shared_ptr<const Grammar> grammar, const Tokenizer& tok)
+    : constraint_(std::move(grammar), tok.token_texts(), tok.end_of_generation_tokens()) {}
 
 GenerateResult generate(Session& session, const std::vector<int32_t>& prompt, const GenerateParams& params,
                         const PieceCallback& on_piece, const std::atomic<bool>* cancel,
@@ -105,16 +108,21 @@ GenerateResult generate(Session& session, const std::vector<int32_t>& prompt, co
   Stopwatch decode;
   result.finish_reason = "length";
   const int limit = std::min(params.max_tokens, n_ctx - static_cast<int>(prompt.size()));
+  std::unique_ptr<GrammarFilter> grammar;
+  if (params.grammar) grammar = std::make_unique<GrammarFilter>(params.grammar, tok);
   std::unique_ptr<DraftController> drafts;
-  if (drafting_possible(params.draft, params.sampler) && params.logprobs < 0) drafts = std::make_unique<DraftController>(params.draft);
-  DecodeCursor cursor(session, drafts.get());
+  if (drafting_possible(params.draft, params.sampler) && params.logprobs < 0 && !grammar) {
+    drafts = std::make_unique<DraftController>(params.draft);
+  }
+  DecodeCursor cursor(session, drafts.get(), grammar.get());
   const int n_vocab = session.model().transformer->config().n_vocab;
   // Emits one token; false when generation ends with it (end token or stop string).
   auto take = [&](int32_t token) {
-    if (!params.ignore_eos && tok.is_end_of_generation(token)) {
+    if ((!params.ignore_eos || grammar) && tok.is_end_of_generation(token)) {
       result.finish_reason = "stop";
       return false;
     }
+    if (grammar) grammar->accept(token);
     result.tokens.push_back(token);
     if (params.logprobs >= 0) {  // the logits it was sampled from are still the session's
       result.logprobs.push_back(token_logprob(session.logits().data(), n_vocab, token, params.logprobs));

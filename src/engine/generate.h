@@ -5,11 +5,13 @@
 
 #include <atomic>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "engine/session.h"
 #include "engine/speculative.h"
+#include "text/grammar.h"
 
 namespace bmoe {
 
@@ -23,6 +25,10 @@ struct GenerateParams {
   // >= 0: report each generated token's log-probability with this many most likely
   // alternatives (GenerateResult::logprobs); turns drafting off, whose kept tokens have no logits.
   int logprobs = -1;
+  // Constrains the answer to this grammar (text/grammar.h): only tokens that keep the text a
+  // prefix of a sentence are sampled, and end-of-generation tokens only once it is a whole
+  // one; turns drafting off. The answer then ends at the first end token even with ignore_eos.
+  std::shared_ptr<const Grammar> grammar;
 };
 
 struct GenerateResult {
@@ -56,7 +62,8 @@ std::vector<int32_t> feed_token(Session& session, int32_t token, DraftController
 // the verification pass and come out first, then the session samples again.
 class DecodeCursor {
  public:
-  DecodeCursor(Session& session, DraftController* drafts) : session_(session), drafts_(drafts) {}
+  DecodeCursor(Session& session, DraftController* drafts, const TokenFilter* filter = nullptr)
+      : session_(session), drafts_(drafts), filter_(filter) {}
   // The next token; `fed` says whether the model has seen it already (a kept draft token).
   int32_t next(bool& fed);
   // Feeds `token` so that the next one can be sampled (see feed_token).
@@ -65,8 +72,22 @@ class DecodeCursor {
  private:
   Session& session_;
   DraftController* drafts_;
+  const TokenFilter* filter_;  // what sampled tokens must pass (a grammar), or nullptr
   std::vector<int32_t> known_;
   size_t next_known_ = 0;
+};
+
+// A grammar as the sampler's token filter over a tokenizer's vocabulary: the decode loop passes
+// it to DecodeCursor and accepts each emitted token (end tokens are the loop's to stop at).
+class GrammarFilter : public TokenFilter {
+ public:
+  GrammarFilter(std::shared_ptr<const Grammar> grammar, const Tokenizer& tok);
+  bool allows(int32_t token) const override { return constraint_.allows(token); }
+  void mask(float* logits, int n_vocab) const override { constraint_.mask(logits, n_vocab); }
+  void accept(int32_t token) { constraint_.accept(token); }
+
+ private:
+  TokenConstraint constraint_;
 };
 
 // Whether speculative decoding can run with these settings (lossless needs greedy sampling).

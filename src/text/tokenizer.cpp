@@ -216,6 +216,16 @@ int32_t Tokenizer::find_token(std::string_view text) const {
   return it == token_ids_.end() ? -1 : it->second;
 }
 
+std::shared_ptr<const std::vector<std::string>> Tokenizer::token_texts() const {
+  std::call_once(token_texts_once_, [this] {
+    auto texts = std::make_shared<std::vector<std::string>>();
+    texts->reserve(vocab_.tokens.size());
+    for (int32_t id = 0; id < vocab_size(); ++id) texts->push_back(token_bytes(id, false));
+    token_texts_ = std::move(texts);
+  });
+  return token_texts_;
+}
+
 bool Tokenizer::is_end_of_generation(int32_t id) const {
   return std::find(end_of_generation_.begin(), end_of_generation_.end(), id) != end_of_generation_.end();
 }

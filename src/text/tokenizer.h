@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -63,6 +64,10 @@ class Tokenizer {
 
   // End-of-generation tokens: eos, eot, and control tokens named like an end marker.
   bool is_end_of_generation(int32_t id) const;
+  const std::vector<int32_t>& end_of_generation_tokens() const { return end_of_generation_; }
+  // Every token's printed bytes (token_bytes without specials; "" for control tokens), built
+  // once and shared: what a grammar constraint matches tokens by.
+  std::shared_ptr<const std::vector<std::string>> token_texts() const;
   int32_t find_token(std::string_view text) const;  // -1 when absent
   int32_t vocab_size() const { return static_cast<int32_t>(vocab_.tokens.size()); }
   const Vocabulary& vocab() const { return vocab_; }
@@ -79,6 +84,8 @@ class Tokenizer {
   bool ignore_merges_ = false;
   std::vector<int32_t> special_tokens_;  // split out before pre-tokenizing, longest first
   std::vector<int32_t> end_of_generation_;
+  mutable std::once_flag token_texts_once_;
+  mutable std::shared_ptr<const std::vector<std::string>> token_texts_;
   std::vector<std::unique_ptr<Regex>> pre_tokenizers_;
   int32_t byte_tokens_[256];
   uint32_t byte_to_unicode_[256];
