@@ -10,6 +10,7 @@
 #include "gguf/gguf.h"
 #include "synth/synth.h"
 #include "text/chat.h"
+#include "text/reply.h"
 #include "text/sampler.h"
 #include "text/tokenizer.h"
 #include "text/utf8.h"
@@ -431,4 +432,108 @@ TEST(Chat, ReasoningSplitterSeparatesTheThinkBlock) {
 }
 
 }  // namespace
+
+namespace {
+// The reply fed whole and fed one byte at a time: the deltas must add up to the same split.
+struct Split {
+  std::string reasoning, content;
+  std::vector<ToolCall> calls;
+};
+Split split_reply(const ReplyOptions& options, const std::string& text, bool bytewise) {
+  ReplyParser p(options);
+  ReplyDelta all;
+  if (bytewise) {
+    for (char c : text) all.append(p.feed(std::string(1, c)));
+  } else {
+    all.append(p.feed(text));
+  }
+  all.append(p.finish());
+  return {all.reasoning, all.content, p.tool_calls()};
+}
+Split split_both_ways(const ReplyOptions& options, const std::string& text) {
+  const Split whole = split_reply(options, text, false);
+  const Split bytes = split_reply(options, text, true);
+  EXPECT_EQ(whole.reasoning, bytes.reasoning) << text;
+  EXPECT_EQ(whole.content, bytes.content) << text;
+  EXPECT_EQ(whole.calls.size(), bytes.calls.size()) << text;
+  return whole;
+}
+}  // namespace
+
+TEST(Reply, HarmonyChannelsBecomeReasoningContentAndCalls) {
+  ReplyOptions o;
+  o.harmony = true;
+  o.prompt_tail = "<|start|>assistant";
+  Split s = split_both_ways(o, "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant"
+                               "<|channel|>final<|message|>It is sunny.");
+  EXPECT_EQ(s.reasoning, "Need the weather.");
+  EXPECT_EQ(s.content, "It is sunny.");
+  EXPECT_TRUE(s.calls.empty());
+
+  s = split_both_ways(o, "<|channel|>analysis<|message|>Need it.<|end|><|start|>assistant<|channel|>commentary "
+                         "to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Paris\", \"days\": 2}");
+  EXPECT_EQ(s.reasoning, "Need it.");
+  EXPECT_EQ(s.content, "");
+  ASSERT_EQ(s.calls.size(), 1u);
+  EXPECT_EQ(s.calls[0].name, "get_weather");
+  EXPECT_EQ(s.calls[0].arguments, "{\"city\":\"Paris\",\"days\":2}");
+
+  // A preamble in the commentary channel is content; reasoning off keeps analysis as content.
+  s = split_both_ways(o, "<|channel|>commentary<|message|>P<|end|><|start|>assistant<|channel|>final<|message|>F");
+  EXPECT_EQ(s.content, "PF");
+  o.split_reasoning = false;
+  s = split_both_ways(o, "<|channel|>analysis<|message|>A<|end|><|start|>assistant<|channel|>final<|message|>F");
+  EXPECT_EQ(s.reasoning, "");
+  EXPECT_EQ(s.content, "AF");
+}
+
+TEST(Reply, HarmonyStartsWhereThePromptLeftIt) {
+  ReplyOptions o;
+  o.harmony = true;
+  o.prompt_tail = "<|start|>assistant<|channel|>final<|message|>";
+  Split s = split_both_ways(o, "Straight to the answer.");
+  EXPECT_EQ(s.content, "Straight to the answer.");
+  EXPECT_EQ(s.reasoning, "");
+  // What is not a header (a model that ignores the format) is shown as content, not swallowed.
+  o.prompt_tail = "<|start|>assistant";
+  s = split_both_ways(o, "hello <|channel|> world");
+  EXPECT_EQ(s.content, "hello <|channel|> world");
+  s = split_both_ways(o, "<|channel|>analysis");  // cut off inside a header
+  EXPECT_EQ(s.content, "<|channel|>analysis");
+}
+
+TEST(Reply, ThinkBlockOpenedByThePrompt) {
+  ReplyOptions o;
+  o.prompt_tail = "<|im_start|>assistant\n<think>\n";
+  Split s = split_both_ways(o, "step one\n</think>\n\nThe answer.");
+  EXPECT_EQ(s.reasoning, "step one\n");
+  EXPECT_EQ(s.content, "The answer.");
+  o.prompt_tail = "<|im_start|>assistant\n<think>\n\n</think>\n\n";  // thinking off: all content
+  s = split_both_ways(o, "The answer.");
+  EXPECT_EQ(s.content, "The answer.");
+  EXPECT_EQ(s.reasoning, "");
+}
+
+TEST(Reply, ToolCallsAreHeldAndParsedWhenTheAnswerEnds) {
+  ReplyOptions o;
+  o.tools = ToolFormat::Hermes;
+  o.tool_list = nlohmann::ordered_json::parse(R"([{"type": "function", "function": {"name": "get_weather",
+      "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}])");
+  Split s = split_both_ways(o, "<think>\nhmm\n</think>\n\nLet me check.\n<tool_call>\n{\"name\": \"get_weather\", "
+                               "\"arguments\": {\"city\": \"Paris\"}}\n</tool_call>");
+  EXPECT_EQ(s.reasoning, "hmm\n");
+  EXPECT_EQ(s.content, "Let me check.\n");
+  ASSERT_EQ(s.calls.size(), 1u);
+  EXPECT_EQ(s.calls[0].name, "get_weather");
+  EXPECT_EQ(nlohmann::json::parse(s.calls[0].arguments), nlohmann::json::parse(R"({"city": "Paris"})"));
+  // The start of a marker is held back while it could still become one, then released.
+  ReplyParser p(o);
+  EXPECT_EQ(p.feed("a <tool").content, "a ");
+  EXPECT_EQ(p.finish().content, "<tool");
+  // A marker followed by what is not a call: all of it is content after all.
+  s = split_both_ways(o, "x <tool_call> not json");
+  EXPECT_EQ(s.content, "x <tool_call> not json");
+  EXPECT_TRUE(s.calls.empty());
+}
+
 }  // namespace bmoe

@@ -83,11 +83,26 @@ ChatFormat chat_format_by_name(std::string_view name) {
 
 class JinjaTemplateHolder {
  public:
-  explicit JinjaTemplateHolder(std::string_view source) : tmpl(source) {}
+  explicit JinjaTemplateHolder(std::string_view text) : tmpl(text), source(text) {}
   jinja::Template tmpl;
+  std::string source;
 };
 
 namespace {
+
+// An assistant's tool calls with their arguments as objects: OpenAI sends them as JSON text,
+// and templates iterate over them or write them with tojson (as llama.cpp hands them over).
+void object_arguments(nlohmann::ordered_json& message) {
+  const auto calls = message.find("tool_calls");
+  if (calls == message.end() || !calls->is_array()) return;
+  for (auto& call : *calls) {
+    if (!call.is_object() || !call.contains("function") || !call["function"].is_object()) continue;
+    auto& f = call["function"];
+    if (!f.contains("arguments") || !f["arguments"].is_string()) continue;
+    auto parsed = nlohmann::ordered_json::parse(f["arguments"].get<std::string>(), nullptr, false);
+    if (parsed.is_object()) f["arguments"] = std::move(parsed);
+  }
+}
 
 // Messages as templates expect them: content a string (text parts joined, null as ""), as
 // llama-server hands them to templates that take strings.
@@ -106,6 +121,7 @@ nlohmann::ordered_json normalized_messages(const nlohmann::ordered_json& message
         }
         *c = text;
       }
+      object_arguments(copy);
     }
     out.push_back(std::move(copy));
   }
@@ -113,6 +129,8 @@ nlohmann::ordered_json normalized_messages(const nlohmann::ordered_json& message
 }
 
 }  // namespace
+
+std::string_view ChatTemplate::source() const { return jinja_ ? std::string_view(jinja_->source) : std::string_view(); }
 
 ChatTemplateChoice chat_template_choice(const std::string& choice) {
   if (choice.empty()) return ChatTemplateChoice::ModelOwn;

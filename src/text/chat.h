@@ -56,6 +56,7 @@ class ChatTemplate {
   std::string apply(const std::vector<ChatMessage>& messages, bool no_think) const;
 
   bool is_jinja() const { return jinja_ != nullptr; }
+  std::string_view source() const;  // the Jinja text ("" for a built-in format)
   ChatFormat format() const { return format_; }  // the built-in format, or the closest one
   const std::string& description() const { return description_; }  // for logs and /props
 
@@ -83,6 +84,8 @@ ChatFormat chat_format_by_name(std::string_view name);
 // start of a tag, so concatenating the deltas gives the same split as feeding the whole text.
 class ReasoningSplitter {
  public:
+  // `opened`: the prompt already opened the think block (the answer starts as reasoning).
+  explicit ReasoningSplitter(bool opened = false) : state_(opened ? State::ReasoningStart : State::Start) {}
   struct Delta {
     std::string reasoning;
     std::string content;
@@ -92,7 +95,7 @@ class ReasoningSplitter {
 
  private:
   enum class State { Start, ReasoningStart, Reasoning, ContentStart, Content };
-  State state_ = State::Start;
+  State state_;
   std::string held_;
 };
 

@@ -1,0 +1,248 @@
+#include "text/reply.h"
+
+#include <algorithm>
+
+namespace bmoe {
+
+namespace {
+
+constexpr std::string_view kStart = "<|start|>";
+constexpr std::string_view kChannel = "<|channel|>";
+constexpr std::string_view kMessage = "<|message|>";
+constexpr std::string_view kEnd = "<|end|>";
+constexpr std::string_view kConstrain = "<|constrain|>";
+constexpr size_t kMaxHeader = 256;  // longer "headers" are text the model wrote, not a header
+
+// Length of the longest suffix of `text` that is a proper prefix of one of `tags`.
+size_t held_suffix(std::string_view text, const std::vector<std::string>& tags) {
+  size_t hold = 0;
+  for (const std::string& tag : tags) {
+    for (size_t n = std::min(text.size(), tag.size() - 1); n > hold; --n) {
+      if (text.substr(text.size() - n) == std::string_view(tag).substr(0, n)) {
+        hold = n;
+        break;
+      }
+    }
+  }
+  return hold;
+}
+
+// The word after `key` in a harmony header ("analysis" after <|channel|>, "functions.f" after
+// "to="), up to whitespace or the next marker.
+std::string header_word(std::string_view header, std::string_view key) {
+  const size_t at = header.find(key);
+  if (at == std::string_view::npos) return {};
+  std::string_view rest = header.substr(at + key.size());
+  const size_t end = std::min(rest.find_first_of(" \t\n<"), rest.size());
+  return std::string(rest.substr(0, end));
+}
+
+// Whether `text` could be (the start of) a harmony header.
+bool could_be_header(std::string_view text) {
+  for (std::string_view opener : {kChannel, kStart, kConstrain, std::string_view(" to="), std::string_view("to=")}) {
+    const size_t n = std::min(text.size(), opener.size());
+    if (text.substr(0, n) == opener.substr(0, n)) return true;
+  }
+  return false;
+}
+
+// A harmony message to functions.NAME: its body is the arguments, compact JSON when it parses
+// as an object (kept as written otherwise: the client sees what the model said).
+ToolCall harmony_tool_call(const std::string& name, std::string_view body) {
+  ToolCall call;
+  call.name = name;
+  const auto args = nlohmann::ordered_json::parse(body, nullptr, false);
+  call.arguments = args.is_object() ? args.dump() : std::string(body);
+  return call;
+}
+
+}  // namespace
+
+// The harmony format: messages `[<|start|>ROLE]<|channel|>CHANNEL[ to=RECIPIENT][ <|constrain|>json]
+// <|message|>BODY<|end|>`. analysis -> reasoning; final and commentary -> content; a message to
+// functions.NAME -> a tool call whose arguments are the body.
+class ReplyParser::Harmony {
+ public:
+  Harmony(bool split_reasoning, std::string_view prompt_tail, std::vector<ToolCall>* calls)
+      : split_reasoning_(split_reasoning), calls_(calls) {
+    // The prompt may already have opened a message (e.g. "<|channel|>final<|message|>").
+    const size_t start = prompt_tail.rfind(kStart);
+    const std::string_view last = start == std::string_view::npos ? prompt_tail : prompt_tail.substr(start);
+    if (last.size() >= kMessage.size() && last.substr(last.size() - kMessage.size()) == kMessage) {
+      open_message(last.substr(0, last.size() - kMessage.size()));
+    }
+  }
+
+  ReplyDelta feed(std::string_view piece) {
+    ReplyDelta d;
+    held_.append(piece);
+    while (in_body_ ? body_step(d) : header_step()) {
+    }
+    return d;
+  }
+
+  ReplyDelta finish() {
+    ReplyDelta d;
+    if (in_body_) {
+      emit(d, held_);
+      close_message();
+    } else {
+      d.content += held_;  // an unfinished header is text after all
+    }
+    held_.clear();
+    return d;
+  }
+
+ private:
+  enum class Kind { Reasoning, Content, Call };
+
+  // Consumes a header once its <|message|> arrives; false when it needs more text.
+  bool header_step() {
+    if (held_.empty()) return false;
+    const size_t message = held_.find(kMessage);
+    if (message == std::string::npos) {
+      if (could_be_header(held_) && held_.size() <= kMaxHeader) return false;
+      open_message({});  // not a header: text, shown as content
+      return true;
+    }
+    open_message(std::string_view(held_).substr(0, message));
+    held_.erase(0, message + kMessage.size());
+    return true;
+  }
+
+  // Emits body text up to <|end|> (or all but a possible start of it); false when it needs more.
+  bool body_step(ReplyDelta& d) {
+    const size_t end = held_.find(kEnd);
+    if (end == std::string::npos) {
+      const size_t keep = held_suffix(held_, {std::string(kEnd)});
+      emit(d, std::string_view(held_).substr(0, held_.size() - keep));
+      held_.erase(0, held_.size() - keep);
+      return false;
+    }
+    emit(d, std::string_view(held_).substr(0, end));
+    held_.erase(0, end + kEnd.size());
+    close_message();
+    return true;
+  }
+
+  void open_message(std::string_view header) {
+    in_body_ = true;
+    const std::string recipient = header_word(header, "to=");
+    const std::string channel = header_word(header, kChannel);
+    if (recipient.rfind("functions.", 0) == 0) {
+      kind_ = Kind::Call;
+      call_name_ = recipient.substr(std::string_view("functions.").size());
+      call_body_.clear();
+    } else {
+      kind_ = channel == "analysis" ? Kind::Reasoning : Kind::Content;
+    }
+  }
+
+  void emit(ReplyDelta& d, std::string_view text) {
+    if (kind_ == Kind::Call) call_body_ += text;
+    else if (kind_ == Kind::Reasoning && split_reasoning_) d.reasoning += text;
+    else d.content += text;
+  }
+
+  void close_message() {
+    if (in_body_ && kind_ == Kind::Call) calls_->push_back(harmony_tool_call(call_name_, call_body_));
+    in_body_ = false;
+  }
+
+  bool split_reasoning_;
+  std::vector<ToolCall>* calls_;
+  std::string held_;
+  bool in_body_ = false;
+  Kind kind_ = Kind::Content;
+  std::string call_name_, call_body_;
+};
+
+// The content stream of the other formats: content until a tool-call marker, then everything
+// is held and parsed as calls when the answer ends.
+class ReplyParser::ToolText {
+ public:
+  ToolText(ToolFormat format, const nlohmann::ordered_json& tools, std::vector<ToolCall>* calls)
+      : format_(format), tools_(tools), markers_(tool_call_markers(format)), calls_(calls) {}
+
+  std::string feed(std::string_view piece) {
+    held_.append(piece);
+    if (in_calls_) return {};
+    size_t first = std::string::npos;
+    for (const std::string& m : markers_) first = std::min(first, held_.find(m));
+    if (first != std::string::npos) {
+      in_calls_ = true;
+      std::string out = held_.substr(0, first);
+      held_.erase(0, first);
+      return out;
+    }
+    const size_t keep = held_suffix(held_, markers_);
+    std::string out = held_.substr(0, held_.size() - keep);
+    held_.erase(0, held_.size() - keep);
+    return out;
+  }
+
+  std::string finish() {
+    std::string out;
+    out.swap(held_);
+    if (!in_calls_) return out;
+    ParsedToolCalls parsed = parse_tool_calls(format_, out, tools_);
+    if (!parsed.ok) return out;  // not calls after all: the text is content
+    calls_->insert(calls_->end(), parsed.calls.begin(), parsed.calls.end());
+    return parsed.rest;
+  }
+
+ private:
+  ToolFormat format_;
+  nlohmann::ordered_json tools_;
+  std::vector<std::string> markers_;
+  std::vector<ToolCall>* calls_;
+  std::string held_;
+  bool in_calls_ = false;
+};
+
+namespace {
+// Whether the prompt left the answer inside an opened think block (Qwen3.5: "<think>\n").
+bool think_block_open(std::string_view prompt_tail) {
+  const size_t open = prompt_tail.rfind("<think>");
+  return open != std::string_view::npos && prompt_tail.find("</think>", open) == std::string_view::npos;
+}
+}  // namespace
+
+ReplyParser::ReplyParser(ReplyOptions options)
+    : options_(std::move(options)), think_(options_.split_reasoning && think_block_open(options_.prompt_tail)) {
+  if (options_.harmony) {
+    harmony_ = std::make_unique<Harmony>(options_.split_reasoning, options_.prompt_tail, &calls_);
+  } else if (options_.tools != ToolFormat::None) {
+    tool_text_ = std::make_unique<ToolText>(options_.tools, options_.tool_list, &calls_);
+  }
+}
+
+ReplyParser::~ReplyParser() = default;
+ReplyParser::ReplyParser(ReplyParser&&) noexcept = default;
+ReplyParser& ReplyParser::operator=(ReplyParser&&) noexcept = default;
+
+ReplyDelta ReplyParser::feed(std::string_view piece) {
+  if (harmony_) return harmony_->feed(piece);
+  if (!options_.split_reasoning) return route({{}, std::string(piece)}, false);
+  const ReasoningSplitter::Delta d = think_.feed(piece);
+  return route({d.reasoning, d.content}, false);
+}
+
+ReplyDelta ReplyParser::finish() {
+  if (harmony_) return harmony_->finish();
+  ReplyDelta d;
+  if (options_.split_reasoning) {
+    const ReasoningSplitter::Delta rest = think_.finish();
+    d = {rest.reasoning, rest.content};
+  }
+  return route(std::move(d), true);
+}
+
+ReplyDelta ReplyParser::route(ReplyDelta d, bool ending) {
+  if (!tool_text_) return d;
+  d.content = tool_text_->feed(d.content);
+  if (ending) d.content += tool_text_->finish();
+  return d;
+}
+
+}  // namespace bmoe
