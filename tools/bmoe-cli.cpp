@@ -42,6 +42,8 @@ struct CliOptions {
   int64_t seed_option = -1;  // -s; -1: a random seed, printed so the run can be repeated
   uint64_t seed = 0;         // resolved
   SamplerConfig sampling;  // from the flags; the seed is resolved apart
+  GrammarOptions grammar;  // --grammar, --json-schema and their files
+  std::shared_ptr<const Grammar> constraint;  // resolved from `grammar` before the model loads
   bool chatml = false;
   bool chat = false;
   bool no_think = false;
@@ -70,6 +72,7 @@ void add_flags(CLI::App& app, CliOptions& o) {
   app.add_option("-s,--seed", o.seed_option, "sampling seed (-1: random, printed when sampling)")->capture_default_str()
       ->check(CLI::Range(int64_t{-1}, INT64_MAX));
   add_sampling_flags(app, o.sampling);
+  add_grammar_flags(app, o.grammar);
   app.add_flag("--chatml", o.chatml, "wrap the prompt in the ChatML template (<|im_start|>user ...)");
   app.add_flag("--chat", o.chat, "wrap the prompt in the model's own chat format (ChatML, harmony, Gemma)");
   app.add_option("--system", o.system, "system message for --chat/--chatml");
@@ -204,6 +207,7 @@ int interactive(const CliOptions& o) {
   params.sampler = sampler_config(o);
   params.show_special = o.show_special;
   params.draft = o.run.draft_config(cfg);
+  params.grammar = o.constraint;
   catch_interrupts();
   fmt::print(stderr, "interactive chat ({}): /reset clears the conversation, Ctrl-C stops an answer, "
                      "Ctrl-D or /exit quits\n", chat.description());
@@ -356,17 +360,20 @@ int run(const CliOptions& o) {
   const int limit = o.n_predict < 0 ? o.run.ctx_size - static_cast<int>(prompt_ids.size()) : o.n_predict;
   const DraftConfig draft = o.run.draft_config(cfg);
   std::unique_ptr<DraftController> drafts;
-  if (drafting_possible(draft, sampler)) drafts = std::make_unique<DraftController>(draft);
-  else if (draft.max_draft > 0) fmt::print(stderr, "warning: --draft needs plain greedy sampling (--temp 0, no penalties); drafting is off\n");
+  std::unique_ptr<GrammarFilter> grammar;
+  if (o.constraint) grammar = std::make_unique<GrammarFilter>(o.constraint, *model->tokenizer);
+  if (drafting_possible(draft, sampler) && !grammar) drafts = std::make_unique<DraftController>(draft);
+  else if (draft.max_draft > 0) fmt::print(stderr, "warning: --draft needs plain greedy sampling (--temp 0, no penalties, no grammar); drafting is off\n");
   std::vector<int32_t> forced;  // --teacher-force: the reference continuation
   int forced_equal = 0, forced_steps = 0;
   if (!o.teacher_force.empty()) {
     if (drafts) fail("--teacher-force and --draft do not mix");
+    if (grammar) fail("--teacher-force and a grammar (--grammar, --json-schema) do not mix");
     JsonRun reference = read_json_run(o.teacher_force, "--teacher-force");
     if (reference.prompt != prompt_ids) fail("--teacher-force: {} was run on another prompt", o.teacher_force);
     forced = std::move(reference.tokens);
   }
-  DecodeCursor cursor(session, drafts.get());
+  DecodeCursor cursor(session, drafts.get(), grammar.get());
   for (int i = 0; i < limit; ++i) {
     bool from_draft = false;
     int32_t token = cursor.next(from_draft);
@@ -380,7 +387,8 @@ int run(const CliOptions& o) {
       session.accept(token);
       continue;
     }
-    if (!o.ignore_eos && model->tokenizer->is_end_of_generation(token)) break;
+    if ((!o.ignore_eos || grammar) && model->tokenizer->is_end_of_generation(token)) break;
+    if (grammar) grammar->accept(token);
     generated.push_back(token);
     if (!o.json) {
       const std::string text = out.push(model->tokenizer->token_bytes(token, o.show_special));
@@ -464,6 +472,7 @@ int main(int argc, char** argv) {
                                      {options.dump_logits, "--dump-logits"}, {options.run.cache_file, "--cache-file"}}) {
       check_output_path(path, flag);
     }
+    options.constraint = grammar_from_flags(options.grammar);
   } catch (const std::exception& e) {
     fmt::print(stderr, "error: {}\n", e.what());
     return 2;

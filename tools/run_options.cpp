@@ -13,12 +13,14 @@
 
 #include "core/cpu_features.h"
 #include "core/error.h"
+#include "core/mapped_file.h"
 #include "core/progress.h"
 #include "core/timer.h"
 #include "moe/cache_file.h"
 #include "moe/cache_policy.h"
 #include "moe/overlap_chooser.h"
 #include "telemetry/system.h"
+#include "text/json_schema.h"
 
 namespace bmoe {
 
@@ -84,6 +86,40 @@ void add_sampling_flags(CLI::App& app, SamplerConfig& c) {
       ->capture_default_str()->check(finite_number() & CLI::Range(0.01, 10.0));
   app.add_option("--repeat-last-n", c.repeat_last_n, "tokens --repeat-penalty looks back over, prompt included (-1: all, 0: off)")
       ->capture_default_str()->check(CLI::Range(-1, 1 << 24));
+}
+
+void add_grammar_flags(CLI::App& app, GrammarOptions& o) {
+  app.add_option("--grammar", o.grammar, "constrain the output to this GBNF grammar (llama.cpp's format)");
+  app.add_option("--grammar-file", o.grammar_file, "read the --grammar from a file");
+  app.add_option("-j,--json-schema", o.json_schema, "constrain the output to JSON valid against this schema");
+  app.add_option("--json-schema-file", o.json_schema_file, "read the --json-schema from a file");
+}
+
+std::shared_ptr<const Grammar> grammar_from_flags(const GrammarOptions& o) {
+  std::vector<std::pair<std::string, std::string>> given;  // flag -> GBNF
+  auto schema_gbnf = [](const std::string& text, const char* flag) {
+    const auto schema = nlohmann::ordered_json::parse(text, nullptr, false);
+    if (schema.is_discarded() || !schema.is_object()) fail("{}: not a JSON schema object", flag);
+    try {
+      return json_schema_to_gbnf(schema);
+    } catch (const Error& e) {
+      fail("{}: {}", flag, e.what());
+    }
+  };
+  if (!o.grammar.empty()) given.emplace_back("--grammar", o.grammar);
+  if (!o.grammar_file.empty()) given.emplace_back("--grammar-file", read_whole_file(o.grammar_file, "--grammar-file"));
+  if (!o.json_schema.empty()) given.emplace_back("--json-schema", schema_gbnf(o.json_schema, "--json-schema"));
+  if (!o.json_schema_file.empty()) {
+    given.emplace_back("--json-schema-file",
+                       schema_gbnf(read_whole_file(o.json_schema_file, "--json-schema-file"), "--json-schema-file"));
+  }
+  if (given.empty()) return nullptr;
+  if (given.size() > 1) fail("{} and {} cannot be combined", given[0].first, given[1].first);
+  try {
+    return Grammar::parse(given[0].second);
+  } catch (const Error& e) {
+    fail("{}: {}", given[0].first, e.what());
+  }
 }
 
 void add_run_flags(CLI::App& app, RunOptions& o) {

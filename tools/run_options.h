@@ -14,6 +14,7 @@
 #include "engine/speculative.h"
 #include "model/attention.h"
 #include "text/chat.h"
+#include "text/grammar.h"
 #include "text/sampler.h"
 
 namespace bmoe {
@@ -79,6 +80,15 @@ void add_run_flags(CLI::App& app, RunOptions& o);
 // The sampling flags (--temp --top-k --top-p --min-p and the penalties) into `c`, whose values
 // are the defaults shown; bmoe-cli's are its settings, bmoe-server's each request's defaults.
 void add_sampling_flags(CLI::App& app, SamplerConfig& c);
+
+// llama.cpp's output constraints: --grammar, --grammar-file, -j/--json-schema, --json-schema-file.
+struct GrammarOptions {
+  std::string grammar, grammar_file, json_schema, json_schema_file;
+};
+void add_grammar_flags(CLI::App& app, GrammarOptions& o);
+// The grammar the flags ask for (nullptr: none). Fails (bmoe::Error naming the flag) on a bad
+// file, schema or grammar, or when more than one is given.
+std::shared_ptr<const Grammar> grammar_from_flags(const GrammarOptions& o);
 
 // The prompt and output token ids of an earlier `bmoe-cli --json` run (for --draft-oracle and
 // --teacher-force); `flag` names the option in errors.

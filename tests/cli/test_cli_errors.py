@@ -62,6 +62,12 @@ class BadInputGetsOneClearError(unittest.TestCase):
         self.check([tool("bmoe-cli"), "-m", m, "--temp", "abc"], "--temp")
         self.check([tool("bmoe-cli"), "-m", m, "--cache-mb", "lots", "--moe-stream", "-p", "x"], "--cache-mb")
         self.check([tool("bmoe-cli"), "-m", m, "--cache-file", "x.cache", "-p", "x"], "--cache-file")
+        self.check([tool("bmoe-cli"), "-m", m, "-p", "x", "--grammar", "root ::= nope"], "--grammar", "nope")
+        self.check([tool("bmoe-cli"), "-m", m, "-p", "x", "-j", '{"type": "string", "pattern": "a"}'],
+                   "--json-schema", "pattern")
+        self.check([tool("bmoe-cli"), "-m", m, "-p", "x", "-j", "{}", "--grammar", 'root ::= "a"'], "cannot be combined")
+        self.check([tool("bmoe-cli"), "-m", m, "-p", "x", "--grammar-file", os.path.join(self.tmp.name, "none.gbnf")],
+                   "none.gbnf")
 
     def test_cli_bad_model_files(self):
         self.check([tool("bmoe-cli"), "-m", self.missing, "-p", "x"], "missing.gguf")
@@ -162,6 +168,24 @@ class LlamaCppConventions(unittest.TestCase):
         self.assertNotEqual(text("--repeat-penalty", "1.5", "--repeat-last-n", "-1"), plain)
         self.assertEqual(text("--repeat-penalty", "1.5", "--repeat-last-n", "0"), plain)  # no window: off
         self.assertEqual(text("--min-p", "0.5"), plain)  # min-p does not move greedy's pick
+
+    def test_grammar_and_json_schema_constrain_the_output(self):
+        def cli(*args):
+            return subprocess.run([tool("bmoe-cli"), "-m", self.model, *args], capture_output=True, text=True,
+                                  timeout=60, stdin=subprocess.DEVNULL)
+        for seed in range(1, 5):
+            p = cli("-p", "Answer:", "-n", "16", "--temp", "1", "-s", str(seed), "--json",
+                             "--grammar", 'root ::= ("yes" | "no") "."')
+            self.assertEqual(p.returncode, 0, p.stderr[-800:])
+            self.assertIn(json.loads(p.stdout)["text"], ("yes.", "no."))
+        schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99},
+                                                   "ok": {"type": "boolean"}},
+                  "required": ["n", "ok"], "additionalProperties": False}
+        p = cli("-p", "JSON:", "-n", "200", "--temp", "1", "-s", "3", "--json", "-j", json.dumps(schema))
+        self.assertEqual(p.returncode, 0, p.stderr[-800:])
+        value = json.loads(json.loads(p.stdout)["text"])
+        self.assertEqual(set(value), {"n", "ok"})
+        self.assertTrue(0 <= value["n"] <= 99)
 
     def test_version_on_every_tool(self):
         for name in ("bmoe-cli", "bmoe-server", "bmoe-synth", "bmoe-replay", "bmoe-tokenize", "bmoe-iobench"):
