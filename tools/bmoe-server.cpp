@@ -40,7 +40,7 @@
 #include "web_index.h"  // kWebIndexHtml: tools/web/index.html, embedded at build time
 
 using namespace bmoe;
-using json = nlohmann::json;
+using json = nlohmann::ordered_json;  // keys in the order OpenAI writes them
 
 namespace {
 
@@ -359,7 +359,7 @@ class Engine {
 
 struct Completion {
   bool chat = false;
-  bool split_reasoning = false;  // chat with --reasoning-format deepseek
+  ReplyOptions reply;  // chat: reasoning, harmony channels and tool calls (server_request.h)
   bool include_usage = false;    // stream_options.include_usage
   std::string id;
   int64_t created = 0;
@@ -404,6 +404,21 @@ json timings_of(const std::vector<GenerateResult>& rs) {
 }
 
 std::string finish_reason(const std::string& reason) { return reason == "length" ? "length" : "stop"; }
+
+// OpenAI's tool_calls list, each call with a new id (`index` for stream deltas). Calls appear
+// only when the request gave tools (a harmony answer may call a function unasked: dropped).
+json tool_calls_json(const Completion& c, const std::vector<ToolCall>& calls, bool with_index = false) {
+  json out = json::array();
+  if (c.reply.tools == ToolFormat::None) return out;
+  for (size_t i = 0; i < calls.size(); ++i) {
+    json call = with_index ? json{{"index", i}} : json::object();
+    call["id"] = new_tool_call_id(c.reply.tools, random_seed());
+    call["type"] = "function";
+    call["function"] = {{"name", utf8_sanitize(calls[i].name)}, {"arguments", utf8_sanitize(calls[i].arguments)}};
+    out.push_back(std::move(call));
+  }
+  return out;
+}
 
 // ---- log-probabilities
 
@@ -464,16 +479,16 @@ json full_choice(const Completion& c, const GenerateResult& r, int index) {
     choice["text"] = utf8_sanitize(r.text);
     return choice;
   }
-  std::string content = r.text, reasoning;
-  if (c.split_reasoning) {
-    ReasoningSplitter splitter;
-    const ReasoningSplitter::Delta d = splitter.feed(r.text);
-    const ReasoningSplitter::Delta rest = splitter.finish();
-    content = d.content + rest.content;
-    reasoning = d.reasoning + rest.reasoning;
+  ReplyParser parser(c.reply);
+  ReplyDelta d = parser.feed(r.text);
+  d.append(parser.finish());
+  const json calls = tool_calls_json(c, parser.tool_calls());
+  choice["message"] = {{"role", "assistant"}, {"content", d.content.empty() && !calls.empty() ? json(nullptr) : json(utf8_sanitize(d.content))}};
+  if (!d.reasoning.empty()) choice["message"]["reasoning_content"] = utf8_sanitize(d.reasoning);
+  if (!calls.empty()) {
+    choice["message"]["tool_calls"] = calls;
+    choice["finish_reason"] = "tool_calls";
   }
-  choice["message"] = {{"role", "assistant"}, {"content", utf8_sanitize(content)}};
-  if (!reasoning.empty()) choice["message"]["reasoning_content"] = utf8_sanitize(reasoning);
   return choice;
 }
 
@@ -508,8 +523,10 @@ json job_error(const Job& job) {
 class StreamWriter {
  public:
   explicit StreamWriter(const Completion& c)
-      : c_(c), splitters_(static_cast<size_t>(c.n)), opened_(static_cast<size_t>(c.n), false),
-        offsets_(static_cast<size_t>(c.n), 0) {}
+      : c_(c), opened_(static_cast<size_t>(c.n), false), called_(static_cast<size_t>(c.n), false),
+        offsets_(static_cast<size_t>(c.n), 0) {
+    for (int i = 0; i < c.n; ++i) parsers_.emplace_back(c.reply);
+  }
 
   // One provider call: waits up to a second for output; false when the client is gone.
   bool step(Job& job, httplib::DataSink& sink) {
@@ -557,21 +574,18 @@ class StreamWriter {
     return true;
   }
 
-  // A choice's text (split into reasoning and content for chat with --reasoning-format
-  // deepseek) with its tokens' log-probabilities; `ending` flushes what the splitter held.
+  // A choice's text (chat: split into reasoning, content and tool calls) with its tokens'
+  // log-probabilities; `ending` flushes what the parser held and sends the tool calls.
   bool write_piece(int choice, const std::string& text, const std::vector<TokenLogprob>& lps, bool ending) {
     const size_t k = static_cast<size_t>(choice);
     if (!opened_[k] && !open(choice)) return false;
-    ReasoningSplitter::Delta d{std::string(), text};
-    if (c_.split_reasoning) {
-      d = splitters_[k].feed(text);
-      if (ending) {
-        const ReasoningSplitter::Delta rest = splitters_[k].finish();
-        d.reasoning += rest.reasoning;
-        d.content += rest.content;
-      }
+    ReplyDelta d{std::string(), text};
+    if (c_.chat) {
+      d = parsers_[k].feed(text);
+      if (ending) d.append(parsers_[k].finish());
     }
-    if (d.reasoning.empty() && d.content.empty() && lps.empty()) return true;
+    if (ending && c_.chat && !write_tool_calls(choice)) return false;
+    if (d.empty() && lps.empty()) return true;
     json out = chunk(c_, choice, c_.chat ? nullptr : &d.content, nullptr);
     json& choice_json = out["choices"][0];
     if (c_.chat) {
@@ -582,8 +596,18 @@ class StreamWriter {
     return send(sse(out));
   }
 
+  // The calls of a finished chat choice, in one delta (each call whole: id, name, arguments).
+  bool write_tool_calls(int choice) {
+    const json calls = tool_calls_json(c_, parsers_[static_cast<size_t>(choice)].tool_calls(), true);
+    if (calls.empty()) return true;
+    called_[static_cast<size_t>(choice)] = true;
+    json out = chunk(c_, choice, nullptr, nullptr);
+    out["choices"][0]["delta"]["tool_calls"] = calls;
+    return send(sse(out));
+  }
+
   json finish_chunk(int choice, const std::string& reason) {
-    const std::string r = finish_reason(reason);
+    const std::string r = called_[static_cast<size_t>(choice)] ? "tool_calls" : finish_reason(reason);
     return chunk(c_, choice, nullptr, &r);
   }
 
@@ -606,8 +630,9 @@ class StreamWriter {
   }
 
   Completion c_;
-  std::vector<ReasoningSplitter> splitters_;
+  std::vector<ReplyParser> parsers_;  // chat: one per choice
   std::vector<bool> opened_;
+  std::vector<bool> called_;  // the choice ended in tool calls
   std::vector<int64_t> offsets_;  // completions' text_offset, per choice
   httplib::DataSink* sink_ = nullptr;
 };
@@ -662,6 +687,7 @@ class Server {
   Server(Engine& engine, const ServerOptions& o) : engine_(engine), o_(o) {
     model_name_ = utf8_sanitize(o.alias.empty() ? std::filesystem::path(o.run.model).filename().string() : o.alias);
     chat_template_ = chat_template_for(o.run, engine.model());
+    tool_format_ = tool_format_of(chat_template_.source());
   }
 
   const std::string& chat_template_description() const { return chat_template_.description(); }
@@ -719,6 +745,7 @@ class Server {
                            {"model_path", utf8_sanitize(o_.run.model)},
                            {"chat_format", chat_format_name(chat_template_.format())},
                            {"chat_template_source", chat_template_.description()},
+                           {"tool_call_format", tool_format_name(tool_format_)},
                            {"chat_template", utf8_sanitize(engine_.model().tokenizer->vocab().chat_template)},
                            {"architecture", cfg.arch},
                            {"reasoning_format", o_.reasoning_format},
@@ -793,7 +820,7 @@ class Server {
                                                                 "retry later", o_.queue)));
       return;
     }
-    Completion c{chat, chat && o_.reasoning_format == "deepseek", request.include_usage, random_id(chat ? "chatcmpl" : "cmpl"),
+    Completion c{chat, std::move(request.reply), request.include_usage, random_id(chat ? "chatcmpl" : "cmpl"),
                  static_cast<int64_t>(std::time(nullptr)), model_name_, request.n, request.logprobs(),
                  engine_.model().tokenizer.get()};
     // Counted until the library is done with the response (it destroys the provider then).
@@ -880,6 +907,8 @@ class Server {
     c.n_predict = o_.n_predict;
     c.sampling = o_.sampling;
     c.no_think = o_.no_think;
+    c.split_reasoning = o_.reasoning_format == "deepseek";
+    c.tool_format = tool_format_;
     c.ignore_eos = o_.ignore_eos;
     c.draft = o_.draft;
     return c;
@@ -888,6 +917,7 @@ class Server {
   const ServerOptions& o_;
   std::string model_name_;
   ChatTemplate chat_template_;
+  ToolFormat tool_format_ = ToolFormat::None;  // how the template writes tool calls
 };
 
 constexpr int kListenBacklog = 512;

@@ -2,13 +2,18 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <set>
 
+#include "core/error.h"
+#include "text/grammar.h"
 #include "text/jinja.h"
+#include "text/json_schema.h"
 #include "text/utf8.h"
 
 namespace bmoe {
@@ -61,6 +66,12 @@ bool bool_field(const json& body, const char* key, bool fallback) {
   if (!body.contains(key) || body[key].is_null()) return fallback;
   if (!body[key].is_boolean()) bad_request(fmt::format("'{}' must be true or false", key), key);
   return body[key].get<bool>();
+}
+
+// An object's string member, or "" when it is absent or not a string (json::value would throw).
+std::string string_member(const json& object, const char* key) {
+  const auto it = object.find(key);
+  return it != object.end() && it->is_string() ? it->get<std::string>() : std::string();
 }
 
 std::vector<std::string> stop_field(const json& body) {
@@ -170,8 +181,9 @@ int logprobs_field(const json& body, bool chat) {
 // never silently loses what it asked for; the informational ones are accepted with any value.
 void check_unused_fields(const json& body, bool chat) {
   // Accepted with any value and ignored (they change nothing in the answer): user, metadata,
-  // store, service_tier, prompt_cache_key, safety_identifier, parallel_tool_calls (no tools),
-  // reasoning_effort, verbosity, prediction, cache_prompt (the KV prefix is always reused).
+  // store, service_tier, prompt_cache_key, safety_identifier, reasoning_effort (a template
+  // variable where the template reads it), verbosity, prediction, cache_prompt (the KV prefix is
+  // always reused).
   // (stream_options.include_usage is read by parse_completion_request.)
   only_default(body, "suffix", "");
   only_default(body, "audio", nullptr);
@@ -179,20 +191,6 @@ void check_unused_fields(const json& body, bool chat) {
     bad_request("'modalities' is not supported (only [\"text\"])", "modalities");
   }
   if (chat) {
-    only_default(body, "tools", json::array());
-    only_default(body, "functions", json::array());
-    for (const char* key : {"tool_choice", "function_call"}) {
-      if (body.contains(key) && !body[key].is_null() && body[key] != "none" && body[key] != "auto") {
-        bad_request(fmt::format("'{}' is not supported (tool calling is not implemented; only \"none\" or \"auto\" "
-                                "without tools)", key), key);
-      }
-    }
-    if (body.contains("response_format") && !body["response_format"].is_null()) {
-      const json& f = body["response_format"];
-      if (!f.is_object() || f.value("type", "") != "text") {
-        bad_request("'response_format' is not supported (only {\"type\":\"text\"})", "response_format");
-      }
-    }
     if (body.contains("web_search_options") && !body["web_search_options"].is_null()) {
       bad_request("'web_search_options' is not supported", "web_search_options");
     }
@@ -207,7 +205,7 @@ std::string message_content(const json& m, size_t index) {
   if (!c.is_array()) bad_request(fmt::format("'{}' must be a string or an array of text parts", where), where);
   std::string text;
   for (const json& part : c) {
-    if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string()) {
+    if (!part.is_object() || string_member(part, "type") != "text" || !part.contains("text") || !part["text"].is_string()) {
       bad_request(fmt::format("'{}': only text parts are supported", where), where);
     }
     text += part["text"].get<std::string>();
@@ -249,7 +247,141 @@ json chat_messages(const json& body, bool jinja) {
   return out;
 }
 
-std::vector<int32_t> prompt_of(const json& body, bool chat, const RequestContext& o) {
+// ---- tools and constrained output
+
+bool valid_function_name(const std::string& name) {
+  // OpenAI's rule: 1 to 64 of a-z, A-Z, 0-9, '_' and '-'.
+  if (name.empty() || name.size() > 64) return false;
+  return std::all_of(name.begin(), name.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-'; });
+}
+
+void check_tool(const json& tool, size_t i) {
+  const std::string where = fmt::format("tools[{}]", i);
+  if (!tool.is_object() || string_member(tool, "type") != "function" || !tool.contains("function") || !tool["function"].is_object()) {
+    bad_request(where + " must be {\"type\": \"function\", \"function\": {\"name\": ...}}", "tools");
+  }
+  const json& f = tool["function"];
+  if (!f.contains("name") || !f["name"].is_string() || !valid_function_name(f["name"].get<std::string>())) {
+    bad_request(where + ".function.name must be 1 to 64 letters, digits, '_' or '-'", "tools");
+  }
+  if (f.contains("parameters") && !f["parameters"].is_null() && !f["parameters"].is_object()) {
+    bad_request(where + ".function.parameters must be a JSON schema object", "tools");
+  }
+}
+
+// The request's tools in OpenAI's form (the legacy `functions` list converted), each checked.
+json tools_field(const json& body) {
+  json tools = json::array();
+  if (body.contains("tools") && !body["tools"].is_null()) {
+    if (!body["tools"].is_array()) bad_request("'tools' must be an array", "tools");
+    for (const json& t : body["tools"]) tools.push_back(t);
+  }
+  if (body.contains("functions") && !body["functions"].is_null()) {
+    if (!body["functions"].is_array()) bad_request("'functions' must be an array", "functions");
+    for (const json& f : body["functions"]) tools.push_back({{"type", "function"}, {"function", f}});
+  }
+  if (tools.size() > 128) bad_request("'tools' holds more than 128 tools", "tools");  // OpenAI's limit
+  for (size_t i = 0; i < tools.size(); ++i) check_tool(tools[i], i);
+  return tools;
+}
+
+struct ToolChoice {
+  enum class Mode { None, Auto, Required } mode = Mode::Auto;
+  std::string function;  // Required: only this one (empty: any)
+};
+
+// tool_choice ("none", "auto", "required" or {"type": "function", "function": {"name": N}}) or
+// the legacy function_call ("none", "auto" or {"name": N}).
+ToolChoice tool_choice_field(const json& body, const json& tools) {
+  const char* key = body.contains("tool_choice") && !body["tool_choice"].is_null() ? "tool_choice" : "function_call";
+  ToolChoice choice;
+  if (!body.contains(key) || body[key].is_null()) {
+    if (tools.empty()) choice.mode = ToolChoice::Mode::None;
+    return choice;
+  }
+  const json& c = body[key];
+  if (c == "none") choice.mode = ToolChoice::Mode::None;
+  else if (c == "auto") choice.mode = ToolChoice::Mode::Auto;
+  else if (c == "required" && std::string(key) == "tool_choice") choice.mode = ToolChoice::Mode::Required;
+  else if (c.is_object()) {
+    const json* name = nullptr;
+    if (string_member(c, "type") == "function" && c.contains("function") && c["function"].is_object() &&
+        c["function"].contains("name")) {
+      name = &c["function"]["name"];
+    } else if (std::string(key) == "function_call" && c.contains("name")) {
+      name = &c["name"];
+    }
+    if (name == nullptr || !name->is_string()) {
+      bad_request(fmt::format("'{}' must be \"none\", \"auto\", \"required\" or {{\"type\": \"function\", \"function\": "
+                              "{{\"name\": ...}}}}", key), key);
+    }
+    choice.mode = ToolChoice::Mode::Required;
+    choice.function = name->get<std::string>();
+  } else {
+    bad_request(fmt::format("'{}' must be \"none\", \"auto\", \"required\" or a function", key), key);
+  }
+  // "auto" without tools is what clients send by default; forcing a call needs something to call.
+  if (choice.mode == ToolChoice::Mode::Required && tools.empty()) bad_request(fmt::format("'{}' needs 'tools'", key), key);
+  if (!choice.function.empty()) {
+    const bool known = std::any_of(tools.begin(), tools.end(), [&](const json& t) { return t["function"]["name"] == choice.function; });
+    if (!known) bad_request(fmt::format("'{}' names '{}', which is not among the tools", key, choice.function), key);
+  }
+  return choice;
+}
+
+// What the answer must look like, as GBNF ("" for free text): a forced tool call, OpenAI's
+// response_format (json_object, json_schema) or llama-server's json_schema and grammar fields.
+// `param` is set to the field that asked for it.
+std::string output_gbnf(const json& body, const ToolChoice& choice, const json& tools, ToolFormat format, std::string& param) {
+  std::vector<std::pair<std::string, std::string>> asked;  // field -> grammar
+  if (choice.mode == ToolChoice::Mode::Required) {
+    param = "tool_choice";
+    asked.emplace_back("tool_choice", tool_call_gbnf(format, tools, bool_field(body, "parallel_tool_calls", true), choice.function));
+  }
+  if (body.contains("response_format") && !body["response_format"].is_null()) {
+    const json& f = body["response_format"];
+    const std::string type = f.is_object() && f.contains("type") && f["type"].is_string() ? f["type"].get<std::string>() : "";
+    param = "response_format";
+    if (type == "json_object") {
+      asked.emplace_back("response_format", json_object_gbnf());
+    } else if (type == "json_schema") {
+      if (!f.contains("json_schema") || !f["json_schema"].is_object() || !f["json_schema"].contains("schema") ||
+          !f["json_schema"]["schema"].is_object()) {
+        bad_request("'response_format' json_schema needs {\"json_schema\": {\"name\": ..., \"schema\": {...}}}", "response_format");
+      }
+      asked.emplace_back("response_format", json_schema_to_gbnf(f["json_schema"]["schema"]));
+    } else if (type != "text") {
+      bad_request("'response_format' type must be \"text\", \"json_object\" or \"json_schema\"", "response_format");
+    }
+  }
+  if (body.contains("json_schema") && !body["json_schema"].is_null()) {
+    param = "json_schema";
+    if (!body["json_schema"].is_object()) bad_request("'json_schema' must be a JSON schema object", "json_schema");
+    asked.emplace_back("json_schema", json_schema_to_gbnf(body["json_schema"]));
+  }
+  if (body.contains("grammar") && !body["grammar"].is_null()) {
+    param = "grammar";
+    if (!body["grammar"].is_string()) bad_request("'grammar' must be GBNF text", "grammar");
+    if (!body["grammar"].get<std::string>().empty()) asked.emplace_back("grammar", body["grammar"].get<std::string>());
+  }
+  if (asked.empty()) return {};
+  if (asked.size() > 1) bad_request(fmt::format("'{}' and '{}' cannot be combined", asked[0].first, asked[1].first), asked[1].first);
+  param = asked[0].first;
+  return asked[0].second;
+}
+
+// The grammar as the generator takes it; any failure is the client's (400 naming the field).
+std::shared_ptr<const Grammar> output_grammar(const json& body, const ToolChoice& choice, const json& tools, ToolFormat format) {
+  std::string param;
+  try {
+    const std::string gbnf = output_gbnf(body, choice, tools, format, param);
+    return gbnf.empty() ? nullptr : Grammar::parse(gbnf);
+  } catch (const Error& e) {
+    bad_request(e.what(), param);
+  }
+}
+
+std::vector<int32_t> prompt_of(const json& body, bool chat, const RequestContext& o, const json& tools) {
   const Tokenizer& tok = *o.tokenizer;
   const bool add_bos = tok.vocab().add_bos;
   if (chat) {
@@ -266,6 +398,7 @@ std::vector<int32_t> prompt_of(const json& body, bool chat, const RequestContext
     const ChatTemplate& tmpl = o.chat_template ? *o.chat_template : kChatML;
     ChatInputs in;
     in.messages = chat_messages(body, tmpl.is_jinja());
+    if (!tools.empty()) in.tools = tools;
     in.enable_thinking = !no_think;
     if (body.contains("chat_template_kwargs")) in.kwargs = body["chat_template_kwargs"];
     if (body.contains("reasoning_effort") && body["reasoning_effort"].is_string()) {
@@ -295,23 +428,38 @@ std::vector<int32_t> prompt_of(const json& body, bool chat, const RequestContext
   bad_request("'prompt' must be a string, an array of one string, or an array of token ids", "prompt");
 }
 
+// How the answer is split for the reply: reasoning, harmony channels, the tools' format, and the
+// prompt's last tokens (whether the answer starts inside a think block or a message).
+ReplyOptions reply_options(const RequestContext& o, const json& tools, const std::vector<int32_t>& prompt) {
+  ReplyOptions r;
+  r.split_reasoning = o.split_reasoning;
+  r.harmony = o.chat_template && o.chat_template->format() == ChatFormat::Harmony;
+  r.tools = tools.empty() ? ToolFormat::None : o.tool_format;
+  r.tool_list = tools;
+  constexpr size_t kTail = 8;  // tokens: enough for "<think>\n" or "<|channel|>final<|message|>"
+  const std::vector<int32_t> tail(prompt.end() - static_cast<std::ptrdiff_t>(std::min(prompt.size(), kTail)), prompt.end());
+  r.prompt_tail = o.tokenizer->decode(tail, true);
+  return r;
+}
+
 }  // namespace
 
 CompletionRequest parse_completion_request(const std::string& text, bool chat, const RequestContext& context) {
   const json body = parse_body(text);
   // OpenAI's documented fields, and llama-server's top_k, min_p, repeat_penalty, repeat_last_n,
-  // ignore_eos and chat_template_kwargs. What bmoe does with each: README ("Request fields").
+  // ignore_eos, grammar, json_schema and chat_template_kwargs. What bmoe does with each: README ("Request fields").
   static const std::set<std::string> kChatFields = {
       "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "stop",
       "stream", "stream_options", "n", "presence_penalty", "frequency_penalty", "user", "chat_template_kwargs",
       "logprobs", "top_logprobs", "logit_bias", "response_format", "tools", "tool_choice", "parallel_tool_calls",
       "functions", "function_call", "store", "metadata", "reasoning_effort", "service_tier", "modalities", "audio",
       "prediction", "prompt_cache_key", "safety_identifier", "verbosity", "web_search_options", "cache_prompt",
-      "min_p", "repeat_penalty", "repeat_last_n", "ignore_eos"};
+      "min_p", "repeat_penalty", "repeat_last_n", "ignore_eos", "grammar", "json_schema"};
   static const std::set<std::string> kCompletionFields = {
       "model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream",
       "stream_options", "n", "presence_penalty", "frequency_penalty", "user", "echo", "logprobs", "best_of",
-      "logit_bias", "suffix", "cache_prompt", "min_p", "repeat_penalty", "repeat_last_n", "ignore_eos"};
+      "logit_bias", "suffix", "cache_prompt", "min_p", "repeat_penalty", "repeat_last_n", "ignore_eos", "grammar",
+      "json_schema"};
   reject_unknown_fields(body, chat ? kChatFields : kCompletionFields);
   check_unused_fields(body, chat);
   if (!chat) {
@@ -330,7 +478,18 @@ CompletionRequest parse_completion_request(const std::string& text, bool chat, c
   r.params = sampling_params(body, context, context.n_predict > 0 ? context.n_predict : (chat ? n_ctx : 16));
   r.params.logprobs = logprobs_field(body, chat);
   r.n = static_cast<int>(int_field(body, "n", 1, 1, 128));  // OpenAI's limit
-  r.prompt = prompt_of(body, chat, context);
+  json tools = chat ? tools_field(body) : json::array();
+  const ToolChoice choice = tool_choice_field(body, tools);
+  if (choice.mode == ToolChoice::Mode::None) tools = json::array();  // not shown to the model either
+  if (!tools.empty() && context.tool_format == ToolFormat::None) {
+    bad_request(fmt::format("tools need a chat template that writes tool calls in a format bmoe reads (Hermes, Qwen "
+                            "XML, harmony, Gemma 4, LFM2, Mistral, Llama 3.1 JSON); this model's is {}",
+                            context.chat_template && context.chat_template->is_jinja() ? "not one of them" : "a built-in format"),
+                "tools");
+  }
+  r.params.grammar = output_grammar(body, choice, tools, context.tool_format);
+  r.prompt = prompt_of(body, chat, context, tools);
+  if (chat) r.reply = reply_options(context, tools, r.prompt);
   if (r.prompt.empty()) bad_request("the prompt is empty", chat ? "messages" : "prompt");
   if (static_cast<int>(r.prompt.size()) >= n_ctx) {
     throw RequestError(400, "invalid_request_error",

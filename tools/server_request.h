@@ -11,6 +11,7 @@
 
 #include "engine/generate.h"
 #include "text/chat.h"
+#include "text/reply.h"
 #include "text/tokenizer.h"
 
 namespace bmoe {
@@ -38,6 +39,8 @@ struct RequestContext {
   SamplerConfig sampling = server_sampling_defaults();  // defaults of the sampling fields
   bool no_think = false;
   bool ignore_eos = false;  // llama-server's ignore_eos default
+  bool split_reasoning = true;  // --reasoning-format deepseek
+  ToolFormat tool_format = ToolFormat::None;  // how the chat template writes tool calls
   DraftConfig draft;
 };
 
@@ -46,6 +49,7 @@ struct CompletionRequest {
   GenerateParams params;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage: a last chunk with usage, no choices
+  ReplyOptions reply;  // chat: how the answer splits into reasoning, content and tool calls
   int n = 1;  // choices to generate, one after the other, choice i seeded params.sampler.seed + i
   // Log-probabilities asked for (params.logprobs is the number of alternatives, -1 for none).
   bool logprobs() const { return params.logprobs >= 0; }

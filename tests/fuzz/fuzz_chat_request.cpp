@@ -13,6 +13,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   bmoe::RequestContext context;
   context.tokenizer = &bmoe::fuzz_tokenizer();
   context.n_ctx = 256;
+  context.tool_format = bmoe::ToolFormat::Hermes;  // so tools, tool_choice and their grammars are parsed too
   const std::string body(reinterpret_cast<const char*>(data), size);
   for (bool chat : {true, false}) {
     try {

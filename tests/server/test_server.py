@@ -17,6 +17,8 @@ import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "conformance"))
 from common import THREADS, run, synth, tool  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "templates"))
+from templates import load_templates  # noqa: E402
 
 
 def free_port():
@@ -231,7 +233,10 @@ class ServerTest(unittest.TestCase):
                     {"messages": [{"role": "user", "content": "x"}], "logit_bias": {"1": 500}},
                     {"messages": [{"role": "user", "content": "x"}], "logit_bias": {"999999999": 1}},
                     {"messages": [{"role": "user", "content": "x"}], "logit_bias": [[1]]},
-                    {"messages": [{"role": "user", "content": "x"}], "logit_bias": 3}):
+                    {"messages": [{"role": "user", "content": "x"}], "logit_bias": 3},
+                    {"messages": [{"role": "user", "content": [{"type": 1, "text": "x"}]}]},
+                    {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": 5}]},
+                    {"messages": [{"role": "user", "content": "x"}], "tool_choice": {"type": 5}}):
             status, body = s.post("/v1/chat/completions", bad)
             self.assert_error(status, body, 400)
         status, body = s.post("/v1/completions", {"prompt": "word " * 2000, "max_tokens": 4})
@@ -263,9 +268,7 @@ class ServerTest(unittest.TestCase):
                                                   "echo": False, "best_of": 1, "user": "u"})
         self.assertEqual(status, 200, body)
         # Asking for what bmoe does not do is refused, naming the field, never silently dropped.
-        for field, value in (("tools", [{"type": "function", "function": {"name": "f"}}]),
-                             ("response_format", {"type": "json_object"}),
-                             ("tool_choice", "required"), ("modalities", ["text", "audio"])):
+        for field, value in (("modalities", ["text", "audio"]), ("audio", {"voice": "x"})):
             status, body = s.post("/v1/chat/completions", {**base, field: value})
             self.assert_error(status, body, 400)
             self.assertEqual(body["error"]["param"], field)
@@ -547,6 +550,191 @@ class ServerHardeningTest(unittest.TestCase):
         self.assertEqual(p.returncode, 2, p.stderr[-500:])
         self.assertIn(b"--alias must be valid UTF-8", p.stderr)
 
+class ServerToolsTest(unittest.TestCase):
+    """Tool calls and constrained output, with the models' real chat templates (Qwen3's from its
+    npm tokenizer package, gpt-oss's harmony template from llama.cpp's tree) over tiny models."""
+
+    @classmethod
+    def setUpClass(cls):
+        templates = load_templates()
+        cls.template_dir = tempfile.TemporaryDirectory()
+        cls.servers = {}
+        for name, preset, vocab in (("qwen3", "tiny-qwen3moe", "qwen3"), ("gpt-oss", "tiny-gpt-oss", "gptoss")):
+            path = os.path.join(cls.template_dir.name, name + ".jinja")
+            with open(path, "w") as f:
+                f.write(templates[name])
+            model = synth(f"{preset}-{vocab}", preset, "--vocab", vocab)
+            cls.servers[name] = Server(model, "-c", "2048", "--chat-template-file", path)
+        cls.server = cls.servers["qwen3"]
+
+    @classmethod
+    def tearDownClass(cls):
+        for s in cls.servers.values():
+            s.stop()
+        cls.template_dir.cleanup()
+
+    def assert_error(self, status, body, want_status):
+        self.assertEqual(status, want_status, body)
+        self.assertIsInstance(body["error"]["message"], str)
+
+    WEATHER = {"type": "function", "function": {
+        "name": "get_weather", "description": "Current weather in a city",
+        "parameters": {"type": "object", "properties": {
+            "city": {"type": "string", "maxLength": 12},
+            "unit": {"type": "string", "enum": ["c", "f"]},
+            "days": {"type": "integer", "minimum": 1, "maximum": 14}},
+            "required": ["city", "days"], "additionalProperties": False}}}
+    TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
+
+    def check_weather_args(self, arguments):
+        args = json.loads(arguments)
+        self.assertIsInstance(args["city"], str)
+        self.assertLessEqual(len(args["city"]), 12)
+        self.assertIsInstance(args["days"], int)
+        self.assertTrue(1 <= args["days"] <= 14)
+        self.assertLessEqual(set(args), {"city", "unit", "days"})
+        if "unit" in args:
+            self.assertIn(args["unit"], ("c", "f"))
+
+    def test_required_tool_call_follows_the_schema(self):
+        body = {"messages": [{"role": "user", "content": "Weather in Paris?"}], "max_tokens": 300,
+                "tools": [self.WEATHER, self.TIME], "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+                "parallel_tool_calls": False}
+        for seed in range(3):
+            status, resp = self.server.post("/v1/chat/completions", {**body, "seed": seed, "temperature": 1})
+            self.assertEqual(status, 200, resp)
+            choice = resp["choices"][0]
+            self.assertEqual(choice["finish_reason"], "tool_calls", choice)
+            self.assertIsNone(choice["message"]["content"])
+            calls = choice["message"]["tool_calls"]
+            self.assertEqual(len(calls), 1)
+            self.assertEqual(calls[0]["type"], "function")
+            self.assertTrue(calls[0]["id"])
+            self.assertEqual(calls[0]["function"]["name"], "get_weather")
+            self.check_weather_args(calls[0]["function"]["arguments"])
+        # Streamed: the call arrives whole in one delta, then the tool_calls finish.
+        events = self.server.stream("/v1/chat/completions", {**body, "seed": 7, "temperature": 1, "stream": True})
+        deltas = [e["choices"][0] for e in events if e != "[DONE]" and e["choices"]]
+        calls = [c for d in deltas for c in d["delta"].get("tool_calls", [])]
+        self.assertEqual(len(calls), 1)
+        self.assertEqual(calls[0]["index"], 0)
+        self.assertEqual(calls[0]["function"]["name"], "get_weather")
+        self.check_weather_args(calls[0]["function"]["arguments"])
+        self.assertEqual(deltas[-1]["finish_reason"], "tool_calls")
+        # Parallel calls (the default): every complete call is valid; one cut off by max_tokens stays text.
+        status, resp = self.server.post("/v1/chat/completions", {**body, "parallel_tool_calls": True, "seed": 1,
+                                                                 "temperature": 1})
+        calls = resp["choices"][0]["message"]["tool_calls"]
+        self.assertGreaterEqual(len(calls), 1)
+        for call in calls:
+            self.assertEqual(call["function"]["name"], "get_weather")
+            self.check_weather_args(call["function"]["arguments"])
+        self.assertEqual(len({c["id"] for c in calls}), len(calls))
+        # "required" picks among the tools; the call then goes back to the model with its result.
+        status, resp = self.server.post("/v1/chat/completions", {**body, "tool_choice": "required", "temperature": 0})
+        self.assertEqual(status, 200, resp)
+        call = resp["choices"][0]["message"]["tool_calls"][0]
+        self.assertIn(call["function"]["name"], ("get_weather", "get_time"))
+        turn = {"messages": body["messages"] + [
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": call["id"], "content": "{\"temp\": 20}"}],
+            "tools": body["tools"], "max_tokens": 8}
+        status, resp = self.server.post("/v1/chat/completions", turn)
+        self.assertEqual(status, 200, resp)
+
+    def test_tools_with_auto_choice_answer_normally(self):
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 16, "temperature": 0,
+                "tools": [self.WEATHER]}
+        status, resp = self.server.post("/v1/chat/completions", body)
+        self.assertEqual(status, 200, resp)
+        self.assertIn(resp["choices"][0]["finish_reason"], ("stop", "length"))
+        self.assertIsInstance(resp["choices"][0]["message"]["content"], str)
+        # The tools reach the template (the prompt grows by their description), "none" hides them.
+        _, none = self.server.post("/v1/chat/completions", {**body, "tool_choice": "none"})
+        self.assertGreater(resp["usage"]["prompt_tokens"], none["usage"]["prompt_tokens"])
+
+    def test_response_format_json_schema_and_grammar(self):
+        schema = {"type": "object", "properties": {
+            "name": {"type": "string", "maxLength": 8}, "age": {"type": "integer", "minimum": 0, "maximum": 150},
+            "ok": {"type": "boolean"}, "color": {"enum": ["red", "green"]}},
+            "required": ["name", "age", "ok", "color"], "additionalProperties": False}
+        body = {"messages": [{"role": "user", "content": "A person, as JSON."}], "max_tokens": 300, "temperature": 1,
+                "response_format": {"type": "json_schema", "json_schema": {"name": "person", "schema": schema}}}
+        for seed in range(3):
+            status, resp = self.server.post("/v1/chat/completions", {**body, "seed": seed})
+            self.assertEqual(status, 200, resp)
+            self.assertEqual(resp["choices"][0]["finish_reason"], "stop")
+            value = json.loads(resp["choices"][0]["message"]["content"])
+            self.assertEqual(set(value), {"name", "age", "ok", "color"})
+            self.assertIsInstance(value["name"], str)
+            self.assertLessEqual(len(value["name"]), 8)
+            self.assertTrue(isinstance(value["age"], int) and 0 <= value["age"] <= 150)
+            self.assertIsInstance(value["ok"], bool)
+            self.assertIn(value["color"], ("red", "green"))
+        # json_object: the text can only ever be the start of a JSON object.
+        status, resp = self.server.post("/v1/chat/completions", {**body, "seed": 1, "max_tokens": 24,
+                                                                 "response_format": {"type": "json_object"}})
+        self.assertEqual(status, 200, resp)
+        text = resp["choices"][0]["message"]["content"]
+        self.assertTrue(text.startswith("{"), text)
+        if resp["choices"][0]["finish_reason"] == "stop":
+            self.assertIsInstance(json.loads(text), dict)
+        # llama-server's grammar field, on completions.
+        for seed in range(4):
+            status, resp = self.server.post("/v1/completions", {"prompt": "Is it?", "max_tokens": 8, "temperature": 1,
+                                                                "seed": seed, "grammar": 'root ::= "yes" | "no"'})
+            self.assertEqual(status, 200, resp)
+            self.assertIn(resp["choices"][0]["text"], ("yes", "no"))
+            self.assertEqual(resp["choices"][0]["finish_reason"], "stop")
+
+    def test_bad_tools_and_formats_are_400s(self):
+        base = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
+        for field, extra in (
+                ("tools", {"tools": [{"type": "function", "function": {"name": "bad name!"}}]}),
+                ("tools", {"tools": [{"type": "retrieval"}]}),
+                ("tools", {"tools": {"a": 1}}),
+                ("tool_choice", {"tool_choice": "required"}),  # without tools
+                ("tool_choice", {"tools": [self.WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}),
+                ("tool_choice", {"tools": [self.WEATHER], "tool_choice": "always"}),
+                ("response_format", {"response_format": {"type": "json_schema", "json_schema": {
+                    "name": "x", "schema": {"type": "string", "pattern": "^a+$"}}}}),
+                ("response_format", {"response_format": {"type": "yaml"}}),
+                ("grammar", {"grammar": "root ::= undefined-rule"}),
+                ("grammar", {"grammar": 'root ::= "a"', "response_format": {"type": "json_object"}})):
+            status, resp = self.server.post("/v1/chat/completions", {**base, **extra})
+            self.assert_error(status, resp, 400)
+            self.assertEqual(resp["error"]["param"], field, (extra, resp))
+
+
+    def test_each_template_names_its_call_format(self):
+        for name, want in (("qwen3", "hermes"), ("gpt-oss", "harmony")):
+            _, text = self.servers[name].get("/props")
+            self.assertEqual(json.loads(text)["tool_call_format"], want)
+
+    def test_harmony_tool_call_and_channels(self):
+        s = self.servers["gpt-oss"]
+        body = {"messages": [{"role": "user", "content": "Weather in Paris?"}], "max_tokens": 300, "temperature": 1,
+                "tools": [self.WEATHER], "tool_choice": "required"}
+        for seed in range(2):
+            status, resp = s.post("/v1/chat/completions", {**body, "seed": seed})
+            self.assertEqual(status, 200, resp)
+            choice = resp["choices"][0]
+            self.assertEqual(choice["finish_reason"], "tool_calls", choice)
+            call = choice["message"]["tool_calls"][0]
+            self.assertEqual(call["function"]["name"], "get_weather")
+            self.check_weather_args(call["function"]["arguments"])
+        # The call and its result go back through the harmony template.
+        turn = {"messages": body["messages"] + [{"role": "assistant", "content": None, "tool_calls": [call]},
+                                                {"role": "tool", "tool_call_id": call["id"], "content": "sunny"}],
+                "tools": body["tools"], "max_tokens": 4}
+        status, resp = s.post("/v1/chat/completions", turn)
+        self.assertEqual(status, 200, resp)
+        # A random model writes no channel markers: its text is content, not swallowed as a header.
+        status, resp = s.post("/v1/chat/completions", {"messages": body["messages"], "max_tokens": 12, "temperature": 0})
+        self.assertEqual(status, 200, resp)
+        self.assertEqual(resp["usage"]["completion_tokens"], 12)
+        msg = resp["choices"][0]["message"]
+        self.assertGreater(len(msg["content"]) + len(msg.get("reasoning_content", "")), 0)
 
 if __name__ == "__main__":
     unittest.main()
