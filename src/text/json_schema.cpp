@@ -852,8 +852,12 @@ std::string JsonGrammarBuilder::unique_name(const std::string& wanted) {
     if (base.size() >= 64) break;
   }
   if (base.empty()) base = "rule";
+  // Suffixes go on from the last one given for this base: converting a schema with thousands
+  // of rules of one base stays linear.
   std::string name = base;
-  for (int n = 2; taken_.count(name); ++n) name = base + "-" + std::to_string(n);
+  int& next = next_suffix_[base];
+  if (next < 2) next = 2;
+  while (taken_.count(name)) name = base + "-" + std::to_string(next++);
   taken_.insert(name);
   return name;
 }
@@ -888,8 +892,7 @@ void JsonGrammarBuilder::add_rule(const std::string& name, const std::string& bo
 std::string JsonGrammarBuilder::shared_rule(const std::string& name) {
   for (const auto& r : shared_rules()) {
     if (r.name != name) continue;
-    const bool added = std::any_of(rules_.begin(), rules_.end(), [&](const auto& rule) { return rule.first == name; });
-    if (!added) {
+    if (added_shared_.insert(name).second) {
       rules_.emplace_back(name, r.body);
       for (const char* use : r.uses) shared_rule(use);
     }
