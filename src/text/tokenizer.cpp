@@ -142,6 +142,18 @@ bool is_end_marker(const std::string& text) {
   return false;
 }
 
+// Control tokens that write a tool call (Mistral's, LFM2's, Gemma 4's): printed like text, as
+// llama-server keeps a format's markers, so the reply parser sees the call and a grammar can
+// use the token.
+bool is_tool_call_marker(const std::string& text) {
+  static const char* kMarkers[] = {"[TOOL_CALLS]", "[ARGS]", "[CALL_ID]", "<|tool_call_start|>", "<|tool_call_end|>",
+                                   "<|tool_call>", "<tool_call|>", "<|\"|>", "<tool_call>", "</tool_call>"};
+  for (const char* m : kMarkers) {
+    if (text == m) return true;
+  }
+  return false;
+}
+
 bool has_control_token(const Vocabulary& vocab, std::string_view text) {
   for (size_t i = 0; i < vocab.tokens.size(); ++i) {
     if (vocab.types[i] == TokenType::Control && vocab.tokens[i] == text) return true;
@@ -195,6 +207,7 @@ Tokenizer::Tokenizer(Vocabulary vocab) : vocab_(std::move(vocab)) {
   render_harmony_markers(vocab_);
   for (size_t i = 0; i < vocab_.tokens.size(); ++i) {
     const TokenType t = vocab_.types[i];
+    if (t == TokenType::Control && is_tool_call_marker(vocab_.tokens[i])) printed_controls_.push_back(static_cast<int32_t>(i));
     if ((t == TokenType::Control || t == TokenType::UserDefined || t == TokenType::Unknown) &&
         !vocab_.tokens[i].empty()) {
       special_tokens_.push_back(static_cast<int32_t>(i));
@@ -394,6 +407,7 @@ std::string Tokenizer::token_bytes(int32_t id, bool with_special) const {
   const std::string& text = vocab_.tokens[static_cast<size_t>(id)];
   switch (vocab_.types[static_cast<size_t>(id)]) {
     case TokenType::Control:
+      return with_special || std::binary_search(printed_controls_.begin(), printed_controls_.end(), id) ? text : std::string();
     case TokenType::Unknown:
     case TokenType::Unused: return with_special ? text : std::string();
     case TokenType::UserDefined: return text;

@@ -58,7 +58,8 @@ class Tokenizer {
   // puts BOS first unless the text already starts with it.
   std::vector<int32_t> encode(std::string_view text, bool parse_special, bool add_bos) const;
 
-  // The bytes a token stands for. Control tokens give "" unless with_special.
+  // The bytes a token stands for. Control tokens give "" unless with_special, except the
+  // markers of tool calls ([TOOL_CALLS], <|tool_call_start|>, ...), which print as text.
   std::string token_bytes(int32_t id, bool with_special = false) const;
   std::string decode(const std::vector<int32_t>& ids, bool with_special = false) const;
 
@@ -84,6 +85,7 @@ class Tokenizer {
   bool ignore_merges_ = false;
   std::vector<int32_t> special_tokens_;  // split out before pre-tokenizing, longest first
   std::vector<int32_t> end_of_generation_;
+  std::vector<int32_t> printed_controls_;  // control tokens printed without specials (sorted)
   mutable std::once_flag token_texts_once_;
   mutable std::shared_ptr<const std::vector<std::string>> token_texts_;
   std::vector<std::unique_ptr<Regex>> pre_tokenizers_;
