@@ -502,6 +502,21 @@ TEST(Reply, HarmonyStartsWhereThePromptLeftIt) {
   EXPECT_EQ(s.content, "<|channel|>analysis");
 }
 
+TEST(Reply, HarmonyHeadersDoNotDependOnHowTheTextIsCut) {
+  ReplyOptions o;
+  o.harmony = true;
+  o.prompt_tail = "<|start|>assistant";
+  // Found by review: text before a <|message|> used to be taken as a header when fed whole.
+  Split s = split_both_ways(o, "<b>hi</b> and <|message|>x");
+  EXPECT_EQ(s.content, "<b>hi</b> and <|message|>x");
+  s = split_both_ways(o, "Sure! <|channel|>final<|message|>x");
+  EXPECT_EQ(s.content, "Sure! <|channel|>final<|message|>x");
+  // A call whose body is not a JSON object is shown as text, not returned as a call.
+  s = split_both_ways(o, "<|channel|>commentary to=functions.f <|constrain|>json<|message|>not json");
+  EXPECT_TRUE(s.calls.empty());
+  EXPECT_EQ(s.content, "not json");
+}
+
 TEST(Reply, ThinkBlockOpenedByThePrompt) {
   ReplyOptions o;
   o.prompt_tail = "<|im_start|>assistant\n<think>\n";
@@ -512,6 +527,11 @@ TEST(Reply, ThinkBlockOpenedByThePrompt) {
   s = split_both_ways(o, "The answer.");
   EXPECT_EQ(s.content, "The answer.");
   EXPECT_EQ(s.reasoning, "");
+  // A user message that ends in "<think>" does not open a block for the answer.
+  o.prompt_tail = "say <think><|im_end|>\n<|im_start|>assistant\n";
+  EXPECT_FALSE(prompt_opens_think_block(o.prompt_tail));
+  s = split_both_ways(o, "The answer.");
+  EXPECT_EQ(s.content, "The answer.");
 }
 
 TEST(Reply, ToolCallsAreHeldAndParsedWhenTheAnswerEnds) {
@@ -534,6 +554,27 @@ TEST(Reply, ToolCallsAreHeldAndParsedWhenTheAnswerEnds) {
   s = split_both_ways(o, "x <tool_call> not json");
   EXPECT_EQ(s.content, "x <tool_call> not json");
   EXPECT_TRUE(s.calls.empty());
+  // A call to a function the request did not offer is text too.
+  const std::string other = "<tool_call>\n{\"name\": \"launch\", \"arguments\": {}}\n</tool_call>";
+  s = split_both_ways(o, other);
+  EXPECT_TRUE(s.calls.empty());
+  EXPECT_EQ(s.content, other);
+  // parallel_tool_calls false: only the first call counts.
+  const std::string call = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"A\"}}\n</tool_call>";
+  EXPECT_EQ(split_both_ways(o, call + "\n" + call).calls.size(), 2u);
+  o.parallel_calls = false;
+  EXPECT_EQ(split_both_ways(o, call + "\n" + call).calls.size(), 1u);
+}
+
+TEST(Tokenizer, ToolCallMarkersArePrinted) {
+  Vocabulary v;
+  v.tokens = {"a", "[TOOL_CALLS]", "<|im_end|>", "[ARGS]"};
+  v.types = {TokenType::Normal, TokenType::Control, TokenType::Control, TokenType::Control};
+  const Tokenizer t(v);
+  EXPECT_EQ(t.token_bytes(1), "[TOOL_CALLS]");
+  EXPECT_EQ(t.token_bytes(3), "[ARGS]");
+  EXPECT_EQ(t.token_bytes(2), "");
+  EXPECT_EQ((*t.token_texts())[1], "[TOOL_CALLS]");
 }
 
 }  // namespace bmoe

@@ -46,16 +46,6 @@ bool could_be_header(std::string_view text) {
   return false;
 }
 
-// A harmony message to functions.NAME: its body is the arguments, compact JSON when it parses
-// as an object (kept as written otherwise: the client sees what the model said).
-ToolCall harmony_tool_call(const std::string& name, std::string_view body) {
-  ToolCall call;
-  call.name = name;
-  const auto args = nlohmann::ordered_json::parse(body, nullptr, false);
-  call.arguments = args.is_object() ? args.dump() : std::string(body);
-  return call;
-}
-
 }  // namespace
 
 // The harmony format: messages `[<|start|>ROLE]<|channel|>CHANNEL[ to=RECIPIENT][ <|constrain|>json]
@@ -85,7 +75,7 @@ class ReplyParser::Harmony {
     ReplyDelta d;
     if (in_body_) {
       emit(d, held_);
-      close_message();
+      close_message(d);
     } else {
       d.content += held_;  // an unfinished header is text after all
     }
@@ -99,10 +89,16 @@ class ReplyParser::Harmony {
   // Consumes a header once its <|message|> arrives; false when it needs more text.
   bool header_step() {
     if (held_.empty()) return false;
+    // A header opens with a marker and is short; anything else is text, shown as content (so
+    // where the answer was cut into pieces cannot change what counts as a header).
+    if (!could_be_header(held_)) {
+      open_message({});
+      return true;
+    }
     const size_t message = held_.find(kMessage);
-    if (message == std::string::npos) {
-      if (could_be_header(held_) && held_.size() <= kMaxHeader) return false;
-      open_message({});  // not a header: text, shown as content
+    if (message == std::string::npos || message > kMaxHeader) {
+      if (held_.size() <= kMaxHeader) return false;
+      open_message({});
       return true;
     }
     open_message(std::string_view(held_).substr(0, message));
@@ -121,7 +117,7 @@ class ReplyParser::Harmony {
     }
     emit(d, std::string_view(held_).substr(0, end));
     held_.erase(0, end + kEnd.size());
-    close_message();
+    close_message(d);
     return true;
   }
 
@@ -131,7 +127,7 @@ class ReplyParser::Harmony {
     const std::string channel = header_word(header, kChannel);
     if (recipient.rfind("functions.", 0) == 0) {
       kind_ = Kind::Call;
-      call_name_ = recipient.substr(std::string_view("functions.").size());
+      call_recipient_ = recipient;
       call_body_.clear();
     } else {
       kind_ = channel == "analysis" ? Kind::Reasoning : Kind::Content;
@@ -144,8 +140,13 @@ class ReplyParser::Harmony {
     else d.content += text;
   }
 
-  void close_message() {
-    if (in_body_ && kind_ == Kind::Call) calls_->push_back(harmony_tool_call(call_name_, call_body_));
+  // A call whose body is not a JSON object is not a call: its text is shown as content.
+  void close_message(ReplyDelta& d) {
+    if (in_body_ && kind_ == Kind::Call) {
+      ParsedToolCalls parsed = parse_harmony_call(call_recipient_, call_body_);
+      if (parsed.ok) calls_->push_back(std::move(parsed.calls.front()));
+      else d.content += call_body_;
+    }
     in_body_ = false;
   }
 
@@ -154,15 +155,15 @@ class ReplyParser::Harmony {
   std::string held_;
   bool in_body_ = false;
   Kind kind_ = Kind::Content;
-  std::string call_name_, call_body_;
+  std::string call_recipient_, call_body_;
 };
 
 // The content stream of the other formats: content until a tool-call marker, then everything
 // is held and parsed as calls when the answer ends.
 class ReplyParser::ToolText {
  public:
-  ToolText(ToolFormat format, const nlohmann::ordered_json& tools, std::vector<ToolCall>* calls)
-      : format_(format), tools_(tools), markers_(tool_call_markers(format)), calls_(calls) {}
+  ToolText(ToolFormat format, const nlohmann::ordered_json& tools, bool parallel, std::vector<ToolCall>* calls)
+      : format_(format), tools_(tools), parallel_(parallel), markers_(tool_call_markers(format)), calls_(calls) {}
 
   std::string feed(std::string_view piece) {
     held_.append(piece);
@@ -186,34 +187,46 @@ class ReplyParser::ToolText {
     out.swap(held_);
     if (!in_calls_) return out;
     ParsedToolCalls parsed = parse_tool_calls(format_, out, tools_);
-    if (!parsed.ok) return out;  // not calls after all: the text is content
+    // Not calls after all (or calls to functions the request does not offer, such as a JSON
+    // answer with a "name" key in the Llama 3.1 format): the text is content.
+    if (!parsed.ok || !std::all_of(parsed.calls.begin(), parsed.calls.end(), [&](const ToolCall& c) { return offered(c.name); })) {
+      return out;
+    }
+    if (!parallel_) parsed.calls.resize(1);
     calls_->insert(calls_->end(), parsed.calls.begin(), parsed.calls.end());
     return parsed.rest;
   }
 
  private:
+  bool offered(const std::string& name) const {
+    return std::any_of(tools_.begin(), tools_.end(), [&](const nlohmann::ordered_json& t) {
+      return t.is_object() && t.contains("function") && t["function"].is_object() && t["function"].value("name", "") == name;
+    });
+  }
+
   ToolFormat format_;
   nlohmann::ordered_json tools_;
+  bool parallel_;
   std::vector<std::string> markers_;
   std::vector<ToolCall>* calls_;
   std::string held_;
   bool in_calls_ = false;
 };
 
-namespace {
-// Whether the prompt left the answer inside an opened think block (Qwen3.5: "<think>\n").
-bool think_block_open(std::string_view prompt_tail) {
-  const size_t open = prompt_tail.rfind("<think>");
-  return open != std::string_view::npos && prompt_tail.find("</think>", open) == std::string_view::npos;
+bool prompt_opens_think_block(std::string_view prompt_tail) {
+  const size_t end = prompt_tail.find_last_not_of(" \t\r\n");
+  if (end == std::string_view::npos) return false;
+  const std::string_view text = prompt_tail.substr(0, end + 1);
+  constexpr std::string_view kOpen = "<think>";
+  return text.size() >= kOpen.size() && text.substr(text.size() - kOpen.size()) == kOpen;
 }
-}  // namespace
 
 ReplyParser::ReplyParser(ReplyOptions options)
-    : options_(std::move(options)), think_(options_.split_reasoning && think_block_open(options_.prompt_tail)) {
+    : options_(std::move(options)), think_(options_.split_reasoning && prompt_opens_think_block(options_.prompt_tail)) {
   if (options_.harmony) {
     harmony_ = std::make_unique<Harmony>(options_.split_reasoning, options_.prompt_tail, &calls_);
   } else if (options_.tools != ToolFormat::None) {
-    tool_text_ = std::make_unique<ToolText>(options_.tools, options_.tool_list, &calls_);
+    tool_text_ = std::make_unique<ToolText>(options_.tools, options_.tool_list, options_.parallel_calls, &calls_);
   }
 }
 

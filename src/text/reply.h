@@ -6,7 +6,8 @@
 // final and commentary channels are content and a `to=functions.NAME` message is a tool call.
 // In the other formats tool calls are found in the content by their format's markers
 // (text/tool_calls.h): from the first marker on, the text is held back and parsed when the
-// answer ends; what does not parse as calls is content after all.
+// answer ends; what does not parse as calls, or calls a function the request did not offer, is
+// content after all.
 //
 // Contract: the deltas concatenated do not depend on how the answer was cut into pieces; only
 // text that could still turn out to be a tag or a call is held back, and finish() releases it.
@@ -30,7 +31,12 @@ struct ReplyOptions {
   // The end of the rendered prompt (a few tokens, special ones spelled out): whether the answer
   // starts inside a think block or a harmony message.
   std::string prompt_tail;
+  bool parallel_calls = true;  // false: only the first call counts (parallel_tool_calls)
 };
+
+// Whether a prompt ending in `prompt_tail` leaves the answer inside a think block it opened
+// (Qwen3.5's generation prompt ends with "<think>\n").
+bool prompt_opens_think_block(std::string_view prompt_tail);
 
 struct ReplyDelta {
   std::string reasoning;
