@@ -412,7 +412,7 @@ json tool_calls_json(const Completion& c, const std::vector<ToolCall>& calls, bo
   if (c.reply.tools == ToolFormat::None) return out;
   for (size_t i = 0; i < calls.size(); ++i) {
     json call = with_index ? json{{"index", i}} : json::object();
-    call["id"] = new_tool_call_id(c.reply.tools, random_seed());
+    call["id"] = calls[i].id.empty() ? new_tool_call_id(c.reply.tools, random_seed()) : calls[i].id;  // Mistral's own
     call["type"] = "function";
     call["function"] = {{"name", utf8_sanitize(calls[i].name)}, {"arguments", utf8_sanitize(calls[i].arguments)}};
     out.push_back(std::move(call));
@@ -487,7 +487,8 @@ json full_choice(const Completion& c, const GenerateResult& r, int index) {
   if (!d.reasoning.empty()) choice["message"]["reasoning_content"] = utf8_sanitize(d.reasoning);
   if (!calls.empty()) {
     choice["message"]["tool_calls"] = calls;
-    choice["finish_reason"] = "tool_calls";
+    // An answer cut by max_tokens says so, even after a complete call (a later one was lost).
+    if (r.finish_reason != "length") choice["finish_reason"] = "tool_calls";
   }
   return choice;
 }
@@ -584,7 +585,13 @@ class StreamWriter {
       d = parsers_[k].feed(text);
       if (ending) d.append(parsers_[k].finish());
     }
-    if (ending && c_.chat && !write_tool_calls(choice)) return false;
+    // The text first (what the parser released at the end included), then the calls.
+    if (!write_delta(choice, d, lps)) return false;
+    return !ending || !c_.chat || write_tool_calls(choice);
+  }
+
+  bool write_delta(int choice, const ReplyDelta& d, const std::vector<TokenLogprob>& lps) {
+    const size_t k = static_cast<size_t>(choice);
     if (d.empty() && lps.empty()) return true;
     json out = chunk(c_, choice, c_.chat ? nullptr : &d.content, nullptr);
     json& choice_json = out["choices"][0];
@@ -607,7 +614,8 @@ class StreamWriter {
   }
 
   json finish_chunk(int choice, const std::string& reason) {
-    const std::string r = called_[static_cast<size_t>(choice)] ? "tool_calls" : finish_reason(reason);
+    const bool called = called_[static_cast<size_t>(choice)] && reason != "length";
+    const std::string r = called ? "tool_calls" : finish_reason(reason);
     return chunk(c_, choice, nullptr, &r);
   }
 
@@ -989,7 +997,7 @@ int main(int argc, char** argv) {
   app.add_option("--queue", o.queue, "requests that may wait while one decodes; more get 503")->capture_default_str()->check(CLI::Range(0, 4096));
   app.add_option("--http-threads", o.http_threads, "HTTP worker threads (default: queue + 8, at least 16)")->check(CLI::Range(1, 4096));
   app.add_option("-n,--n-predict", o.n_predict, "default max_tokens (-1: up to the context for chat, 16 for completions)")->capture_default_str();
-  add_sampling_flags(app, o.sampling);
+  add_sampling_flags(app, o.sampling, 2.0);  // a request's temperature goes up to 2 (OpenAI)
   app.add_flag("--ignore-eos", o.ignore_eos, "keep generating past end-of-text tokens by default (as llama-server; the request's ignore_eos overrides)");
   app.add_flag("--no-think", o.no_think, "answer without reasoning by default (chat_template_kwargs.enable_thinking overrides)");
   app.add_option("--reasoning-format", o.reasoning_format,

@@ -72,8 +72,8 @@ ChatTemplate chat_template_for(const RunOptions& o, const LoadedModel& model) {
   return t;
 }
 
-void add_sampling_flags(CLI::App& app, SamplerConfig& c) {
-  app.add_option("--temp", c.temperature, "temperature (0 = greedy)")->capture_default_str()->check(finite_number() & CLI::Range(0.0, 100.0));
+void add_sampling_flags(CLI::App& app, SamplerConfig& c, double max_temperature) {
+  app.add_option("--temp", c.temperature, "temperature (0 = greedy)")->capture_default_str()->check(finite_number() & CLI::Range(0.0, max_temperature));
   app.add_option("--top-k", c.top_k, "top-k sampling (0 = off)")->capture_default_str()->check(CLI::Range(0, 1 << 24));
   app.add_option("--top-p", c.top_p, "top-p (nucleus) sampling (1 = off)")->capture_default_str()->check(finite_number() & CLI::Range(0.0, 1.0));
   app.add_option("--min-p", c.min_p, "min-p sampling: keep tokens at least this times as likely as the best (0 = off)")

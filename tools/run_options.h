@@ -79,7 +79,7 @@ void check_output_path(const std::string& path, const std::string& flag);
 void add_run_flags(CLI::App& app, RunOptions& o);
 // The sampling flags (--temp --top-k --top-p --min-p and the penalties) into `c`, whose values
 // are the defaults shown; bmoe-cli's are its settings, bmoe-server's each request's defaults.
-void add_sampling_flags(CLI::App& app, SamplerConfig& c);
+void add_sampling_flags(CLI::App& app, SamplerConfig& c, double max_temperature = 100.0);
 
 // llama.cpp's output constraints: --grammar, --grammar-file, -j/--json-schema, --json-schema-file.
 struct GrammarOptions {

@@ -23,6 +23,8 @@ namespace {
 // messages as sent.
 using json = nlohmann::ordered_json;
 
+constexpr int kMaxJsonDepth = 128;
+
 [[noreturn]] void bad_request(const std::string& message, const std::string& param = {}) {
   throw RequestError(400, "invalid_request_error", message, param);
 }
@@ -31,8 +33,13 @@ json parse_body(const std::string& text) {
   // Checked up front: JSON text is UTF-8, and invalid bytes inside a string would otherwise
   // surface later as a library error.
   if (!utf8_valid(text)) bad_request("the request body is not valid UTF-8");
+  // Nesting is bounded: the parser, copies and the template's values all recurse per level.
+  const auto bounded = [](int depth, json::parse_event_t, json&) {
+    if (depth > kMaxJsonDepth) bad_request(fmt::format("the request body nests deeper than {} levels", kMaxJsonDepth));
+    return true;
+  };
   try {
-    json j = json::parse(text);
+    json j = json::parse(text, bounded);
     if (!j.is_object()) bad_request("the request body must be a JSON object");
     return j;
   } catch (const json::exception& e) {  // syntax errors, and numbers that overflow (out_of_range)
@@ -129,14 +136,19 @@ std::vector<std::pair<int32_t, float>> logit_bias_field(const json& body, const 
   };
   if (b.is_object()) {
     for (const auto& [key, value] : b.items()) add(key, value);
-    return out;
-  }
-  for (const json& pair : b) {
-    if (!pair.is_array() || pair.size() != 2 || !(pair[0].is_string() || pair[0].is_number_integer())) {
-      bad_request("'logit_bias' as a list holds [token id or text, bias] pairs", "logit_bias");
+  } else {
+    for (const json& pair : b) {
+      if (!pair.is_array() || pair.size() != 2 || !(pair[0].is_string() || pair[0].is_number_integer())) {
+        bad_request("'logit_bias' as a list holds [token id or text, bias] pairs", "logit_bias");
+      }
+      add(pair[0].is_string() ? pair[0].get<std::string>() : std::to_string(pair[0].get<int64_t>()), pair[1]);
     }
-    add(pair[0].is_string() ? pair[0].get<std::string>() : std::to_string(pair[0].get<int64_t>()), pair[1]);
   }
+  std::set<int32_t> banned;
+  for (const auto& [t, bias] : out) {
+    if (std::isinf(bias)) banned.insert(t);
+  }
+  if (static_cast<int64_t>(banned.size()) >= tok->vocab_size()) bad_request("'logit_bias' bans every token", "logit_bias");
   return out;
 }
 
@@ -375,7 +387,10 @@ std::shared_ptr<const Grammar> output_grammar(const json& body, const ToolChoice
   std::string param;
   try {
     const std::string gbnf = output_gbnf(body, choice, tools, format, param);
-    return gbnf.empty() ? nullptr : Grammar::parse(gbnf);
+    if (gbnf.empty()) return nullptr;
+    std::shared_ptr<const Grammar> grammar = Grammar::parse(gbnf);
+    GrammarMatcher start(grammar);  // a grammar too ambiguous to start fails here, not mid-answer
+    return grammar;
   } catch (const Error& e) {
     bad_request(e.what(), param);
   }
@@ -428,6 +443,21 @@ std::vector<int32_t> prompt_of(const json& body, bool chat, const RequestContext
   bad_request("'prompt' must be a string, an array of one string, or an array of token ids", "prompt");
 }
 
+// The decoded end of a prompt, special tokens spelled out.
+std::string prompt_tail(const std::vector<int32_t>& prompt, const Tokenizer& tok) {
+  constexpr size_t kTail = 8;  // tokens: enough for "<think>\n" or "<|channel|>final<|message|>"
+  const std::vector<int32_t> tail(prompt.end() - static_cast<std::ptrdiff_t>(std::min(prompt.size(), kTail)), prompt.end());
+  return tok.decode(tail, true);
+}
+
+// A grammar constrains the whole answer, and could never close a think block the template
+// opened (Qwen3.5's "<think>\n"): the prompt closes it instead, as with thinking off.
+void close_open_think_block(std::vector<int32_t>& prompt, const Tokenizer& tok) {
+  if (!prompt_opens_think_block(prompt_tail(prompt, tok))) return;
+  const std::vector<int32_t> close = tok.encode("\n</think>\n\n", true, false);
+  prompt.insert(prompt.end(), close.begin(), close.end());
+}
+
 // How the answer is split for the reply: reasoning, harmony channels, the tools' format, and the
 // prompt's last tokens (whether the answer starts inside a think block or a message).
 ReplyOptions reply_options(const RequestContext& o, const json& tools, const std::vector<int32_t>& prompt) {
@@ -436,9 +466,7 @@ ReplyOptions reply_options(const RequestContext& o, const json& tools, const std
   r.harmony = o.chat_template && o.chat_template->format() == ChatFormat::Harmony;
   r.tools = tools.empty() ? ToolFormat::None : o.tool_format;
   r.tool_list = tools;
-  constexpr size_t kTail = 8;  // tokens: enough for "<think>\n" or "<|channel|>final<|message|>"
-  const std::vector<int32_t> tail(prompt.end() - static_cast<std::ptrdiff_t>(std::min(prompt.size(), kTail)), prompt.end());
-  r.prompt_tail = o.tokenizer->decode(tail, true);
+  r.prompt_tail = prompt_tail(prompt, *o.tokenizer);
   return r;
 }
 
@@ -489,7 +517,11 @@ CompletionRequest parse_completion_request(const std::string& text, bool chat, c
   }
   r.params.grammar = output_grammar(body, choice, tools, context.tool_format);
   r.prompt = prompt_of(body, chat, context, tools);
-  if (chat) r.reply = reply_options(context, tools, r.prompt);
+  if (chat && r.params.grammar) close_open_think_block(r.prompt, *context.tokenizer);
+  if (chat) {
+    r.reply = reply_options(context, tools, r.prompt);
+    r.reply.parallel_calls = bool_field(body, "parallel_tool_calls", true);
+  }
   if (r.prompt.empty()) bad_request("the prompt is empty", chat ? "messages" : "prompt");
   if (static_cast<int>(r.prompt.size()) >= n_ctx) {
     throw RequestError(400, "invalid_request_error",

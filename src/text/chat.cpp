@@ -99,8 +99,14 @@ void object_arguments(nlohmann::ordered_json& message) {
     if (!call.is_object() || !call.contains("function") || !call["function"].is_object()) continue;
     auto& f = call["function"];
     if (!f.contains("arguments") || !f["arguments"].is_string()) continue;
-    auto parsed = nlohmann::ordered_json::parse(f["arguments"].get<std::string>(), nullptr, false);
-    if (parsed.is_object()) f["arguments"] = std::move(parsed);
+    // Nesting is bounded as in a request body (recursion per level); deeper stays text.
+    bool too_deep = false;
+    const auto bounded = [&](int depth, nlohmann::ordered_json::parse_event_t, nlohmann::ordered_json&) {
+      too_deep = too_deep || depth > 128;
+      return !too_deep;
+    };
+    auto parsed = nlohmann::ordered_json::parse(f["arguments"].get<std::string>(), bounded, false);
+    if (parsed.is_object() && !too_deep) f["arguments"] = std::move(parsed);
   }
 }
 

@@ -97,8 +97,12 @@ std::string format_double(double d, bool literal_style) {
 // ---------------------------------------------------------------- Value
 
 namespace {
+// Template data nests at most this deep (each level recurses here and when rendered).
+constexpr int kMaxDataDepth = 256;
+
 template <typename Json>
-Value value_from_json(const Json& j) {
+Value value_from_json(const Json& j, int depth = 0) {
+  if (depth > kMaxDataDepth) throw JinjaError(fmt::format("template data nests deeper than {} levels", kMaxDataDepth));
   switch (j.type()) {
     case Json::value_t::null: return Value::none();
     case Json::value_t::boolean: return Value(j.template get<bool>());
@@ -114,12 +118,12 @@ Value value_from_json(const Json& j) {
     case Json::value_t::string: return Value(j.template get<std::string>());
     case Json::value_t::array: {
       Array a;
-      for (const auto& e : j) a.push_back(value_from_json(e));
+      for (const auto& e : j) a.push_back(value_from_json(e, depth + 1));
       return Value(std::move(a));
     }
     case Json::value_t::object: {
       Object o;
-      for (const auto& [k, v] : j.items()) o.emplace_back(k, value_from_json(v));
+      for (const auto& [k, v] : j.items()) o.emplace_back(k, value_from_json(v, depth + 1));
       return Value(std::move(o));
     }
     default: return Value();

@@ -114,6 +114,17 @@ class ServerTest(unittest.TestCase):
         if cls.server.proc.returncode != 0:
             raise AssertionError(f"server exit code {cls.server.proc.returncode}")
 
+    def server_vocab(self):
+        # The vocabulary size: the first id /detokenize refuses.
+        lo, hi = 1, 1 << 20
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self.server.post("/detokenize", {"tokens": [mid]})[0] == 200:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
     def assert_error(self, status, body, want_status, want_type=None):
         self.assertEqual(status, want_status, body)
         self.assertIn("error", body)
@@ -236,7 +247,11 @@ class ServerTest(unittest.TestCase):
                     {"messages": [{"role": "user", "content": "x"}], "logit_bias": 3},
                     {"messages": [{"role": "user", "content": [{"type": 1, "text": "x"}]}]},
                     {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": 5}]},
-                    {"messages": [{"role": "user", "content": "x"}], "tool_choice": {"type": 5}}):
+                    {"messages": [{"role": "user", "content": "x"}], "tool_choice": {"type": 5}},
+                    {"messages": [{"role": "user", "content": "x"}], "metadata": {"deep": json.loads("[" * 200 + "]" * 200)}},
+                    {"messages": [{"role": "user", "content": "x"}], "grammar": "root ::= " + " | ".join(['"a"'] * 1100)},
+                    {"messages": [{"role": "user", "content": "x"}],
+                     "logit_bias": [[i, False] for i in range(self.server_vocab())]}):
             status, body = s.post("/v1/chat/completions", bad)
             self.assert_error(status, body, 400)
         status, body = s.post("/v1/completions", {"prompt": "word " * 2000, "max_tokens": 4})
@@ -705,6 +720,17 @@ class ServerToolsTest(unittest.TestCase):
             self.assert_error(status, resp, 400)
             self.assertEqual(resp["error"]["param"], field, (extra, resp))
 
+
+    def test_deeply_nested_arguments_do_not_crash(self):
+        deep = "{\"a\": " * 30000 + "1" + "}" * 30000
+        turn = {"messages": [{"role": "user", "content": "x"},
+                             {"role": "assistant", "content": None, "tool_calls": [
+                                 {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": deep}}]},
+                             {"role": "tool", "tool_call_id": "c1", "content": "ok"}],
+                "tools": [self.WEATHER], "max_tokens": 2}
+        status, resp = self.server.post("/v1/chat/completions", turn)
+        self.assertIn(status, (200, 400), resp)
+        self.assertEqual(self.server.get("/health")[0], 200)
 
     def test_each_template_names_its_call_format(self):
         for name, want in (("qwen3", "hermes"), ("gpt-oss", "harmony")):
