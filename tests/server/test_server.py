@@ -574,11 +574,12 @@ class ServerToolsTest(unittest.TestCase):
         templates = load_templates()
         cls.template_dir = tempfile.TemporaryDirectory()
         cls.servers = {}
-        for name, preset, vocab in (("qwen3", "tiny-qwen3moe", "qwen3"), ("gpt-oss", "tiny-gpt-oss", "gptoss")):
+        for name, preset, vocab in (("qwen3", "tiny-qwen3moe", "qwen3"), ("gpt-oss", "tiny-gpt-oss", "gptoss"),
+                                    ("qwen3.5", "tiny-qwen3moe", "qwen3")):
             path = os.path.join(cls.template_dir.name, name + ".jinja")
             with open(path, "w") as f:
                 f.write(templates[name])
-            model = synth(f"{preset}-{vocab}", preset, "--vocab", vocab)
+            model = synth(f"{preset}-{vocab}", preset, "--vocab", vocab)  # shared by the two Qwen templates
             cls.servers[name] = Server(model, "-c", "2048", "--chat-template-file", path)
         cls.server = cls.servers["qwen3"]
 
@@ -732,8 +733,30 @@ class ServerToolsTest(unittest.TestCase):
         self.assertIn(status, (200, 400), resp)
         self.assertEqual(self.server.get("/health")[0], 200)
 
+    def test_qwen35_xml_calls_and_json_after_its_open_think_block(self):
+        s = self.servers["qwen3.5"]
+        body = {"messages": [{"role": "user", "content": "Weather in Paris?"}], "max_tokens": 300, "temperature": 1,
+                "tools": [self.WEATHER], "tool_choice": "required", "parallel_tool_calls": False}
+        for seed in range(2):
+            status, resp = s.post("/v1/chat/completions", {**body, "seed": seed})
+            self.assertEqual(status, 200, resp)
+            choice = resp["choices"][0]
+            self.assertEqual(choice["finish_reason"], "tool_calls", choice)
+            self.check_weather_args(choice["message"]["tool_calls"][0]["function"]["arguments"])
+        # The template opens <think>; a grammar-constrained answer is content all the same.
+        schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+                  "additionalProperties": False}
+        status, resp = s.post("/v1/chat/completions", {
+            "messages": body["messages"], "max_tokens": 100, "temperature": 1, "seed": 1,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}})
+        self.assertEqual(status, 200, resp)
+        self.assertIsInstance(json.loads(resp["choices"][0]["message"]["content"])["ok"], bool)
+        self.assertNotIn("reasoning_content", resp["choices"][0]["message"])
+        _, free = s.post("/v1/chat/completions", {"messages": body["messages"], "max_tokens": 1})
+        self.assertGreater(resp["usage"]["prompt_tokens"], free["usage"]["prompt_tokens"])  # "</think>" added
+
     def test_each_template_names_its_call_format(self):
-        for name, want in (("qwen3", "hermes"), ("gpt-oss", "harmony")):
+        for name, want in (("qwen3", "hermes"), ("gpt-oss", "harmony"), ("qwen3.5", "qwen-xml")):
             _, text = self.servers[name].get("/props")
             self.assertEqual(json.loads(text)["tool_call_format"], want)
 
