@@ -23,8 +23,8 @@
 #include "moe/streaming_experts.h"
 #include <fmt/format.h>
 #include <unistd.h>
-#include "moe/direct_io.h"
-#include "moe/read_lanes.h"
+#include "io/direct_io.h"
+#include "io/read_lanes.h"
 #include "moe/route_trace.h"
 #include "test_util.h"
 

@@ -13,7 +13,7 @@
 
 #include "core/error.h"
 #include "core/rng.h"
-#include "moe/direct_io.h"
+#include "io/direct_io.h"
 
 using namespace bmoe;
 

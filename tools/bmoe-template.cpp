@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "core/mapped_file.h"
+#include "io/mapped_file.h"
 #include "gguf/gguf.h"
 #include "text/jinja.h"
 

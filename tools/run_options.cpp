@@ -13,7 +13,7 @@
 
 #include "core/cpu_features.h"
 #include "core/error.h"
-#include "core/mapped_file.h"
+#include "io/mapped_file.h"
 #include "core/progress.h"
 #include "core/timer.h"
 #include "moe/cache_file.h"

@@ -6,10 +6,10 @@
 #include <string>
 #include <vector>
 
-#include "core/mapped_file.h"
+#include "io/mapped_file.h"
 #include "gguf/gguf.h"
 #include "model/transformer.h"
-#include "moe/direct_io.h"
+#include "io/direct_io.h"
 #include "moe/expert_source.h"
 #include "moe/streaming_experts.h"
 #include "text/tokenizer.h"

@@ -4,7 +4,7 @@
 #include <memory>
 #include <vector>
 
-#include "core/mapped_file.h"
+#include "io/mapped_file.h"
 #include "moe/expert_source.h"
 
 namespace bmoe {

@@ -15,10 +15,10 @@
 #include "moe/affinity_predictor.h"
 #include "moe/buffer_pool.h"
 #include "moe/cache_policy.h"
-#include "moe/direct_io.h"
+#include "io/direct_io.h"
 #include "moe/expert_source.h"
 #include "moe/overlap_chooser.h"
-#include "moe/read_lanes.h"
+#include "io/read_lanes.h"
 
 namespace bmoe {
 

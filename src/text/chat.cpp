@@ -4,7 +4,7 @@
 #include <filesystem>
 
 #include "core/error.h"
-#include "core/mapped_file.h"
+#include "io/mapped_file.h"
 #include "text/jinja.h"
 
 namespace bmoe {

@@ -24,7 +24,7 @@
 #include <thread>
 #include <vector>
 
-#include "moe/direct_io.h"
+#include "io/direct_io.h"
 
 namespace bmoe {
 

@@ -1,4 +1,4 @@
-#include "moe/read_lanes.h"
+#include "io/read_lanes.h"
 
 #include <algorithm>
 #include <cerrno>

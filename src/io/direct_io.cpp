@@ -1,4 +1,4 @@
-#include "moe/direct_io.h"
+#include "io/direct_io.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
