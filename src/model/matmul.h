@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "core/thread_pool.h"
-#include "model/weight.h"
+#include "quant/weight.h"
 
 namespace bmoe {
 

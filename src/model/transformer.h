@@ -14,10 +14,13 @@
 #include "model/config.h"
 #include "model/delta_net.h"
 #include "model/matmul.h"
-#include "model/weight.h"
 #include "moe/expert_source.h"
+#include "quant/weight.h"
 
 namespace bmoe {
+
+// Small vectors (norm weights, biases) are kept as f32 copies, whatever their file type.
+using Vector = std::vector<float>;
 
 // Roles of the matrices an ExpertSource returns for one expert.
 struct ExpertRoles {

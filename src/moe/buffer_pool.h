@@ -23,7 +23,7 @@
 #include <memory>
 #include <vector>
 
-#include "model/weight.h"
+#include "quant/weight.h"
 
 namespace bmoe {
 

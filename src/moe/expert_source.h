@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "model/weight.h"
+#include "quant/weight.h"
 
 namespace bmoe {
 

@@ -1,10 +1,10 @@
 // A view of one weight matrix in memory: `rows` rows of `cols` elements, each row a run of
-// quantized blocks. The model code only ever sees these views, never files.
+// quantized blocks. The model code only ever sees these views, never files; expert sources
+// (src/moe) hand them out, so the view sits below both, beside the block types it describes.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
-#include <vector>
 
 #include "quant/types.h"
 
@@ -27,8 +27,5 @@ struct Weight {
     return w;
   }
 };
-
-// Small vectors (norm weights, biases) are kept as f32 copies, whatever their file type.
-using Vector = std::vector<float>;
 
 }  // namespace bmoe
