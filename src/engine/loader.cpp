@@ -211,7 +211,9 @@ uint64_t prefetch_staging_bytes(const ExpertLayout& layout, int per_layer, int w
 }
 
 void attach_streaming(LoadedModel& model, const StreamingOptions& options) {
-  model.experts = std::make_unique<StreamingExperts>(model.expert_layout, options);
+  auto store = std::make_unique<StreamingExperts>(model.expert_layout, options);
+  model.streamer_ = store.get();
+  model.experts = std::move(store);
   model.transformer->set_experts(model.experts.get());
 }
 

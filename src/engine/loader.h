@@ -43,7 +43,13 @@ struct LoadedModel {
 
   ~LoadedModel();
   bool streaming() const { return maps.empty(); }
-  StreamingExperts* streamer() { return dynamic_cast<StreamingExperts*>(experts.get()); }
+  // The streaming store attach_streaming made (it owns nothing: `experts` does), or nullptr
+  // when experts are resident. A typed handle, so no caller needs to ask `experts` its class.
+  StreamingExperts* streamer() { return streamer_; }
+
+ private:
+  friend void attach_streaming(LoadedModel& model, const StreamingOptions& options);
+  StreamingExperts* streamer_ = nullptr;
 };
 
 std::unique_ptr<LoadedModel> load_model(const std::string& path, const LoadOptions& options);
