@@ -52,6 +52,7 @@ int utf8_sequence_length(uint8_t lead) {
 }
 
 void append_utf8(std::string& out, uint32_t cp) {
+  if (cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) cp = 0xFFFD;  // not a character: U+FFFD
   if (cp < 0x80) {
     out += static_cast<char>(cp);
   } else if (cp < 0x800) {

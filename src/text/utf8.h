@@ -11,7 +11,7 @@ namespace bmoe {
 
 // Length of the sequence a lead byte announces (1 for invalid leads, so callers advance).
 int utf8_sequence_length(uint8_t lead);
-// Appends the UTF-8 encoding of a codepoint.
+// Appends the UTF-8 encoding of a codepoint (U+FFFD for a surrogate or a value past U+10FFFF).
 void append_utf8(std::string& out, uint32_t cp);
 // Splits text into codepoints; invalid bytes decode to U+FFFD one byte at a time.
 std::vector<uint32_t> utf8_codepoints(std::string_view text);
