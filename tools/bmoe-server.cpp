@@ -119,9 +119,11 @@ struct Counters {
   uint64_t live_pieces = 0;  // pieces of the running job so far (~ its tokens; exact counts come at its end)
 };
 
-class Engine {
+// The one decoding thread: a bounded queue of jobs, each run to completion on the server's
+// single session (whose KV prefix later requests reuse), with the counters /metrics reports.
+class DecodeWorker {
  public:
-  Engine(LoadedRun run, const ServerOptions& o)
+  DecodeWorker(LoadedRun run, const ServerOptions& o)
       : run_(std::move(run)),
         pool_(o.run.thread_count()),
         session_(*run_.model, pool_, o.run.ctx_size, o.run.batch(), SamplerConfig{}, o.run.kv()),
@@ -130,7 +132,7 @@ class Engine {
     session_.state().set_routing_options(o.run.routing());
     worker_ = std::thread([this] { work(); });
   }
-  ~Engine() {
+  ~DecodeWorker() {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       stopping_ = true;
@@ -692,9 +694,9 @@ std::string random_id(const char* prefix) {
 
 class Server {
  public:
-  Server(Engine& engine, const ServerOptions& o) : engine_(engine), o_(o) {
+  Server(DecodeWorker& worker, const ServerOptions& o) : worker_(worker), o_(o) {
     model_name_ = utf8_sanitize(o.alias.empty() ? std::filesystem::path(o.run.model).filename().string() : o.alias);
-    chat_template_ = chat_template_for(o.run, engine.model());
+    chat_template_ = chat_template_for(o.run, worker.model());
     tool_format_ = tool_format_of(chat_template_.source());
   }
 
@@ -708,7 +710,7 @@ class Server {
       res.set_header("Cache-Control", "no-cache");
       res.set_content(kWebIndexHtml.data(), kWebIndexHtml.size(), "text/html; charset=utf-8");
     });
-    http.Get("/stats", guarded([this](const httplib::Request&, httplib::Response& res) { send_json(res, 200, engine_.stats()); }));
+    http.Get("/stats", guarded([this](const httplib::Request&, httplib::Response& res) { send_json(res, 200, worker_.stats()); }));
     http.Get("/v1/models", guarded([this](const httplib::Request&, httplib::Response& res) {
       send_json(res, 200, {{"object", "list"},
                            {"data", json::array({{{"id", model_name_}, {"object", "model"}, {"created", 0},
@@ -725,7 +727,7 @@ class Server {
     }));
     http.Post("/tokenize", guarded([this](const httplib::Request& req, httplib::Response& res) {
       const TokenizeRequest r = parse_tokenize_request(req.body);
-      const Tokenizer& tok = *engine_.model().tokenizer;
+      const Tokenizer& tok = *worker_.model().tokenizer;
       const std::vector<int32_t> ids = tok.encode(r.content, true, r.add_special && tok.vocab().add_bos);
       json tokens = json::array();
       for (int32_t id : ids) {
@@ -735,14 +737,14 @@ class Server {
       send_json(res, 200, {{"tokens", tokens}});
     }));
     http.Post("/detokenize", guarded([this](const httplib::Request& req, httplib::Response& res) {
-      const Tokenizer& tok = *engine_.model().tokenizer;
+      const Tokenizer& tok = *worker_.model().tokenizer;
       const std::vector<int32_t> ids = parse_detokenize_request(req.body, tok.vocab_size());
       send_json(res, 200, {{"content", utf8_sanitize(tok.decode(ids, true))}});
     }));
     http.Get("/props", guarded([this](const httplib::Request&, httplib::Response& res) {
-      const ModelConfig& cfg = engine_.model().transformer->config();
+      const ModelConfig& cfg = worker_.model().transformer->config();
       const SamplerConfig& d = o_.sampling;
-      json settings = {{"n_ctx", engine_.n_ctx()}, {"n_predict", o_.n_predict}, {"temperature", d.temperature},
+      json settings = {{"n_ctx", worker_.n_ctx()}, {"n_predict", o_.n_predict}, {"temperature", d.temperature},
                        {"top_k", d.top_k}, {"top_p", d.top_p}, {"min_p", d.min_p},
                        {"presence_penalty", d.presence_penalty}, {"frequency_penalty", d.frequency_penalty},
                        {"repeat_penalty", d.repeat_penalty}, {"repeat_last_n", d.repeat_last_n},
@@ -754,13 +756,13 @@ class Server {
                            {"chat_format", chat_format_name(chat_template_.format())},
                            {"chat_template_source", chat_template_.description()},
                            {"tool_call_format", tool_format_name(tool_format_)},
-                           {"chat_template", utf8_sanitize(engine_.model().tokenizer->vocab().chat_template)},
+                           {"chat_template", utf8_sanitize(worker_.model().tokenizer->vocab().chat_template)},
                            {"architecture", cfg.arch},
                            {"reasoning_format", o_.reasoning_format},
                            {"build_info", fmt::format("bmoe {}", BMOE_VERSION)}});
     }));
     http.Get("/metrics", guarded([this](const httplib::Request&, httplib::Response& res) {
-      res.set_content(engine_.prometheus(), "text/plain; version=0.0.4");
+      res.set_content(worker_.prometheus(), "text/plain; version=0.0.4");
     }));
     http.Post("/v1/chat/completions", guarded([this](const httplib::Request& req, httplib::Response& res) {
       complete(req, res, true);
@@ -795,17 +797,17 @@ class Server {
   Handler guarded(Handler h) {
     return [this, h](const httplib::Request& req, httplib::Response& res) {
       if (!o_.api_key.empty() && req.get_header_value("Authorization") != "Bearer " + o_.api_key) {
-        engine_.count(&Counters::unauthorized);
+        worker_.count(&Counters::unauthorized);
         send_json(res, 401, error_body("authentication_error", "invalid or missing API key (Authorization: Bearer KEY)"));
         return;
       }
       try {
         h(req, res);
       } catch (const RequestError& e) {
-        if (e.status == 400) engine_.count(&Counters::bad_request);
+        if (e.status == 400) worker_.count(&Counters::bad_request);
         send_json(res, e.status, error_body(e.type, e.what(), e.param, e.code));
       } catch (const Error& e) {
-        engine_.count(&Counters::bad_request);
+        worker_.count(&Counters::bad_request);
         send_json(res, 400, error_body("invalid_request_error", e.what()));
       }
     };
@@ -818,9 +820,9 @@ class Server {
     job->prompt = std::move(request.prompt);
     job->n = request.n;
     const bool stream = request.stream;
-    if (!engine_.submit(job)) {
+    if (!worker_.submit(job)) {
       res.set_header("Retry-After", "1");
-      if (engine_.shutting_down()) {
+      if (worker_.shutting_down()) {
         send_json(res, 503, error_body("server_shutting_down", kShuttingDown));
         return;
       }
@@ -830,7 +832,7 @@ class Server {
     }
     Completion c{chat, std::move(request.reply), request.include_usage, random_id(chat ? "chatcmpl" : "cmpl"),
                  static_cast<int64_t>(std::time(nullptr)), model_name_, request.n, request.logprobs(),
-                 engine_.model().tokenizer.get()};
+                 worker_.model().tokenizer.get()};
     // Counted until the library is done with the response (it destroys the provider then).
     ++responding_;
     const auto responding = std::shared_ptr<void>(nullptr, [this](void*) { --responding_; });
@@ -906,12 +908,12 @@ class Server {
     }, [job, responding](bool) { job->cancel.store(true); });
   }
 
-  Engine& engine_;
+  DecodeWorker& worker_;
   RequestContext request_context() const {
     RequestContext c;
-    c.tokenizer = engine_.model().tokenizer.get();
+    c.tokenizer = worker_.model().tokenizer.get();
     c.chat_template = &chat_template_;
-    c.n_ctx = engine_.n_ctx();
+    c.n_ctx = worker_.n_ctx();
     c.n_predict = o_.n_predict;
     c.sampling = o_.sampling;
     c.no_think = o_.no_think;
@@ -942,8 +944,8 @@ int serve(const ServerOptions& o) {
   LoadedRun loaded = load_run(o.run);
   ServerOptions resolved = o;
   resolved.draft = o.run.draft_config(loaded.model->transformer->config());
-  Engine engine(std::move(loaded), resolved);
-  Server api(engine, resolved);
+  DecodeWorker worker(std::move(loaded), resolved);
+  Server api(worker, resolved);
   httplib::Server http;
   // Each connection holds an HTTP thread while it is open (the library has no event loop), so
   // slow or idle clients must not be able to take them all: many threads (cheap while they
@@ -969,7 +971,7 @@ int serve(const ServerOptions& o) {
     int sig = 0;
     sigwait(&signals, &sig);
     fmt::print(stderr, "server: stopping (signal {}): the running request is cancelled, queued ones are answered\n", sig);
-    engine.shutdown();
+    worker.shutdown();
     api.wait_answered(std::chrono::seconds(10));
     http.stop();
   });
@@ -979,7 +981,7 @@ int serve(const ServerOptions& o) {
   http.listen_after_bind();
   pthread_kill(stopper.native_handle(), SIGTERM);  // if the server stopped by itself
   stopper.join();
-  save_cache_file(o.run, engine.model());
+  save_cache_file(o.run, worker.model());
   return 0;
 }
 
