@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "core/timer.h"
+#include "text/tag_scan.h"
 #include "text/utf8.h"
 
 namespace bmoe {
@@ -12,27 +13,14 @@ namespace bmoe {
 std::string StopMatcher::push(const std::string& text) {
   if (stopped_) return {};
   pending_ += text;
-  size_t first = std::string::npos;
-  for (const std::string& s : stops_) {
-    if (s.empty()) continue;
-    first = std::min(first, pending_.find(s));
-  }
+  const size_t first = first_tag(pending_, stops_);
   if (first != std::string::npos) {
     stopped_ = true;
     std::string out = pending_.substr(0, first);
     pending_.clear();
     return out;
   }
-  // Keep the longest tail that is a proper prefix of some stop string.
-  size_t hold = 0;
-  for (const std::string& s : stops_) {
-    for (size_t n = std::min(s.size() - (s.empty() ? 0 : 1), pending_.size()); n > hold; --n) {
-      if (pending_.compare(pending_.size() - n, n, s, 0, n) == 0) {
-        hold = n;
-        break;
-      }
-    }
-  }
+  const size_t hold = partial_tag_length(pending_, stops_);  // could still become a stop string
   std::string out = pending_.substr(0, pending_.size() - hold);
   pending_.erase(0, pending_.size() - hold);
   return out;

@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "io/mapped_file.h"
 #include "text/jinja.h"
+#include "text/tag_scan.h"
 
 namespace bmoe {
 
@@ -227,14 +228,7 @@ std::string ChatTemplate::apply(const std::vector<ChatMessage>& messages, bool n
 namespace {
 constexpr std::string_view kThinkOpen = "<think>";
 constexpr std::string_view kThinkClose = "</think>";
-
-// Length of the longest suffix of `text` that is a proper prefix of `tag`.
-size_t partial_tag_suffix(std::string_view text, std::string_view tag) {
-  for (size_t n = std::min(text.size(), tag.size() - 1); n > 0; --n) {
-    if (text.substr(text.size() - n) == tag.substr(0, n)) return n;
-  }
-  return 0;
-}
+const std::vector<std::string> kThinkCloseTag = {std::string(kThinkClose)};
 }  // namespace
 
 ReasoningSplitter::Delta ReasoningSplitter::feed(std::string_view piece) {
@@ -267,7 +261,7 @@ ReasoningSplitter::Delta ReasoningSplitter::feed(std::string_view piece) {
           state_ = State::ContentStart;
           progress = true;
         } else {
-          const size_t keep = partial_tag_suffix(held_, kThinkClose);
+          const size_t keep = partial_tag_length(held_, kThinkCloseTag);
           d.reasoning += held_.substr(0, held_.size() - keep);
           held_.erase(0, held_.size() - keep);
         }

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "text/tag_scan.h"
+
 namespace bmoe {
 
 namespace {
@@ -10,22 +12,9 @@ constexpr std::string_view kStart = "<|start|>";
 constexpr std::string_view kChannel = "<|channel|>";
 constexpr std::string_view kMessage = "<|message|>";
 constexpr std::string_view kEnd = "<|end|>";
+const std::vector<std::string> kEndTag = {std::string(kEnd)};
 constexpr std::string_view kConstrain = "<|constrain|>";
 constexpr size_t kMaxHeader = 256;  // longer "headers" are text the model wrote, not a header
-
-// Length of the longest suffix of `text` that is a proper prefix of one of `tags`.
-size_t held_suffix(std::string_view text, const std::vector<std::string>& tags) {
-  size_t hold = 0;
-  for (const std::string& tag : tags) {
-    for (size_t n = std::min(text.size(), tag.size() - 1); n > hold; --n) {
-      if (text.substr(text.size() - n) == std::string_view(tag).substr(0, n)) {
-        hold = n;
-        break;
-      }
-    }
-  }
-  return hold;
-}
 
 // The word after `key` in a harmony header ("analysis" after <|channel|>, "functions.f" after
 // "to="), up to whitespace or the next marker.
@@ -110,7 +99,7 @@ class ReplyParser::Harmony {
   bool body_step(ReplyDelta& d) {
     const size_t end = held_.find(kEnd);
     if (end == std::string::npos) {
-      const size_t keep = held_suffix(held_, {std::string(kEnd)});
+      const size_t keep = partial_tag_length(held_, kEndTag);
       emit(d, std::string_view(held_).substr(0, held_.size() - keep));
       held_.erase(0, held_.size() - keep);
       return false;
@@ -168,15 +157,14 @@ class ReplyParser::ToolText {
   std::string feed(std::string_view piece) {
     held_.append(piece);
     if (in_calls_) return {};
-    size_t first = std::string::npos;
-    for (const std::string& m : markers_) first = std::min(first, held_.find(m));
+    const size_t first = first_tag(held_, markers_);
     if (first != std::string::npos) {
       in_calls_ = true;
       std::string out = held_.substr(0, first);
       held_.erase(0, first);
       return out;
     }
-    const size_t keep = held_suffix(held_, markers_);
+    const size_t keep = partial_tag_length(held_, markers_);
     std::string out = held_.substr(0, held_.size() - keep);
     held_.erase(0, held_.size() - keep);
     return out;
