@@ -878,6 +878,15 @@ struct GrammarMatcher::Impl {
   }
 
   bool run(std::string_view bytes, MatchState*& result);
+  // run(), with the arena cut back to `base` if it throws (the caller decides on success).
+  bool run_from(size_t base, std::string_view bytes, MatchState*& result) {
+    try {
+      return run(bytes, result);
+    } catch (...) {
+      arena.truncate(base);
+      throw;
+    }
+  }
   bool step(const MatchState& in, uint8_t b, MatchState& out);
   void advance(const std::vector<uint32_t>& in, uint32_t cp, std::vector<uint32_t>& out);
   void expand(uint32_t pos, uint32_t parent, std::vector<uint32_t>& out);
@@ -1093,14 +1102,7 @@ GrammarMatcher& GrammarMatcher::operator=(GrammarMatcher&&) noexcept = default;
 bool GrammarMatcher::accept(std::string_view bytes) {
   const size_t base = impl_->arena.size();
   MatchState* result = nullptr;
-  bool ok = false;
-  try {
-    ok = impl_->run(bytes, result);
-  } catch (...) {
-    impl_->arena.truncate(base);
-    throw;
-  }
-  if (!ok) {
+  if (!impl_->run_from(base, bytes, result)) {
     impl_->arena.truncate(base);
     return false;
   }
@@ -1112,13 +1114,7 @@ bool GrammarMatcher::accept(std::string_view bytes) {
 bool GrammarMatcher::accepts(std::string_view bytes) const {
   const size_t base = impl_->arena.size();
   MatchState* result = nullptr;
-  bool ok = false;
-  try {
-    ok = impl_->run(bytes, result);
-  } catch (...) {
-    impl_->arena.truncate(base);
-    throw;
-  }
+  const bool ok = impl_->run_from(base, bytes, result);
   impl_->arena.truncate(base);
   return ok;
 }
