@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <initializer_list>
 #include <queue>
 
 #include "core/error.h"
@@ -133,25 +134,21 @@ void build_byte_table(uint32_t table[256]) {
   for (int b = 0; b < 256; ++b) table[b] = direct[b] ? static_cast<uint32_t>(b) : next++;
 }
 
+bool is_one_of(std::string_view text, std::initializer_list<std::string_view> names) {
+  return std::find(names.begin(), names.end(), text) != names.end();
+}
+
 bool is_end_marker(const std::string& text) {
-  static const char* kMarkers[] = {"<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>",
-                                   "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>", "<turn|>"};
-  for (const char* m : kMarkers) {
-    if (text == m) return true;
-  }
-  return false;
+  return is_one_of(text, {"<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<end_of_turn>",
+                          "<|endoftext|>", "<|end_of_text|>", "<turn|>"});
 }
 
 // Control tokens that write a tool call (Mistral's, LFM2's, Gemma 4's): printed like text, as
 // llama-server keeps a format's markers, so the reply parser sees the call and a grammar can
 // use the token.
 bool is_tool_call_marker(const std::string& text) {
-  static const char* kMarkers[] = {"[TOOL_CALLS]", "[ARGS]", "[CALL_ID]", "<|tool_call_start|>", "<|tool_call_end|>",
-                                   "<|tool_call>", "<tool_call|>", "<|\"|>", "<tool_call>", "</tool_call>"};
-  for (const char* m : kMarkers) {
-    if (text == m) return true;
-  }
-  return false;
+  return is_one_of(text, {"[TOOL_CALLS]", "[ARGS]", "[CALL_ID]", "<|tool_call_start|>", "<|tool_call_end|>",
+                          "<|tool_call>", "<tool_call|>", "<|\"|>", "<tool_call>", "</tool_call>"});
 }
 
 bool has_control_token(const Vocabulary& vocab, std::string_view text) {
@@ -169,7 +166,7 @@ void render_harmony_markers(Vocabulary& vocab) {
   const bool harmony_ends = has_control_token(vocab, "<|return|>") && has_control_token(vocab, "<|call|>");
   for (size_t i = 0; i < vocab.tokens.size(); ++i) {
     const std::string& t = vocab.tokens[i];
-    const bool marker = t == "<|channel|>" || t == "<|message|>" || t == "<|start|>" || t == "<|constrain|>";
+    const bool marker = is_one_of(t, {"<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"});
     if (marker || (harmony_ends && t == "<|end|>")) vocab.types[i] = TokenType::UserDefined;
   }
 }
