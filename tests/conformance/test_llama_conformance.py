@@ -107,7 +107,9 @@ class Conformance:
     def check_greedy(self, env, bmoe_flags):
         texts = PROMPTS + [CHAT_FORMATS[self.chat](p) for p in CHAT_PROMPTS]
         ref = oracle("greedy", self.model, texts, N, env, self.peer_exclude)
-        alt = oracle("greedy", self.model, texts, N, {**env, "ORACLE_BATCH": "1"}, self.peer_exclude)
+        # Only the reference's top-2 probabilities are read (near-ties are judged on its path):
+        # the token-by-token run is asked for its tokens alone, which is 3x faster.
+        alt = oracle("greedy", self.model, texts, N, {**env, "ORACLE_BATCH": "1", "ORACLE_TOP2": "0"}, self.peer_exclude)
         ours = [bmoe_greedy(self.model, p, N, *bmoe_flags) for p in PROMPTS]
         ours += [bmoe_greedy(self.model, p, N, "--chat", *bmoe_flags) for p in CHAT_PROMPTS]
         ours_hard, self_hard = [], []
