@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "engine/gguf_vocabulary.h"
 #include "gguf/gguf.h"
 #include "text/grammar.h"
 #include "text/json_schema.h"
@@ -925,7 +926,7 @@ std::unique_ptr<Tokenizer> real_tokenizer() {
     write_synth_model(spec, path);
   }
   const auto model = GgufModel::open(path);
-  return std::make_unique<Tokenizer>(Vocabulary::from_gguf(*model));
+  return std::make_unique<Tokenizer>(read_vocabulary(*model));
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "engine/gguf_vocabulary.h"
 #include "gguf/gguf.h"
 #include "synth/synth.h"
 #include "text/chat.h"
@@ -25,7 +26,7 @@ Tokenizer* tokenizer_of_preset(const std::string& preset) {
   spec.n_layer = 1;
   write_synth_model(spec, path);
   auto model = GgufModel::open(path);
-  auto* t = new Tokenizer(Vocabulary::from_gguf(*model));
+  auto* t = new Tokenizer(read_vocabulary(*model));
   std::filesystem::remove(path);
   return t;
 }

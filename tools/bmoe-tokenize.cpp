@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "engine/gguf_vocabulary.h"
 #include "gguf/gguf.h"
 #include "text/tokenizer.h"
 
@@ -31,7 +32,7 @@ int main(int argc, char** argv) {
   }
   try {
     const auto gguf = GgufModel::open(model_path);
-    const Tokenizer tokenizer(Vocabulary::from_gguf(*gguf));
+    const Tokenizer tokenizer(read_vocabulary(*gguf));
     std::vector<std::string> texts;
     if (!json_file.empty()) {
       std::ifstream in(json_file);

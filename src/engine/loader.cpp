@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/progress.h"
 #include "core/timer.h"
+#include "engine/gguf_vocabulary.h"
 #include "model/arch.h"
 #include "moe/resident_experts.h"
 #include "quant/quant.h"
@@ -186,7 +187,7 @@ std::unique_ptr<LoadedModel> load_model(const std::string& path, const LoadOptio
     config.n_expert_used = options.n_expert_used;
   }
 
-  model->tokenizer = std::make_unique<Tokenizer>(Vocabulary::from_gguf(gguf));
+  model->tokenizer = std::make_unique<Tokenizer>(read_vocabulary(gguf));
   if (model->tokenizer->vocab_size() < config.n_vocab) {
     fail("{}: vocabulary has {} tokens but the embeddings have {} rows", path, model->tokenizer->vocab_size(), config.n_vocab);
   }

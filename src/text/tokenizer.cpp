@@ -10,7 +10,6 @@
 #include <queue>
 
 #include "core/error.h"
-#include "gguf/gguf.h"
 #include "text/utf8.h"
 
 namespace bmoe {
@@ -87,37 +86,12 @@ struct Tokenizer::Regex {
 
 // ------------------------------------------------------------------ vocabulary
 
-Vocabulary Vocabulary::from_gguf(const GgufModel& model) {
-  Vocabulary v;
-  v.model = model.get_string("tokenizer.ggml.model");
-  v.pre = model.get_string_or("tokenizer.ggml.pre", "default");
-  v.tokens = model.get_string_array("tokenizer.ggml.tokens");
-  if (model.find("tokenizer.ggml.token_type")) {
-    for (int64_t t : model.get_int_array("tokenizer.ggml.token_type")) v.types.push_back(static_cast<TokenType>(t));
-  }
-  if (v.types.empty()) v.types.assign(v.tokens.size(), TokenType::Normal);
-  if (v.types.size() != v.tokens.size()) {
-    fail("{}: tokenizer.ggml.token_type has {} entries for {} tokens", model.primary().path,
-         v.types.size(), v.tokens.size());
-  }
-  if (model.find("tokenizer.ggml.merges")) v.merges = model.get_string_array("tokenizer.ggml.merges");
-  const auto n = static_cast<int64_t>(v.tokens.size());
-  auto id = [&](const char* key) -> int32_t {
-    const int64_t value = model.get_int_or(key, -1);
-    if (value >= n) fail("{}: {} = {} is outside the vocabulary", model.primary().path, key, value);
-    return static_cast<int32_t>(value);
-  };
-  v.bos = id("tokenizer.ggml.bos_token_id");
-  v.eos = id("tokenizer.ggml.eos_token_id");
-  v.eot = id("tokenizer.ggml.eot_token_id");
-  v.pad = id("tokenizer.ggml.padding_token_id");
-  v.add_bos = model.get_bool_or("tokenizer.ggml.add_bos_token", ignores_merges(v.pre));
+void settle_vocabulary(Vocabulary& v, std::optional<bool> add_bos_key) {
+  v.add_bos = add_bos_key.value_or(ignores_merges(v.pre));
   if (v.model == "gemma4") {
     v.pre = "gemma4";  // the model implies its pre-tokenizer
     v.add_bos = true;  // as llama.cpp forces for Gemma 4
   }
-  v.chat_template = model.get_string_or("tokenizer.chat_template", "");
-  return v;
 }
 
 // ------------------------------------------------------------------ tokenizer

@@ -10,14 +10,13 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
 
 namespace bmoe {
-
-class GgufModel;
 
 // GGUF token types.
 enum class TokenType : int32_t {
@@ -42,9 +41,12 @@ struct Vocabulary {
   int32_t pad = -1;
   bool add_bos = false;
   std::string chat_template;
-
-  static Vocabulary from_gguf(const GgufModel& model);
 };
+
+// Fills in what a model file leaves to the tokenizer's kind: whether BOS is added (the file's
+// tokenizer.ggml.add_bos_token when it has one, else the pre-tokenizer's default) and Gemma 4's
+// implied pre-tokenizer and BOS. Reading the file is the loader's job (engine/gguf_vocabulary.h).
+void settle_vocabulary(Vocabulary& v, std::optional<bool> add_bos_key);
 
 class Tokenizer {
  public:

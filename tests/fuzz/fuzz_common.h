@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "engine/gguf_vocabulary.h"
 #include "gguf/gguf.h"
 #include "synth/synth.h"
 #include "text/tokenizer.h"
@@ -20,7 +21,7 @@ inline const Tokenizer& fuzz_tokenizer() {
     spec.n_layer = 1;
     write_synth_model(spec, path);
     auto model = GgufModel::open(path);
-    auto t = std::make_unique<Tokenizer>(Vocabulary::from_gguf(*model));
+    auto t = std::make_unique<Tokenizer>(read_vocabulary(*model));
     unlink(path.c_str());
     return t;
   }();
