@@ -44,7 +44,9 @@ ALLOWED = {
     "model": {"core", "quant", "expert-source"},  # the forward pass: experts only through the interface
     "moe": {"core", "io", "quant", "expert-source"},  # expert sources, caches, policies
     "text": {"core"},  # tokenizer, templates, grammars, sampling
-    "synth": {"core", "gguf", "quant", "text"},  # synthetic models: GGUF writer, quantizers, vocabularies
+    # Synthetic models: GGUF writer, quantizers, vocabularies; a model is described by its
+    # architecture, so synth sits above model and reads its tensor table (HEADER_LIMITS).
+    "synth": {"core", "gguf", "quant", "text", "model"},
     "engine": {"core", "io", "quant", "gguf", "expert-source", "model", "moe", "text", "telemetry"},
     "tools": {"core", "io", "quant", "gguf", "expert-source", "model", "moe", "text", "engine", "synth",
               "telemetry"},
@@ -53,6 +55,7 @@ ALLOWED = {
 # Where a layer may include only some headers of another.
 HEADER_LIMITS = {
     ("gguf", "quant"): {"quant/types.h"},  # type ids and block geometry, no kernels
+    ("synth", "model"): {"model/arch_table.h", "model/arch.h"},  # which tensors a family has
 }
 
 # Today's known violations: (including file, included header, why). Fix one, remove its entry;
@@ -61,10 +64,6 @@ ALLOW_LIST = [
     ("src/text/chat.cpp", "io/mapped_file.h",
      "ChatTemplate::for_model reads a --chat-template file itself (read_whole_file); the caller "
      "could read it"),
-    ("src/synth/synth.h", "model/arch_table.h",
-     "synthetic models are described by architecture (ArchInfo, the tensor names and shapes)"),
-    ("src/synth/synth.cpp", "model/arch.h",
-     "write_synth_model asks each architecture which tensors its model has"),
 ]
 
 INCLUDE_RE = re.compile(r'^\s*#\s*include\s*"([^"]+)"')
@@ -170,6 +169,9 @@ def self_test():
         ("gguf may include only quant's type table",
          [("src/gguf/g.cpp", '#include "quant/types.h"\n#include "quant/quant.h"\n')], [],
          ["src/gguf/g.cpp:2: gguf includes quant (quant/quant.h)"]),
+        ("synth may read only the architecture table of model",
+         [("src/synth/s.cpp", '#include "model/arch_table.h"\n#include "model/transformer.h"\n')], [],
+         ["src/synth/s.cpp:2: synth includes model (model/transformer.h)"]),
         ("src includes tools; an unknown directory",
          [("src/engine/e.cpp", '#include "run_options.h"\n#include "tools/run_options.h"\n')], [],
          ["src/engine/e.cpp:2: engine includes a header of no layer (tools/run_options.h)"]),
