@@ -17,9 +17,9 @@
 #include "core/progress.h"
 #include "core/timer.h"
 #include "engine/generate.h"
-#include "engine/loader.h"
 #include "engine/report.h"
 #include "engine/routing.h"
+#include "engine/run.h"
 #include "engine/session.h"
 #include "model/arch.h"
 #include "text/chat.h"
@@ -122,32 +122,33 @@ std::vector<int32_t> parse_ids(const std::string& text, int vocab_size) {
   return ids;
 }
 
-std::string config_json(const CliOptions& c, int threads, const LoadedModel& model, uint64_t budget) {
-  const RunOptions& o = c.run;
+std::string config_json(const CliOptions& c, const LoadedRun& run) {
+  const RunConfig& o = run.config;
+  const RunOptions& flags = c.run;  // the words as given
   nlohmann::json j;
   j["model"] = o.model;
-  j["arch"] = model.arch;
-  j["threads"] = threads;
+  j["arch"] = run.model->arch;
+  j["threads"] = o.thread_count();
   j["isa"] = active_isa_name();
   j["ctx_size"] = o.ctx_size;
   j["batch_size"] = o.batch();
   j["n_predict"] = c.n_predict;
   j["temperature"] = c.sampling.temperature;
   j["seed"] = c.seed;
-  j["kv_type"] = o.kv_type;
-  j["n_expert_used"] = model.transformer->config().n_expert_used;
+  j["kv_type"] = flags.kv_type;
+  j["n_expert_used"] = run.model->transformer->config().n_expert_used;
   j["moe_stream"] = o.moe_stream;
   if (o.moe_stream) {
-    j["dense_weights"] = o.dense_weights;
-    j["cache_mb_requested"] = o.cache_mb;
-    j["cache_budget_mib"] = budget >> 20;
+    j["dense_weights"] = flags.dense_weights;
+    j["cache_mb_requested"] = flags.cache_mb;
+    j["cache_budget_mib"] = run.cache_budget >> 20;
     j["cache_policy"] = o.cache_policy.empty() ? default_cache_policy() : o.cache_policy;
     j["io_threads"] = o.io_threads;
-    j["odirect"] = !o.no_odirect;
+    j["odirect"] = o.odirect;
     j["overlap"] = o.overlapping();
     j["overlap_adaptive"] = o.adaptive_overlap();
     j["prefetch"] = o.prefetch;
-    j["predictor"] = o.predictor;
+    j["predictor"] = flags.predictor;
   }
   j["route_ahead"] = o.route_ahead;
   j["drop_cold_experts"] = o.drop_cold;
@@ -193,20 +194,18 @@ bool read_line(std::string& line) {
 // -i: a chat loop. The conversation is re-rendered each turn with the model's chat format and
 // the session keeps the KV rows of the common prefix, so only the new turn is evaluated.
 int interactive(const CliOptions& o) {
-  LoadedRun loaded = load_run(o.run);
-  LoadedModel& model = *loaded.model;
-  const ModelConfig& cfg = model.transformer->config();
-  const ChatTemplate chat = o.chatml ? ChatTemplate::builtin(ChatFormat::ChatML) : chat_template_for(o.run, model);
-  ThreadPool pool(o.run.thread_count());
-  Session session(model, pool, o.run.ctx_size, o.run.batch(), SamplerConfig{}, o.run.kv());
-  session.state().set_routing_options(o.run.routing());
+  LoadedRun loaded = load_run(run_config(o.run));
+  const ChatTemplate chat = o.chatml ? ChatTemplate::builtin(ChatFormat::ChatML) : chat_template_for(loaded);
+  ThreadPool pool(loaded.config.thread_count());
+  const std::unique_ptr<Session> owned = open_session(loaded, pool);
+  Session& session = *owned;
   std::vector<ChatMessage> messages;
   if (!o.system.empty()) messages.push_back({"system", o.system});
   GenerateParams params;
-  params.max_tokens = o.n_predict < 0 ? o.run.ctx_size : o.n_predict;
+  params.max_tokens = o.n_predict < 0 ? loaded.config.ctx_size : o.n_predict;
   params.sampler = sampler_config(o);
   params.show_special = o.show_special;
-  params.draft = o.run.draft_config(cfg);
+  params.draft = draft_config(loaded);
   params.grammar = o.constraint;
   catch_interrupts();
   fmt::print(stderr, "interactive chat ({}): /reset clears the conversation, Ctrl-C stops an answer, "
@@ -255,7 +254,7 @@ int interactive(const CliOptions& o) {
     g_interrupted.store(false);
   }
   fmt::print("\n");
-  save_cache_file(o.run, model);
+  save_cache_file(loaded);
   return 0;
 }
 
@@ -301,25 +300,23 @@ int run(const CliOptions& o) {
 
   MemoryWatcher watcher;
   const auto thermal_start = read_thermal();
-  const int threads = o.run.thread_count();
-  LoadedRun loaded = load_run(o.run);
+  LoadedRun loaded = load_run(run_config(o.run));
+  const RunConfig& config = loaded.config;
   LoadedModel* model = loaded.model.get();
   const ModelConfig& cfg = model->transformer->config();
-  const uint64_t budget = loaded.cache_budget;
-  const double load_seconds = loaded.load_seconds;
 
   if (o.chatml || o.chat) {
-    const ChatTemplate chat = o.chatml ? ChatTemplate::builtin(ChatFormat::ChatML) : chat_template_for(o.run, *model);
+    const ChatTemplate chat = o.chatml ? ChatTemplate::builtin(ChatFormat::ChatML) : chat_template_for(loaded);
     std::vector<ChatMessage> messages;
     if (!o.system.empty()) messages.push_back({"system", o.system});
     messages.push_back({"user", prompt});
     prompt = chat.apply(messages, o.no_think);
   }
 
-  ThreadPool pool(threads);
+  ThreadPool pool(config.thread_count());
   const SamplerConfig sampler = sampler_config(o);
-  Session session(*model, pool, o.run.ctx_size, o.run.batch(), sampler, o.run.kv());
-  session.state().set_routing_options(o.run.routing());
+  const std::unique_ptr<Session> owned = open_session(loaded, pool, sampler);
+  Session& session = *owned;
   std::unique_ptr<RouteReplayer> replayer;
   std::unique_ptr<RouteRecorder> recorder;
   if (!o.route_replay.empty()) {
@@ -341,8 +338,8 @@ int run(const CliOptions& o) {
     fmt::print("{}\n", nlohmann::json(prompt_ids).dump());
     return 0;
   }
-  if (static_cast<int>(prompt_ids.size()) >= o.run.ctx_size) {
-    fail("the prompt has {} tokens, more than the context of {} (raise -c)", prompt_ids.size(), o.run.ctx_size);
+  if (static_cast<int>(prompt_ids.size()) >= config.ctx_size) {
+    fail("the prompt has {} tokens, more than the context of {} (raise -c)", prompt_ids.size(), config.ctx_size);
   }
 
   const bool tty = ::isatty(STDERR_FILENO) != 0;
@@ -357,8 +354,8 @@ int run(const CliOptions& o) {
 
   std::vector<int32_t> generated;
   Utf8Stream out;
-  const int limit = o.n_predict < 0 ? o.run.ctx_size - static_cast<int>(prompt_ids.size()) : o.n_predict;
-  const DraftConfig draft = o.run.draft_config(cfg);
+  const int limit = o.n_predict < 0 ? config.ctx_size - static_cast<int>(prompt_ids.size()) : o.n_predict;
+  const DraftConfig draft = draft_config(loaded);
   std::unique_ptr<DraftController> drafts;
   std::unique_ptr<GrammarFilter> grammar;
   if (o.constraint) grammar = std::make_unique<GrammarFilter>(o.constraint, *model->tokenizer);
@@ -383,7 +380,7 @@ int run(const CliOptions& o) {
       ++forced_steps;
       generated.push_back(token);
       token = forced[static_cast<size_t>(i)];
-      if (i + 1 >= limit || session.state().n_past() >= o.run.ctx_size) break;
+      if (i + 1 >= limit || session.state().n_past() >= config.ctx_size) break;
       session.accept(token);
       continue;
     }
@@ -398,7 +395,7 @@ int run(const CliOptions& o) {
       }
     }
     if (from_draft) continue;
-    if (i + 1 >= limit || session.state().n_past() >= o.run.ctx_size) break;
+    if (i + 1 >= limit || session.state().n_past() >= config.ctx_size) break;
     const size_t before = session.records().size();
     cursor.feed(token, limit - i - 2);
     if (o.progress) print_progress(session.records(), before, limit, tty);
@@ -419,7 +416,7 @@ int run(const CliOptions& o) {
 
   const ExpertStats final_stats = model->experts->stats();
   const RunSummary summary = summarize(session.records(), final_stats);
-  fmt::print(stderr, "{}", summary_lines(summary, o.run.moe_stream, o.run.io_threads, budget));
+  fmt::print(stderr, "{}", summary_lines(summary, config.moe_stream, config.io_threads, loaded.cache_budget));
   if (drafts) {
     fmt::print(stderr, "speculative: drafted {}, accepted {} ({:.1f} %), {} verify passes, max draft {}\n",
                drafts->drafted_total(), drafts->accepted_total(),
@@ -428,8 +425,8 @@ int run(const CliOptions& o) {
                                        : 0.0,
                drafts->verify_steps(), draft.max_draft);
   }
-  report_prefetch(o.run, *model);
-  save_cache_file(o.run, *model);
+  report_prefetch(loaded);
+  save_cache_file(loaded);
   if (forced_steps) {
     fmt::print(stderr, "teacher-forced: {} of {} next tokens equal the reference ({:.1f} %)\n", forced_equal, forced_steps,
                100.0 * forced_equal / forced_steps);
@@ -441,7 +438,7 @@ int run(const CliOptions& o) {
   if (!o.metrics.empty()) {
     MetricsInput mi;
     mi.version = BMOE_VERSION;
-    mi.config_json = config_json(o, threads, *model, budget);
+    mi.config_json = config_json(o, loaded);
     mi.summary = summary;
     mi.end_memory = read_memory();
     mi.available_floor = watcher.available_floor();
@@ -449,7 +446,7 @@ int run(const CliOptions& o) {
     mi.thermal_start = thermal_start;
     mi.thermal_end = read_thermal();
     mi.max_celsius = watcher.max_celsius();
-    mi.load_seconds = load_seconds;
+    mi.load_seconds = loaded.load_seconds;
     mi.prompt_seconds = pre.seconds;
     mi.prompt_tokens = pre.tokens;
     write_metrics(o.metrics, mi);
@@ -469,7 +466,7 @@ int main(int argc, char** argv) {
   if (options.sampling.temperature > 0 && options.seed_option < 0) fmt::print(stderr, "seed: {} (-s {} repeats this run)\n", options.seed, options.seed);
   try {
     for (const auto& [path, flag] : {std::pair{options.csv, "--csv"}, {options.metrics, "--metrics"},
-                                     {options.dump_logits, "--dump-logits"}, {options.run.cache_file, "--cache-file"}}) {
+                                     {options.dump_logits, "--dump-logits"}, {options.run.config.cache_file, "--cache-file"}}) {
       check_output_path(path, flag);
     }
     options.constraint = grammar_from_flags(options.grammar);

@@ -30,6 +30,7 @@
 
 #include "core/error.h"
 #include "engine/generate.h"
+#include "engine/run.h"
 #include "engine/session.h"
 #include "llama_flags.h"
 #include "run_options.h"
@@ -125,11 +126,10 @@ class DecodeWorker {
  public:
   DecodeWorker(LoadedRun run, const ServerOptions& o)
       : run_(std::move(run)),
-        pool_(o.run.thread_count()),
-        session_(*run_.model, pool_, o.run.ctx_size, o.run.batch(), SamplerConfig{}, o.run.kv()),
+        pool_(run_.config.thread_count()),
+        session_(open_session(run_, pool_)),
         capacity_(static_cast<size_t>(o.queue)) {
     counters_.experts = run_.model->experts->stats();
-    session_.state().set_routing_options(o.run.routing());
     worker_ = std::thread([this] { work(); });
   }
   ~DecodeWorker() {
@@ -141,8 +141,9 @@ class DecodeWorker {
     worker_.join();
   }
 
+  LoadedRun& run() { return run_; }
   LoadedModel& model() { return *run_.model; }
-  int n_ctx() { return session_.state().n_ctx(); }
+  int n_ctx() { return session_->state().n_ctx(); }
 
   // Stops taking jobs (SIGTERM): the running one is cancelled and ends with an error, the
   // queued ones end with an error at once, and later submits are refused.
@@ -312,14 +313,14 @@ class DecodeWorker {
     GenerateParams params = job.params;
     params.sampler.seed += static_cast<uint64_t>(index);
     try {
-      result = generate(session_, job.prompt, params, [this, &job, index](const std::string& piece) {
+      result = generate(*session_, job.prompt, params, [this, &job, index](const std::string& piece) {
         publish_progress();
         job.push({index, piece, std::nullopt, {}});
         return true;
       }, &job.cancel, [&job, index](const TokenLogprob& lp) { job.push({index, {}, lp, {}}); });
     } catch (const std::exception& e) {
       error = e.what();
-      session_.reset();  // the KV cache may be half-written
+      session_->reset();  // the KV cache may be half-written
     }
     return result;
   }
@@ -346,7 +347,7 @@ class DecodeWorker {
   bool shutting_down_ = false;
   LoadedRun run_;
   bmoe::ThreadPool pool_;
-  Session session_;
+  std::unique_ptr<Session> session_;
   size_t capacity_;
   std::mutex mutex_;
   std::condition_variable wake_;
@@ -695,8 +696,8 @@ std::string random_id(const char* prefix) {
 class Server {
  public:
   Server(DecodeWorker& worker, const ServerOptions& o) : worker_(worker), o_(o) {
-    model_name_ = utf8_sanitize(o.alias.empty() ? std::filesystem::path(o.run.model).filename().string() : o.alias);
-    chat_template_ = chat_template_for(o.run, worker.model());
+    model_name_ = utf8_sanitize(o.alias.empty() ? std::filesystem::path(o.run.config.model).filename().string() : o.alias);
+    chat_template_ = chat_template_for(worker.run());
     tool_format_ = tool_format_of(chat_template_.source());
   }
 
@@ -752,7 +753,7 @@ class Server {
       send_json(res, 200, {{"default_generation_settings", settings},
                            {"total_slots", 1},
                            {"model_alias", model_name_},
-                           {"model_path", utf8_sanitize(o_.run.model)},
+                           {"model_path", utf8_sanitize(o_.run.config.model)},
                            {"chat_format", chat_format_name(chat_template_.format())},
                            {"chat_template_source", chat_template_.description()},
                            {"tool_call_format", tool_format_name(tool_format_)},
@@ -941,9 +942,9 @@ int serve(const ServerOptions& o) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   std::signal(SIGPIPE, SIG_IGN);
 
-  LoadedRun loaded = load_run(o.run);
+  LoadedRun loaded = load_run(run_config(o.run));
   ServerOptions resolved = o;
-  resolved.draft = o.run.draft_config(loaded.model->transformer->config());
+  resolved.draft = draft_config(loaded);
   DecodeWorker worker(std::move(loaded), resolved);
   Server api(worker, resolved);
   httplib::Server http;
@@ -981,7 +982,7 @@ int serve(const ServerOptions& o) {
   http.listen_after_bind();
   pthread_kill(stopper.native_handle(), SIGTERM);  // if the server stopped by itself
   stopper.join();
-  save_cache_file(o.run, worker.model());
+  save_cache_file(worker.run());
   return 0;
 }
 
@@ -1012,7 +1013,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    check_output_path(o.run.cache_file, "--cache-file");
+    check_output_path(o.run.config.cache_file, "--cache-file");
     return serve(o);
   } catch (const std::exception& e) {
     fmt::print(stderr, "error: {}\n", e.what());

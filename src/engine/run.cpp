@@ -1,0 +1,277 @@
+#include "engine/run.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "core/cpu_features.h"
+#include "core/error.h"
+#include "core/progress.h"
+#include "core/timer.h"
+#include "moe/cache_file.h"
+#include "moe/cache_policy.h"
+#include "telemetry/system.h"
+
+namespace bmoe {
+
+int RunConfig::thread_count() const {
+  return threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+namespace {
+
+// The KV cache, and a hybrid model's recurrent state twice (the live one and the copy a rewind
+// restores): what the context needs beside the experts.
+uint64_t context_bytes(const RunConfig& c, const ModelConfig& cfg) {
+  return static_cast<uint64_t>(cfg.kv_bytes_per_token()) * static_cast<uint64_t>(c.ctx_size) *
+             (c.kv_type == KvType::F32 ? 2 : 1) +
+         2 * static_cast<uint64_t>(cfg.recurrent_state_bytes());
+}
+
+// Experts the predictors may read ahead for one layer: the routers' whole guess, the affinity
+// predictor's few best (top-k / 2).
+int affinity_reads(const RunConfig& c, const ModelConfig& cfg) {
+  return c.affinity_prefetch() > 0 ? std::max(1, cfg.n_expert_used / 2) : 0;
+}
+int reads_ahead_per_layer(const RunConfig& c, const ModelConfig& cfg) {
+  return (c.router_prefetch() > 0 || c.route_ahead > 0 ? cfg.n_expert_used : 0) + affinity_reads(c, cfg);
+}
+
+// The automatic budget: what memory (and the cgroup limit) allows after the dense weights,
+// minus the KV cache, working buffers and a safety margin.
+uint64_t auto_cache_budget(const RunConfig& c, uint64_t kv_bytes, uint64_t staging_bytes) {
+  const MemorySnapshot m = read_memory();
+  const auto available = m.available();
+  if (!available) fail("--cache-mb auto: cannot read available memory (/proc/meminfo); give --cache-mb N");
+  const uint64_t scratch = 256ull << 20;
+  const uint64_t margin = std::max<uint64_t>(512ull << 20, *available / 10);
+  const uint64_t reserve = kv_bytes + scratch + margin + staging_bytes;
+  uint64_t budget = *available > reserve ? *available - reserve : 0;
+  if (c.cache_ceiling_bytes) budget = std::min(budget, *c.cache_ceiling_bytes);
+  fmt::print(stderr, "moe-cache: auto budget {} MiB = available {} MiB{} - KV {} MiB - buffers {} MiB - margin {} MiB{}{}\n",
+             budget >> 20, *available >> 20,
+             m.cgroup_limit ? fmt::format(" (cgroup limit {} MiB)", *m.cgroup_limit >> 20) : "", kv_bytes >> 20,
+             scratch >> 20, margin >> 20,
+             staging_bytes ? fmt::format(" - prefetch staging {} MiB", staging_bytes >> 20) : "",
+             c.cache_ceiling_bytes ? fmt::format(", ceiling {} MiB", *c.cache_ceiling_bytes >> 20) : "");
+  return budget;
+}
+
+StreamingOptions streaming_options(const RunConfig& c, const ModelConfig& cfg, uint64_t cache_bytes, uint64_t staging) {
+  StreamingOptions so;
+  so.prefetch_bytes = staging;
+  so.predict_log = !c.predict_log.empty();
+  so.affinity_window = c.affinity_prefetch();
+  so.affinity_reads = affinity_reads(c, cfg);
+  so.top_k = cfg.n_expert_used;
+  so.cache_bytes = cache_bytes;
+  so.policy = c.cache_policy;
+  so.io_threads = c.io_threads;
+  so.io_engine = c.io_engine;
+  so.read_chunk_bytes = static_cast<uint64_t>(c.read_chunk_kb) << 10;
+  so.odirect = c.odirect;
+  so.overlap = c.overlapping();
+  so.overlap_adapt = c.adaptive_overlap();
+  return so;
+}
+
+// The cache file at start: read the saved experts (budget permitting) before the first token.
+void warm_start(const RunConfig& c, LoadedModel& model) {
+  std::vector<ExpertKey> keys;
+  std::string why;
+  if (!read_cache_file(c.cache_file, model.expert_layout, keys, why)) {
+    // It is overwritten at exit: never clobber something else (a model file given by mistake).
+    if (why == kNotACacheFile) fail("--cache-file: {} exists and is not a bmoe expert-cache file; refusing to overwrite it", c.cache_file);
+    fmt::print(stderr, "moe-cache: cold start ({}: {})\n", c.cache_file, why);
+    return;
+  }
+  Stopwatch timer;
+  const StreamingExperts::WarmStart w = model.streamer()->warm(keys);
+  fmt::print(stderr, "moe-cache: warm start from {}: {} of {} experts, {} in {:.2f} s{}\n", c.cache_file, w.experts,
+             keys.size(), format_bytes(w.bytes), timer.seconds(), w.failed ? fmt::format(" ({} reads failed)", w.failed) : "");
+}
+
+// A global LRU below one token cycle evicts each expert just before its reuse: say so.
+void warn_lru_below_cycle(const StreamingOptions& so, const LoadedModel& model, int top_k) {
+  const uint64_t cycle = model.expert_layout.token_cycle_bytes(top_k);
+  if (so.policy == "lru" && so.cache_bytes > 0 && so.cache_bytes < cycle) {
+    fmt::print(stderr,
+               "warning: a global-LRU cache below one token cycle ({} MiB) evicts every expert just before its "
+               "reuse (about 0 % hits); use the default policy ({}) or a larger --cache-mb\n",
+               cycle >> 20, default_cache_policy());
+  }
+}
+
+// Sizes the cache, attaches the streaming store and warm-starts it; returns the cache budget.
+uint64_t stream_experts(const RunConfig& c, LoadedModel& model) {
+  const ModelConfig& cfg = model.transformer->config();
+  const uint64_t staging = prefetch_staging_bytes(model.expert_layout, reads_ahead_per_layer(c, cfg),
+                                                  std::max(c.prefetch, c.route_ahead));
+  const uint64_t budget = c.cache_bytes ? *c.cache_bytes : auto_cache_budget(c, context_bytes(c, cfg), staging);
+  const StreamingOptions so = streaming_options(c, cfg, budget, staging);
+  attach_streaming(model, so);
+  for (const auto& note : model.streamer()->io_notes()) fmt::print(stderr, "warning: {}\n", note);
+  if (!c.cache_file.empty()) warm_start(c, model);
+  warn_lru_below_cycle(so, model, cfg.n_expert_used);
+  return budget;
+}
+
+void print_load_line(const LoadedRun& run) {
+  const RunConfig& c = run.config;
+  const LoadedModel& model = *run.model;
+  const ModelConfig& cfg = model.transformer->config();
+  fmt::print(stderr, "load: {} ({}), {} layers, {} experts top-{}, {} threads, isa {}, experts {}, dense {}, {:.2f} s\n",
+             c.model, cfg.arch, cfg.n_layer, cfg.n_expert, cfg.n_expert_used, c.thread_count(), active_isa_name(),
+             model.experts->describe(), format_bytes(model.dense_bytes), run.load_seconds);
+  if (c.route_ahead > 0 || c.drop_cold > 0.0f) {
+    fmt::print(stderr, "warning: lossy knobs on ({}{}): output may differ from plain greedy decoding\n",
+               c.route_ahead > 0 ? fmt::format("--route-ahead {}", c.route_ahead) : "",
+               c.drop_cold > 0.0f ? fmt::format("{}--drop-cold-experts {}", c.route_ahead > 0 ? ", " : "", c.drop_cold) : "");
+  }
+}
+
+}  // namespace
+
+LoadedRun load_run(const RunConfig& config) {
+  LoadedRun run;
+  run.config = config;
+  Stopwatch timer;
+  LoadOptions load;
+  load.n_expert_used = config.n_expert_used;
+  load.stream_experts = config.moe_stream;
+  load.dense = config.dense_weights;
+  load.odirect = config.odirect;
+  run.model = load_model(config.model, load);
+  if (config.moe_stream) run.cache_budget = stream_experts(config, *run.model);
+  run.load_seconds = timer.seconds();
+  print_load_line(run);
+  return run;
+}
+
+std::unique_ptr<Session> open_session(LoadedRun& run, ThreadPool& pool, const SamplerConfig& sampler) {
+  const RunConfig& c = run.config;
+  auto session = std::make_unique<Session>(*run.model, pool, c.ctx_size, c.batch(), sampler, c.kv_type);
+  session->state().set_routing_options(c.routing());
+  return session;
+}
+
+DraftConfig draft_config(const LoadedRun& run) {
+  const RunConfig& c = run.config;
+  if (c.mtp) {
+    fail("--mtp: bmoe does not run multi-token-prediction (nextn) heads (a {} GGUF's are skipped when present); "
+         "use --draft N --ngram", run.model->transformer->config().arch);
+  }
+  if ((c.ngram || c.mtp || !c.draft_oracle.empty()) && c.draft == 0) {
+    fail("--ngram/--mtp/--draft-oracle choose a drafter for --draft N; give --draft N too");
+  }
+  DraftConfig d;
+  d.max_draft = c.draft;
+  d.ngram_max = c.ngram_max;
+  if (!c.draft_oracle.empty()) {
+    const JsonRun oracle = read_json_run(c.draft_oracle, "--draft-oracle");
+    d.oracle = oracle.prompt;
+    d.oracle.insert(d.oracle.end(), oracle.tokens.begin(), oracle.tokens.end());
+  }
+  return d;
+}
+
+ChatTemplate chat_template_for(const LoadedRun& run) {
+  const LoadedModel& model = *run.model;
+  const Vocabulary& v = model.tokenizer->vocab();
+  const auto token_text = [&](int32_t id) { return id >= 0 && id < static_cast<int32_t>(v.tokens.size()) ? v.tokens[static_cast<size_t>(id)] : std::string(); };
+  std::string warning;
+  ChatTemplate t = ChatTemplate::for_model(model.transformer->config().arch, v.chat_template, run.config.chat_template,
+                                           token_text(v.bos), token_text(v.eos), v.add_bos, &warning);
+  if (!warning.empty()) fmt::print(stderr, "warning: {}\n", warning);
+  return t;
+}
+
+namespace {
+
+double percent(uint64_t part, uint64_t whole) {
+  return whole ? 100.0 * static_cast<double>(part) / static_cast<double>(whole) : 0.0;
+}
+
+// "predicted N, X % right, read ahead R, used U (Y %)" for each predictor that predicted.
+std::string prefetch_by_source(const StreamingExperts& s, const ExpertStats& st) {
+  std::string out;
+  for (int i = 0; i < kPredictionSources; ++i) {
+    if (st.predicted_by[i] == 0) continue;
+    const auto source = static_cast<PredictionSource>(i);
+    out += fmt::format("{}{}: predicted {}, {:.1f} % right, read ahead {}, used {} ({:.1f} %){}", out.empty() ? "" : "; ",
+                       prediction_source_name(source), st.predicted_by[i], percent(st.correct_by[i], st.predicted_by[i]),
+                       st.prefetch_reads_by[i], st.prefetch_used_by[i],
+                       percent(st.prefetch_used_by[i], st.prefetch_reads_by[i]),
+                       s.prefetch_paused(source) ? ", paused at the end" : "");
+  }
+  return out;
+}
+
+// "1 layer ahead X %, 2 layers ahead Y %": accuracy by how far ahead the prediction was made.
+std::string prefetch_by_distance(const ExpertStats& st) {
+  std::string out;
+  for (int d = 1; d <= ExpertStats::kMaxDistance; ++d) {
+    if (st.predicted_at[d] == 0) continue;
+    out += fmt::format("{}{} layer{} ahead {:.1f} %", out.empty() ? "" : ", ", d, d > 1 ? "s" : "",
+                       100.0 * static_cast<double>(st.correct_at[d]) / static_cast<double>(st.predicted_at[d]));
+  }
+  return out;
+}
+
+void write_predict_log(const std::string& path, const StreamingExperts& s) {
+  FILE* f = std::fopen(path.c_str(), "w");
+  if (!f) fail("--predict-log: cannot write {}", path);
+  std::fprintf(f, "token,layer,distance,predicted,correct,prefetched,predictor\n");
+  for (const PredictionRecord& r : s.prediction_log()) {
+    std::fprintf(f, "%llu,%d,%d,%d,%d,%d,%s\n", static_cast<unsigned long long>(r.token), r.layer, r.distance, r.predicted,
+                 r.correct, r.prefetched, prediction_source_name(r.source));
+  }
+  if (std::fclose(f) != 0) fail("--predict-log: cannot write {}", path);
+}
+
+}  // namespace
+
+void report_prefetch(LoadedRun& run) {
+  const RunConfig& c = run.config;
+  StreamingExperts* s = run.model->streamer();
+  if (!s || (c.prefetch == 0 && c.route_ahead == 0)) return;
+  const ExpertStats st = s->stats();
+  fmt::print(stderr,
+             "prefetch: predicted {} experts, {:.1f} % right; read ahead {}, used {} ({:.1f} %), wasted {:.1f} MiB\n",
+             st.predicted, percent(st.predicted_correct, st.predicted), st.prefetch_reads, st.prefetch_used,
+             percent(st.prefetch_used, st.prefetch_reads), static_cast<double>(st.prefetch_wasted_bytes) / (1 << 20));
+  const std::string by_source = prefetch_by_source(*s, st);
+  if (!by_source.empty()) fmt::print(stderr, "prefetch: by predictor {}\n", by_source);
+  const std::string by_distance = prefetch_by_distance(st);
+  if (!by_distance.empty()) fmt::print(stderr, "prefetch: prediction accuracy {}\n", by_distance);
+  if (s->prefetch_paused(PredictionSource::Router) || s->prefetch_paused(PredictionSource::Affinity)) {
+    fmt::print(stderr, "prefetch: a predictor paused at the end (predictions below 30 % right read only waste; it resumes above 45 %)\n");
+  }
+  if (!c.predict_log.empty()) write_predict_log(c.predict_log, *s);
+}
+
+void save_cache_file(LoadedRun& run) {
+  StreamingExperts* s = run.model->streamer();
+  const std::string& path = run.config.cache_file;
+  if (path.empty() || s == nullptr) return;
+  const std::vector<ExpertKey> keys = s->cache().residents();
+  write_cache_file(path, run.model->expert_layout, keys);
+  fmt::print(stderr, "moe-cache: saved {} experts to {}\n", keys.size(), path);
+}
+
+JsonRun read_json_run(const std::string& path, const char* flag) {
+  std::ifstream in(path);
+  if (!in) fail("{}: cannot read {}", flag, path);
+  try {
+    const nlohmann::json j = nlohmann::json::parse(in);
+    return {j.at("prompt").get<std::vector<int32_t>>(), j.at("tokens").get<std::vector<int32_t>>()};
+  } catch (const nlohmann::json::exception& e) {
+    fail("{}: {} is not bmoe-cli --json output ({})", flag, path, e.what());
+  }
+}
+
+}  // namespace bmoe

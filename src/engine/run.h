@@ -1,0 +1,132 @@
+// A run: the typed settings of one model run (RunConfig) and what turns them into a running
+// model: load, streaming options, the automatic cache budget, the warm start from a cache file
+// and its save, and the end-of-run prefetch report. bmoe-cli and bmoe-server parse their flags
+// into a RunConfig (tools/run_options.h) and hand it here; anything else that embeds the engine
+// does the same without flags.
+//
+// The lines this file prints on stderr ("load:", "moe-cache:", "prefetch:", warnings) name the
+// command-line flags a setting comes from, because bmoe's tools are its users; the spellings are
+// the same in every tool.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/thread_pool.h"
+#include "engine/loader.h"
+#include "engine/session.h"
+#include "engine/speculative.h"
+#include "io/read_lanes.h"
+#include "model/attention.h"
+#include "model/transformer.h"
+#include "text/chat.h"
+#include "text/sampler.h"
+
+namespace bmoe {
+
+// What --prefetch predicts with (see StreamingOptions and RoutingOptions).
+enum class Predictor {
+  Router,    // the next layers' routers on the current residual (in the model)
+  Affinity,  // which experts followed these in earlier tokens (AffinityPredictor, in moe)
+  Both,
+};
+
+// Everything a run of one model is asked to be, as numbers and enums. Fields marked
+// "streaming" apply only with moe_stream and are ignored otherwise. Defaults are the tools'.
+struct RunConfig {
+  std::string model;  // GGUF path (any shard of a split model)
+  int threads = 0;    // compute threads; 0: every core
+  int ctx_size = 4096;
+  int batch_size = 0;     // prompt tokens per forward pass; 0: batch() picks the mode's default
+  int n_expert_used = 0;  // override the model's top-k (lossy); 0: the model's
+  KvType kv_type = KvType::F16;
+  std::string chat_template;  // a built-in format's name, a file or Jinja text; empty: the model's
+
+  bool moe_stream = false;  // read routed experts from the file on demand into a bounded cache
+  DenseWeights dense_weights = DenseWeights::Anon;                // streaming
+  std::optional<uint64_t> cache_bytes;          // streaming: the expert cache; nullopt: automatic
+  std::optional<uint64_t> cache_ceiling_bytes;  // streaming: upper bound of the automatic budget
+  std::string cache_policy;                     // streaming: empty: default_cache_policy()
+  int io_threads = 4;                           // streaming: read lanes
+  IoEngine io_engine = IoEngine::Threads;       // streaming
+  int read_chunk_kb = 1024;                     // streaming: target size of one read, a multiple of 4
+  bool odirect = true;                          // streaming: false: buffered reads
+  bool overlap = false;         // streaming: compute cached experts while the missing ones are read
+  bool overlap_always = false;  // streaming: overlap every pass (no probing)
+  int prefetch = 0;             // streaming: layers predicted and read ahead (lossless)
+  Predictor predictor = Predictor::Both;  // streaming: what `prefetch` predicts with
+  std::string predict_log;  // streaming: CSV of the checked predictions (needs prefetch or route_ahead)
+  std::string cache_file;   // streaming: warm start from this file, and save the hot set there
+
+  // Lossy knobs (off by default).
+  int route_ahead = 0;
+  float drop_cold = 0.0f;
+
+  // Speculative decoding (lossless, greedy only); draft_config() resolves these.
+  int draft = 0;
+  bool ngram = false;
+  int ngram_max = 4;
+  bool mtp = false;
+  std::string draft_oracle;  // benchmark only: draft from an earlier run's `bmoe-cli --json` output
+
+  int thread_count() const;
+  // Prompt tokens per forward pass: batch_size, else 512 resident and 2048 streamed (each expert
+  // read then serves four times the tokens; measured in docs/benchmarks.md).
+  int batch() const { return batch_size > 0 ? batch_size : moe_stream ? 2048 : 512; }
+  // The routers predict (in the model) only where `predictor` asks for them.
+  RoutingOptions routing() const { return {router_prefetch(), route_ahead, drop_cold}; }
+  int router_prefetch() const { return predictor == Predictor::Affinity ? 0 : prefetch; }
+  int affinity_prefetch() const { return predictor == Predictor::Router ? 0 : prefetch; }
+  bool overlapping() const { return overlap || overlap_always; }
+  bool adaptive_overlap() const { return overlap && !overlap_always; }
+  bool lossy() const { return route_ahead > 0 || drop_cold > 0.0f || n_expert_used > 0; }
+};
+
+// A model loaded as a RunConfig asks, with the settings it was loaded with.
+struct LoadedRun {
+  RunConfig config;
+  std::unique_ptr<LoadedModel> model;
+  uint64_t cache_budget = 0;  // streaming expert cache, bytes (0 when resident)
+  double load_seconds = 0;
+};
+
+// Loads the model; when streaming, sizes the expert cache (the automatic budget: available
+// memory, or the cgroup limit, minus the KV cache, working buffers, a margin and the prefetch
+// staging area), attaches the streaming store and warm-starts it from config.cache_file. Prints
+// the "load:" line and any warnings on stderr. Throws Error on a model that does not load, on
+// unreadable available memory under an automatic budget, and on a cache file that exists but is
+// not one (it would be overwritten at the end).
+LoadedRun load_run(const RunConfig& config);
+
+// A session on the run's model with its context, batch, KV type and routing options. `pool`
+// must outlive it.
+std::unique_ptr<Session> open_session(LoadedRun& run, ThreadPool& pool, const SamplerConfig& sampler = {});
+
+// The draft settings. Throws Error where the model cannot draft as asked (--mtp), where a
+// drafter is chosen without a draft length, or where the oracle file is unreadable.
+DraftConfig draft_config(const LoadedRun& run);
+
+// The chat template the run uses (config.chat_template, else the model's own); says on stderr
+// when it falls back to a built-in format.
+ChatTemplate chat_template_for(const LoadedRun& run);
+
+// Prints the prefetch lines on stderr (streaming with prefetch or route-ahead only) and writes
+// config.predict_log when asked.
+void report_prefetch(LoadedRun& run);
+
+// Saves the streaming cache's residents to config.cache_file (at the end of a run or a server's
+// life); nothing when resident or without a cache file.
+void save_cache_file(LoadedRun& run);
+
+// The prompt and output token ids of an earlier `bmoe-cli --json` run (for --draft-oracle and
+// --teacher-force); `flag` names the option in errors.
+struct JsonRun {
+  std::vector<int32_t> prompt;
+  std::vector<int32_t> tokens;
+};
+JsonRun read_json_run(const std::string& path, const char* flag);
+
+}  // namespace bmoe
