@@ -191,14 +191,51 @@ bool read_line(std::string& line) {
   }
 }
 
+// Prints a piece of the answer on stdout as it comes.
+bool print_piece(const std::string& piece) {
+  std::fwrite(piece.data(), 1, piece.size(), stdout);
+  std::fflush(stdout);
+  return true;
+}
+
+// One turn of -i: the user's line answered and both kept in `messages`, or an error said and
+// the turn dropped.
+void chat_turn(const CliOptions& o, const ChatTemplate& chat, Session& session, const GenerateParams& params,
+               std::vector<ChatMessage>& messages, const std::string& line) {
+  messages.push_back({"user", line});
+  std::vector<int32_t> ids;
+  try {
+    ids = session.tokenize(chat.apply(messages, o.no_think), true);
+  } catch (const jinja::JinjaError& e) {
+    messages.pop_back();
+    fmt::print(stderr, "error: {}\n", e.what());
+    return;
+  }
+  g_interrupted.store(false);
+  GenerateResult r;
+  try {
+    r = generate(session, ids, params, print_piece, &g_interrupted);
+  } catch (const Error& e) {
+    messages.pop_back();
+    fmt::print(stderr, "error: {} (/reset starts a new conversation)\n", e.what());
+    return;
+  }
+  fmt::print("\n");
+  if (r.finish_reason == "cancelled") fmt::print(stderr, "[stopped]\n");
+  messages.push_back({"assistant", r.text});
+  fmt::print(stderr, "[{} tokens, {:.2f} tok/s; prompt {} tokens, {} reused from the last turn, {:.2f} tok/s]\n",
+             r.tokens.size(), static_cast<double>(r.tokens.size()) / std::max(r.decode_seconds, 1e-9), r.prompt_tokens,
+             r.reused_tokens, (r.prompt_tokens - r.reused_tokens) / std::max(r.prefill_seconds, 1e-9));
+  g_interrupted.store(false);
+}
+
 // -i: a chat loop. The conversation is re-rendered each turn with the model's chat format and
 // the session keeps the KV rows of the common prefix, so only the new turn is evaluated.
 int interactive(const CliOptions& o) {
   LoadedRun loaded = load_run(run_config(o.run));
   const ChatTemplate chat = o.chatml ? ChatTemplate::builtin(ChatFormat::ChatML) : chat_template_for(loaded);
   ThreadPool pool(loaded.config.thread_count());
-  const std::unique_ptr<Session> owned = open_session(loaded, pool);
-  Session& session = *owned;
+  const std::unique_ptr<Session> session = open_session(loaded, pool);
   std::vector<ChatMessage> messages;
   if (!o.system.empty()) messages.push_back({"system", o.system});
   GenerateParams params;
@@ -214,44 +251,14 @@ int interactive(const CliOptions& o) {
   for (;;) {
     fmt::print("> ");
     std::fflush(stdout);
-    if (!read_line(line)) break;
-    if (line == "/exit" || line == "/quit") break;
+    if (!read_line(line) || line == "/exit" || line == "/quit") break;
     if (line == "/reset") {
       messages.resize(o.system.empty() ? 0 : 1);
-      session.reset();
+      session->reset();
       fmt::print(stderr, "(conversation cleared)\n");
-      continue;
+    } else if (!line.empty()) {
+      chat_turn(o, chat, *session, params, messages, line);
     }
-    if (line.empty()) continue;
-    messages.push_back({"user", line});
-    std::vector<int32_t> ids;
-    try {
-      ids = session.tokenize(chat.apply(messages, o.no_think), true);
-    } catch (const jinja::JinjaError& e) {
-      messages.pop_back();
-      fmt::print(stderr, "error: {}\n", e.what());
-      continue;
-    }
-    g_interrupted.store(false);
-    GenerateResult r;
-    try {
-      r = generate(session, ids, params, [](const std::string& piece) {
-        std::fwrite(piece.data(), 1, piece.size(), stdout);
-        std::fflush(stdout);
-        return true;
-      }, &g_interrupted);
-    } catch (const Error& e) {
-      messages.pop_back();
-      fmt::print(stderr, "error: {} (/reset starts a new conversation)\n", e.what());
-      continue;
-    }
-    fmt::print("\n");
-    if (r.finish_reason == "cancelled") fmt::print(stderr, "[stopped]\n");
-    messages.push_back({"assistant", r.text});
-    fmt::print(stderr, "[{} tokens, {:.2f} tok/s; prompt {} tokens, {} reused from the last turn, {:.2f} tok/s]\n",
-               r.tokens.size(), static_cast<double>(r.tokens.size()) / std::max(r.decode_seconds, 1e-9), r.prompt_tokens,
-               r.reused_tokens, (r.prompt_tokens - r.reused_tokens) / std::max(r.prefill_seconds, 1e-9));
-    g_interrupted.store(false);
   }
   fmt::print("\n");
   save_cache_file(loaded);
@@ -289,51 +296,158 @@ PrefillProgress prompt_progress(bool tty) {
   };
 }
 
+// --chat/--chatml: the prompt as the user's turn of a conversation in the chat format.
+std::string chat_prompt(const CliOptions& o, const LoadedRun& loaded, const std::string& prompt) {
+  if (!o.chatml && !o.chat) return prompt;
+  const ChatTemplate chat = o.chatml ? ChatTemplate::builtin(ChatFormat::ChatML) : chat_template_for(loaded);
+  std::vector<ChatMessage> messages;
+  if (!o.system.empty()) messages.push_back({"system", o.system});
+  messages.push_back({"user", prompt});
+  return chat.apply(messages, o.no_think);
+}
+
+// --route-replay and --route-trace: the hooks that force or record each step's routing.
+struct RouteTools {
+  std::unique_ptr<RouteReplayer> replayer;
+  std::unique_ptr<RouteRecorder> recorder;
+};
+
+void attach_route_tools(const CliOptions& o, LoadedRun& loaded, Session& session, RouteTools& tools) {
+  if (!o.route_replay.empty()) {
+    tools.replayer = std::make_unique<RouteReplayer>(o.route_replay, loaded.model->transformer->config());
+    fmt::print(stderr, "route-replay: forcing routing from {} ({} prompt, {} decode steps; lossy, benchmark only)\n",
+               o.route_replay, tools.replayer->prompt_steps(), tools.replayer->decode_steps());
+  }
+  if (!o.route_trace.empty()) tools.recorder = std::make_unique<RouteRecorder>(o.route_trace, *loaded.model);
+  if (!tools.replayer && !tools.recorder) return;
+  session.state().set_route_hook([&tools](RouteEvent& e) {
+    if (tools.replayer) tools.replayer->on_route(e);
+    if (tools.recorder) tools.recorder->on_route(e);
+  });
+}
+
+// Feeds the prompt (with the --progress line), prints the "prompt:" line and --dump-logits.
+PrefillRecord read_prompt(const CliOptions& o, Session& session, const std::vector<int32_t>& prompt_ids, bool tty) {
+  const PrefillRecord pre = session.prefill(prompt_ids, o.progress ? prompt_progress(tty) : PrefillProgress{});
+  if (o.progress && tty) fmt::print(stderr, "\n");
+  fmt::print(stderr, "prompt: {} tokens, {:.3f} s, {:.2f} tok/s\n", pre.tokens, pre.seconds, pre.tokens / std::max(pre.seconds, 1e-9));
+  if (!o.dump_logits.empty()) {
+    std::ofstream dump(o.dump_logits, std::ios::binary);
+    const int n_vocab = session.model().transformer->config().n_vocab;
+    dump.write(reinterpret_cast<const char*>(session.logits().data()), static_cast<std::streamsize>(n_vocab * sizeof(float)));
+    if (!dump) fail("cannot write {}", o.dump_logits);
+  }
+  return pre;
+}
+
+// What the decode loop is asked for: sampling, grammar, drafting (with a warning where it cannot
+// run) and --teacher-force's reference tokens.
+GenerateParams decode_params(const CliOptions& o, const LoadedRun& loaded, const std::vector<int32_t>& prompt_ids) {
+  GenerateParams params;
+  params.sampler = sampler_config(o);
+  params.ignore_eos = o.ignore_eos;
+  params.show_special = o.show_special;
+  params.draft = draft_config(loaded);
+  params.grammar = o.constraint;
+  const bool drafting = drafts_with(params);
+  if (!drafting && params.draft.max_draft > 0) {
+    fmt::print(stderr, "warning: --draft needs plain greedy sampling (--temp 0, no penalties, no grammar); drafting is off\n");
+  }
+  if (o.teacher_force.empty()) return params;
+  if (drafting) fail("--teacher-force and --draft do not mix");
+  if (params.grammar) fail("--teacher-force and a grammar (--grammar, --json-schema) do not mix");
+  JsonRun reference = read_json_run(o.teacher_force, "--teacher-force");
+  if (reference.prompt != prompt_ids) fail("--teacher-force: {} was run on another prompt", o.teacher_force);
+  params.forced = std::move(reference.tokens);
+  return params;
+}
+
+// The answer on stdout: streamed as it comes, or (--json) prompt ids, tokens and text at the end.
+GenerateResult decode_answer(const CliOptions& o, Session& session, const GenerateParams& params, int limit, bool tty) {
+  DecodeHooks hooks;
+  if (!o.json) hooks.on_piece = print_piece;
+  if (o.progress) {
+    hooks.on_step = [&session, limit, tty](size_t first) { print_progress(session.records(), first, limit, tty); };
+  }
+  const GenerateResult r = decode_tokens(session, limit, params, hooks);
+  if (o.progress && tty) fmt::print(stderr, "\n");
+  return r;
+}
+
+void print_answer(const CliOptions& o, const Tokenizer& tok, const std::vector<int32_t>& prompt_ids, const GenerateResult& r) {
+  if (!o.json) {
+    std::fputc('\n', stdout);
+    std::fflush(stdout);
+    return;
+  }
+  nlohmann::json j;
+  j["prompt"] = prompt_ids;
+  j["tokens"] = r.tokens;
+  j["text"] = utf8_sanitize(tok.decode(r.tokens, o.show_special));
+  fmt::print("{}\n", j.dump());
+}
+
+// The end-of-run lines on stderr (summary, drafting, prefetch, teacher forcing, dropped experts).
+void print_run_report(LoadedRun& loaded, Session& session, const GenerateParams& params, const GenerateResult& r,
+                      const RunSummary& summary) {
+  const RunConfig& c = loaded.config;
+  fmt::print(stderr, "{}", summary_lines(summary, c.moe_stream, c.io_threads, loaded.cache_budget));
+  if (drafts_with(params)) {
+    fmt::print(stderr, "speculative: drafted {}, accepted {} ({:.1f} %), {} verify passes, max draft {}\n", r.drafted,
+               r.accepted, r.drafted ? 100.0 * static_cast<double>(r.accepted) / static_cast<double>(r.drafted) : 0.0,
+               r.verify_steps, params.draft.max_draft);
+  }
+  report_prefetch(loaded);
+  save_cache_file(loaded);
+  if (r.forced_steps) {
+    fmt::print(stderr, "teacher-forced: {} of {} next tokens equal the reference ({:.1f} %)\n", r.forced_equal,
+               r.forced_steps, 100.0 * r.forced_equal / r.forced_steps);
+  }
+  if (session.state().dropped_experts()) {
+    fmt::print(stderr, "drop-cold-experts: skipped {} routed experts (lossy)\n", session.state().dropped_experts());
+  }
+}
+
+// --metrics: the run's configuration, summary, memory floor and temperatures as JSON.
+void write_run_metrics(const CliOptions& o, const LoadedRun& loaded, const RunSummary& summary, const PrefillRecord& pre,
+                       const MemoryWatcher& watcher, const std::vector<ThermalReading>& thermal_start) {
+  MetricsInput mi;
+  mi.version = BMOE_VERSION;
+  mi.config_json = config_json(o, loaded);
+  mi.summary = summary;
+  mi.end_memory = read_memory();
+  mi.available_floor = watcher.available_floor();
+  mi.mem_available_floor = watcher.mem_available_floor();
+  mi.thermal_start = thermal_start;
+  mi.thermal_end = read_thermal();
+  mi.max_celsius = watcher.max_celsius();
+  mi.load_seconds = loaded.load_seconds;
+  mi.prompt_seconds = pre.seconds;
+  mi.prompt_tokens = pre.tokens;
+  write_metrics(o.metrics, mi);
+}
+
 int run(const CliOptions& o) {
   if (o.list_archs) {
     for (const Architecture& a : architectures()) fmt::print("{:<10} {}\n{}", a.name, a.description, describe_tensors(a));
     return 0;
   }
   if (o.interactive) return interactive(o);
-  std::string prompt = o.prompt;
-  if (!o.prompt_file.empty()) prompt = read_whole_file(o.prompt_file, "prompt file");
+  const std::string prompt = o.prompt_file.empty() ? o.prompt : read_whole_file(o.prompt_file, "prompt file");
 
   MemoryWatcher watcher;
   const auto thermal_start = read_thermal();
   LoadedRun loaded = load_run(run_config(o.run));
   const RunConfig& config = loaded.config;
-  LoadedModel* model = loaded.model.get();
-  const ModelConfig& cfg = model->transformer->config();
-
-  if (o.chatml || o.chat) {
-    const ChatTemplate chat = o.chatml ? ChatTemplate::builtin(ChatFormat::ChatML) : chat_template_for(loaded);
-    std::vector<ChatMessage> messages;
-    if (!o.system.empty()) messages.push_back({"system", o.system});
-    messages.push_back({"user", prompt});
-    prompt = chat.apply(messages, o.no_think);
-  }
-
+  const std::string text = chat_prompt(o, loaded, prompt);
   ThreadPool pool(config.thread_count());
-  const SamplerConfig sampler = sampler_config(o);
-  const std::unique_ptr<Session> owned = open_session(loaded, pool, sampler);
+  const std::unique_ptr<Session> owned = open_session(loaded, pool, sampler_config(o));
   Session& session = *owned;
-  std::unique_ptr<RouteReplayer> replayer;
-  std::unique_ptr<RouteRecorder> recorder;
-  if (!o.route_replay.empty()) {
-    replayer = std::make_unique<RouteReplayer>(o.route_replay, cfg);
-    fmt::print(stderr, "route-replay: forcing routing from {} ({} prompt, {} decode steps; lossy, benchmark only)\n",
-               o.route_replay, replayer->prompt_steps(), replayer->decode_steps());
-  }
-  if (!o.route_trace.empty()) recorder = std::make_unique<RouteRecorder>(o.route_trace, *model);
-  if (replayer || recorder) {
-    session.state().set_route_hook([&](RouteEvent& e) {
-      if (replayer) replayer->on_route(e);
-      if (recorder) recorder->on_route(e);
-    });
-  }
+  RouteTools route_tools;
+  attach_route_tools(o, loaded, session, route_tools);
 
-  const std::vector<int32_t> prompt_ids =
-      o.prompt_ids.empty() ? session.tokenize(prompt, true) : parse_ids(o.prompt_ids, model->tokenizer->vocab_size());
+  const Tokenizer& tok = *loaded.model->tokenizer;
+  const std::vector<int32_t> prompt_ids = o.prompt_ids.empty() ? session.tokenize(text, true) : parse_ids(o.prompt_ids, tok.vocab_size());
   if (o.tokenize_only) {
     fmt::print("{}\n", nlohmann::json(prompt_ids).dump());
     return 0;
@@ -341,116 +455,17 @@ int run(const CliOptions& o) {
   if (static_cast<int>(prompt_ids.size()) >= config.ctx_size) {
     fail("the prompt has {} tokens, more than the context of {} (raise -c)", prompt_ids.size(), config.ctx_size);
   }
-
   const bool tty = ::isatty(STDERR_FILENO) != 0;
-  const PrefillRecord pre = session.prefill(prompt_ids, o.progress ? prompt_progress(tty) : PrefillProgress{});
-  if (o.progress && tty) fmt::print(stderr, "\n");
-  fmt::print(stderr, "prompt: {} tokens, {:.3f} s, {:.2f} tok/s\n", pre.tokens, pre.seconds, pre.tokens / std::max(pre.seconds, 1e-9));
-  if (!o.dump_logits.empty()) {
-    std::ofstream dump(o.dump_logits, std::ios::binary);
-    dump.write(reinterpret_cast<const char*>(session.logits().data()), static_cast<std::streamsize>(cfg.n_vocab * sizeof(float)));
-    if (!dump) fail("cannot write {}", o.dump_logits);
-  }
-
-  std::vector<int32_t> generated;
-  Utf8Stream out;
+  const PrefillRecord pre = read_prompt(o, session, prompt_ids, tty);
   const int limit = o.n_predict < 0 ? config.ctx_size - static_cast<int>(prompt_ids.size()) : o.n_predict;
-  const DraftConfig draft = draft_config(loaded);
-  std::unique_ptr<DraftController> drafts;
-  std::unique_ptr<GrammarFilter> grammar;
-  if (o.constraint) grammar = std::make_unique<GrammarFilter>(o.constraint, *model->tokenizer);
-  if (drafting_possible(draft, sampler) && !grammar) drafts = std::make_unique<DraftController>(draft);
-  else if (draft.max_draft > 0) fmt::print(stderr, "warning: --draft needs plain greedy sampling (--temp 0, no penalties, no grammar); drafting is off\n");
-  std::vector<int32_t> forced;  // --teacher-force: the reference continuation
-  int forced_equal = 0, forced_steps = 0;
-  if (!o.teacher_force.empty()) {
-    if (drafts) fail("--teacher-force and --draft do not mix");
-    if (grammar) fail("--teacher-force and a grammar (--grammar, --json-schema) do not mix");
-    JsonRun reference = read_json_run(o.teacher_force, "--teacher-force");
-    if (reference.prompt != prompt_ids) fail("--teacher-force: {} was run on another prompt", o.teacher_force);
-    forced = std::move(reference.tokens);
-  }
-  DecodeCursor cursor(session, drafts.get(), grammar.get());
-  for (int i = 0; i < limit; ++i) {
-    bool from_draft = false;
-    int32_t token = cursor.next(from_draft);
-    if (static_cast<size_t>(i) < forced.size()) {
-      // The model's pick is what --json reports; the reference token is what it is fed.
-      forced_equal += token == forced[static_cast<size_t>(i)];
-      ++forced_steps;
-      generated.push_back(token);
-      token = forced[static_cast<size_t>(i)];
-      if (i + 1 >= limit || session.state().n_past() >= config.ctx_size) break;
-      session.accept(token);
-      continue;
-    }
-    if ((!o.ignore_eos || grammar) && model->tokenizer->is_end_of_generation(token)) break;
-    if (grammar) grammar->accept(token);
-    generated.push_back(token);
-    if (!o.json) {
-      const std::string text = out.push(model->tokenizer->token_bytes(token, o.show_special));
-      if (!text.empty()) {
-        std::fwrite(text.data(), 1, text.size(), stdout);
-        std::fflush(stdout);
-      }
-    }
-    if (from_draft) continue;
-    if (i + 1 >= limit || session.state().n_past() >= config.ctx_size) break;
-    const size_t before = session.records().size();
-    cursor.feed(token, limit - i - 2);
-    if (o.progress) print_progress(session.records(), before, limit, tty);
-  }
-  if (o.progress && tty) fmt::print(stderr, "\n");
-  if (o.json) {
-    nlohmann::json j;
-    j["prompt"] = prompt_ids;
-    j["tokens"] = generated;
-    j["text"] = utf8_sanitize(model->tokenizer->decode(generated, o.show_special));
-    fmt::print("{}\n", j.dump());
-  } else {
-    const std::string tail = out.flush();
-    std::fwrite(tail.data(), 1, tail.size(), stdout);
-    std::fputc('\n', stdout);
-    std::fflush(stdout);
-  }
+  const GenerateParams params = decode_params(o, loaded, prompt_ids);
+  const GenerateResult answer = decode_answer(o, session, params, limit, tty);
+  print_answer(o, tok, prompt_ids, answer);
 
-  const ExpertStats final_stats = model->experts->stats();
-  const RunSummary summary = summarize(session.records(), final_stats);
-  fmt::print(stderr, "{}", summary_lines(summary, config.moe_stream, config.io_threads, loaded.cache_budget));
-  if (drafts) {
-    fmt::print(stderr, "speculative: drafted {}, accepted {} ({:.1f} %), {} verify passes, max draft {}\n",
-               drafts->drafted_total(), drafts->accepted_total(),
-               drafts->drafted_total() ? 100.0 * static_cast<double>(drafts->accepted_total()) /
-                                             static_cast<double>(drafts->drafted_total())
-                                       : 0.0,
-               drafts->verify_steps(), draft.max_draft);
-  }
-  report_prefetch(loaded);
-  save_cache_file(loaded);
-  if (forced_steps) {
-    fmt::print(stderr, "teacher-forced: {} of {} next tokens equal the reference ({:.1f} %)\n", forced_equal, forced_steps,
-               100.0 * forced_equal / forced_steps);
-  }
-  if (session.state().dropped_experts()) {
-    fmt::print(stderr, "drop-cold-experts: skipped {} routed experts (lossy)\n", session.state().dropped_experts());
-  }
+  const RunSummary summary = summarize(session.records(), loaded.model->experts->stats());
+  print_run_report(loaded, session, params, answer, summary);
   if (!o.csv.empty()) write_token_csv(o.csv, session.records());
-  if (!o.metrics.empty()) {
-    MetricsInput mi;
-    mi.version = BMOE_VERSION;
-    mi.config_json = config_json(o, loaded);
-    mi.summary = summary;
-    mi.end_memory = read_memory();
-    mi.available_floor = watcher.available_floor();
-    mi.mem_available_floor = watcher.mem_available_floor();
-    mi.thermal_start = thermal_start;
-    mi.thermal_end = read_thermal();
-    mi.max_celsius = watcher.max_celsius();
-    mi.load_seconds = loaded.load_seconds;
-    mi.prompt_seconds = pre.seconds;
-    mi.prompt_tokens = pre.tokens;
-    write_metrics(o.metrics, mi);
-  }
+  if (!o.metrics.empty()) write_run_metrics(o, loaded, summary, pre, watcher, thermal_start);
   return 0;
 }
 

@@ -37,6 +37,11 @@ bool drafting_possible(const DraftConfig& draft, const SamplerConfig& sampler) {
   return draft.max_draft > 0 && sampler.temperature <= 0.0f && !sampler.penalized();
 }
 
+namespace {
+
+// Feeds `token` (just emitted) so that the next one can be sampled. With a draft controller
+// that wants a draft, also proposes and verifies up to `budget` draft tokens; returns the kept
+// ones, already fed, to be emitted in order before sampling again.
 std::vector<int32_t> feed_token(Session& session, int32_t token, DraftController* drafts, int budget) {
   const int room = session.state().n_ctx() - session.state().n_past() - 1;
   const int length = drafts ? std::min({drafts->length(), budget, room}) : 0;
@@ -56,91 +61,146 @@ std::vector<int32_t> feed_token(Session& session, int32_t token, DraftController
   return draft;
 }
 
-int32_t DecodeCursor::next(bool& fed) {
-  fed = next_known_ < known_.size();
-  return fed ? known_[next_known_++] : session_.sample(filter_);
+// One run of the decode loop: the token source (a kept draft's tokens, which the verification
+// pass fed already, then the session's samples), the text on its way out, and the result.
+class DecodeLoop {
+ public:
+  DecodeLoop(Session& session, const GenerateParams& params, const DecodeHooks& hooks)
+      : session_(session), params_(params), hooks_(hooks), tok_(*session.model().tokenizer), stop_(params.stop) {
+    if (params.grammar) grammar_ = std::make_unique<GrammarFilter>(params.grammar, tok_);
+    if (drafts_with(params)) drafts_ = std::make_unique<DraftController>(params.draft);
+  }
+
+  GenerateResult run(int limit);
+
+ private:
+  Stopwatch clock_;  // the decode time, from before the grammar's matcher is built
+  // The next token; `fed` says whether the model has seen it already (a kept draft token).
+  int32_t next(bool& fed) {
+    fed = next_known_ < known_.size();
+    return fed ? known_[next_known_++] : session_.sample(grammar_.get());
+  }
+  void feed(int32_t token, int budget, bool forced);
+  bool take(int32_t token);
+  int32_t force(int step, int32_t pick);
+  void emit(const std::string& text);
+  bool stopped() const { return (hooks_.cancel && hooks_.cancel->load()) || !keep_going_; }
+
+  Session& session_;
+  const GenerateParams& params_;
+  const DecodeHooks& hooks_;
+  const Tokenizer& tok_;
+  std::unique_ptr<GrammarFilter> grammar_;
+  std::unique_ptr<DraftController> drafts_;
+  std::vector<int32_t> known_;  // the kept draft tokens still to emit
+  size_t next_known_ = 0;
+  Utf8Stream utf8_;
+  StopMatcher stop_;
+  bool keep_going_ = true;  // false once on_piece asked to stop
+  GenerateResult result_;
+};
+
+GenerateResult DecodeLoop::run(int limit) {
+  result_.finish_reason = "length";
+  for (int i = 0; i < limit; ++i) {
+    if (stopped()) {
+      result_.finish_reason = "cancelled";
+      break;
+    }
+    bool fed = false;
+    const int32_t pick = next(fed);
+    const bool forced = static_cast<size_t>(i) < params_.forced.size();
+    const int32_t token = forced ? force(i, pick) : pick;
+    if (!forced && !take(token)) break;
+    if (fed) continue;
+    // The last token of the budget is not fed, nor one sampled with the context full.
+    if (i + 1 >= limit || session_.state().n_past() >= session_.state().n_ctx()) break;
+    feed(token, limit - i - 2, forced);
+  }
+  if (drafts_) {
+    result_.drafted = drafts_->drafted_total();
+    result_.accepted = drafts_->accepted_total();
+    result_.verify_steps = drafts_->verify_steps();
+  }
+  if (!keep_going_) result_.finish_reason = "cancelled";
+  if (!stop_.stopped()) emit(stop_.push(utf8_.flush()) + stop_.flush());
+  result_.decode_seconds = clock_.seconds();
+  return std::move(result_);
 }
 
-void DecodeCursor::feed(int32_t token, int budget) {
-  known_ = feed_token(session_, token, drafts_, budget);
+void DecodeLoop::feed(int32_t token, int budget, bool forced) {
+  const size_t first_record = session_.records().size();
+  known_ = feed_token(session_, token, drafts_.get(), budget);
   next_known_ = 0;
+  if (hooks_.on_step && !forced) hooks_.on_step(first_record);
+}
+
+// Emits one token; false when generation ends with it (end token or stop string).
+bool DecodeLoop::take(int32_t token) {
+  if ((!params_.ignore_eos || grammar_) && tok_.is_end_of_generation(token)) {
+    result_.finish_reason = "stop";
+    return false;
+  }
+  if (grammar_) grammar_->accept(token);
+  result_.tokens.push_back(token);
+  if (params_.logprobs >= 0) {  // the logits it was sampled from are still the session's
+    const int n_vocab = session_.model().transformer->config().n_vocab;
+    result_.logprobs.push_back(token_logprob(session_.logits().data(), n_vocab, token, params_.logprobs));
+    if (hooks_.on_logprob) hooks_.on_logprob(result_.logprobs.back());
+  }
+  emit(stop_.push(utf8_.push(tok_.token_bytes(token, params_.show_special))));
+  if (stop_.stopped()) {
+    result_.finish_reason = "stop";
+    return false;
+  }
+  return true;
+}
+
+// A teacher-forced step: the model's pick is what the answer reports, the reference token is
+// what the model is fed.
+int32_t DecodeLoop::force(int step, int32_t pick) {
+  const int32_t reference = params_.forced[static_cast<size_t>(step)];
+  result_.tokens.push_back(pick);
+  ++result_.forced_steps;
+  result_.forced_equal += pick == reference;
+  return reference;
+}
+
+void DecodeLoop::emit(const std::string& text) {
+  if (text.empty() || !keep_going_) return;
+  result_.text += text;
+  if (hooks_.on_piece && !hooks_.on_piece(text)) keep_going_ = false;
+}
+
+}  // namespace
+
+bool drafts_with(const GenerateParams& params) {
+  return drafting_possible(params.draft, params.sampler) && params.logprobs < 0 && !params.grammar && params.forced.empty();
 }
 
 GrammarFilter::GrammarFilter(std::shared_ptr<const Grammar> grammar, const Tokenizer& tok)
     : constraint_(std::move(grammar), tok.token_texts(), tok.end_of_generation_tokens()) {}
 
+GenerateResult decode_tokens(Session& session, int limit, const GenerateParams& params, const DecodeHooks& hooks) {
+  return DecodeLoop(session, params, hooks).run(limit);
+}
+
 GenerateResult generate(Session& session, const std::vector<int32_t>& prompt, const GenerateParams& params,
                         const PieceCallback& on_piece, const std::atomic<bool>* cancel,
                         const LogprobCallback& on_logprob) {
-  GenerateResult result;
   const int n_ctx = session.state().n_ctx();
   if (prompt.empty()) fail("the prompt is empty");
   if (static_cast<int>(prompt.size()) >= n_ctx) {
     fail("the prompt has {} tokens, more than the context of {}", prompt.size(), n_ctx);
   }
-  result.prompt_tokens = static_cast<int>(prompt.size());
   session.set_sampler(params.sampler);
   PrefillRecord pre;
-  result.reused_tokens = session.prefill_reusing(prompt, &pre);
-  result.prefill_seconds = pre.seconds;
-
-  const Tokenizer& tok = *session.model().tokenizer;
-  Utf8Stream utf8;
-  StopMatcher stop(params.stop);
-  bool keep_going = true;
-  auto emit = [&](const std::string& text) {
-    if (text.empty() || !keep_going) return;
-    result.text += text;
-    if (on_piece && !on_piece(text)) keep_going = false;
-  };
-  Stopwatch decode;
-  result.finish_reason = "length";
+  const int reused = session.prefill_reusing(prompt, &pre);
   const int limit = std::min(params.max_tokens, n_ctx - static_cast<int>(prompt.size()));
-  std::unique_ptr<GrammarFilter> grammar;
-  if (params.grammar) grammar = std::make_unique<GrammarFilter>(params.grammar, tok);
-  std::unique_ptr<DraftController> drafts;
-  if (drafting_possible(params.draft, params.sampler) && params.logprobs < 0 && !grammar) {
-    drafts = std::make_unique<DraftController>(params.draft);
-  }
-  DecodeCursor cursor(session, drafts.get(), grammar.get());
-  const int n_vocab = session.model().transformer->config().n_vocab;
-  // Emits one token; false when generation ends with it (end token or stop string).
-  auto take = [&](int32_t token) {
-    if ((!params.ignore_eos || grammar) && tok.is_end_of_generation(token)) {
-      result.finish_reason = "stop";
-      return false;
-    }
-    if (grammar) grammar->accept(token);
-    result.tokens.push_back(token);
-    if (params.logprobs >= 0) {  // the logits it was sampled from are still the session's
-      result.logprobs.push_back(token_logprob(session.logits().data(), n_vocab, token, params.logprobs));
-      if (on_logprob) on_logprob(result.logprobs.back());
-    }
-    emit(stop.push(utf8.push(tok.token_bytes(token, params.show_special))));
-    if (stop.stopped()) {
-      result.finish_reason = "stop";
-      return false;
-    }
-    return true;
-  };
-  for (int i = 0; i < limit; ++i) {
-    if ((cancel && cancel->load()) || !keep_going) {
-      result.finish_reason = "cancelled";
-      break;
-    }
-    bool fed = false;
-    const int32_t token = cursor.next(fed);
-    if (!take(token)) break;
-    if (fed || i + 1 >= limit) continue;  // the last token of the budget is not fed
-    cursor.feed(token, limit - i - 2);
-  }
-  if (drafts) {
-    result.drafted = drafts->drafted_total();
-    result.accepted = drafts->accepted_total();
-  }
-  if (!keep_going) result.finish_reason = "cancelled";
-  if (!stop.stopped()) emit(stop.push(utf8.flush()) + stop.flush());
-  result.decode_seconds = decode.seconds();
+  GenerateResult result = decode_tokens(session, limit, params, {on_piece, on_logprob, {}, cancel});
+  result.prompt_tokens = static_cast<int>(prompt.size());
+  result.reused_tokens = reused;
+  result.prefill_seconds = pre.seconds;
   return result;
 }
 

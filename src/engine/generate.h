@@ -1,6 +1,8 @@
-// One completion on a Session: reuses the cached prefix of the prompt, samples up to a limit,
-// stops at end-of-generation tokens or stop strings, streams complete UTF-8 pieces and can be
-// cancelled between tokens. Shared by bmoe-cli -i and bmoe-server.
+// The decode loop, one for every tool: samples (or drafts and verifies) up to a limit, stops at
+// end-of-generation tokens or stop strings, streams complete UTF-8 pieces, reports each step and
+// can be cancelled between tokens. generate() runs one completion on a Session (the prompt fed
+// reusing the cached prefix, then the loop): bmoe-cli -i and bmoe-server. decode_tokens() is the
+// loop alone, after a prompt the caller fed: bmoe-cli's plain run, teacher forcing included.
 #pragma once
 
 #include <atomic>
@@ -29,6 +31,11 @@ struct GenerateParams {
   // prefix of a sentence are sampled, and end-of-generation tokens only once it is a whole
   // one; turns drafting off. The answer then ends at the first end token even with ignore_eos.
   std::shared_ptr<const Grammar> grammar;
+  // Teacher forcing (bmoe-cli --teacher-force): for the first forced.size() steps the model is
+  // fed forced[i] instead of its own pick. The picks are still the answer's `tokens` (and
+  // GenerateResult::forced_equal counts those equal to the reference), but they emit no text and
+  // an end token among them does not stop. Turns drafting off; the caller refuses a grammar.
+  std::vector<int32_t> forced;
 };
 
 struct GenerateResult {
@@ -39,8 +46,11 @@ struct GenerateResult {
   std::string finish_reason;  // "stop" (end token or stop string), "length", "cancelled"
   double prefill_seconds = 0;
   double decode_seconds = 0;
-  int64_t drafted = 0;   // speculative: tokens proposed
-  int64_t accepted = 0;  // speculative: proposals kept
+  int64_t drafted = 0;       // speculative: tokens proposed
+  int64_t accepted = 0;      // speculative: proposals kept
+  int64_t verify_steps = 0;  // speculative: verification passes
+  int forced_steps = 0;      // teacher forcing: steps fed a reference token
+  int forced_equal = 0;      // teacher forcing: of those, steps whose own pick equalled it
   std::vector<TokenLogprob> logprobs;  // one per token of `tokens` when GenerateParams::logprobs >= 0
 };
 
@@ -48,37 +58,39 @@ struct GenerateResult {
 using PieceCallback = std::function<bool(const std::string& piece)>;
 // Receives each token's log-probabilities (GenerateParams::logprobs >= 0) before its text.
 using LogprobCallback = std::function<void(const TokenLogprob&)>;
+// Called after each decode step that fed the model its own pick (not a teacher-forced token),
+// with the index of the step's first record in Session::records(): a verification pass records
+// every token it kept.
+using StepCallback = std::function<void(size_t first_record)>;
 
+// What a caller of the decode loop observes, and how it stops it: `cancel` is read between tokens.
+struct DecodeHooks {
+  PieceCallback on_piece;
+  LogprobCallback on_logprob;
+  StepCallback on_step;
+  const std::atomic<bool>* cancel = nullptr;
+};
+
+// Feeds `prompt` (keeping the KV rows of the prefix the session already holds), then runs the
+// decode loop for up to min(max_tokens, room left in the context) tokens with params.sampler.
+// Fails (bmoe::Error) on an empty prompt or one that fills the context.
 GenerateResult generate(Session& session, const std::vector<int32_t>& prompt, const GenerateParams& params,
                         const PieceCallback& on_piece = {}, const std::atomic<bool>* cancel = nullptr,
                         const LogprobCallback& on_logprob = {});
 
-// Feeds `token` (just emitted) so that the next one can be sampled. With a draft controller
-// that wants a draft, also proposes and verifies up to `budget` draft tokens; returns the kept
-// ones, already fed, to be emitted in order before sampling again.
-std::vector<int32_t> feed_token(Session& session, int32_t token, DraftController* drafts, int budget);
+// The decode loop on a session whose prompt was fed (Session::prefill or prefill_reusing):
+// up to `limit` tokens, sampled with the session's sampler (params.sampler only decides whether
+// drafting is possible). The last token of the limit, and a token sampled with the context full,
+// are emitted but not fed. Fills the result's tokens, text, finish reason, decode time and
+// drafting and forcing counts; the prompt fields are the caller's.
+GenerateResult decode_tokens(Session& session, int limit, const GenerateParams& params, const DecodeHooks& hooks = {});
 
-// The token source of a decode loop, drafting or not: the tokens of a kept draft were fed by
-// the verification pass and come out first, then the session samples again.
-class DecodeCursor {
- public:
-  DecodeCursor(Session& session, DraftController* drafts, const TokenFilter* filter = nullptr)
-      : session_(session), drafts_(drafts), filter_(filter) {}
-  // The next token; `fed` says whether the model has seen it already (a kept draft token).
-  int32_t next(bool& fed);
-  // Feeds `token` so that the next one can be sampled (see feed_token).
-  void feed(int32_t token, int budget);
+// Whether the decode loop drafts with these parameters: drafting_possible, and no log-probabilities,
+// grammar or teacher forcing asked for.
+bool drafts_with(const GenerateParams& params);
 
- private:
-  Session& session_;
-  DraftController* drafts_;
-  const TokenFilter* filter_;  // what sampled tokens must pass (a grammar), or nullptr
-  std::vector<int32_t> known_;
-  size_t next_known_ = 0;
-};
-
-// A grammar as the sampler's token filter over a tokenizer's vocabulary: the decode loop passes
-// it to DecodeCursor and accepts each emitted token (end tokens are the loop's to stop at).
+// A grammar as the sampler's token filter over a tokenizer's vocabulary: the decode loop samples
+// through it and accepts each emitted token (end tokens are the loop's to stop at).
 class GrammarFilter : public TokenFilter {
  public:
   GrammarFilter(std::shared_ptr<const Grammar> grammar, const Tokenizer& tok);
