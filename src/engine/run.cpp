@@ -6,12 +6,14 @@
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <thread>
 
 #include "core/cpu_features.h"
 #include "core/error.h"
 #include "core/progress.h"
 #include "core/timer.h"
+#include "io/mapped_file.h"
 #include "moe/cache_file.h"
 #include "moe/cache_policy.h"
 #include "telemetry/system.h"
@@ -183,9 +185,12 @@ ChatTemplate chat_template_for(const LoadedRun& run) {
   const LoadedModel& model = *run.model;
   const Vocabulary& v = model.tokenizer->vocab();
   const auto token_text = [&](int32_t id) { return id >= 0 && id < static_cast<int32_t>(v.tokens.size()) ? v.tokens[static_cast<size_t>(id)] : std::string(); };
+  const std::string& choice = run.config.chat_template;
+  std::optional<std::string> file_text;
+  if (chat_template_choice(choice) == ChatTemplateChoice::File) file_text = read_whole_file(choice, "chat template");
   std::string warning;
-  ChatTemplate t = ChatTemplate::for_model(model.transformer->config().arch, v.chat_template, run.config.chat_template,
-                                           token_text(v.bos), token_text(v.eos), v.add_bos, &warning);
+  ChatTemplate t = ChatTemplate::for_model(model.transformer->config().arch, v.chat_template, choice,
+                                           token_text(v.bos), token_text(v.eos), v.add_bos, &warning, file_text);
   if (!warning.empty()) fmt::print(stderr, "warning: {}\n", warning);
   return t;
 }

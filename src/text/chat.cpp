@@ -4,7 +4,6 @@
 #include <filesystem>
 
 #include "core/error.h"
-#include "io/mapped_file.h"
 #include "text/jinja.h"
 #include "text/tag_scan.h"
 
@@ -162,7 +161,8 @@ ChatTemplate ChatTemplate::builtin(ChatFormat format) {
 
 ChatTemplate ChatTemplate::for_model(const std::string& arch, const std::string& model_template,
                                      const std::string& choice, std::string bos_text, std::string eos_text,
-                                     bool tokenizer_adds_bos, std::string* warning) {
+                                     bool tokenizer_adds_bos, std::string* warning,
+                                     const std::optional<std::string>& file_text) {
   const ChatFormat closest = detect_chat_format(arch, model_template);
   std::string source = model_template;
   std::string origin = "the model's chat template";
@@ -170,7 +170,8 @@ ChatTemplate ChatTemplate::for_model(const std::string& arch, const std::string&
     case ChatTemplateChoice::ModelOwn: break;
     case ChatTemplateChoice::Builtin: return builtin(chat_format_by_name(choice));
     case ChatTemplateChoice::File:
-      source = read_whole_file(choice, "chat template");
+      if (!file_text) fail("--chat-template: {} names a file its caller did not read", choice);
+      source = *file_text;
       origin = "chat template " + choice;
       break;
     case ChatTemplateChoice::Text:

@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -41,12 +42,13 @@ class JinjaTemplateHolder;
 class ChatTemplate {
  public:
   // The template to use for a model. `choice` is what the user asked for (--chat-template):
-  // empty for the model's own, a built-in format's name, a file, or template text. A model
+  // empty for the model's own, a built-in format's name, a file, or template text. Where it
+  // names a file, `file_text` holds what the caller read from it (text reads no files). A model
   // template that does not parse falls back to the built-in format for the architecture, and
   // `warning` says so. Throws Error for a choice that names nothing usable.
   static ChatTemplate for_model(const std::string& arch, const std::string& model_template, const std::string& choice,
                                 std::string bos_text, std::string eos_text, bool tokenizer_adds_bos,
-                                std::string* warning);
+                                std::string* warning, const std::optional<std::string>& file_text = std::nullopt);
   static ChatTemplate builtin(ChatFormat format);
 
   // Renders a conversation. The BOS a template writes at the start is dropped when the
