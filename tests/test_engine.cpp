@@ -1,10 +1,8 @@
 // Generation on a session: stop strings, prefix reuse that changes nothing but the work done,
-// cancellation; the thread pool every step runs on.
+// cancellation.
 #include <gtest/gtest.h>
 
 #include <atomic>
-#include <chrono>
-#include <thread>
 #include <vector>
 
 #include "core/error.h"
@@ -111,42 +109,6 @@ TEST_F(GenerateTest, PromptLongerThanTheContextIsAnError) {
   Session s(*model_, pool_, 32, 16, SamplerConfig{});
   std::vector<int32_t> long_prompt(40, ids("the")[0]);
   EXPECT_THROW(generate(s, long_prompt, GenerateParams{}), Error);
-}
-
-// Every task of every job runs exactly once, whether the workers are spinning (jobs back to back)
-// or asleep (a pause longer than their spin between jobs), and a job never returns before all of
-// its tasks finished.
-TEST(ThreadPoolTest, EveryTaskRunsOnceWithSpinningOrSleepingWorkers) {
-  for (const int threads : {2, 4}) {
-    ThreadPool pool(threads);
-    for (int job = 0; job < 300; ++job) {
-      const int64_t n = 1 + job % 37;
-      std::vector<std::atomic<int>> runs(static_cast<size_t>(n));
-      std::atomic<int64_t> finished{0};
-      pool.run(n, [&](int64_t task, int thread) {
-        EXPECT_GE(thread, 0);
-        EXPECT_LT(thread, threads);
-        if (task % 5 == 0) std::this_thread::sleep_for(std::chrono::microseconds(50));
-        runs[static_cast<size_t>(task)].fetch_add(1);
-        finished.fetch_add(1);
-      });
-      ASSERT_EQ(finished.load(), n) << "job " << job << " returned before its tasks finished";
-      for (int64_t t = 0; t < n; ++t) ASSERT_EQ(runs[static_cast<size_t>(t)].load(), 1);
-      // Every tenth job waits long enough for the workers to fall asleep.
-      if (job % 10 == 9) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-  }
-}
-
-// Workers still help: a job of slow tasks runs on more than one thread.
-TEST(ThreadPoolTest, WorkersShareALongJob) {
-  ThreadPool pool(2);
-  std::atomic<int> by_worker{0};
-  pool.run(64, [&](int64_t, int thread) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    if (thread != 0) by_worker.fetch_add(1);
-  });
-  EXPECT_GT(by_worker.load(), 0);
 }
 
 }  // namespace

@@ -117,48 +117,6 @@ std::vector<Isa> available_isas() {
   return isas;
 }
 
-TEST(Fp16, RoundTripsEveryHalf) {
-  for (uint32_t h = 0; h < 65536; ++h) {
-    const float f = fp16_to_fp32(static_cast<uint16_t>(h));
-    if (std::isnan(f)) continue;
-    EXPECT_EQ(fp32_to_fp16(f), h) << "half 0x" << std::hex << h;
-  }
-}
-
-TEST(Fp16, RoundsToNearestEven) {
-  EXPECT_EQ(fp32_to_fp16(1.0f), 0x3C00);
-  EXPECT_EQ(fp32_to_fp16(65504.0f), 0x7BFF);
-  EXPECT_EQ(fp32_to_fp16(65520.0f), 0x7C00);  // halfway to the next: rounds to inf
-  EXPECT_EQ(fp32_to_fp16(1.0f + 0x1p-11f), 0x3C00);  // exact tie, even stays
-  EXPECT_EQ(fp32_to_fp16(1.0f + 3 * 0x1p-11f), 0x3C02);  // tie rounds up to even
-  EXPECT_EQ(fp32_to_fp16(0x1p-25f), 0x0000);  // half the smallest subnormal: ties to 0
-  EXPECT_EQ(fp32_to_fp16(0x1.8p-25f), 0x0001);
-  EXPECT_EQ(fp32_to_fp16(-0.0f), 0x8000);
-}
-
-#if defined(__x86_64__)
-__attribute__((target("f16c"))) uint16_t hardware_fp16(float f) {
-  return static_cast<uint16_t>(_cvtss_sh(f, 0));
-}
-
-TEST(Fp16, MatchesF16cOnRandomBits) {
-  if (active_isa() != Isa::Avx2) GTEST_SKIP() << "no F16C";
-  Rng rng(7);
-  for (int i = 0; i < 2000000; ++i) {
-    const float f = bits_float(static_cast<uint32_t>(rng.next()));
-    if (std::isnan(f)) continue;
-    ASSERT_EQ(fp32_to_fp16(f), hardware_fp16(f)) << f;
-  }
-}
-#endif
-
-TEST(Bf16, RoundsToNearestEven) {
-  EXPECT_EQ(fp32_to_bf16(1.0f), 0x3F80);
-  EXPECT_EQ(bf16_to_fp32(0x3F80), 1.0f);
-  EXPECT_EQ(fp32_to_bf16(bits_float(0x3F808000u)), 0x3F80);  // tie, even
-  EXPECT_EQ(fp32_to_bf16(bits_float(0x3F818000u)), 0x3F82);  // tie, odd -> up
-}
-
 TEST(Layout, BlockSizesMatchTypeTable) {
   EXPECT_EQ(type_info(TensorType::Q4_K).block_bytes, sizeof(BlockQ4_K));
   EXPECT_EQ(type_info(TensorType::Q5_K).block_bytes, sizeof(BlockQ5_K));
