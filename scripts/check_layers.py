@@ -30,6 +30,7 @@ SRC_LAYERS = ("core", "io", "quant", "gguf", "model", "moe", "text", "engine", "
 # it. It may include only core and quant, so model can include it without reaching moe.
 FILE_LAYERS = {
     "src/moe/expert_source.h": "expert-source",
+    "src/moe/router_hook.h": "expert-source",  # the routing-time decisions' hook (RouterHook, RoutingOptions)
     "src/moe/expert_layout.cpp": "expert-source",  # ExpertLayout's and PredictionSource's out-of-line parts
 }
 

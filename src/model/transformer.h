@@ -15,6 +15,7 @@
 #include "model/delta_net.h"
 #include "model/matmul.h"
 #include "moe/expert_source.h"
+#include "moe/router_hook.h"  // RoutingOptions
 #include "quant/weight.h"
 
 namespace bmoe {
@@ -112,20 +113,6 @@ class Transformer {
   ModelConfig config_;
   ModelWeights weights_;
   ExpertSource* experts_;
-};
-
-// How routing interacts with the expert source beyond the model's own math.
-struct RoutingOptions {
-  // Lossless: after a layer routes, apply the routers of the next `prefetch` layers to the
-  // current residual and hint their likely experts to the source (it may read them early).
-  int prefetch = 0;
-  // Lossy: decide layer L's routing from the residual at layer L - route_ahead (its experts
-  // are then known, and read, that many layers early). Decode steps only.
-  int route_ahead = 0;
-  // Lossy: skip a routed expert that is not in memory when its weight is below
-  // drop_cold x an even split (1/k); the rest are rescaled to the original weight sum.
-  // Decode steps only; the top expert is always kept.
-  float drop_cold = 0.0f;
 };
 
 // Activations converted once per activation format for a block of matmuls that read the same
