@@ -1,16 +1,20 @@
 #include "engine/session.h"
 
 #include <algorithm>
+#include <memory>
 
 #include "core/error.h"
 #include "core/timer.h"
+#include "moe/routing_policy.h"
 
 namespace bmoe {
 
 Session::Session(LoadedModel& model, ThreadPool& pool, int n_ctx, int n_batch, SamplerConfig sampler,
                  KvType kv_type)
     : model_(model), pool_(pool), state_(*model.transformer, pool, n_ctx, kv_type), n_batch_(std::max(1, n_batch)),
-      sampler_(sampler) {}
+      sampler_(sampler) {
+  state_.set_router_hook(std::make_unique<RoutingPolicy>());
+}
 
 std::vector<int32_t> Session::tokenize(const std::string& text, bool parse_special) const {
   return model_.tokenizer->encode(text, parse_special, model_.tokenizer->vocab().add_bos);

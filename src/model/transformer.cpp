@@ -149,9 +149,7 @@ const std::vector<float>& InferenceState::eval(const int32_t* tokens, int n, boo
     token_batch_path_.insert(token_batch_path_.end(), static_cast<size_t>(n),
                              n >= kAttentionBatchRows || replay_batch_path_ ? 1 : 0);
   }
-  // Routes decided early live for one pass; only the predictor uses them.
-  if (routing_.prefetch > 0 || routing_.route_ahead > 0) ahead_.assign(static_cast<size_t>(cfg_.n_layer), AheadRoute{});
-  else ahead_.clear();
+  if (router_hook_) router_hook_->begin_pass(cfg_.n_layer);
   try {
     for (int l = 0; l < cfg_.n_layer; ++l) {
       attention_block(l, n);
@@ -539,65 +537,53 @@ void InferenceState::gate(const LayerWeights& L, float* logits, std::vector<int3
   }
 }
 
-void InferenceState::select_experts(int layer, int n) {
-  const LayerWeights& L = model_.weights_.layers[static_cast<size_t>(layer)];
-  const int NE = cfg_.n_expert;
-  route_ids_.resize(static_cast<size_t>(n));
-  route_weights_.resize(static_cast<size_t>(n));
-  AheadRoute* ahead = n == 1 && static_cast<size_t>(layer) < ahead_.size() && ahead_[static_cast<size_t>(layer)].valid
-                          ? &ahead_[static_cast<size_t>(layer)]
-                          : nullptr;
-  for (int i = 0; i < n; ++i) {
-    float* logits = router_logits_.data() + static_cast<size_t>(i) * NE;
-    std::vector<int32_t>& ids = route_ids_[static_cast<size_t>(i)];
-    std::vector<float>& wts = route_weights_[static_cast<size_t>(i)];
-    if (ahead) {
-      ids = ahead->ids;  // decided route_ahead layers ago (lossy)
-      wts = ahead->weights;
-      ahead->valid = false;
-    } else {
-      gate(L, logits, ids, wts);
-    }
-    if (route_hook_) {
-      RouteEvent ev;
-      ev.layer = layer;
-      ev.position = positions_[static_cast<size_t>(i)];
-      ev.prefill = prefill_;
-      ev.logits = logits;
-      ev.n_expert = NE;
-      ev.experts = &ids;
-      ev.weights = &wts;
-      route_hook_(ev);
-    }
+void InferenceState::set_routing_options(const RoutingOptions& options) {
+  if (router_hook_) {
+    router_hook_->set_options(options);
+    return;
   }
-  if (routing_.drop_cold > 0.0f && n == 1) drop_cold_experts(layer);
+  if (options.prefetch != 0 || options.route_ahead != 0 || options.drop_cold != 0.0f) {
+    fail("internal: routing options need a router hook (set_router_hook)");
+  }
 }
 
-void InferenceState::drop_cold_experts(int layer) {
-  std::vector<int32_t>& ids = route_ids_[0];
-  std::vector<float>& wts = route_weights_[0];
-  if (ids.size() < 2) return;
-  const float threshold = routing_.drop_cold / static_cast<float>(ids.size());
-  float total = 0.0f, kept_total = 0.0f;
-  for (float v : wts) total += v;
-  const size_t top = static_cast<size_t>(std::max_element(wts.begin(), wts.end()) - wts.begin());
-  std::vector<int32_t> kept_ids;
-  std::vector<float> kept_wts;
-  for (size_t s = 0; s < ids.size(); ++s) {
-    // Weights compare as a share of the total, so models whose weights do not sum to 1 behave alike.
-    const bool cold = s != top && wts[s] < threshold * total && !model_.experts_->resident(layer, ids[s]);
-    if (cold) {
-      ++dropped_experts_;
-      continue;
-    }
-    kept_ids.push_back(ids[s]);
-    kept_wts.push_back(wts[s]);
-    kept_total += wts[s];
+const RoutingOptions& InferenceState::routing_options() const {
+  static const RoutingOptions kNone;
+  return router_hook_ ? router_hook_->options() : kNone;
+}
+
+// The router's logits, then per token the model's gating, unless the router hook decided the
+// routing layers earlier (route-ahead); the route hook sees each token's routing and may
+// replace it; the router hook settles it last (drop-cold), so what it drops is what is computed.
+void InferenceState::route_tokens(int layer, int n, const float* router_in) {
+  const LayerWeights& L = model_.weights_.layers[static_cast<size_t>(layer)];
+  const int NE = cfg_.n_expert;
+  router_logits_.resize(static_cast<size_t>(n) * NE);
+  matmul(pool_, L.router, router_in, n, router_logits_.data(), act_b_);
+  routes_.resize(static_cast<size_t>(n));
+  const std::span<TokenRoute> routes(routes_);
+  const bool decided_early = router_hook_ && router_hook_->take_early_routes(layer, routes);
+  for (int i = 0; i < n; ++i) {
+    float* logits = router_logits_.data() + static_cast<size_t>(i) * NE;
+    TokenRoute& route = routes_[static_cast<size_t>(i)];
+    if (!decided_early) gate(L, logits, route.experts, route.weights);
+    report_route(layer, i, logits);
   }
-  if (kept_ids.size() == ids.size()) return;
-  for (float& v : kept_wts) v *= total / kept_total;
-  ids = std::move(kept_ids);
-  wts = std::move(kept_wts);
+  if (router_hook_) router_hook_->finish_routes(layer, routes, *model_.experts_);
+}
+
+void InferenceState::report_route(int layer, int token, const float* logits) {
+  if (!route_hook_) return;
+  TokenRoute& route = routes_[static_cast<size_t>(token)];
+  RouteEvent ev;
+  ev.layer = layer;
+  ev.position = positions_[static_cast<size_t>(token)];
+  ev.prefill = prefill_;
+  ev.logits = logits;
+  ev.n_expert = cfg_.n_expert;
+  ev.experts = &route.experts;
+  ev.weights = &route.weights;
+  route_hook_(ev);
 }
 
 void InferenceState::router_input(int layer, const float* x, float* out) const {
@@ -613,53 +599,31 @@ void InferenceState::router_input(int layer, const float* x, float* out) const {
   }
 }
 
-void InferenceState::predict_ahead(int layer, int n) {
-  const int window = std::max(routing_.prefetch, routing_.route_ahead);
-  constexpr int kMaxPredictedRows = 8;  // decode and draft verification, not prompt batches
-  if (window <= 0 || n > kMaxPredictedRows) return;
-  const int E = cfg_.n_embd;
-  const int NE = cfg_.n_expert;
-  std::vector<LayerPrediction> predictions;
-  std::vector<float> in(static_cast<size_t>(n) * E), logits(static_cast<size_t>(n) * NE);
-  std::vector<int32_t> ids;
-  std::vector<float> wts;
-  for (int t = layer + 1; t <= layer + window && t < cfg_.n_layer; ++t) {
-    const LayerWeights& L = model_.weights_.layers[static_cast<size_t>(t)];
-    if (!L.has_experts) continue;
-    const int distance = t - layer;
-    LayerPrediction p;
-    p.layer = t;
-    p.distance = distance;
-    AheadRoute& decided = ahead_[static_cast<size_t>(t)];
-    if (decided.valid) {
-      p.experts = decided.ids;  // already fixed by route-ahead: an exact prediction
-      predictions.push_back(std::move(p));
-      continue;
-    }
-    for (int i = 0; i < n; ++i) router_input(t, x_.data() + static_cast<size_t>(i) * E, in.data() + static_cast<size_t>(i) * E);
-    matmul(pool_, L.router, in.data(), n, logits.data(), act_b_);
-    for (int i = 0; i < n; ++i) {
-      gate(L, logits.data() + static_cast<size_t>(i) * NE, ids, wts);
-      for (int32_t e : ids) {
-        if (std::find(p.experts.begin(), p.experts.end(), e) == p.experts.end()) p.experts.push_back(e);
-      }
-      if (n == 1 && distance == routing_.route_ahead) {
-        decided.valid = true;
-        decided.ids = ids;
-        decided.weights = wts;
-      }
-    }
-    if (distance <= routing_.prefetch || decided.valid) predictions.push_back(std::move(p));
+bool InferenceState::has_router(int layer) const {
+  return model_.weights_.layers[static_cast<size_t>(layer)].has_experts;
+}
+
+// A later layer's router on the residual rows as they stand when the router hook asks (after the
+// current layer's attention, before its FFN): the prediction the hook hints, and with
+// route-ahead the routing that layer then takes.
+void InferenceState::route_residual(int layer, std::span<TokenRoute> rows) {
+  const LayerWeights& L = model_.weights_.layers[static_cast<size_t>(layer)];
+  const int E = cfg_.n_embd, NE = cfg_.n_expert;
+  const int n = static_cast<int>(rows.size());
+  float* in = scratch(residual_router_in_, static_cast<size_t>(n) * E);
+  float* logits = scratch(residual_router_logits_, static_cast<size_t>(n) * NE);
+  for (int i = 0; i < n; ++i) router_input(layer, x_.data() + static_cast<size_t>(i) * E, in + static_cast<size_t>(i) * E);
+  matmul(pool_, L.router, in, n, logits, act_b_);
+  for (int i = 0; i < n; ++i) {
+    TokenRoute& row = rows[static_cast<size_t>(i)];
+    gate(L, logits + static_cast<size_t>(i) * NE, row.experts, row.weights);
   }
-  if (!predictions.empty()) model_.experts_->hint(predictions);
 }
 
 void InferenceState::routed_experts(int layer, int n, const float* h, const float* router_in, float* out) {
   const LayerWeights& L = model_.weights_.layers[static_cast<size_t>(layer)];
   const int E = cfg_.n_embd;
-  router_logits_.resize(static_cast<size_t>(n) * cfg_.n_expert);
-  matmul(pool_, L.router, router_in, n, router_logits_.data(), act_b_);
-  select_experts(layer, n);
+  route_tokens(layer, n, router_in);
 
   // Group (token, slot) pairs by expert, experts in order of first use.
   struct Use {
@@ -673,7 +637,7 @@ void InferenceState::routed_experts(int layer, int n, const float* h, const floa
   std::vector<std::vector<Use>> uses;
   int max_slots = 0;
   for (int i = 0; i < n; ++i) {
-    const auto& ids = route_ids_[static_cast<size_t>(i)];
+    const auto& ids = routes_[static_cast<size_t>(i)].experts;
     max_slots = std::max(max_slots, static_cast<int>(ids.size()));
     for (size_t s = 0; s < ids.size(); ++s) {
       auto [it, inserted] = index_of.emplace(ids[s], unique.size());
@@ -684,7 +648,7 @@ void InferenceState::routed_experts(int layer, int n, const float* h, const floa
         uses.emplace_back();
       }
       uses[it->second].push_back({i, static_cast<int32_t>(s)});
-      weight_sums[it->second] += route_weights_[static_cast<size_t>(i)][s];
+      weight_sums[it->second] += routes_[static_cast<size_t>(i)].weights[s];
       ++use_counts[it->second];
     }
   }
@@ -693,7 +657,8 @@ void InferenceState::routed_experts(int layer, int n, const float* h, const floa
 
   ExpertSource& source = *model_.experts_;
   source.begin_layer(LayerRouting{layer, unique, weight_sums, use_counts, n});
-  predict_ahead(layer, n);
+  // After begin_layer, so this layer's reads are queued before any read ahead for later ones.
+  if (router_hook_) router_hook_->after_request(layer, n, *this, source);
   Activations& acts = acts_;
   acts.reset();
   std::vector<int> ready;
@@ -792,7 +757,7 @@ void InferenceState::routed_experts(int layer, int n, const float* h, const floa
         float* d = down_buf + (wk.offset + j) * E;
         if (!L.exp_down_bias.empty()) ops::add(d, L.exp_down_bias.data() + static_cast<size_t>(expert) * E, E);
         if (!L.exp_down_scale.empty()) ops::scale(d, L.exp_down_scale[static_cast<size_t>(expert)], E);
-        const float wt = route_weights_[static_cast<size_t>(u[j].token)][static_cast<size_t>(u[j].slot)];
+        const float wt = routes_[static_cast<size_t>(u[j].token)].weights[static_cast<size_t>(u[j].slot)];
         float* dst = slot_out + (static_cast<size_t>(u[j].token) * max_slots + u[j].slot) * E;
         for (int e = 0; e < E; ++e) dst[e] = d[e] * wt;
       }
@@ -824,7 +789,7 @@ void InferenceState::routed_experts(int layer, int n, const float* h, const floa
   // Sum the slots in slot order, as llama.cpp adds them.
   for (int i = 0; i < n; ++i) {
     float* dst = out + static_cast<size_t>(i) * E;
-    const size_t k = route_ids_[static_cast<size_t>(i)].size();
+    const size_t k = routes_[static_cast<size_t>(i)].experts.size();
     const float* first = slot_out + static_cast<size_t>(i) * max_slots * E;
     std::copy_n(first, E, dst);
     for (size_t s = 1; s < k; ++s) ops::add(dst, first + s * E, E);

@@ -7,6 +7,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "core/thread_pool.h"
@@ -15,7 +16,7 @@
 #include "model/delta_net.h"
 #include "model/matmul.h"
 #include "moe/expert_source.h"
-#include "moe/router_hook.h"  // RoutingOptions
+#include "moe/router_hook.h"  // RoutingOptions, RouterHook
 #include "quant/weight.h"
 
 namespace bmoe {
@@ -132,8 +133,10 @@ class Activations {
   size_t used_ = 0;
 };
 
-// Per-sequence state: KV cache, position, scratch buffers.
-class InferenceState {
+// Per-sequence state: KV cache, position, scratch buffers. Routing-time decisions beyond the
+// model's own gating (prefetch, route-ahead, drop-cold) are its RouterHook's; the state offers
+// the hook its routers (ResidualRouter).
+class InferenceState : private ResidualRouter {
  public:
   InferenceState(Transformer& model, ThreadPool& pool, int n_ctx, KvType kv_type = KvType::F16);
 
@@ -156,10 +159,14 @@ class InferenceState {
   // Whether the next eval() calls process prompt tokens (reported to the route hook).
   void set_prefill(bool prefill) { prefill_ = prefill; }
   size_t kv_bytes() const { return cache_.bytes(); }
-  void set_routing_options(const RoutingOptions& options) { routing_ = options; }
-  const RoutingOptions& routing_options() const { return routing_; }
+  // The hook that makes the routing-time decisions (Session installs a RoutingPolicy); without
+  // one the model routes by its gating alone.
+  void set_router_hook(std::unique_ptr<RouterHook> hook) { router_hook_ = std::move(hook); }
+  // The router hook's options; setting any but the defaults needs a hook.
+  void set_routing_options(const RoutingOptions& options);
+  const RoutingOptions& routing_options() const;
   // Experts skipped by drop_cold so far.
-  uint64_t dropped_experts() const { return dropped_experts_; }
+  uint64_t dropped_experts() const { return router_hook_ ? router_hook_->dropped_experts() : 0; }
 
  private:
   void attention_block(int layer, int n);
@@ -173,14 +180,18 @@ class InferenceState {
   void routed_experts(int layer, int n, const float* h, const float* router_in, float* out);
   void parallel_ffn(int layer, int n);
   void dense_ffn(const Weight& gate, const Weight& up, const Weight& down, int n, const float* h, float* out);
-  void select_experts(int layer, int n);
+
+  // Routing: routes_ for each token of the pass.
+  void route_tokens(int layer, int n, const float* router_in);
+  void report_route(int layer, int token, const float* logits);
   // The model's gating of one token: logits (bias added in place) -> ids and weights.
   void gate(const LayerWeights& L, float* logits, std::vector<int32_t>& ids, std::vector<float>& wts) const;
   // What the router of `layer` reads, computed from a residual row (for prediction).
   void router_input(int layer, const float* x, float* out) const;
-  // Routers of the layers after `layer` on the current residual: hints and route-ahead.
-  void predict_ahead(int layer, int n);
-  void drop_cold_experts(int layer);
+  // ResidualRouter: the router hook scores later layers' routers on the residual x_.
+  int layers() const override { return cfg_.n_layer; }
+  bool has_router(int layer) const override;
+  void route_residual(int layer, std::span<TokenRoute> rows) override;
 
   Transformer& model_;
   const ModelConfig& cfg_;
@@ -213,18 +224,11 @@ class InferenceState {
   std::vector<float> dense_in_, moe_in_, router_in_, moe_out_;
   std::vector<float> attn_gate_, dn_mixed_, dn_z_, dn_beta_, dn_alpha_, dn_conv_, dn_out_;
   // Routing of the current layer: per token, its experts and weights in slot order.
-  std::vector<std::vector<int32_t>> route_ids_;
-  std::vector<std::vector<float>> route_weights_;
+  std::vector<TokenRoute> routes_;
   std::vector<float> router_logits_;
+  std::vector<float> residual_router_in_, residual_router_logits_;  // route_residual's scratch
 
-  RoutingOptions routing_;
-  struct AheadRoute {
-    bool valid = false;
-    std::vector<int32_t> ids;
-    std::vector<float> weights;
-  };
-  std::vector<AheadRoute> ahead_;  // per layer, decided early (route_ahead)
-  uint64_t dropped_experts_ = 0;
+  std::unique_ptr<RouterHook> router_hook_;
 };
 
 }  // namespace bmoe
