@@ -620,173 +620,218 @@ void InferenceState::route_residual(int layer, std::span<TokenRoute> rows) {
   }
 }
 
-void InferenceState::routed_experts(int layer, int n, const float* h, const float* router_in, float* out) {
-  const LayerWeights& L = model_.weights_.layers[static_cast<size_t>(layer)];
-  const int E = cfg_.n_embd;
-  route_tokens(layer, n, router_in);
-
-  // Group (token, slot) pairs by expert, experts in order of first use.
+// The (token, slot) pairs of a layer's routing grouped by expert, experts in order of first use:
+// what the source is asked for (experts, weight sums, use counts) and which rows each computes.
+struct InferenceState::ExpertUses {
   struct Use {
     int32_t token;
     int32_t slot;
   };
-  std::vector<int32_t> unique;
+  std::vector<int32_t> experts;
   std::vector<float> weight_sums;
   std::vector<int32_t> use_counts;
+  std::vector<std::vector<Use>> uses;  // per expert, same order
+  int max_slots = 0;                   // the most experts one token routes to
+
+  // Ready experts are computed in groups of at most kGroupRows token rows (at least one expert
+  // each), so the group buffers stay bounded however large a prompt batch is. Returns the end
+  // of the group that starts at ready[first].
+  static constexpr size_t kGroupRows = 4096;
+  size_t group_end(std::span<const int> ready, size_t first) const {
+    size_t last = first, rows = 0;
+    do {
+      rows += uses[static_cast<size_t>(ready[last])].size();
+      ++last;
+    } while (last < ready.size() && rows + uses[static_cast<size_t>(ready[last])].size() <= kGroupRows);
+    return last;
+  }
+};
+
+// Ready experts computed together: each one's matrices and token rows, its rows' place in the
+// group buffers, and those buffers once filled.
+struct InferenceState::ExpertGroup {
+  struct Member {
+    int index;  // into ExpertUses
+    std::vector<Weight> m;
+    std::vector<int32_t> rows;  // token rows of h
+    size_t offset;              // first row in the group buffers
+  };
+  std::vector<Member> members;
+  size_t rows = 0;
+  int64_t width = 0;  // the experts' hidden width (F)
+  float* gate = nullptr;
+  float* up = nullptr;
+  float* act = nullptr;
+};
+
+InferenceState::ExpertUses InferenceState::group_by_expert(int n) const {
+  ExpertUses u;
   std::map<int32_t, size_t> index_of;
-  std::vector<std::vector<Use>> uses;
-  int max_slots = 0;
   for (int i = 0; i < n; ++i) {
-    const auto& ids = routes_[static_cast<size_t>(i)].experts;
-    max_slots = std::max(max_slots, static_cast<int>(ids.size()));
-    for (size_t s = 0; s < ids.size(); ++s) {
-      auto [it, inserted] = index_of.emplace(ids[s], unique.size());
+    const TokenRoute& route = routes_[static_cast<size_t>(i)];
+    u.max_slots = std::max(u.max_slots, static_cast<int>(route.experts.size()));
+    for (size_t s = 0; s < route.experts.size(); ++s) {
+      auto [it, inserted] = index_of.emplace(route.experts[s], u.experts.size());
       if (inserted) {
-        unique.push_back(ids[s]);
-        weight_sums.push_back(0.0f);
-        use_counts.push_back(0);
-        uses.emplace_back();
+        u.experts.push_back(route.experts[s]);
+        u.weight_sums.push_back(0.0f);
+        u.use_counts.push_back(0);
+        u.uses.emplace_back();
       }
-      uses[it->second].push_back({i, static_cast<int32_t>(s)});
-      weight_sums[it->second] += routes_[static_cast<size_t>(i)].weights[s];
-      ++use_counts[it->second];
+      u.uses[it->second].push_back({i, static_cast<int32_t>(s)});
+      u.weight_sums[it->second] += route.weights[s];
+      ++u.use_counts[it->second];
     }
   }
-  // Every (token, slot) row is written once below, and only those rows are summed.
-  float* slot_out = scratch(slot_out_, static_cast<size_t>(n) * max_slots * E);
+  return u;
+}
 
+void InferenceState::routed_experts(int layer, int n, const float* h, const float* router_in, float* out) {
+  route_tokens(layer, n, router_in);
+  const ExpertUses uses = group_by_expert(n);
+  // Every (token, slot) row is written once below, and only those rows are summed.
+  float* slot_out = scratch(slot_out_, static_cast<size_t>(n) * uses.max_slots * cfg_.n_embd);
   ExpertSource& source = *model_.experts_;
-  source.begin_layer(LayerRouting{layer, unique, weight_sums, use_counts, n});
+  source.begin_layer(LayerRouting{layer, uses.experts, uses.weight_sums, uses.use_counts, n});
   // After begin_layer, so this layer's reads are queued before any read ahead for later ones.
   if (router_hook_) router_hook_->after_request(layer, n, *this, source);
-  Activations& acts = acts_;
-  acts.reset();
-  std::vector<int> ready;
-  // Gate, up and down projections of a group of ready experts, each stage one parallel pass.
-  auto compute_group = [&](std::span<const int> part) {
-    // Gate and up projections of every ready expert in one parallel pass.
-    struct Work {
-      int index;
-      std::vector<Weight> m;
-      std::vector<int32_t> rows;  // token rows of h
-      size_t offset;              // first row in the group buffers
-    };
-    std::vector<Work> group;
-    size_t total_rows = 0;
-    for (int idx : part) {
-      Work wk{idx, {}, {}, total_rows};
-      const auto mats = source.matrices(idx);
-      wk.m.assign(mats.begin(), mats.end());
-      for (const Use& u : uses[static_cast<size_t>(idx)]) wk.rows.push_back(u.token);
-      total_rows += wk.rows.size();
-      group.push_back(std::move(wk));
-    }
-    const ExpertRoles& R = L.roles;
-    const Weight& first_up = group[0].m[static_cast<size_t>(R.gate_up >= 0 ? R.gate_up : R.up)];
-    const int64_t F = R.gate_up >= 0 ? first_up.rows / 2 : first_up.rows;
-    float* gate_buf = scratch(expert_gate_, total_rows * F);
-    float* up_buf = scratch(expert_up_, total_rows * F);
-    float* act = scratch(expert_act_, total_rows * F);
-    std::vector<MatmulJob> jobs;
-    for (const Work& wk : group) {
-      const int64_t m = static_cast<int64_t>(wk.rows.size());
-      if (R.gate_up >= 0) {
-        // Fused rows: the first F outputs are the gate, the next F the up projection.
-        const Weight& gu = wk.m[static_cast<size_t>(R.gate_up)];
-        const auto& in = acts.get(pool_, gu.type, h, n, E);
-        jobs.push_back({&wk.m[static_cast<size_t>(R.gate_up)], &in, m, wk.rows.data(), nullptr, 0});
-      } else {
-        const Weight& g = wk.m[static_cast<size_t>(R.gate)];
-        const Weight& u = wk.m[static_cast<size_t>(R.up)];
-        jobs.push_back({&g, &acts.get(pool_, g.type, h, n, E), m, wk.rows.data(), gate_buf + wk.offset * F, F});
-        jobs.push_back({&u, &acts.get(pool_, u.type, h, n, E), m, wk.rows.data(), up_buf + wk.offset * F, F});
-      }
-    }
-    float* fused = nullptr;
-    if (R.gate_up >= 0) {
-      fused = scratch(expert_fused_, total_rows * 2 * F);
-      for (size_t j = 0; j < jobs.size(); ++j) {
-        jobs[j].output = fused + group[j].offset * 2 * F;
-        jobs[j].output_stride = 2 * F;
-      }
-    }
-    run_matmuls(pool_, jobs);
-    if (R.gate_up >= 0) {
-      for (size_t r = 0; r < total_rows; ++r) {
-        std::copy_n(fused + r * 2 * F, F, gate_buf + r * F);
-        std::copy_n(fused + r * 2 * F + F, F, up_buf + r * F);
-      }
-    }
-    // Biases (gpt-oss) and the activation.
-    for (const Work& wk : group) {
-      const int32_t expert = unique[static_cast<size_t>(wk.index)];
-      for (size_t j = 0; j < wk.rows.size(); ++j) {
-        float* g = gate_buf + (wk.offset + j) * F;
-        float* u = up_buf + (wk.offset + j) * F;
-        if (!L.exp_gate_bias.empty()) ops::add(g, L.exp_gate_bias.data() + static_cast<size_t>(expert) * F, F);
-        if (!L.exp_up_bias.empty()) ops::add(u, L.exp_up_bias.data() + static_cast<size_t>(expert) * F, F);
-        float* a = act + (wk.offset + j) * F;
-        switch (cfg_.activation) {
-          case ExpertActivation::SwiGLU: ops::swiglu(g, u, a, F); break;
-          case ExpertActivation::SwiGLU_OAI: ops::swiglu_oai(g, u, a, F, 1.702f, 7.0f); break;
-          case ExpertActivation::GeGLU: ops::geglu(g, u, a, F); break;
-        }
-      }
-    }
-    // Down projections of the group, then weight each (token, slot) result.
-    const Weight& first_down = group[0].m[static_cast<size_t>(R.down)];
-    ActivationBuffer& down_in = act_c_;
-    down_in.convert(first_down.type, act, static_cast<int64_t>(total_rows), F, F, &pool_);
-    float* down_buf = scratch(expert_down_, total_rows * E);
-    std::vector<std::vector<int32_t>> down_rows(group.size());
-    jobs.clear();
-    for (size_t gi = 0; gi < group.size(); ++gi) {
-      const Work& wk = group[gi];
-      const Weight& d = wk.m[static_cast<size_t>(R.down)];
-      if (d.type != first_down.type) fail("internal: experts of one layer use different down types");
-      down_rows[gi].resize(wk.rows.size());
-      std::iota(down_rows[gi].begin(), down_rows[gi].end(), static_cast<int32_t>(wk.offset));
-      jobs.push_back({&d, &down_in, static_cast<int64_t>(wk.rows.size()), down_rows[gi].data(),
-                      down_buf + wk.offset * E, E});
-    }
-    run_matmuls(pool_, jobs);
-    for (const Work& wk : group) {
-      const int32_t expert = unique[static_cast<size_t>(wk.index)];
-      const auto& u = uses[static_cast<size_t>(wk.index)];
-      for (size_t j = 0; j < u.size(); ++j) {
-        float* d = down_buf + (wk.offset + j) * E;
-        if (!L.exp_down_bias.empty()) ops::add(d, L.exp_down_bias.data() + static_cast<size_t>(expert) * E, E);
-        if (!L.exp_down_scale.empty()) ops::scale(d, L.exp_down_scale[static_cast<size_t>(expert)], E);
-        const float wt = routes_[static_cast<size_t>(u[j].token)].weights[static_cast<size_t>(u[j].slot)];
-        float* dst = slot_out + (static_cast<size_t>(u[j].token) * max_slots + u[j].slot) * E;
-        for (int e = 0; e < E; ++e) dst[e] = d[e] * wt;
-      }
-    }
-  };
-  // Ready experts are computed in groups of at most kExpertGroupRows token rows (at least one
-  // expert each), so the group buffers stay bounded however large a prompt batch is.
-  constexpr size_t kExpertGroupRows = 4096;
+  compute_ready_experts(layer, n, h, uses, slot_out);
+  sum_slots(n, uses.max_slots, slot_out, out);
+}
+
+void InferenceState::compute_ready_experts(int layer, int n, const float* h, const ExpertUses& uses, float* slot_out) {
+  ExpertSource& source = *model_.experts_;
+  acts_.reset();
   // While the source waits on reads, this pass's idle workers sleep instead of spinning on the
   // cores the reads' kernel work needs (on 2 cores, spinning through waits slowed decode).
   ThreadPool& pool = pool_;
   source.set_wait_hook([&pool] { pool.park(); });
+  std::vector<int> ready;
   while (true) {
     ready.clear();
     if (source.take_ready(ready) == 0) break;
     for (size_t first = 0; first < ready.size();) {
-      size_t last = first, rows = 0;
-      do {
-        rows += uses[static_cast<size_t>(ready[last])].size();
-        ++last;
-      } while (last < ready.size() && rows + uses[static_cast<size_t>(ready[last])].size() <= kExpertGroupRows);
-      compute_group(std::span<const int>(ready).subspan(first, last - first));
+      const size_t last = uses.group_end(ready, first);
+      compute_group(layer, n, h, uses, std::span<const int>(ready).subspan(first, last - first), slot_out);
       first = last;
     }
   }
   source.end_layer();
   source.set_wait_hook({});
+}
 
-  // Sum the slots in slot order, as llama.cpp adds them.
+// Gate, up and down projections of a group of ready experts, each stage one parallel pass.
+void InferenceState::compute_group(int layer, int n, const float* h, const ExpertUses& uses,
+                                   std::span<const int> ready, float* slot_out) {
+  const LayerWeights& L = model_.weights_.layers[static_cast<size_t>(layer)];
+  ExpertGroup group;
+  for (int idx : ready) {
+    ExpertGroup::Member member{idx, {}, {}, group.rows};
+    const auto mats = model_.experts_->matrices(idx);
+    member.m.assign(mats.begin(), mats.end());
+    for (const ExpertUses::Use& u : uses.uses[static_cast<size_t>(idx)]) member.rows.push_back(u.token);
+    group.rows += member.rows.size();
+    group.members.push_back(std::move(member));
+  }
+  expert_gate_up(L, n, h, group);
+  expert_activation(L, uses, group);
+  expert_down(L, uses, group, slot_out);
+}
+
+// Gate and up projections (or the fused gate_up rows) of every expert of the group in one pass.
+void InferenceState::expert_gate_up(const LayerWeights& L, int n, const float* h, ExpertGroup& group) {
+  const int E = cfg_.n_embd;
+  const ExpertRoles& R = L.roles;
+  const bool fused_rows = R.gate_up >= 0;
+  const Weight& first_up = group.members[0].m[static_cast<size_t>(fused_rows ? R.gate_up : R.up)];
+  const int64_t F = fused_rows ? first_up.rows / 2 : first_up.rows;
+  group.width = F;
+  group.gate = scratch(expert_gate_, group.rows * F);
+  group.up = scratch(expert_up_, group.rows * F);
+  group.act = scratch(expert_act_, group.rows * F);
+  float* fused = fused_rows ? scratch(expert_fused_, group.rows * 2 * F) : nullptr;
+  std::vector<MatmulJob> jobs;
+  for (const ExpertGroup::Member& mb : group.members) {
+    const int64_t m = static_cast<int64_t>(mb.rows.size());
+    if (fused_rows) {
+      // Fused rows: the first F outputs are the gate, the next F the up projection.
+      const Weight& gu = mb.m[static_cast<size_t>(R.gate_up)];
+      jobs.push_back({&gu, &acts_.get(pool_, gu.type, h, n, E), m, mb.rows.data(), fused + mb.offset * 2 * F, 2 * F});
+    } else {
+      const Weight& g = mb.m[static_cast<size_t>(R.gate)];
+      const Weight& u = mb.m[static_cast<size_t>(R.up)];
+      jobs.push_back({&g, &acts_.get(pool_, g.type, h, n, E), m, mb.rows.data(), group.gate + mb.offset * F, F});
+      jobs.push_back({&u, &acts_.get(pool_, u.type, h, n, E), m, mb.rows.data(), group.up + mb.offset * F, F});
+    }
+  }
+  run_matmuls(pool_, jobs);
+  if (!fused_rows) return;
+  for (size_t r = 0; r < group.rows; ++r) {
+    std::copy_n(fused + r * 2 * F, F, group.gate + r * F);
+    std::copy_n(fused + r * 2 * F + F, F, group.up + r * F);
+  }
+}
+
+// Per-expert biases (gpt-oss), then the activation into group.act.
+void InferenceState::expert_activation(const LayerWeights& L, const ExpertUses& uses, ExpertGroup& group) {
+  const int64_t F = group.width;
+  for (const ExpertGroup::Member& mb : group.members) {
+    const int32_t expert = uses.experts[static_cast<size_t>(mb.index)];
+    for (size_t j = 0; j < mb.rows.size(); ++j) {
+      float* g = group.gate + (mb.offset + j) * F;
+      float* u = group.up + (mb.offset + j) * F;
+      if (!L.exp_gate_bias.empty()) ops::add(g, L.exp_gate_bias.data() + static_cast<size_t>(expert) * F, F);
+      if (!L.exp_up_bias.empty()) ops::add(u, L.exp_up_bias.data() + static_cast<size_t>(expert) * F, F);
+      float* a = group.act + (mb.offset + j) * F;
+      switch (cfg_.activation) {
+        case ExpertActivation::SwiGLU: ops::swiglu(g, u, a, F); break;
+        case ExpertActivation::SwiGLU_OAI: ops::swiglu_oai(g, u, a, F, 1.702f, 7.0f); break;
+        case ExpertActivation::GeGLU: ops::geglu(g, u, a, F); break;
+      }
+    }
+  }
+}
+
+// Down projections of the group in one pass, then each (token, slot) result, with the expert's
+// down bias and scale, times its routing weight into its own row of slot_out.
+void InferenceState::expert_down(const LayerWeights& L, const ExpertUses& uses, const ExpertGroup& group,
+                                 float* slot_out) {
+  const int E = cfg_.n_embd;
+  const int64_t F = group.width;
+  const size_t down = static_cast<size_t>(L.roles.down);
+  const Weight& first_down = group.members[0].m[down];
+  ActivationBuffer& down_in = act_c_;
+  down_in.convert(first_down.type, group.act, static_cast<int64_t>(group.rows), F, F, &pool_);
+  float* down_buf = scratch(expert_down_, group.rows * E);
+  std::vector<std::vector<int32_t>> down_rows(group.members.size());
+  std::vector<MatmulJob> jobs;
+  for (size_t gi = 0; gi < group.members.size(); ++gi) {
+    const ExpertGroup::Member& mb = group.members[gi];
+    const Weight& d = mb.m[down];
+    if (d.type != first_down.type) fail("internal: experts of one layer use different down types");
+    down_rows[gi].resize(mb.rows.size());
+    std::iota(down_rows[gi].begin(), down_rows[gi].end(), static_cast<int32_t>(mb.offset));
+    jobs.push_back({&d, &down_in, static_cast<int64_t>(mb.rows.size()), down_rows[gi].data(), down_buf + mb.offset * E, E});
+  }
+  run_matmuls(pool_, jobs);
+  for (const ExpertGroup::Member& mb : group.members) {
+    const int32_t expert = uses.experts[static_cast<size_t>(mb.index)];
+    const auto& u = uses.uses[static_cast<size_t>(mb.index)];
+    for (size_t j = 0; j < u.size(); ++j) {
+      float* d = down_buf + (mb.offset + j) * E;
+      if (!L.exp_down_bias.empty()) ops::add(d, L.exp_down_bias.data() + static_cast<size_t>(expert) * E, E);
+      if (!L.exp_down_scale.empty()) ops::scale(d, L.exp_down_scale[static_cast<size_t>(expert)], E);
+      const float wt = routes_[static_cast<size_t>(u[j].token)].weights[static_cast<size_t>(u[j].slot)];
+      float* dst = slot_out + (static_cast<size_t>(u[j].token) * uses.max_slots + u[j].slot) * E;
+      for (int e = 0; e < E; ++e) dst[e] = d[e] * wt;
+    }
+  }
+}
+
+// The slots summed in slot order, as llama.cpp adds them (after every expert is done, so the
+// order experts arrive in cannot change the sum).
+void InferenceState::sum_slots(int n, int max_slots, const float* slot_out, float* out) const {
+  const int E = cfg_.n_embd;
   for (int i = 0; i < n; ++i) {
     float* dst = out + static_cast<size_t>(i) * E;
     const size_t k = routes_[static_cast<size_t>(i)].experts.size();

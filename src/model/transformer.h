@@ -181,7 +181,7 @@ class InferenceState : private ResidualRouter {
   void parallel_ffn(int layer, int n);
   void dense_ffn(const Weight& gate, const Weight& up, const Weight& down, int n, const float* h, float* out);
 
-  // Routing: routes_ for each token of the pass.
+  // Routing (routed_experts' first half): routes_ for each token of the pass.
   void route_tokens(int layer, int n, const float* router_in);
   void report_route(int layer, int token, const float* logits);
   // The model's gating of one token: logits (bias added in place) -> ids and weights.
@@ -192,6 +192,18 @@ class InferenceState : private ResidualRouter {
   int layers() const override { return cfg_.n_layer; }
   bool has_router(int layer) const override;
   void route_residual(int layer, std::span<TokenRoute> rows) override;
+
+  // Expert compute (routed_experts' second half), on the experts the source hands out.
+  struct ExpertUses;
+  struct ExpertGroup;
+  ExpertUses group_by_expert(int n) const;
+  void compute_ready_experts(int layer, int n, const float* h, const ExpertUses& uses, float* slot_out);
+  void compute_group(int layer, int n, const float* h, const ExpertUses& uses, std::span<const int> ready,
+                     float* slot_out);
+  void expert_gate_up(const LayerWeights& L, int n, const float* h, ExpertGroup& group);
+  void expert_activation(const LayerWeights& L, const ExpertUses& uses, ExpertGroup& group);
+  void expert_down(const LayerWeights& L, const ExpertUses& uses, const ExpertGroup& group, float* slot_out);
+  void sum_slots(int n, int max_slots, const float* slot_out, float* out) const;
 
   Transformer& model_;
   const ModelConfig& cfg_;
