@@ -4,7 +4,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cassert>
 
 #include "core/error.h"
 
@@ -94,12 +93,8 @@ std::unique_ptr<BufferPool::Buffer> BufferPool::take(uint64_t need) {
 
 void BufferPool::give(std::unique_ptr<Buffer> buffer) {
   if (!buffer) return;
-#ifndef NDEBUG
-  for (const ByCapacity* lists : {&free_, &released_}) {
-    for (const auto& [capacity, list] : *lists) {
-      for (const auto& b : list) assert(b->data != buffer->data && "a buffer given back twice");
-    }
-  }
+#ifdef BMOE_CHECK_INVARIANTS
+  if (is_free(*buffer)) fail("internal: buffer invariant: a buffer given back twice");
 #endif
   ++free_count_;
   free_[buffer->capacity].push_back(std::move(buffer));
@@ -126,6 +121,17 @@ void BufferPool::trim(uint64_t limit_bytes) {
     unmap_region(region->second);
     on_demand_.erase(region);
   }
+}
+
+bool BufferPool::is_free(const Buffer& buffer) const {
+  for (const ByCapacity* lists : {&free_, &released_}) {
+    for (const auto& [capacity, list] : *lists) {
+      for (const auto& b : list) {
+        if (b->data == buffer.data) return true;
+      }
+    }
+  }
+  return false;
 }
 
 }  // namespace bmoe

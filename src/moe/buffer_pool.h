@@ -15,7 +15,8 @@
 //
 // Invariant: every buffer is in exactly one place: the pool's free list, or the hands of the
 // one owner that took it (the cache, the staging area, the open layer visit). take() and give()
-// move it, and debug and sanitizer builds check that a buffer given back is not already free.
+// move it. Builds with BMOE_CHECK_INVARIANTS (Debug and sanitizer builds, CMakeLists.txt) check
+// that a buffer given back is not already free.
 #pragma once
 
 #include <cstdint>
@@ -69,6 +70,7 @@ class BufferPool {
   std::map<uint8_t*, Region> on_demand_;  // by data pointer
   using ByCapacity = std::map<uint64_t, std::vector<std::unique_ptr<Buffer>>>;
   static std::unique_ptr<Buffer> take_fitting(ByCapacity& lists, uint64_t need);
+  bool is_free(const Buffer& buffer) const;  // in the free or released lists (linear: checks only)
   ByCapacity free_;      // free buffers holding their pages
   ByCapacity released_;  // free reserved buffers whose pages went back to the kernel
   size_t free_count_ = 0;
