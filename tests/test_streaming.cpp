@@ -834,6 +834,41 @@ TEST(StreamingFaults, FileShrunkUnderARunningModelIsReported) {
   }
 }
 
+// The buffer invariant's check (buffer_pool.h): each way to break it is reported.
+std::string breach(const BufferPool& pool, std::vector<const BufferPool::Buffer*> held) {
+  try {
+    pool.check_held(std::move(held));
+    return "";
+  } catch (const Error& e) {
+    return e.what();
+  }
+}
+
+TEST(StreamingBuffers, CheckReportsABufferLostHeldTwiceFreeAndHeldOrForeign) {
+  BufferPool pool;
+  pool.reserve(8192, 2);
+  auto a = pool.take(8192);
+  auto b = pool.take(8192);
+  auto extra = pool.take(8192);  // beyond the reservation: allocated on demand
+  EXPECT_EQ(pool.outstanding(), 3u);
+  EXPECT_EQ(breach(pool, {a.get(), b.get(), extra.get()}), "");
+  EXPECT_NE(breach(pool, {a.get(), extra.get()}).find("holders hold 2"), std::string::npos);
+  EXPECT_NE(breach(pool, {a.get(), b.get(), b.get()}).find("held in two places"), std::string::npos);
+  BufferPool::Buffer foreign;
+  std::vector<uint8_t> memory(8192);
+  foreign.data = memory.data();
+  foreign.capacity = memory.size();
+  EXPECT_NE(breach(pool, {a.get(), b.get(), extra.get(), &foreign}).find("not the pool's"), std::string::npos);
+  const BufferPool::Buffer* given = b.get();
+  pool.give(std::move(b));
+  EXPECT_EQ(breach(pool, {a.get(), extra.get()}), "");
+  EXPECT_NE(breach(pool, {a.get(), extra.get(), given}).find("both free in the pool and held"), std::string::npos);
+  pool.give(std::move(extra));
+  pool.trim(pool.reserved_bytes() - 8192);  // unmaps the on-demand buffer and releases a reserved one
+  EXPECT_EQ(pool.outstanding(), 1u);
+  EXPECT_EQ(breach(pool, {a.get()}), "");
+}
+
 TEST(ReadLanes, UrgentFirstCancelAndPromote) {
   const std::string path = temp_path("lanes.bin");
   {

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <iterator>
 
 #include "core/error.h"
 
@@ -56,6 +57,7 @@ void BufferPool::reserve(uint64_t capacity, int count) {
     list.push_back(std::move(b));
   }
   free_count_ += static_cast<size_t>(count);
+  buffers_ += static_cast<size_t>(count);
   reserved_bytes_ += arena.bytes;
   resident_bytes_ += arena.bytes;
 }
@@ -84,6 +86,7 @@ std::unique_ptr<BufferPool::Buffer> BufferPool::take(uint64_t need) {
   const uint64_t capacity = (std::max<uint64_t>(need, 1) + kPage - 1) / kPage * kPage;
   const Region r = map_region(capacity, false);  // the read that lands in it faults the pages in
   on_demand_[r.base] = r;
+  ++buffers_;
   resident_bytes_ += capacity;
   auto b = std::make_unique<Buffer>();
   b->data = r.base;
@@ -120,7 +123,21 @@ void BufferPool::trim(uint64_t limit_bytes) {
     if (region == on_demand_.end()) fail("internal: a free expert buffer the pool did not allocate");
     unmap_region(region->second);
     on_demand_.erase(region);
+    --buffers_;
   }
+}
+
+size_t BufferPool::released_count() const {
+  size_t n = 0;
+  for (const auto& [capacity, list] : released_) n += list.size();
+  return n;
+}
+
+bool BufferPool::owns(const Buffer& b) const {
+  if (on_demand_.count(b.data) != 0) return true;
+  return std::any_of(arenas_.begin(), arenas_.end(), [&](const Region& r) {
+    return b.data >= r.base && b.data + b.capacity <= r.base + r.bytes;
+  });
 }
 
 bool BufferPool::is_free(const Buffer& buffer) const {
@@ -132,6 +149,34 @@ bool BufferPool::is_free(const Buffer& buffer) const {
     }
   }
   return false;
+}
+
+void BufferPool::check_held(std::vector<const Buffer*> held) const {
+  std::vector<const uint8_t*> held_data, free_data;
+  for (const Buffer* b : held) {
+    if (!b || !owns(*b)) fail("internal: buffer invariant: a holder has a buffer that is not the pool's");
+    held_data.push_back(b->data);
+  }
+  for (const ByCapacity* lists : {&free_, &released_}) {
+    for (const auto& [capacity, list] : *lists) {
+      for (const auto& b : list) free_data.push_back(b->data);
+    }
+  }
+  std::sort(held_data.begin(), held_data.end());
+  std::sort(free_data.begin(), free_data.end());
+  if (std::adjacent_find(held_data.begin(), held_data.end()) != held_data.end()) {
+    fail("internal: buffer invariant: a buffer is held in two places");
+  }
+  std::vector<const uint8_t*> both;
+  std::set_intersection(held_data.begin(), held_data.end(), free_data.begin(), free_data.end(), std::back_inserter(both));
+  if (!both.empty()) fail("internal: buffer invariant: a buffer is both free in the pool and held");
+  // Counted against the buffers the pool made, not its free count: a buffer dropped without
+  // give() is missing from both lists.
+  if (held.size() + free_data.size() != buffers_) {
+    fail("internal: buffer invariant: the pool made {} buffers, {} are free and the holders hold {} (lost, or dropped "
+         "without give())",
+         buffers_, free_data.size(), held.size());
+  }
 }
 
 }  // namespace bmoe

@@ -16,7 +16,8 @@
 // Invariant: every buffer is in exactly one place: the pool's free list, or the hands of the
 // one owner that took it (the cache, the staging area, the open layer visit). take() and give()
 // move it. Builds with BMOE_CHECK_INVARIANTS (Debug and sanitizer builds, CMakeLists.txt) check
-// that a buffer given back is not already free.
+// that a buffer given back is not already free; check_held() checks the whole invariant from
+// the owners' side (StreamingExperts::check_buffers).
 #pragma once
 
 #include <cstdint>
@@ -53,6 +54,13 @@ class BufferPool {
   // resident memory is at most `limit_bytes`.
   void trim(uint64_t limit_bytes);
 
+  // Buffers take() handed out that have not been given back.
+  size_t outstanding() const { return buffers_ - free_count_ - released_count(); }
+  // Checks the invariant: `held`, every buffer the pool's owners hold, must be exactly the
+  // outstanding buffers: each one of this pool's, none listed twice, none also free. Throws
+  // Error naming the first breach. Costs a sort of all buffers: for checks, not the hot path.
+  void check_held(std::vector<const Buffer*> held) const;
+
   uint64_t allocations() const { return allocations_; }  // buffers whose pages take() made fresh
   uint64_t reserved_bytes() const { return reserved_bytes_; }
   uint64_t resident_bytes() const { return resident_bytes_; }  // buffers holding pages, free or taken
@@ -70,10 +78,13 @@ class BufferPool {
   std::map<uint8_t*, Region> on_demand_;  // by data pointer
   using ByCapacity = std::map<uint64_t, std::vector<std::unique_ptr<Buffer>>>;
   static std::unique_ptr<Buffer> take_fitting(ByCapacity& lists, uint64_t need);
+  size_t released_count() const;
+  bool owns(const Buffer& b) const;  // its memory is one of the pool's arenas or on-demand regions
   bool is_free(const Buffer& buffer) const;  // in the free or released lists (linear: checks only)
   ByCapacity free_;      // free buffers holding their pages
   ByCapacity released_;  // free reserved buffers whose pages went back to the kernel
   size_t free_count_ = 0;
+  size_t buffers_ = 0;  // that exist: reserved ones and live on-demand ones, free or taken
   uint64_t allocations_ = 0;
   uint64_t reserved_bytes_ = 0;
   uint64_t resident_bytes_ = 0;
