@@ -10,34 +10,20 @@
 namespace bmoe {
 
 StreamingExperts::StreamingExperts(ExpertLayout layout, const StreamingOptions& options)
-    : layout_(std::move(layout)),
-      options_(options),
+    : options_(options),
       lanes_(options.io_threads, options.io_engine),
+      planner_(std::move(layout), options.odirect, options.read_chunk_bytes, lanes_, stats_),
       cache_(options.cache_bytes,
-             make_cache_policy(options.policy.empty() ? default_cache_policy() : options.policy,
-                               static_cast<int>(layout_.layers.size()), options.cache_bytes)),
+             make_cache_policy(options.policy.empty() ? default_cache_policy() : options.policy, planner_.n_layers(),
+                               options.cache_bytes)),
       overlap_chooser_(options.overlap, options.overlap_adapt) {
-  for (const std::string& path : layout_.files) {
-    files_.push_back(std::make_unique<DirectFile>(path, options.odirect));
-    if (!files_.back()->direct_note().empty()) notes_.push_back(path + ": " + files_.back()->direct_note());
-  }
+  notes_ = planner_.notes();
   if (!lanes_.note().empty()) notes_.push_back(lanes_.note());
   stats_.cache_budget_bytes = options.cache_bytes;
-  for (size_t l = 0; l < layout_.layers.size(); ++l) {
-    uint64_t largest = 0;
-    for (int e = 0; e < layout_.layers[l].n_expert && !layout_.layers[l].matrices.empty(); ++e) {
-      largest = std::max(largest, slot_bytes(static_cast<int>(l), e));
-    }
-    cached_bytes_.push_back(largest);
-    largest_slot_ = std::max(largest_slot_, largest);
-  }
-  if (options_.read_chunk_bytes == 0 || options_.read_chunk_bytes % kDirectAlignment != 0) {
-    fail("internal: read chunk of {} bytes is not a multiple of {}", options_.read_chunk_bytes, kDirectAlignment);
-  }
   if (options_.affinity_window > 0 && options_.prefetch_bytes > 0) {
     if (options_.top_k <= 0) fail("internal: affinity prefetch needs the model's top-k");
     std::vector<int> experts_per_layer;
-    for (const ExpertLayerLayout& l : layout_.layers) experts_per_layer.push_back(l.matrices.empty() ? 0 : l.n_expert);
+    for (int l = 0; l < planner_.n_layers(); ++l) experts_per_layer.push_back(planner_.streams(l) ? planner_.n_expert(l) : 0);
     AffinityOptions a;
     a.window = options_.affinity_window;
     a.min_score = options_.affinity_min_score;
@@ -54,9 +40,9 @@ void StreamingExperts::reserve_buffers() {
   // mix later borrows larger buffers, and only beyond those allocates (counted).
   std::map<uint64_t, int> layers_of_size;
   int streamed = 0;
-  for (size_t l = 0; l < layout_.layers.size(); ++l) {
-    if (layout_.layers[l].matrices.empty()) continue;
-    ++layers_of_size[cached_bytes_[l]];
+  for (int l = 0; l < planner_.n_layers(); ++l) {
+    if (!planner_.streams(l)) continue;
+    ++layers_of_size[cached_bytes(l)];
     ++streamed;
   }
   if (streamed == 0) return;
@@ -68,15 +54,16 @@ void StreamingExperts::reserve_buffers() {
     const auto cached = static_cast<int>(static_cast<double>(options_.cache_bytes) * share / static_cast<double>(size));
     pool_.reserve(size, cached + per_visit);
   }
-  pool_.reserve(largest_slot_, static_cast<int>(options_.prefetch_bytes / largest_slot_));
+  const uint64_t largest = planner_.largest_slot();
+  pool_.reserve(largest, static_cast<int>(options_.prefetch_bytes / largest));
   // A prompt batch can read most of a layer's experts at once: buffers beyond the reservation
   // serve it and are released after, keeping a few for the mix's swings.
-  pool_limit_bytes_ = pool_.reserved_bytes() + 16 * largest_slot_;
+  pool_limit_bytes_ = pool_.reserved_bytes() + 16 * largest;
 }
 
 void StreamingExperts::update_fill_stats() {
   stats_.cache_used_bytes = cache_.used_bytes();
-  stats_.cache_full = cache_.used_bytes() + largest_slot_ > cache_.budget_bytes();
+  stats_.cache_full = cache_.used_bytes() + planner_.largest_slot() > cache_.budget_bytes();
   stats_.buffer_allocations = pool_.allocations();
 }
 
@@ -90,50 +77,6 @@ StreamingExperts::~StreamingExperts() {
     lanes_.wait(*staged.ticket);
   }
   reap_draining(true);
-}
-
-uint64_t StreamingExperts::slot_bytes(int layer, int expert) const {
-  uint64_t total = 0;
-  for (const ExpertMatrixLayout& m : layout_.layers.at(static_cast<size_t>(layer)).matrices) {
-    const uint64_t off = m.offset + static_cast<uint64_t>(expert) * m.expert_stride;
-    total += align_up(off + m.bytes, kDirectAlignment) - align_down(off, kDirectAlignment);
-  }
-  return total;
-}
-
-void StreamingExperts::queue_reads(int layer, int expert, Buffer& buffer, ReadTicket& ticket, int priority) {
-  const ExpertLayerLayout& l = layout_.layers[static_cast<size_t>(layer)];
-  if (buffer.capacity < slot_bytes(layer, expert)) {
-    fail("internal: a {}-byte buffer for a {}-byte expert", buffer.capacity, slot_bytes(layer, expert));
-  }
-  buffer.views.clear();
-  // Count every read first: the ticket must not reach zero while reads are still being queued.
-  int reads = 0;
-  for (const ExpertMatrixLayout& m : l.matrices) {
-    const uint64_t off = m.offset + static_cast<uint64_t>(expert) * m.expert_stride;
-    const uint64_t window = align_up(off + m.bytes, kDirectAlignment) - align_down(off, kDirectAlignment);
-    reads += static_cast<int>(read_chunks(window));
-  }
-  ticket.add(reads);
-  uint64_t at = 0;
-  for (const ExpertMatrixLayout& m : l.matrices) {
-    const DirectFile& file = *files_[static_cast<size_t>(m.file)];
-    const uint64_t off = m.offset + static_cast<uint64_t>(expert) * m.expert_stride;
-    // Without O_DIRECT the window is still aligned: it costs nothing and keeps one code path.
-    const uint64_t begin = align_down(off, kDirectAlignment);
-    const uint64_t end = align_up(off + m.bytes, kDirectAlignment);
-    Weight w;
-    w.type = m.type;
-    w.rows = m.rows;
-    w.cols = m.cols;
-    w.row_stride = m.bytes / static_cast<uint64_t>(m.rows);
-    w.data = buffer.data + at + (off - begin);
-    buffer.views.push_back(w);
-    submit_window(file, begin, end - begin, off + m.bytes - begin, buffer.data + at, ticket, priority);
-    stats_.bytes_read += end - begin;
-    if (!file.direct_active()) stats_.copied_bytes += end - begin;
-    at += end - begin;
-  }
 }
 
 StreamingExperts::WarmStart StreamingExperts::warm(std::span<const ExpertKey> keys) {
@@ -152,7 +95,7 @@ StreamingExperts::WarmStart StreamingExperts::warm(std::span<const ExpertKey> ke
     if (!cache_.preload(a)) continue;  // already there, or no room left for it
     auto buffer = take_buffer(layer);
     auto ticket = std::make_unique<ReadTicket>();
-    queue_reads(layer, expert, *buffer, *ticket, 0);
+    planner_.queue(layer, expert, *buffer, *ticket, 0);
     cached_[k] = std::move(buffer);
     pending.push_back({k, std::move(ticket)});
   }
@@ -174,38 +117,6 @@ StreamingExperts::WarmStart StreamingExperts::warm(std::span<const ExpertKey> ke
   return result;
 }
 
-// Large windows go out in chunks (counted into the ticket by the caller) so that every lane has
-// work until a layer's reads are done: whole matrices (1-4 MB) on 4 lanes left lanes idle at the
-// end of each layer, and the cache-0 Gemma-shape run read at 67 % of the drive's ceiling.
-// The chunks of a window are equal (to the alignment) and between 2/3 and 3/2 of
-// read_chunk_bytes: a 2.01 MiB matrix cut at 1 MiB left a 10 KiB tail read that cost nearly a
-// whole read's latency, and on the drive here 256 KiB reads reach 70 % of 1 MiB reads' bandwidth.
-uint64_t StreamingExperts::read_chunk_size(uint64_t window) const {
-  const uint64_t target = options_.read_chunk_bytes;
-  const uint64_t count = std::max<uint64_t>(1, (window + target / 2) / target);  // nearest count
-  return align_up((window + count - 1) / count, kDirectAlignment);
-}
-
-uint64_t StreamingExperts::read_chunks(uint64_t window) const {
-  const uint64_t chunk = read_chunk_size(window);
-  return (window + chunk - 1) / chunk;
-}
-
-void StreamingExperts::submit_window(const DirectFile& file, uint64_t offset, uint64_t length, uint64_t required,
-                                     uint8_t* dst, ReadTicket& ticket, int priority) {
-  const uint64_t chunk = read_chunk_size(length);
-  for (uint64_t begin = 0; begin < length; begin += chunk) {
-    ReadRequest r;
-    r.file = &file;
-    r.offset = offset + begin;
-    r.length = std::min(chunk, length - begin);
-    r.required = required > begin ? std::min(r.length, required - begin) : 0;  // past the end of file: padding
-    r.dst = dst + begin;
-    r.priority = priority;
-    lanes_.submit(r, &ticket);
-  }
-}
-
 bool StreamingExperts::resident(int layer, int expert) const {
   const ExpertKey key = make_expert_key(layer, expert);
   return cache_.contains(key) || staged_.count(key) != 0;
@@ -224,7 +135,7 @@ void StreamingExperts::stage(int layer, int expert, int distance, PredictionSour
   s.source = source;
   s.buffer = take_buffer(layer);
   s.ticket = std::make_unique<ReadTicket>();
-  queue_reads(layer, expert, *s.buffer, *s.ticket, distance);
+  planner_.queue(layer, expert, *s.buffer, *s.ticket, distance);
   staged_bytes_ += bytes;
   ++stats_.prefetch_reads;
   ++stats_.prefetch_reads_by[static_cast<int>(source)];
@@ -238,10 +149,7 @@ void StreamingExperts::hint(std::span<const LayerPrediction> predictions) {
 }
 
 void StreamingExperts::take_prediction(const LayerPrediction& p) {
-  if (p.layer < 0 || p.layer >= static_cast<int>(layout_.layers.size()) ||
-      layout_.layers[static_cast<size_t>(p.layer)].matrices.empty()) {
-    return;
-  }
+  if (!planner_.streams(p.layer)) return;
   auto& pending = predictions_[p.layer];
   const auto same = std::find_if(pending.begin(), pending.end(), [&](const LayerPrediction& q) {
     return q.distance == p.distance && q.source == p.source;
@@ -254,7 +162,7 @@ void StreamingExperts::take_prediction(const LayerPrediction& p) {
   int reads_left = p.source == PredictionSource::Affinity ? options_.affinity_reads : 1 << 30;
   for (int32_t e : p.experts) {
     if (reads_left == 0) break;
-    if (e < 0 || e >= layout_.layers[static_cast<size_t>(p.layer)].n_expert) continue;
+    if (e < 0 || e >= planner_.n_expert(p.layer)) continue;
     if (cache_.contains(make_expert_key(p.layer, e))) continue;
     stage(p.layer, e, p.distance, p.source);
     --reads_left;
@@ -268,8 +176,7 @@ void StreamingExperts::predict_from_history(int layer) {
   }
   affinity_->observe(layer, experts_);
   reap_draining(false);  // buffers of cancelled reads come back for reuse (hint() does the same)
-  const int n_layers = static_cast<int>(layout_.layers.size());
-  for (int distance = 1; distance <= options_.affinity_window && layer + distance < n_layers; ++distance) {
+  for (int distance = 1; distance <= options_.affinity_window && layer + distance < planner_.n_layers(); ++distance) {
     LayerPrediction p;
     p.layer = layer + distance;
     p.distance = distance;
@@ -375,9 +282,7 @@ static std::vector<ExpertKey> policy_hint(const std::unordered_map<int, std::vec
 
 void StreamingExperts::begin_layer(const LayerRouting& routing) {
   const int layer = routing.layer;
-  if (layer < 0 || layer >= static_cast<int>(layout_.layers.size()) || layout_.layers[static_cast<size_t>(layer)].matrices.empty()) {
-    fail("internal: layer {} has no streamed experts", layer);
-  }
+  if (!planner_.streams(layer)) fail("internal: layer {} has no streamed experts", layer);
   if (layer_ >= 0) fail("internal: begin_layer({}) while layer {} is open", layer, layer_);
   if (layer <= last_layer_) {  // layers restart: a new token (or batch)
     ++token_;
@@ -403,7 +308,7 @@ void StreamingExperts::begin_layer(const LayerRouting& routing) {
   ++time_;
   if (options_.prefetch_bytes > 0) {
     int window = 0;
-    const std::vector<ExpertKey> keys = policy_hint(predictions_, layer, static_cast<int>(layout_.layers.size()), window);
+    const std::vector<ExpertKey> keys = policy_hint(predictions_, layer, planner_.n_layers(), window);
     cache_.policy().hint(keys, window);
   }
   const VisitPlan plan = cache_.begin_visit(accesses);
@@ -457,7 +362,7 @@ void StreamingExperts::begin_layer(const LayerRouting& routing) {
     }
     buffer_of_[i] = buffer;
     tickets_[i] = std::make_unique<ReadTicket>();
-    queue_reads(layer, experts_[i], *buffer, *tickets_[i], 0);
+    planner_.queue(layer, experts_[i], *buffer, *tickets_[i], 0);
   }
   // Read-ahead experts of this layer that the routing did not pick: cancel them.
   for (auto it = staged_.begin(); it != staged_.end();) {
@@ -567,7 +472,7 @@ ExpertStats StreamingExperts::stats() const {
 
 std::string StreamingExperts::describe() const {
   return fmt::format("streamed ({} lanes{}, {}, cache {} MiB in {} MiB of touched buffers, policy {}{}{})", options_.io_threads,
-                     lanes_.uring() ? " io_uring" : "", files_.front()->direct_active() ? "O_DIRECT" : "buffered",
+                     lanes_.uring() ? " io_uring" : "", planner_.direct() ? "O_DIRECT" : "buffered",
                      options_.cache_bytes >> 20, pool_.reserved_bytes() >> 20, cache_.policy_name(), options_.overlap ? (options_.overlap_adapt ? ", overlap (adaptive)" : ", overlap") : "",
                      options_.prefetch_bytes ? fmt::format(", prefetch staging {} MiB", options_.prefetch_bytes >> 20) : "");
 }

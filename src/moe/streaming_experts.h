@@ -19,6 +19,7 @@
 #include "moe/expert_source.h"
 #include "moe/overlap_chooser.h"
 #include "io/read_lanes.h"
+#include "moe/read_planner.h"
 
 namespace bmoe {
 
@@ -96,11 +97,11 @@ class StreamingExperts : public ExpertSource {
   };
   WarmStart warm(std::span<const ExpertKey> keys);
   // Bytes one expert of `layer` occupies in a buffer (windows rounded to 4 KiB).
-  uint64_t slot_bytes(int layer, int expert) const;
+  uint64_t slot_bytes(int layer, int expert) const { return planner_.slot_bytes(layer, expert); }
   // What any expert of `layer` counts against the cache budget: the layer's largest slot. One
   // size per layer, as a route trace records it, so bmoe-replay of this run's routing with
   // these sizes gives exactly the engine's hits (rounding leaves slots a page apart).
-  uint64_t cached_bytes(int layer) const { return cached_bytes_.at(static_cast<size_t>(layer)); }
+  uint64_t cached_bytes(int layer) const { return planner_.cached_bytes(layer); }
 
  private:
   using Buffer = BufferPool::Buffer;
@@ -108,15 +109,6 @@ class StreamingExperts : public ExpertSource {
   // one visit's uncached misses, the staging area) so that no read lands in fresh memory.
   void reserve_buffers();
   void fail_layer(const std::string& error);
-  // Lays out the reads of (layer, expert) into `buffer`; priority > 0 queues them behind
-  // every urgent read.
-  void queue_reads(int layer, int expert, Buffer& buffer, ReadTicket& ticket, int priority);
-  // One aligned window as equal reads of about read_chunk_bytes each (the caller has counted
-  // them into the ticket).
-  void submit_window(const DirectFile& file, uint64_t offset, uint64_t length, uint64_t required, uint8_t* dst,
-                     ReadTicket& ticket, int priority);
-  uint64_t read_chunk_size(uint64_t window) const;
-  uint64_t read_chunks(uint64_t window) const;
   // Prefetch staging: experts read ahead for a later layer.
   struct Staged {
     int layer = 0;
@@ -145,17 +137,15 @@ class StreamingExperts : public ExpertSource {
   void trim_free();
   void update_fill_stats();
 
-  ExpertLayout layout_;
   StreamingOptions options_;
-  std::vector<std::unique_ptr<DirectFile>> files_;
-  std::vector<uint64_t> cached_bytes_;  // per layer, see cached_bytes()
-  uint64_t largest_slot_ = 0;           // the largest of cached_bytes_
+  ExpertStats stats_;  // the planner counts the bytes it reads into it
   std::vector<std::string> notes_;
   // Declared before every holder of its buffers. Each buffer is in exactly one place: the
   // pool's free list, cached_, staged_ / draining_, or the open visit's visit_buffers_.
   BufferPool pool_;
   uint64_t pool_limit_bytes_ = 0;  // trim_free() keeps the pool within this
   ReadLanes lanes_;
+  ReadPlanner planner_;
   ExpertCache cache_;
   std::unordered_map<ExpertKey, std::unique_ptr<Buffer>> cached_;
 
@@ -185,7 +175,6 @@ class StreamingExperts : public ExpertSource {
   bool prefetch_paused_[kPredictionSources] = {false, false};
   std::unique_ptr<AffinityPredictor> affinity_;
 
-  ExpertStats stats_;
   OverlapChooser overlap_chooser_;
   bool overlap_now_ = false;  // the mode of the current forward pass
   uint64_t token_ = 0;
