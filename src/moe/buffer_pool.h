@@ -53,6 +53,9 @@ class BufferPool {
   // Releases the pages of free buffers of the size with the most free ones until the pool's
   // resident memory is at most `limit_bytes`.
   void trim(uint64_t limit_bytes);
+  // The same with the limit its owner set (none until then).
+  void set_resident_limit(uint64_t limit_bytes) { resident_limit_ = limit_bytes; }
+  void trim() { trim(resident_limit_); }
 
   // Buffers take() handed out that have not been given back.
   size_t outstanding() const { return buffers_ - free_count_ - released_count(); }
@@ -85,6 +88,7 @@ class BufferPool {
   ByCapacity released_;  // free reserved buffers whose pages went back to the kernel
   size_t free_count_ = 0;
   size_t buffers_ = 0;  // that exist: reserved ones and live on-demand ones, free or taken
+  uint64_t resident_limit_ = UINT64_MAX;
   uint64_t allocations_ = 0;
   uint64_t reserved_bytes_ = 0;
   uint64_t resident_bytes_ = 0;

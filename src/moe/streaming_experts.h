@@ -1,10 +1,33 @@
 // Experts read from flash on demand into a bounded cache (--moe-stream).
 //
-// After a layer routes, each miss is read with positioned reads on an O_DIRECT descriptor
-// straight into its buffer: GGUF tensors are only 32-byte aligned, so every matrix's window is
-// rounded out to 4 KiB and the matrix view points at its exact bytes inside. Hits need no I/O.
-// Serial mode hands experts out once every read has landed; overlap mode hands out hits at
-// once and each miss as soon as its reads complete, so compute proceeds while flash works.
+// StreamingExperts is the ExpertSource the model sees, and the coordinator of four parts:
+//   BufferPool   (buffer_pool.h)    expert buffers, reserved and touched before the first token
+//   ReadPlanner  (read_planner.h)   (layer, expert) -> aligned O_DIRECT windows -> chunked reads
+//   Prefetcher   (prefetcher.h)     predictions, reads ahead into a staging area, their accuracy
+//   ExpertCache  (cache_policy.h)   which experts stay in memory (hits, admissions, evictions)
+// It runs the begin_layer / take_ready / matrices / end_layer protocol: after a layer routes,
+// hits need no I/O and each miss adopts the prefetcher's read-ahead or is read into a buffer of
+// its own at once. Serial mode hands experts out once every read has landed; overlap mode hands
+// out hits at once and each miss as soon as its reads complete, so compute proceeds while flash
+// works. Nothing is handed out before all its reads completed without error.
+//
+// A buffer's life (docs/design.md, section 4):
+//   free --take--> a miss of the open visit: reading (in cached_ if the cache admitted it, else
+//          in the visit's buffers) --ticket done--> handed out --end_layer--> stays in cached_,
+//          or free
+//   free --take--> staged (read ahead by the Prefetcher)
+//          --routed: adopt--> a miss of the open visit, as above (its reads promoted to urgent)
+//          --not routed: discard--> draining while a lane still writes into it --reap--> free
+//   cached --evicted by a later visit, or its read failed--> free
+//
+// Buffer invariant: every buffer the pool made is in exactly one place:
+//   - BufferPool's free (or released) lists,
+//   - cached_ (the cache's residents; exactly ExpertCache's keys),
+//   - the Prefetcher's staged or draining buffers,
+//   - the open visit's buffers (misses the cache did not admit; back to the pool at end_layer).
+// The open visit's buffer_of points into cached_ or its own buffers, never owns. Moves between
+// places go through unique_ptr, so a buffer cannot be in two places without a raw copy, nor
+// lost without a destroyed holder.
 #pragma once
 
 #include <memory>
@@ -12,13 +35,13 @@
 #include <unordered_map>
 #include <vector>
 
+#include "io/read_lanes.h"
 #include "moe/affinity_predictor.h"
 #include "moe/buffer_pool.h"
 #include "moe/cache_policy.h"
-#include "io/direct_io.h"
 #include "moe/expert_source.h"
 #include "moe/overlap_chooser.h"
-#include "io/read_lanes.h"
+#include "moe/prefetcher.h"
 #include "moe/read_planner.h"
 
 namespace bmoe {
@@ -50,17 +73,6 @@ struct StreamingOptions {
   uint64_t read_chunk_bytes = 1 << 20;
 };
 
-// One prediction, checked when its layer routes (--predict-log).
-struct PredictionRecord {
-  uint64_t token = 0;
-  int layer = 0;
-  int distance = 0;
-  int predicted = 0;
-  int correct = 0;
-  int prefetched = 0;  // of the correct ones, how many had been read ahead
-  PredictionSource source = PredictionSource::Router;
-};
-
 class StreamingExperts : public ExpertSource {
  public:
   StreamingExperts(ExpertLayout layout, const StreamingOptions& options);
@@ -73,16 +85,14 @@ class StreamingExperts : public ExpertSource {
   ExpertStats stats() const override;
   std::string describe() const override;
 
-  void hint(std::span<const LayerPrediction> predictions) override;
+  void hint(std::span<const LayerPrediction> predictions) override { prefetcher_.hint(predictions); }
   bool resident(int layer, int expert) const override;
-  const std::vector<PredictionRecord>& prediction_log() const { return prediction_log_; }
+  const std::vector<PredictionRecord>& prediction_log() const { return prefetcher_.log(); }
   // Whether prefetch from `source` is paused now (its recent predictions were mostly wrong).
-  bool prefetch_paused(PredictionSource source = PredictionSource::Router) const {
-    return prefetch_paused_[static_cast<int>(source)];
-  }
+  bool prefetch_paused(PredictionSource source = PredictionSource::Router) const { return prefetcher_.paused(source); }
   const std::vector<std::string>& io_notes() const { return notes_; }
   // Buffers the prefetch staging area holds now: staged, and still draining after a cancel.
-  size_t staging_buffers() const { return staged_.size() + draining_.size(); }
+  size_t staging_buffers() const { return prefetcher_.buffers(); }
   // Expert buffers the pool reserved at start, and those it had to allocate since (each is new
   // memory the kernel zeroes on first touch; none in a steady state), see buffer_pool.h.
   const BufferPool& buffer_pool() const { return pool_; }
@@ -105,75 +115,67 @@ class StreamingExperts : public ExpertSource {
 
  private:
   using Buffer = BufferPool::Buffer;
+  // The open layer visit, from begin_layer to end_layer.
+  struct Visit {
+    int layer = -1;  // -1: none open
+    bool prompt_batch = false;  // serves at least kPromptBatchTokens tokens
+    std::vector<int32_t> experts;
+    std::vector<Buffer*> buffer_of;  // per expert; held by cached_ or `buffers`
+    std::vector<std::unique_ptr<ReadTicket>> tickets;  // per expert; null for hits
+    std::vector<bool> handed;
+    size_t handed_count = 0;
+    // Misses the cache did not admit (read, or adopted from the prefetcher): back to the pool
+    // at end_layer().
+    std::vector<std::unique_ptr<Buffer>> buffers;
+  };
+
   // Reserves the buffers a run needs (the cache's budget split over the layers' slot sizes,
   // one visit's uncached misses, the staging area) so that no read lands in fresh memory.
   void reserve_buffers();
-  void fail_layer(const std::string& error);
-  // Prefetch staging: experts read ahead for a later layer.
-  struct Staged {
-    int layer = 0;
-    std::unique_ptr<Buffer> buffer;
+  // warm()'s steps: queue the reads of the keys the cache takes, then keep those that landed
+  // and drop those whose reads failed.
+  struct WarmRead {
+    ExpertKey key;
     std::unique_ptr<ReadTicket> ticket;
-    uint64_t bytes = 0;
-    PredictionSource source = PredictionSource::Router;
   };
-  // Reads (layer, expert) ahead unless it is in memory or being read ahead already, or the
-  // staging area is full.
-  void stage(int layer, int expert, int distance, PredictionSource source);
-  // Records a prediction (checked when its layer routes) and reads its experts ahead unless its
-  // source is paused: all of a router prediction, the first affinity_reads experts of an
-  // affinity prediction that are not cached.
-  void take_prediction(const LayerPrediction& p);
-  // After a single-token visit of `layer`: learn from it and predict the layers after it.
-  void predict_from_history(int layer);
-  // Settles predictions and staged reads for the layer about to be visited.
-  void check_predictions(int layer);
-  // Cancels a staged read nobody needs; its buffer lingers until reads in flight land.
-  void discard(Staged staged);
-  void reap_draining(bool wait);
+  std::vector<WarmRead> read_into_cache(std::span<const ExpertKey> keys);
+  WarmStart keep_landed(std::vector<WarmRead> reads);
+  // begin_layer's steps.
+  void open_visit(const LayerRouting& routing);
+  std::vector<Access> accesses_of(const LayerRouting& routing) const;
+  void hint_policy(int layer);
+  void drop_evicted(const std::vector<ExpertKey>& evicted);
+  // Serves expert `i` of the visit: a hit from the cache, a miss from the prefetcher's staging
+  // area or by reading it now; `admit`: the cache keeps the miss.
+  void fetch(size_t i, ExpertKey key, bool hit, bool admit);
+  // Puts a miss's buffer in the cache if admitted, else with the visit; returns it.
+  Buffer* hold(ExpertKey key, bool admit, std::unique_ptr<Buffer> buffer);
+  // take_ready's steps: wait for every read of the visit (serial mode), hand out the experts
+  // whose reads all landed (returns how many), wait for any read.
+  void wait_for_every_read();
+  size_t hand_out_landed(std::vector<int>& ready);
+  void wait_for_any_read();
+  // A read of the visit failed: drain the visit's reads, drop its experts from the cache, close
+  // it, and throw.
+  [[noreturn]] void fail_layer(const std::string& error);
+  void give_visit_buffers();
   // A buffer that holds any expert of `layer`.
   std::unique_ptr<Buffer> take_buffer(int layer) { return pool_.take(cached_bytes(layer)); }
-  // Releases buffers allocated beyond the reservation once they are free again.
-  void trim_free();
   void update_fill_stats();
 
   StreamingOptions options_;
-  ExpertStats stats_;  // the planner counts the bytes it reads into it
+  ExpertStats stats_;  // the planner and the prefetcher count into it too
   std::vector<std::string> notes_;
-  // Declared before every holder of its buffers. Each buffer is in exactly one place: the
-  // pool's free list, cached_, staged_ / draining_, or the open visit's visit_buffers_.
+  // Members are destroyed in reverse order: the pool after every holder of its buffers (see
+  // the buffer invariant above), the lanes after the planner and the prefetcher, whose
+  // destructor waits for its reads in flight.
   BufferPool pool_;
-  uint64_t pool_limit_bytes_ = 0;  // trim_free() keeps the pool within this
   ReadLanes lanes_;
   ReadPlanner planner_;
   ExpertCache cache_;
   std::unordered_map<ExpertKey, std::unique_ptr<Buffer>> cached_;
-
-  // The current layer visit.
-  int layer_ = -1;
-  std::vector<int32_t> experts_;
-  std::vector<Buffer*> buffer_of_;
-  std::vector<std::unique_ptr<ReadTicket>> tickets_;  // null for hits
-  std::vector<bool> handed_;
-  size_t handed_count_ = 0;
-  bool prompt_batch_ = false;  // the visit serves at least kPromptBatchTokens tokens
-
-  // Prefetch.
-  std::unordered_map<ExpertKey, Staged> staged_;
-  std::vector<Staged> draining_;              // discarded, reads still in flight
-  // Buffers the open visit uses without caching them (misses the cache did not admit, reads
-  // ahead it adopts uncached): back to the pool at end_layer().
-  std::vector<std::unique_ptr<Buffer>> visit_buffers_;
-  uint64_t staged_bytes_ = 0;
-  std::unordered_map<int, std::vector<LayerPrediction>> predictions_;  // per layer, latest per (distance, source)
-  std::vector<PredictionRecord> prediction_log_;
-  // Prefetch from a source switches itself off while its predictions are mostly wrong (reads
-  // would only add bytes), and back on when they recover; predictions keep being checked
-  // either way. (Under --route-replay the routers guess the trace's routing 5 % right, while
-  // the routing history still predicts it.)
-  double prediction_accuracy_[kPredictionSources] = {1.0, 1.0};  // moving averages
-  bool prefetch_paused_[kPredictionSources] = {false, false};
-  std::unique_ptr<AffinityPredictor> affinity_;
+  Prefetcher prefetcher_;
+  Visit visit_;
 
   OverlapChooser overlap_chooser_;
   bool overlap_now_ = false;  // the mode of the current forward pass
