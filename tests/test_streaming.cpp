@@ -834,7 +834,57 @@ TEST(StreamingFaults, FileShrunkUnderARunningModelIsReported) {
   }
 }
 
-// The buffer invariant's check (buffer_pool.h): each way to break it is reported.
+// The buffer invariant (streaming_experts.h): every buffer is in exactly one place. Builds with
+// BMOE_CHECK_INVARIANTS check it at every layer boundary; here it is checked between tokens in
+// any build, through the states that move buffers most: evictions, reads ahead adopted and
+// cancelled while slow reads are still in flight (draining), and a failed read.
+TEST(StreamingBuffers, EachIsInExactlyOnePlaceThroughPrefetchAndCancels) {
+  const std::string path = test_model_path("tiny-qwen3moe", 4);
+  constexpr int kSteps = 24;
+  const std::vector<int32_t> want(resident_reference(path).begin(), resident_reference(path).begin() + kSteps);
+  for (bool overlap : {false, true}) {
+    for (int router : {2, 0}) {  // routers' predictions, or the routing history's alone
+      const std::string mode = fmt::format("{} router {}", overlap ? "overlap" : "serial", router);
+      auto model = streamed(path, {8, 2, true, DenseWeights::Anon, overlap, "", router, false, router ? 0 : 2});
+      const StreamingExperts& streamer = *model->streamer();
+      std::atomic<int> reads{0};
+      FaultHook hook([&](const std::string&, uint64_t, uint64_t length) -> uint64_t {
+        if (reads.fetch_add(1) % 5 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        return length;
+      });
+      ThreadPool pool(2);
+      Session s(*model, pool, 512, 64, SamplerConfig{});
+      s.state().set_routing_options(RoutingOptions{router});
+      s.prefill(model->tokenizer->encode("the quick brown fox jumps over the lazy dog", false, false));
+      std::vector<int32_t> out;
+      for (int i = 0; i < kSteps; ++i) {
+        EXPECT_NO_THROW(streamer.check_buffers()) << mode << " step " << i;
+        out.push_back(s.sample());
+        s.accept(out.back());
+      }
+      EXPECT_NO_THROW(streamer.check_buffers()) << mode;
+      EXPECT_EQ(out, want) << mode;
+      const ExpertStats st = streamer.stats();
+      EXPECT_GT(st.evictions, 0u) << mode;
+      EXPECT_GT(st.prefetch_used, 0u) << mode;
+      EXPECT_GT(st.prefetch_wasted_bytes, 0u) << mode;  // reads ahead were cancelled
+    }
+  }
+}
+
+TEST(StreamingBuffers, AFailedReadLeavesEveryBufferInOnePlace) {
+  const std::string path = test_model_path("tiny-qwen3moe", 4);
+  auto model = streamed(path, {25, 2, true, DenseWeights::Anon, false, "", 2});
+  std::atomic<int> reads{0};
+  FaultHook hook([&](const std::string&, uint64_t, uint64_t length) -> uint64_t {
+    if (reads.fetch_add(1) == 40) throw Error("injected EIO");
+    return length;
+  });
+  EXPECT_THROW(greedy(*model, 2, kTokens, RoutingOptions{2}), Error);
+  EXPECT_NO_THROW(model->streamer()->check_buffers());
+}
+
+// The check itself: each way to break the invariant is reported.
 std::string breach(const BufferPool& pool, std::vector<const BufferPool::Buffer*> held) {
   try {
     pool.check_held(std::move(held));

@@ -87,6 +87,7 @@ StreamingExperts::WarmStart StreamingExperts::warm(std::span<const ExpertKey> ke
   stats_.copied_bytes -= std::min(stats_.copied_bytes, result.bytes);
   stats_.bytes_read = counted;
   update_fill_stats();
+  check_at_boundary();
   return result;
 }
 
@@ -143,6 +144,7 @@ void StreamingExperts::begin_layer(const LayerRouting& routing) {
   prefetcher_.learn(layer, visit_.experts);
   stats_.evictions = cache_.evictions();
   update_fill_stats();
+  check_at_boundary();
 }
 
 void StreamingExperts::open_visit(const LayerRouting& routing) {
@@ -286,6 +288,7 @@ void StreamingExperts::end_layer() {
   pool_.trim();
   cache_.end_visit();
   visit_.layer = -1;
+  check_at_boundary();
 }
 
 void StreamingExperts::give_visit_buffers() {
@@ -311,7 +314,26 @@ void StreamingExperts::fail_layer(const std::string& error) {
   visit_.layer = -1;
   give_visit_buffers();
   update_fill_stats();
+  check_at_boundary();
   throw Error("expert read failed: " + error);
+}
+
+void StreamingExperts::check_buffers() const {
+  std::vector<const Buffer*> held;
+  for (const auto& [key, buffer] : cached_) {
+    if (!cache_.contains(key)) fail("internal: buffer invariant: a buffer for an expert the cache does not hold");
+    held.push_back(buffer.get());
+  }
+  if (cached_.size() != cache_.residents().size()) fail("internal: buffer invariant: a cached expert without a buffer");
+  prefetcher_.held_buffers(held);
+  for (const auto& b : visit_.buffers) held.push_back(b.get());
+  if (visit_.layer >= 0) {
+    // What the open visit hands out must be held by the cache or by the visit itself.
+    for (const Buffer* b : visit_.buffer_of) {
+      if (std::find(held.begin(), held.end(), b) == held.end()) fail("internal: buffer invariant: the visit uses a buffer nobody holds");
+    }
+  }
+  pool_.check_held(std::move(held));
 }
 
 ExpertStats StreamingExperts::stats() const {

@@ -27,7 +27,8 @@
 //   - the open visit's buffers (misses the cache did not admit; back to the pool at end_layer).
 // The open visit's buffer_of points into cached_ or its own buffers, never owns. Moves between
 // places go through unique_ptr, so a buffer cannot be in two places without a raw copy, nor
-// lost without a destroyed holder.
+// lost without a destroyed holder. check_buffers() verifies the invariant; builds with
+// BMOE_CHECK_INVARIANTS (Debug and sanitizer builds) run it at every layer boundary.
 #pragma once
 
 #include <memory>
@@ -112,6 +113,9 @@ class StreamingExperts : public ExpertSource {
   // size per layer, as a route trace records it, so bmoe-replay of this run's routing with
   // these sizes gives exactly the engine's hits (rounding leaves slots a page apart).
   uint64_t cached_bytes(int layer) const { return planner_.cached_bytes(layer); }
+  // Checks the buffer invariant (see the top of this file) and throws Error naming the breach.
+  // Any build may call it; BMOE_CHECK_INVARIANTS builds call it at every layer boundary.
+  void check_buffers() const;
 
  private:
   using Buffer = BufferPool::Buffer;
@@ -162,6 +166,13 @@ class StreamingExperts : public ExpertSource {
   // A buffer that holds any expert of `layer`.
   std::unique_ptr<Buffer> take_buffer(int layer) { return pool_.take(cached_bytes(layer)); }
   void update_fill_stats();
+  // check_buffers() where BMOE_CHECK_INVARIANTS is defined; nothing in Release (inline, so
+  // not even a call to an empty function).
+  void check_at_boundary() const {
+#ifdef BMOE_CHECK_INVARIANTS
+    check_buffers();
+#endif
+  }
 
   StreamingOptions options_;
   ExpertStats stats_;  // the planner and the prefetcher count into it too
