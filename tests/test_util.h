@@ -10,18 +10,9 @@
 #include <vector>
 
 #include "synth/synth.h"
+#include "test_temp.h"
 
 namespace bmoe {
-
-inline std::string temp_path(const std::string& name) {
-  const auto dir = std::filesystem::temp_directory_path() / ("bmoe-test-" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
-  static const struct Cleanup {
-    std::filesystem::path d;
-    ~Cleanup() { std::filesystem::remove_all(d); }
-  } cleanup{dir};
-  return (dir / name).string();
-}
 
 // A synthetic model written once per test process (preset with optional overrides).
 inline std::string test_model_path(const std::string& preset, int layers = 0, const std::vector<std::string>& types = {},
