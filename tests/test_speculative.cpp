@@ -1,6 +1,6 @@
-// Speculative decoding: n-gram drafts, the adaptive controller, and the property everything
-// rests on: verifying a draft in one batch gives exactly the tokens plain greedy decoding gives,
-// for every family, resident and streamed.
+// Speculative decoding: the drafters (n-gram, oracle) and their factory, the adaptive controller,
+// and the property everything rests on: verifying a draft in one batch gives exactly the tokens
+// plain greedy decoding gives, for every family, resident and streamed.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -37,6 +37,23 @@ TEST(NgramDraft, FallsBackToShorterSuffixesAndStopsAtTheMinimum) {
   EXPECT_TRUE(ngram_draft({1, 2, 3}, 2, 4, 1).empty());
   EXPECT_TRUE(ngram_draft({}, 2, 4, 1).empty());
   EXPECT_TRUE(ngram_draft({7}, 2, 4, 1).empty());
+}
+
+TEST(Drafter, NgramAndOracleDraftersProposeWhatTheirFunctionsDo) {
+  const std::vector<int32_t> seq = {5, 6, 7, 9, 5, 6, 7, 8, 1, 2, 3, 5, 6, 7};
+  NgramDrafter ngram(4, 1);
+  EXPECT_EQ(ngram.propose(seq, 3), (std::vector<int32_t>{8, 1, 2}));
+  EXPECT_TRUE(NgramDrafter(4, 4).propose(seq, 3).empty()) << "no earlier 4-gram match";
+  OracleDrafter oracle({1, 2, 3, 4, 5, 6});
+  EXPECT_EQ(oracle.propose({1, 2}, 2), (std::vector<int32_t>{3, 4}));
+  EXPECT_TRUE(oracle.propose({1, 9}, 2).empty());
+}
+
+TEST(MakeDrafter, ChoosesNgramOrOracle) {
+  DraftConfig c{4, 4, 1, {}};
+  EXPECT_NE(dynamic_cast<NgramDrafter*>(make_drafter(c).get()), nullptr);
+  c.oracle = {1, 2, 3};
+  EXPECT_NE(dynamic_cast<OracleDrafter*>(make_drafter(c).get()), nullptr);
 }
 
 TEST(DraftController, GrowsOnFullAcceptanceShrinksOnRejectionAndPausesWhenLow) {
@@ -155,6 +172,27 @@ TEST(Speculative, AcceptsAndRejectsAndRecordsEveryToken) {
   bool batched = false;
   for (const TokenRecord& t : s.records()) batched |= t.batch > 1;
   EXPECT_TRUE(batched);
+}
+
+// The oracle drafter through the decode loop: drafts from an earlier greedy run are all right,
+// so every one is kept and the output is that run's.
+TEST(Speculative, OracleDraftsAreAllKept) {
+  auto model = load_model(test_model_path("tiny-qwen3moe", 3), LoadOptions{});
+  const std::vector<int32_t> prompt = model->tokenizer->encode("the harbour town woke slowly", false, false);
+  const GenerateResult plain = run(*model, prompt, 0, 32);
+  ThreadPool pool(2);
+  Session s(*model, pool, 256, 64, SamplerConfig{});
+  GenerateParams p;
+  p.max_tokens = 32;
+  p.ignore_eos = true;
+  p.draft.max_draft = 4;
+  p.draft.oracle = prompt;
+  p.draft.oracle.insert(p.draft.oracle.end(), plain.tokens.begin(), plain.tokens.end());
+  const GenerateResult r = generate(s, prompt, p);
+  EXPECT_EQ(r.tokens, plain.tokens);
+  EXPECT_GT(r.drafted, 0);
+  EXPECT_EQ(r.accepted, r.drafted);
+  EXPECT_LT(r.verify_steps, 32 / 2) << "right drafts need few verification passes";
 }
 
 TEST(Speculative, SamplingTurnsDraftingOff) {

@@ -29,6 +29,19 @@ std::vector<int32_t> ngram_draft(const std::vector<int32_t>& sequence, int max_t
   return draft;
 }
 
+std::vector<int32_t> NgramDrafter::propose(const std::vector<int32_t>& sequence, int max_tokens) {
+  return ngram_draft(sequence, max_tokens, ngram_max_, ngram_min_);
+}
+
+std::vector<int32_t> OracleDrafter::propose(const std::vector<int32_t>& sequence, int max_tokens) {
+  return oracle_draft(oracle_, sequence, max_tokens);
+}
+
+std::unique_ptr<Drafter> make_drafter(const DraftConfig& config) {
+  if (!config.oracle.empty()) return std::make_unique<OracleDrafter>(config.oracle);
+  return std::make_unique<NgramDrafter>(config.ngram_max, config.ngram_min);
+}
+
 namespace {
 constexpr double kAverageWeight = 0.3;   // weight of the newest verification in the average
 constexpr double kLowAcceptance = 0.25;  // below this, drafting costs more than it saves

@@ -1,11 +1,14 @@
-// Lossless self-speculative decoding: draft a few tokens from n-gram matches in the sequence
-// so far, verify them in one batched forward pass, keep exactly the prefix greedy decoding
-// would have produced. A batch reads each routed expert once for all its tokens, so an accepted
-// draft saves the per-token expert reads; a rejected one costs a wider routed set, which is why
-// the draft length adapts and switches itself off when acceptance is low.
+// Lossless speculative decoding: a drafter guesses a few tokens, one batched forward pass verifies
+// them, and only the prefix greedy decoding would have produced is kept. A batch reads each routed
+// expert once for all its tokens, so an accepted draft saves the per-token expert reads; a
+// rejected one costs a wider routed set, which is why the draft length adapts and switches itself
+// off when acceptance is low (DraftController, the decode loop's). Who guesses is a Drafter:
+// n-gram matches in the sequence (the default) or an oracle (benchmarks).
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <utility>
 #include <vector>
 
 namespace bmoe {
@@ -20,6 +23,45 @@ struct DraftConfig {
   // measure batched verification with drafts that are right.
   std::vector<int32_t> oracle;
 };
+
+// Guesses the tokens that follow a sequence; the decode loop verifies the guesses.
+//
+// The sequence handed to propose() is the truth: a drafter that keeps state (an MTP head's or a
+// draft model's own cache rows) brings it in line with the sequence at each call. That one rule
+// covers a rejected draft (the sequence grew by fewer tokens than were proposed), a pause of
+// drafting (it grew by many) and a new prompt that reuses only part of the last one.
+class Drafter {
+ public:
+  virtual ~Drafter() = default;
+  // Up to `max_tokens` (> 0) tokens to follow `sequence`: the tokens the session holds, then the
+  // token about to be fed. Empty: no guess, the step is decoded plainly.
+  virtual std::vector<int32_t> propose(const std::vector<int32_t>& sequence, int max_tokens) = 0;
+};
+
+// Prompt lookup decoding: the continuation of the latest earlier occurrence of the sequence's
+// longest matching suffix (ngram_draft).
+class NgramDrafter : public Drafter {
+ public:
+  NgramDrafter(int ngram_max, int ngram_min) : ngram_max_(ngram_max), ngram_min_(ngram_min) {}
+  std::vector<int32_t> propose(const std::vector<int32_t>& sequence, int max_tokens) override;
+
+ private:
+  int ngram_max_;
+  int ngram_min_;
+};
+
+// Continues a known sequence while the sequence so far is its prefix (oracle_draft).
+class OracleDrafter : public Drafter {
+ public:
+  explicit OracleDrafter(std::vector<int32_t> oracle) : oracle_(std::move(oracle)) {}
+  std::vector<int32_t> propose(const std::vector<int32_t>& sequence, int max_tokens) override;
+
+ private:
+  std::vector<int32_t> oracle_;
+};
+
+// The drafter a configuration chooses: the oracle's when there is one, else n-grams.
+std::unique_ptr<Drafter> make_drafter(const DraftConfig& config);
 
 // The oracle's continuation of `sequence` (empty when the sequence left the oracle).
 std::vector<int32_t> oracle_draft(const std::vector<int32_t>& oracle, const std::vector<int32_t>& sequence, int max_tokens);
