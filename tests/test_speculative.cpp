@@ -1,10 +1,13 @@
-// Speculative decoding: n-gram drafts, the adaptive controller, and the property everything
-// rests on: verifying a draft in one batch gives exactly the tokens plain greedy decoding gives,
-// for every family, resident and streamed.
+// Speculative decoding: the drafters (n-gram, oracle, MTP over a hand-made head) and their
+// factory, the adaptive controller, and the property everything rests on: verifying a draft in
+// one batch gives exactly the tokens plain greedy decoding gives, for every family, resident and
+// streamed.
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <deque>
 
+#include "core/error.h"
 #include "engine/generate.h"
 #include "engine/loader.h"
 #include "engine/speculative.h"
@@ -37,6 +40,88 @@ TEST(NgramDraft, FallsBackToShorterSuffixesAndStopsAtTheMinimum) {
   EXPECT_TRUE(ngram_draft({1, 2, 3}, 2, 4, 1).empty());
   EXPECT_TRUE(ngram_draft({}, 2, 4, 1).empty());
   EXPECT_TRUE(ngram_draft({7}, 2, 4, 1).empty());
+}
+
+TEST(Drafter, NgramAndOracleDraftersProposeWhatTheirFunctionsDo) {
+  const std::vector<int32_t> seq = {5, 6, 7, 9, 5, 6, 7, 8, 1, 2, 3, 5, 6, 7};
+  NgramDrafter ngram(4, 1);
+  EXPECT_EQ(ngram.propose(seq, 3), (std::vector<int32_t>{8, 1, 2}));
+  EXPECT_TRUE(NgramDrafter(4, 4).propose(seq, 3).empty()) << "no earlier 4-gram match";
+  OracleDrafter oracle({1, 2, 3, 4, 5, 6});
+  EXPECT_EQ(oracle.propose({1, 2}, 2), (std::vector<int32_t>{3, 4}));
+  EXPECT_TRUE(oracle.propose({1, 9}, 2).empty());
+}
+
+// A hand-made MTP head: hands out the trunk rows the test queued, records each draft step, and
+// guesses "token + 1" (token + 2 when chained on its own output), with its output marked + 100.
+class FakeMtpHead : public MtpHead {
+ public:
+  struct Call {
+    int position;
+    float hidden;
+    int32_t token;
+  };
+  std::vector<std::vector<float>> take_hidden_states() override {
+    std::vector<std::vector<float>> rows(pending.begin(), pending.end());
+    pending.clear();
+    return rows;
+  }
+  MtpStep draft(int position, const std::vector<float>& hidden, int32_t token) override {
+    calls.push_back({position, hidden[0], token});
+    MtpStep step{std::vector<float>(64, 0.0f), {hidden[0] + 100.0f}};
+    step.logits[static_cast<size_t>(token + (hidden[0] >= 100.0f ? 2 : 1))] = 1.0f;
+    return step;
+  }
+  std::deque<std::vector<float>> pending;
+  std::vector<Call> calls;
+};
+
+bool operator==(const FakeMtpHead::Call& a, const FakeMtpHead::Call& b) {
+  return a.position == b.position && a.hidden == b.hidden && a.token == b.token;
+}
+void PrintTo(const FakeMtpHead::Call& c, std::ostream* os) {
+  *os << "{" << c.position << ", " << c.hidden << ", " << c.token << "}";
+}
+
+TEST(MtpDrafter, RunsTheHeadOverNewTrunkRowsThenChainsOnItsOwnOutput) {
+  FakeMtpHead head;
+  MtpDrafter drafter(head);
+  // After the prompt 10 11 12 (positions 0-2), 13 is about to be fed.
+  head.pending = {{0.0f}, {1.0f}, {2.0f}};
+  EXPECT_EQ(drafter.propose({10, 11, 12, 13}, 3), (std::vector<int32_t>{14, 16, 18}));
+  using Call = FakeMtpHead::Call;
+  EXPECT_EQ(head.calls, (std::vector<Call>{{1, 0, 11}, {2, 1, 12}, {3, 2, 13}, {4, 102, 14}, {5, 202, 16}}));
+  // Verification kept 14 only and 20 comes next: the trunk rows of 13 and 14 overwrite the
+  // head's chained row at position 4.
+  head.calls.clear();
+  head.pending = {{3.0f}, {4.0f}};
+  EXPECT_EQ(drafter.propose({10, 11, 12, 13, 14, 20}, 1), (std::vector<int32_t>{21}));
+  EXPECT_EQ(head.calls, (std::vector<Call>{{4, 3, 14}, {5, 4, 20}}));
+  // Nothing new from the trunk: no guess.
+  EXPECT_TRUE(drafter.propose({10, 11, 12, 13, 14, 20}, 2).empty());
+}
+
+TEST(MtpDrafter, RefusesMoreHiddenStatesThanPositions) {
+  FakeMtpHead head;
+  MtpDrafter drafter(head);
+  head.pending = {{0.0f}, {1.0f}};
+  EXPECT_THROW(drafter.propose({10, 11}, 2), Error);
+}
+
+TEST(MakeDrafter, ChoosesNgramOracleOrMtpAndRefusesMtpWithoutAHead) {
+  DraftConfig c{4, 4, 1, {}};
+  EXPECT_NE(dynamic_cast<NgramDrafter*>(make_drafter(c).get()), nullptr);
+  c.oracle = {1, 2, 3};
+  EXPECT_NE(dynamic_cast<OracleDrafter*>(make_drafter(c).get()), nullptr);
+  c.mtp = true;
+  FakeMtpHead head;
+  EXPECT_NE(dynamic_cast<MtpDrafter*>(make_drafter(c, &head).get()), nullptr);
+  try {
+    make_drafter(c);
+    FAIL() << "--mtp without a head was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--mtp"), std::string::npos) << e.what();
+  }
 }
 
 TEST(DraftController, GrowsOnFullAcceptanceShrinksOnRejectionAndPausesWhenLow) {
@@ -155,6 +240,30 @@ TEST(Speculative, AcceptsAndRejectsAndRecordsEveryToken) {
   bool batched = false;
   for (const TokenRecord& t : s.records()) batched |= t.batch > 1;
   EXPECT_TRUE(batched);
+}
+
+// The oracle drafter through the decode loop: drafts from an earlier greedy run are all right,
+// so every one is kept and the output is that run's. --mtp has no drafter to run.
+TEST(Speculative, OracleDraftsAreAllKeptAndMtpIsRefused) {
+  auto model = load_model(test_model_path("tiny-qwen3moe", 3), LoadOptions{});
+  const std::vector<int32_t> prompt = model->tokenizer->encode("the harbour town woke slowly", false, false);
+  const GenerateResult plain = run(*model, prompt, 0, 32);
+  ThreadPool pool(2);
+  Session s(*model, pool, 256, 64, SamplerConfig{});
+  GenerateParams p;
+  p.max_tokens = 32;
+  p.ignore_eos = true;
+  p.draft.max_draft = 4;
+  p.draft.oracle = prompt;
+  p.draft.oracle.insert(p.draft.oracle.end(), plain.tokens.begin(), plain.tokens.end());
+  const GenerateResult r = generate(s, prompt, p);
+  EXPECT_EQ(r.tokens, plain.tokens);
+  EXPECT_GT(r.drafted, 0);
+  EXPECT_EQ(r.accepted, r.drafted);
+  EXPECT_LT(r.verify_steps, 32 / 2) << "right drafts need few verification passes";
+  p.draft.oracle.clear();
+  p.draft.mtp = true;
+  EXPECT_THROW(generate(s, prompt, p), Error);
 }
 
 TEST(Speculative, SamplingTurnsDraftingOff) {

@@ -39,24 +39,31 @@ bool drafting_possible(const DraftConfig& draft, const SamplerConfig& sampler) {
 
 namespace {
 
-// Feeds `token` (just emitted) so that the next one can be sampled. With a draft controller
-// that wants a draft, also proposes and verifies up to `budget` draft tokens; returns the kept
-// ones, already fed, to be emitted in order before sampling again.
-std::vector<int32_t> feed_token(Session& session, int32_t token, DraftController* drafts, int budget) {
+// What drafting needs across the loop's steps: the controller that decides how many tokens to
+// draft (the loop's) and the drafter that guesses them.
+struct Drafting {
+  DraftController controller;
+  std::unique_ptr<Drafter> drafter;
+};
+
+// Feeds `token` (just emitted) so that the next one can be sampled. While drafting wants a draft,
+// also proposes and verifies up to `budget` draft tokens; returns the kept ones, already fed, to
+// be emitted in order before sampling again.
+std::vector<int32_t> feed_token(Session& session, int32_t token, Drafting* drafting, int budget) {
   const int room = session.state().n_ctx() - session.state().n_past() - 1;
-  const int length = drafts ? std::min({drafts->length(), budget, room}) : 0;
+  const int length = drafting ? std::min({drafting->controller.length(), budget, room}) : 0;
   if (length <= 0) {
     session.accept(token);
-    if (drafts) drafts->report(0, 0);
+    if (drafting) drafting->controller.report(0, 0);
     return {};
   }
   std::vector<int32_t> sequence = session.history();
   sequence.push_back(token);
-  const DraftConfig& c = drafts->config();
-  std::vector<int32_t> draft = c.oracle.empty() ? ngram_draft(sequence, length, c.ngram_max, c.ngram_min)
-                                                : oracle_draft(c.oracle, sequence, length);
+  std::vector<int32_t> draft = drafting->drafter->propose(sequence, length);
+  // Propose's bound, enforced: a longer draft could run past the context.
+  draft.resize(std::min(draft.size(), static_cast<size_t>(length)));
   const int kept = session.accept_draft(token, draft);
-  drafts->report(static_cast<int>(draft.size()), kept);
+  drafting->controller.report(static_cast<int>(draft.size()), kept);
   draft.resize(static_cast<size_t>(kept));
   return draft;
 }
@@ -68,7 +75,10 @@ class DecodeLoop {
   DecodeLoop(Session& session, const GenerateParams& params, const DecodeHooks& hooks)
       : session_(session), params_(params), hooks_(hooks), tok_(*session.model().tokenizer), stop_(params.stop) {
     if (params.grammar) grammar_ = std::make_unique<GrammarFilter>(params.grammar, tok_);
-    if (drafts_with(params)) drafts_ = std::make_unique<DraftController>(params.draft);
+    // No session offers an MTP head yet (speculative.h): make_drafter refuses params.draft.mtp.
+    if (drafts_with(params)) {
+      drafting_ = std::make_unique<Drafting>(DraftController(params.draft), make_drafter(params.draft));
+    }
   }
 
   GenerateResult run(int limit);
@@ -91,7 +101,7 @@ class DecodeLoop {
   const DecodeHooks& hooks_;
   const Tokenizer& tok_;
   std::unique_ptr<GrammarFilter> grammar_;
-  std::unique_ptr<DraftController> drafts_;
+  std::unique_ptr<Drafting> drafting_;
   std::vector<int32_t> known_;  // the kept draft tokens still to emit
   size_t next_known_ = 0;
   Utf8Stream utf8_;
@@ -117,10 +127,11 @@ GenerateResult DecodeLoop::run(int limit) {
     if (i + 1 >= limit || session_.state().n_past() >= session_.state().n_ctx()) break;
     feed(token, limit - i - 2, forced);
   }
-  if (drafts_) {
-    result_.drafted = drafts_->drafted_total();
-    result_.accepted = drafts_->accepted_total();
-    result_.verify_steps = drafts_->verify_steps();
+  if (drafting_) {
+    const DraftController& c = drafting_->controller;
+    result_.drafted = c.drafted_total();
+    result_.accepted = c.accepted_total();
+    result_.verify_steps = c.verify_steps();
   }
   if (!keep_going_) result_.finish_reason = "cancelled";
   if (!stop_.stopped()) emit(stop_.push(utf8_.flush()) + stop_.flush());
@@ -130,7 +141,7 @@ GenerateResult DecodeLoop::run(int limit) {
 
 void DecodeLoop::feed(int32_t token, int budget, bool forced) {
   const size_t first_record = session_.records().size();
-  known_ = feed_token(session_, token, drafts_.get(), budget);
+  known_ = feed_token(session_, token, drafting_.get(), budget);
   next_known_ = 0;
   if (hooks_.on_step && !forced) hooks_.on_step(first_record);
 }

@@ -163,14 +163,14 @@ std::unique_ptr<Session> open_session(LoadedRun& run, ThreadPool& pool, const Sa
 
 DraftConfig draft_config(const LoadedRun& run) {
   const RunConfig& c = run.config;
-  if (c.mtp) {
-    fail("--mtp: bmoe does not run multi-token-prediction (nextn) heads (a {} GGUF's are skipped when present); "
-         "use --draft N --ngram", run.model->transformer->config().arch);
-  }
+  DraftConfig d;
+  d.mtp = c.mtp;
+  // The drafter is chosen once here, so that one the model cannot serve fails while the run is
+  // prepared rather than inside the decode loop. No model provides an MTP head yet: --mtp fails.
+  make_drafter(d, nullptr);
   if ((c.ngram || c.mtp || !c.draft_oracle.empty()) && c.draft == 0) {
     fail("--ngram/--mtp/--draft-oracle choose a drafter for --draft N; give --draft N too");
   }
-  DraftConfig d;
   d.max_draft = c.draft;
   d.ngram_max = c.ngram_max;
   if (!c.draft_oracle.empty()) {

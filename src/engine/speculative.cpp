@@ -2,6 +2,9 @@
 
 #include <algorithm>
 
+#include "core/error.h"
+#include "text/sampler.h"
+
 namespace bmoe {
 
 std::vector<int32_t> oracle_draft(const std::vector<int32_t>& oracle, const std::vector<int32_t>& sequence, int max_tokens) {
@@ -27,6 +30,60 @@ std::vector<int32_t> ngram_draft(const std::vector<int32_t>& sequence, int max_t
     }
   }
   return draft;
+}
+
+std::vector<int32_t> NgramDrafter::propose(const std::vector<int32_t>& sequence, int max_tokens) {
+  return ngram_draft(sequence, max_tokens, ngram_max_, ngram_min_);
+}
+
+std::vector<int32_t> OracleDrafter::propose(const std::vector<int32_t>& sequence, int max_tokens) {
+  return oracle_draft(oracle_, sequence, max_tokens);
+}
+
+namespace {
+
+int32_t greedy_guess(const MtpStep& step) {
+  if (step.logits.empty()) fail("MTP head: a draft step returned no logits");
+  return Sampler::argmax(step.logits.data(), static_cast<int>(step.logits.size()));
+}
+
+}  // namespace
+
+std::vector<int32_t> MtpDrafter::propose(const std::vector<int32_t>& sequence, int max_tokens) {
+  // The trunk evaluated every position but the last (the token about to be fed); the new hidden
+  // states end at the one before it.
+  const std::vector<std::vector<float>> rows = head_.take_hidden_states();
+  if (rows.size() + 1 > sequence.size()) {
+    fail("MTP head: {} hidden states for a sequence of {} tokens", rows.size(), sequence.size());
+  }
+  const int first = static_cast<int>(sequence.size() - 1 - rows.size());
+  // Row j is position first + j; the head pairs it with the token that follows it. The last
+  // pair's logits guess the token after the sequence.
+  MtpStep step;
+  for (size_t j = 0; j < rows.size(); ++j) {
+    const int position = first + static_cast<int>(j) + 1;
+    step = head_.draft(position, rows[j], sequence[static_cast<size_t>(position)]);
+  }
+  if (rows.empty() || max_tokens <= 0) return {};  // the head's cache follows all the same
+  std::vector<int32_t> draft;
+  const int next = static_cast<int>(sequence.size());  // the first guess's position
+  for (int k = 0; k < max_tokens; ++k) {
+    draft.push_back(greedy_guess(step));
+    if (k + 1 < max_tokens) step = head_.draft(next + k, step.hidden, draft.back());
+  }
+  return draft;
+}
+
+std::unique_ptr<Drafter> make_drafter(const DraftConfig& config, MtpHead* mtp_head) {
+  if (config.mtp) {
+    if (!mtp_head) {
+      fail("--mtp: bmoe does not run multi-token-prediction (nextn) heads (a GGUF's MTP block is skipped at load); "
+           "use --draft N --ngram");
+    }
+    return std::make_unique<MtpDrafter>(*mtp_head);
+  }
+  if (!config.oracle.empty()) return std::make_unique<OracleDrafter>(config.oracle);
+  return std::make_unique<NgramDrafter>(config.ngram_max, config.ngram_min);
 }
 
 namespace {

@@ -1,11 +1,15 @@
-// Lossless self-speculative decoding: draft a few tokens from n-gram matches in the sequence
-// so far, verify them in one batched forward pass, keep exactly the prefix greedy decoding
-// would have produced. A batch reads each routed expert once for all its tokens, so an accepted
-// draft saves the per-token expert reads; a rejected one costs a wider routed set, which is why
-// the draft length adapts and switches itself off when acceptance is low.
+// Lossless speculative decoding: a drafter guesses a few tokens, one batched forward pass verifies
+// them, and only the prefix greedy decoding would have produced is kept. A batch reads each routed
+// expert once for all its tokens, so an accepted draft saves the per-token expert reads; a
+// rejected one costs a wider routed set, which is why the draft length adapts and switches itself
+// off when acceptance is low (DraftController, the decode loop's). Who guesses is a Drafter:
+// n-gram matches in the sequence (the default), an oracle (benchmarks), and, once a model
+// provides one, a multi-token-prediction head.
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <utility>
 #include <vector>
 
 namespace bmoe {
@@ -19,7 +23,86 @@ struct DraftConfig {
   // stays lossless (verification keeps only what greedy decoding gives); the point is to
   // measure batched verification with drafts that are right.
   std::vector<int32_t> oracle;
+  // Draft with the model's multi-token-prediction head (--mtp). No model provides one yet, so
+  // make_drafter refuses it.
+  bool mtp = false;
 };
+
+// Guesses the tokens that follow a sequence; the decode loop verifies the guesses.
+//
+// The sequence handed to propose() is the truth: a drafter that keeps state (an MTP head's or a
+// draft model's own cache rows) brings it in line with the sequence at each call. That one rule
+// covers a rejected draft (the sequence grew by fewer tokens than were proposed), a pause of
+// drafting (it grew by many) and a new prompt that reuses only part of the last one.
+class Drafter {
+ public:
+  virtual ~Drafter() = default;
+  // Up to `max_tokens` (> 0) tokens to follow `sequence`: the tokens the session holds, then the
+  // token about to be fed. Empty: no guess, the step is decoded plainly.
+  virtual std::vector<int32_t> propose(const std::vector<int32_t>& sequence, int max_tokens) = 0;
+};
+
+// Prompt lookup decoding: the continuation of the latest earlier occurrence of the sequence's
+// longest matching suffix (ngram_draft).
+class NgramDrafter : public Drafter {
+ public:
+  NgramDrafter(int ngram_max, int ngram_min) : ngram_max_(ngram_max), ngram_min_(ngram_min) {}
+  std::vector<int32_t> propose(const std::vector<int32_t>& sequence, int max_tokens) override;
+
+ private:
+  int ngram_max_;
+  int ngram_min_;
+};
+
+// Continues a known sequence while the sequence so far is its prefix (oracle_draft).
+class OracleDrafter : public Drafter {
+ public:
+  explicit OracleDrafter(std::vector<int32_t> oracle) : oracle_(std::move(oracle)) {}
+  std::vector<int32_t> propose(const std::vector<int32_t>& sequence, int max_tokens) override;
+
+ private:
+  std::vector<int32_t> oracle_;
+};
+
+// One forward step of an MTP head.
+struct MtpStep {
+  std::vector<float> logits;  // n_vocab: the token after the step's position
+  std::vector<float> hidden;  // n_embd: the head's output, the input of a chained step
+};
+
+// What a model with a multi-token-prediction head (Qwen3.5/3.6's nextn block, DeepSeek-V3's MTP
+// module) must offer an MtpDrafter. Declared only: no model implements it yet. It needs the
+// trunk's forward passes, verification passes included, to keep the last hidden state of every
+// position they evaluate, which they do not do today.
+class MtpHead {
+ public:
+  virtual ~MtpHead() = default;
+  // The trunk's last hidden states (n_embd floats each: the output norm's input) of the positions
+  // it evaluated since the previous call and still holds, oldest first, ending at the latest
+  // position: a prompt's rows, then the fed token's and every kept draft token's.
+  virtual std::vector<std::vector<float>> take_hidden_states() = 0;
+  // The head's forward pass at `position`: from the hidden state of position - 1 (the trunk's,
+  // or the head's own output for a chained guess) and the token at `position`, the logits of the
+  // token at position + 1. Writes the head's own cache row at `position` and drops those after.
+  virtual MtpStep draft(int position, const std::vector<float>& hidden, int32_t token) = 0;
+};
+
+// Drafts with an MtpHead: runs the head over the trunk's new hidden states (its cache follows the
+// sequence, and the last row gives the first guess), then chains the head on its own output for
+// the further guesses. Greedy guesses: verification decides anyway.
+class MtpDrafter : public Drafter {
+ public:
+  explicit MtpDrafter(MtpHead& head) : head_(head) {}
+  // Fails (bmoe::Error) when the head returns more hidden states than the sequence has positions.
+  std::vector<int32_t> propose(const std::vector<int32_t>& sequence, int max_tokens) override;
+
+ private:
+  MtpHead& head_;
+};
+
+// The drafter a configuration chooses: the MTP head's with `mtp`, else the oracle's when there
+// is one, else n-grams. Fails (bmoe::Error) on `mtp` without a head, which is every model today.
+std::unique_ptr<Drafter> make_drafter(const DraftConfig& config, MtpHead* mtp_head = nullptr);
 
 // The oracle's continuation of `sequence` (empty when the sequence left the oracle).
 std::vector<int32_t> oracle_draft(const std::vector<int32_t>& oracle, const std::vector<int32_t>& sequence, int max_tokens);
