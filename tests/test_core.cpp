@@ -87,13 +87,22 @@ TEST(ThreadPoolTest, EveryTaskRunsOnceWithSpinningOrSleepingWorkers) {
   }
 }
 
-// Workers still help: a job of slow tasks runs on more than one thread.
+// Workers still help: a job runs on more than one thread. The calling thread's tasks wait
+// until a worker has run one, so a job whose tasks were all taken by the caller (workers that
+// never wake) fails, however slowly a loaded machine wakes them (a fixed 1 ms per task did
+// not say that under load). The deadline only keeps a broken pool from hanging the test.
 TEST(ThreadPoolTest, WorkersShareALongJob) {
   ThreadPool pool(2);
   std::atomic<int> by_worker{0};
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   pool.run(64, [&](int64_t, int thread) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    if (thread != 0) by_worker.fetch_add(1);
+    if (thread != 0) {
+      by_worker.fetch_add(1);
+      return;
+    }
+    while (by_worker.load() == 0 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
   });
   EXPECT_GT(by_worker.load(), 0);
 }

@@ -83,6 +83,17 @@ std::unique_ptr<LoadedModel> streamed(const std::string& path, const StreamConfi
   return model;
 }
 
+// Empty when the model's streamer reads through io_uring; else why not (this build has no
+// liburing, or the kernel refused io_uring and the lanes fell back to threads). A configuration
+// that asks for io_uring then skips by name rather than passing on reader threads.
+std::string why_no_io_uring(LoadedModel& model) {
+  if (model.streamer()->io_uring()) return "";
+  if (!io_uring_built()) return "io_uring: this build has no liburing";
+  std::string why = "io_uring refused here, the lanes fell back to threads:";
+  for (const std::string& note : model.streamer()->io_notes()) why += " " + note;
+  return why;
+}
+
 const std::vector<int32_t>& resident_reference(const std::string& path) {
   static std::map<std::string, std::vector<int32_t>> cache;
   auto it = cache.find(path);
@@ -99,6 +110,10 @@ TEST_P(StreamingIdentity, GreedyOutputEqualsResident) {
   const std::string path = test_model_path("tiny-qwen3moe", 4);
   const auto& want = resident_reference(path);
   auto model = streamed(path, GetParam());
+  if (GetParam().engine == IoEngine::Uring) {
+    const std::string why = why_no_io_uring(*model);
+    if (!why.empty()) GTEST_SKIP() << why;
+  }
   EXPECT_EQ(greedy(*model, 2, kTokens, RoutingOptions{GetParam().prefetch}), want);
   const ExpertStats st = model->experts->stats();
   EXPECT_GT(st.requests, 0u);
@@ -473,40 +488,71 @@ constexpr bool kEmulated = true;  // qemu's own faults (translating code) count 
 constexpr bool kEmulated = false;
 #endif
 
-TEST(Streaming, SteadyStateAllocatesNothingAndTakesNoPageFaults) {
-  // The pool reserves and touches the cache's buffers before the first token: once the cache
-  // is full, a decode step allocates no expert buffer, and the process takes no page fault (a
-  // read landing in fresh memory costs a fault and a zeroed page per 4 KiB). Every step is
-  // counted, in both engines, serial, overlapped and with reads ahead, on a cache that evicts
-  // on almost every visit.
-  const std::string path = test_model_path("tiny-qwen3moe", 4);
-  for (const IoEngine engine : {IoEngine::Threads, IoEngine::Uring}) {
-    for (const int mode : {0, 1, 2}) {  // serial, overlap, overlap with prefetch (affinity, 2 layers ahead)
-      const bool overlap = mode > 0;
-      const int affinity = mode == 2 ? 2 : 0;
-      const std::string what = fmt::format("{} mode {}", engine == IoEngine::Uring ? "uring" : "threads", mode);
-      auto model = streamed(path, {8, 4, true, DenseWeights::Anon, overlap, "", 0, false, affinity, engine});
-      ThreadPool pool(2);
-      Session s(*model, pool, 512, 64, SamplerConfig{});
-      s.prefill(model->tokenizer->encode("the quick brown fox jumps over the lazy dog", false, false));
-      for (int i = 0; i < 24; ++i) s.accept(s.sample());
-      ASSERT_TRUE(model->experts->stats().cache_full) << what;
-      const uint64_t evictions = model->experts->stats().evictions;
-      const size_t first = s.records().size();
-      for (int i = 0; i < 32; ++i) s.accept(s.sample());
-      EXPECT_GT(model->experts->stats().evictions, evictions + 16) << what;  // it kept replacing experts
-      uint64_t allocations = 0, faults = 0;
-      for (size_t i = first; i < s.records().size(); ++i) {
-        EXPECT_TRUE(s.records()[i].steady) << what << " token " << i;
-        allocations += s.records()[i].buffer_allocations;
-        faults += s.records()[i].minor_faults;
-      }
-      EXPECT_EQ(allocations, 0u) << what;
-      if (!kSanitizedAllocator && !kEmulated) {
-        EXPECT_EQ(faults, 0u) << what;
+// What a stretch of decode steps cost: buffers allocated and page faults of the process.
+struct StretchCosts {
+  uint64_t allocations = 0;
+  uint64_t faults = 0;
+  bool clean() const { return allocations == 0 && (faults == 0 || kSanitizedAllocator || kEmulated); }
+};
+
+StretchCosts decode_stretch(Session& s, int tokens, const std::string& what) {
+  const size_t first = s.records().size();
+  for (int i = 0; i < tokens; ++i) s.accept(s.sample());
+  StretchCosts c;
+  for (size_t i = first; i < s.records().size(); ++i) {
+    EXPECT_TRUE(s.records()[i].steady) << what << " token " << i;
+    c.allocations += s.records()[i].buffer_allocations;
+    c.faults += s.records()[i].minor_faults;
+  }
+  return c;
+}
+
+// The pool reserves and touches the cache's buffers before the first token: once the cache is
+// full, a decode step allocates no expert buffer, and the process takes no page fault (a read
+// landing in fresh memory costs a fault and a zeroed page per 4 KiB). Counted over stretches
+// of 32 steps, serial, overlapped and with reads ahead, on a cache that evicts on almost every
+// visit. Without reads ahead the buffers in use are the same on any machine, so every stretch
+// must allocate nothing. The faults are the whole process's, and a loaded machine lends some
+// that are not the engine's (reclaim of code pages, compaction, khugepaged), as can a read
+// ahead still landing in a buffer after it was cancelled (the pool then lends one more): up
+// to three stretches may run, and one must be clean. The engine's own faults or allocations
+// come back every stretch; a loaded machine's do not.
+void check_steady_state(const std::string& path, IoEngine engine) {
+  for (const int mode : {0, 1, 2}) {  // serial, overlap, overlap with prefetch (affinity, 2 layers ahead)
+    const bool overlap = mode > 0;
+    const int affinity = mode == 2 ? 2 : 0;
+    const std::string what = fmt::format("{} mode {}", engine == IoEngine::Uring ? "uring" : "threads", mode);
+    auto model = streamed(path, {8, 4, true, DenseWeights::Anon, overlap, "", 0, false, affinity, engine});
+    ThreadPool pool(2);
+    Session s(*model, pool, 512, 64, SamplerConfig{});
+    s.prefill(model->tokenizer->encode("the quick brown fox jumps over the lazy dog", false, false));
+    for (int i = 0; i < 24; ++i) s.accept(s.sample());
+    ASSERT_TRUE(model->experts->stats().cache_full) << what;
+    const uint64_t evictions = model->experts->stats().evictions;
+    std::string stretches;
+    StretchCosts c;
+    for (int tries = 0; tries < 3 && (tries == 0 || !c.clean()); ++tries) {
+      c = decode_stretch(s, 32, what);
+      stretches += fmt::format(" [{} allocations, {} faults]", c.allocations, c.faults);
+      if (affinity == 0) {
+        EXPECT_EQ(c.allocations, 0u) << what;
       }
     }
+    EXPECT_GT(model->experts->stats().evictions, evictions + 16) << what;  // it kept replacing experts
+    EXPECT_TRUE(c.clean()) << what << ": no clean stretch in" << stretches;
   }
+}
+
+TEST(Streaming, SteadyStateAllocatesNothingAndTakesNoPageFaults) {
+  check_steady_state(test_model_path("tiny-qwen3moe", 4), IoEngine::Threads);
+}
+
+TEST(Streaming, SteadyStateOnIoUringAllocatesNothingAndTakesNoPageFaults) {
+  const std::string path = test_model_path("tiny-qwen3moe", 4);
+  const std::string why = why_no_io_uring(*streamed(path, {8, 4, true, DenseWeights::Anon, false, "", 0, false, 0,
+                                                           IoEngine::Uring}));
+  if (!why.empty()) GTEST_SKIP() << why;
+  check_steady_state(path, IoEngine::Uring);
 }
 
 TEST(Streaming, CopiesOnlyWhatBufferedReadsCopy) {

@@ -92,6 +92,9 @@ class StreamingExperts : public ExpertSource {
   // Whether prefetch from `source` is paused now (its recent predictions were mostly wrong).
   bool prefetch_paused(PredictionSource source = PredictionSource::Router) const { return prefetcher_.paused(source); }
   const std::vector<std::string>& io_notes() const { return notes_; }
+  // True when reads go through io_uring; false on reader threads, also where io_uring was asked
+  // for and refused (io_notes() then says why), so a test can tell which engine really ran.
+  bool io_uring() const { return lanes_.uring(); }
   // Buffers the prefetch staging area holds now: staged, and still draining after a cancel.
   size_t staging_buffers() const { return prefetcher_.buffers(); }
   // Expert buffers the pool reserved at start, and those it had to allocate since (each is new

@@ -5,6 +5,7 @@ import csv
 import glob
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -43,8 +44,22 @@ class BenchSmoke(unittest.TestCase):
             self.assertEqual(run["exit"], 0, c)
             self.assertTrue(os.path.exists(os.path.join(self.out, f"{c}-r1.csv")), c)
             if c != "llama-mmap":
+                # 16 tokens: the prompt's pass gives the first, 15 decode steps the rest.
                 metrics = json.load(open(os.path.join(self.out, f"{c}-r1.metrics.json")))
-                self.assertGreater(metrics["summary"]["tokens"] if "summary" in metrics else 1, 0)
+                self.assertGreater(metrics["prompt"]["tokens"], 0, c)
+                self.assertEqual(metrics["decode"]["tokens"], 15, c)
+                self.assertGreater(metrics["decode"]["tok_per_s"], 0, c)
+                self.assertEqual(metrics["config"]["moe_stream"], c.startswith("c"), c)
+
+    def test_uring_config_read_through_io_uring(self):
+        # Where the kernel refuses io_uring bmoe-cli falls back to threads and warns: then this
+        # says so by name instead of passing on threads.
+        with open(os.path.join(self.out, "c1-l2-uring-overlap-r1.log")) as f:
+            log = f.read()
+        refused = re.search(r"warning: ((io_uring unavailable|built without liburing).*)", log)
+        if refused:
+            self.skipTest(f"io_uring did not run: {refused.group(1)}")
+        self.assertRegex(log, r"experts streamed \(2 lanes io_uring,")
 
     def test_summary_table_parses_and_covers_every_config(self):
         text = open(os.path.join(self.out, "summary.md")).read()

@@ -93,7 +93,8 @@ class Chromium:
         time.sleep(0.3)
         self.wait("document.readyState === 'complete' && !!document.querySelector('#send')", "the page reloads")
 
-    def wait(self, expression, what, timeout=20):
+    def wait(self, expression, what, timeout=60):
+        # Generous: a condition that holds returns at once, and a loaded machine is slow.
         deadline = time.time() + timeout
         while time.time() < deadline:
             value = self.js(expression)
@@ -223,19 +224,19 @@ class WebChatTest(unittest.TestCase):
         self.assertFalse(b.visible("#send"))
         self.assertEqual(b.text(".msg.user .content"), "Tell me a very long story")
         first = len(b.text(LAST_ANSWER))
-        time.sleep(1.0)
-        second = len(b.text(LAST_ANSWER))
-        self.assertGreater(second, first, "the answer grows while it streams")
+        # Waited for, not slept on: a loaded machine may take longer than a second per token.
+        b.wait(f"document.querySelector('{LAST_ANSWER}').textContent.length > {first}",
+               "the answer grows while it streams")
         # Live telemetry, from the stream and GET /stats.
         b.wait("parseFloat(document.querySelector('#t-tps').textContent) > 0", "tok/s shows")
         b.wait("/%$/.test(document.querySelector('#t-hit').textContent)", "the cache hit rate shows")
         b.wait("!isNaN(parseFloat(document.querySelector('#t-flash').textContent))", "flash MiB/token shows")
         self.assertRegex(b.text("#t-mem"), r"^\d+(\.\d+)? (MiB|GiB)$")
-        b.wait("document.querySelector('#state b').textContent === 'busy'", "the server shows busy", timeout=5)
+        b.wait("document.querySelector('#state b').textContent === 'busy'", "the server shows busy")
         self.assertTrue(b.visible("#stop"), "the answer was still streaming when Stop was pressed")
 
         b.click("#stop")
-        b.wait("!!document.querySelector('#send').getClientRects().length", "Send is back after Stop", timeout=5)
+        b.wait("!!document.querySelector('#send').getClientRects().length", "Send is back after Stop")
         self.assertFalse(b.visible("#stop"))
         stopped = len(b.text(LAST_ANSWER))
         time.sleep(1.0)
@@ -247,7 +248,7 @@ class WebChatTest(unittest.TestCase):
         self.assertTrue(0 < hit < 100, meta)
         self.assertGreater(float(re.search(r"([\d.]+) MiB/tok", meta).group(1)), 0, meta)
         # The server noticed the closed stream and cancelled the generation.
-        deadline = time.time() + 10
+        deadline = time.time() + 60
         while time.time() < deadline and self.server.metric("bmoe_busy") != 0.0:
             time.sleep(0.1)
         self.assertEqual(self.server.metric("bmoe_busy"), 0.0)
