@@ -1,12 +1,12 @@
-// The Jinja subset (text/jinja.h) and chat templates (text/chat.h). The real models' templates
+// The Jinja subset (chat/jinja.h) and chat templates (chat/chat.h). The real models' templates
 // are checked against the reference renderer in tests/templates; these pin each construct.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 
+#include "chat/chat.h"
+#include "chat/jinja.h"
 #include "core/error.h"
-#include "text/chat.h"
-#include "text/jinja.h"
 
 using namespace bmoe;
 using jinja::JinjaError;

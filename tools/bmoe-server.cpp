@@ -28,6 +28,7 @@
 #include <set>
 #include <thread>
 
+#include "chat/chat.h"
 #include "core/error.h"
 #include "engine/generate.h"
 #include "engine/run.h"
@@ -36,7 +37,6 @@
 #include "run_options.h"
 #include "server_request.h"
 #include "telemetry/system.h"
-#include "text/chat.h"
 #include "text/utf8.h"
 #include "web_index.h"  // kWebIndexHtml: tools/web/index.html, embedded at build time
 

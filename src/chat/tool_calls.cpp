@@ -11,7 +11,7 @@
 // string the grammar lets a model write is one the parser reads back unchanged: raw strings
 // cannot contain their terminator (excluding()), and keys are written in a form the parser
 // accepts or the tool is refused.
-#include "text/tool_calls.h"
+#include "chat/tool_calls.h"
 
 #include <algorithm>
 #include <cctype>
@@ -22,9 +22,9 @@
 #include <optional>
 #include <set>
 
+#include "chat/json_schema.h"
 #include "core/error.h"
 #include "core/rng.h"
-#include "text/json_schema.h"
 #include "text/utf8.h"
 
 namespace bmoe {

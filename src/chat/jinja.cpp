@@ -1,4 +1,4 @@
-#include "text/jinja.h"
+#include "chat/jinja.h"
 
 #include <algorithm>
 #include <charconv>
