@@ -23,7 +23,7 @@ import re
 import sys
 
 # The layer of a directory under src/; tools/ is the layer "tools".
-SRC_LAYERS = ("core", "io", "quant", "gguf", "model", "moe", "text", "chat", "engine", "synth",
+SRC_LAYERS = ("core", "io", "quant", "gguf", "model", "moe", "text", "chat", "engine", "serve", "synth",
               "telemetry")
 
 # Files whose layer is not their directory's. The expert-source interface lives in src/moe but
@@ -52,8 +52,11 @@ ALLOWED = {
     "synth": {"core", "gguf", "quant", "text", "model"},
     "engine": {"core", "io", "quant", "gguf", "expert-source", "model", "moe", "text", "chat",
                "telemetry"},
+    # bmoe-server without HTTP: worker, request parser, responses, event stream.
+    "serve": {"core", "io", "quant", "gguf", "expert-source", "model", "moe", "text", "chat", "engine",
+              "telemetry"},
     "tools": {"core", "io", "quant", "gguf", "expert-source", "model", "moe", "text", "chat", "engine",
-              "synth", "telemetry"},
+              "serve", "synth", "telemetry"},
 }
 
 # Where a layer may include only some headers of another.
@@ -178,6 +181,9 @@ def self_test():
           ("src/chat/c.cpp", '#include "text/tag_scan.h"\n#include "engine/run.h"\n')], [],
          ["src/text/t.cpp:2: text includes chat (chat/jinja.h)",
           "src/chat/c.cpp:2: chat includes engine (engine/run.h)"]),
+        ("the engine includes serve",
+         [("src/engine/e.cpp", '#include "serve/worker.h"\n'), ("src/serve/w.cpp", '#include "engine/run.h"\n')], [],
+         ["src/engine/e.cpp:1: engine includes serve (serve/worker.h)"]),
         ("src includes tools; an unknown directory",
          [("src/engine/e.cpp", '#include "run_options.h"\n#include "tools/run_options.h"\n')], [],
          ["src/engine/e.cpp:2: engine includes a header of no layer (tools/run_options.h)"]),

@@ -1,4 +1,4 @@
-#include "server_request.h"
+#include "serve/request.h"
 
 #include <fmt/format.h>
 
