@@ -897,62 +897,68 @@ std::vector<std::pair<std::string, const json*>> dictsorted(const json& props) {
   return out;
 }
 
+// How a format's calls follow each other in an answer.
+struct CallList {
+  const char* open;       // before the first call ("": nothing)
+  const char* separator;  // between two calls ("": none, the calls follow each other directly)
+  const char* close;      // after the last call
+  bool one_per_turn;      // the template takes one call per turn: a grammar never asks for more
+};
+
 class CallGrammar {
  public:
   explicit CallGrammar(ToolFormat format) : format_(format) {}
 
-  std::string build(const std::vector<Tool>& tools, bool parallel) {
+  using CallRule = std::string (CallGrammar::*)(const Tool& t);
+
+  // The grammar of a tool-call text: one call of `call_rule` per tool as alternatives, joined
+  // as `list` says (several calls when `parallel`).
+  std::string build(const std::vector<Tool>& tools, CallRule call_rule, const CallList& list, bool parallel) {
     std::vector<std::string> alts;
     for (const auto& t : tools) {
       tool_ = &t;
-      alts.push_back(call(t));
+      alts.push_back((this->*call_rule)(t));
     }
     b_.add_rule("tool-call", alternatives(alts));
-    const std::string one = "tool-call";
-    std::string root;
-    switch (format_) {
-      case ToolFormat::Hermes:
-      case ToolFormat::QwenXml: root = parallel ? one + " ( " + lit("\n") + " " + one + " )*" : one; break;
-      case ToolFormat::Gemma4:
-      case ToolFormat::MistralArgs: root = parallel ? one + "+" : one; break;
-      case ToolFormat::Lfm2:
-        root = lit("<|tool_call_start|>[") + " " + one + (parallel ? " ( " + lit(", ") + " " + one + " )*" : "") + " " +
-               lit("]<|tool_call_end|>");
-        break;
-      case ToolFormat::MistralList:
-        root = lit("[TOOL_CALLS][") + " " + one + (parallel ? " ( " + lit(", ") + " " + one + " )*" : "") + " " + lit("]");
-        break;
-      case ToolFormat::Harmony:
-      case ToolFormat::Llama3Json:
-      case ToolFormat::None: root = one; break;
-    }
-    b_.add_rule("root", root);
+    b_.add_rule("root", root_rule(list, parallel && !list.one_per_turn));
     return b_.gbnf();
   }
 
+  // ---- one call to tool `t`, in each format (FormatSpec::call)
+
+  std::string hermes_call(const Tool& t) {
+    return lit("<tool_call>\n{\"name\": \"" + t.name + "\", \"arguments\": ") + " " + json_args(t) + " " + lit("}\n</tool_call>");
+  }
+  std::string llama3_call(const Tool& t) {
+    return lit("{\"name\": \"" + t.name + "\", \"parameters\": ") + " " + json_args(t) + " " + lit("}");
+  }
+  std::string mistral_list_call(const Tool& t) {
+    return lit("{\"name\": \"" + t.name + "\", \"arguments\": ") + " " + json_args(t) + " " + lit(", \"id\": \"") +
+           " [a-zA-Z0-9]{9} " + lit("\"}");
+  }
+  std::string mistral_args_call(const Tool& t) {
+    return lit("[TOOL_CALLS]" + t.name) + " ( " + lit("[CALL_ID]") + " [a-zA-Z0-9]{9} )? " + lit("[ARGS]") + " " + json_args(t);
+  }
+  std::string harmony_call(const Tool& t) {
+    return lit("<|channel|>commentary to=functions." + t.name + " <|constrain|>json<|message|>") + " " + json_args(t);
+  }
+  std::string qwen_xml_call(const Tool& t) {
+    return lit("<tool_call>\n<function=" + t.name + ">\n") + " " + xml_params(t) + " " + lit("</function>\n</tool_call>");
+  }
+  std::string gemma4_call(const Tool& t) {
+    return lit("<|tool_call>call:" + t.name + "{") + " " + gemma_params(t) + " " + lit("}<tool_call|>");
+  }
+  std::string lfm2_call(const Tool& t) { return lit(t.name + "(") + " " + lfm2_params(t) + " " + lit(")"); }
+
  private:
-  std::string call(const Tool& t) {
-    const std::string& n = t.name;
-    switch (format_) {
-      case ToolFormat::Hermes:
-        return lit("<tool_call>\n{\"name\": \"" + n + "\", \"arguments\": ") + " " + json_args(t) + " " + lit("}\n</tool_call>");
-      case ToolFormat::Llama3Json:
-        return lit("{\"name\": \"" + n + "\", \"parameters\": ") + " " + json_args(t) + " " + lit("}");
-      case ToolFormat::MistralList:
-        return lit("{\"name\": \"" + n + "\", \"arguments\": ") + " " + json_args(t) + " " + lit(", \"id\": \"") +
-               " [a-zA-Z0-9]{9} " + lit("\"}");
-      case ToolFormat::MistralArgs:
-        return lit("[TOOL_CALLS]" + n) + " ( " + lit("[CALL_ID]") + " [a-zA-Z0-9]{9} )? " + lit("[ARGS]") + " " + json_args(t);
-      case ToolFormat::Harmony:
-        return lit("<|channel|>commentary to=functions." + n + " <|constrain|>json<|message|>") + " " + json_args(t);
-      case ToolFormat::QwenXml:
-        return lit("<tool_call>\n<function=" + n + ">\n") + " " + xml_params(t) + " " + lit("</function>\n</tool_call>");
-      case ToolFormat::Gemma4:
-        return lit("<|tool_call>call:" + n + "{") + " " + gemma_params(t) + " " + lit("}<tool_call|>");
-      case ToolFormat::Lfm2: return lit(n + "(") + " " + lfm2_params(t) + " " + lit(")");
-      case ToolFormat::None: break;
-    }
-    fail("tools: this chat template has no known tool-call format");
+  // The calls one after the other: "tool-call", or several joined by the separator (directly
+  // when it is empty), inside the list's opening and closing text.
+  static std::string root_rule(const CallList& list, bool parallel) {
+    const std::string one = "tool-call";
+    std::string calls = one;
+    if (parallel) calls = *list.separator ? one + " ( " + lit(list.separator) + " " + one + " )*" : one + "+";
+    if (!*list.open) return calls;
+    return lit(list.open) + " " + calls + " " + lit(list.close);
   }
 
   [[noreturn]] void schema_error(const std::string& where, const std::string& what) const {
@@ -1464,65 +1470,88 @@ class CallGrammar {
   std::vector<std::string> unconsumed_refs_;  // $refs entered since the last '{' or '['
 };
 
+// ---------------------------------------------------------------------------------------------
+// The formats
+
+// Everything one tool-call format is, in one row of format_table(): a new format is its parser,
+// its call rule in CallGrammar and a row.
+struct FormatSpec {
+  ToolFormat format;
+  const char* name;                        // tool_format_name
+  bool (*detect)(std::string_view source);  // whether a chat template's source writes this format
+  std::vector<std::string> markers;        // tool_call_markers
+  ParsedToolCalls (*parse)(std::string_view text, const json& tools);
+  CallGrammar::CallRule call;              // one call's grammar
+  CallList list;                           // how calls follow each other
+  bool mistral_ids;                        // call ids of exactly 9 letters/digits (the template checks)
+};
+
+// The rows in detection order: tool_format_of takes the first whose detect accepts the source,
+// so a format whose markers include another's comes first (qwen-xml before hermes).
+const std::vector<FormatSpec>& format_table() {
+  static const std::vector<FormatSpec> table = {
+      {ToolFormat::Harmony, "harmony", [](std::string_view t) { return has(t, "<|channel|>"); }, {},
+       [](std::string_view s, const json&) { return parse_harmony(s); }, &CallGrammar::harmony_call,
+       {"", "", "", true}, false},
+      {ToolFormat::Lfm2, "lfm2",
+       [](std::string_view t) { return has(t, "<|tool_list_start|>") || has(t, "<|tool_call_start|>"); },
+       {"<|tool_call_start|>"}, [](std::string_view s, const json&) { return parse_lfm2(s); }, &CallGrammar::lfm2_call,
+       {"<|tool_call_start|>[", ", ", "]<|tool_call_end|>", false}, false},
+      {ToolFormat::Gemma4, "gemma4", [](std::string_view t) { return has(t, "'<|tool_call>call:'") || has(t, "<|tool_call>"); },
+       {"<|tool_call>"}, [](std::string_view s, const json&) { return parse_gemma4(s); }, &CallGrammar::gemma4_call,
+       {"", "", "", false}, false},
+      {ToolFormat::QwenXml, "qwen-xml",
+       [](std::string_view t) { return has(t, "<tool_call>") && has(t, "<function=") && has(t, "<parameter="); },
+       {"<tool_call>", "<function="}, parse_qwen_xml, &CallGrammar::qwen_xml_call, {"", "\n", "", false}, false},
+      {ToolFormat::Hermes, "hermes", [](std::string_view t) { return has(t, "<tool_call>"); }, {"<tool_call>"},
+       [](std::string_view s, const json&) { return parse_hermes(s); }, &CallGrammar::hermes_call,
+       {"", "\n", "", false}, false},
+      {ToolFormat::MistralArgs, "mistral-args", [](std::string_view t) { return has(t, "[TOOL_CALLS]") && has(t, "[ARGS]"); },
+       {"[TOOL_CALLS]"}, [](std::string_view s, const json&) { return parse_mistral(s); }, &CallGrammar::mistral_args_call,
+       {"", "", "", false}, true},
+      {ToolFormat::MistralList, "mistral", [](std::string_view t) { return has(t, "[TOOL_CALLS]"); }, {"[TOOL_CALLS]"},
+       [](std::string_view s, const json&) { return parse_mistral(s); }, &CallGrammar::mistral_list_call,
+       {"[TOOL_CALLS][", ", ", "]", false}, true},
+      {ToolFormat::Llama3Json, "llama3-json",
+       [](std::string_view t) { return has(t, "Respond in the format {\"name\": function name"); },
+       {"{\"name\"", "{\"type\""}, [](std::string_view s, const json&) { return parse_llama3(s); },
+       &CallGrammar::llama3_call, {"", "", "", true}, false},
+  };
+  return table;
+}
+
+// The row of `format`; nullptr for None.
+const FormatSpec* spec_of(ToolFormat format) {
+  for (const FormatSpec& spec : format_table()) {
+    if (spec.format == format) return &spec;
+  }
+  return nullptr;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
 
 ToolFormat tool_format_of(std::string_view t) {
-  if (has(t, "<|channel|>")) return ToolFormat::Harmony;
-  if (has(t, "<|tool_list_start|>") || has(t, "<|tool_call_start|>")) return ToolFormat::Lfm2;
-  if (has(t, "'<|tool_call>call:'") || has(t, "<|tool_call>")) return ToolFormat::Gemma4;
-  if (has(t, "<tool_call>")) {
-    return has(t, "<function=") && has(t, "<parameter=") ? ToolFormat::QwenXml : ToolFormat::Hermes;
+  for (const FormatSpec& spec : format_table()) {
+    if (spec.detect(t)) return spec.format;
   }
-  if (has(t, "[TOOL_CALLS]")) return has(t, "[ARGS]") ? ToolFormat::MistralArgs : ToolFormat::MistralList;
-  if (has(t, "Respond in the format {\"name\": function name")) return ToolFormat::Llama3Json;
   return ToolFormat::None;
 }
 
 const char* tool_format_name(ToolFormat format) {
-  switch (format) {
-    case ToolFormat::Hermes: return "hermes";
-    case ToolFormat::QwenXml: return "qwen-xml";
-    case ToolFormat::Harmony: return "harmony";
-    case ToolFormat::Gemma4: return "gemma4";
-    case ToolFormat::Lfm2: return "lfm2";
-    case ToolFormat::MistralList: return "mistral";
-    case ToolFormat::MistralArgs: return "mistral-args";
-    case ToolFormat::Llama3Json: return "llama3-json";
-    case ToolFormat::None: break;
-  }
-  return "none";
+  const FormatSpec* spec = spec_of(format);
+  return spec ? spec->name : "none";
 }
 
 std::vector<std::string> tool_call_markers(ToolFormat format) {
-  switch (format) {
-    case ToolFormat::Hermes: return {"<tool_call>"};
-    case ToolFormat::QwenXml: return {"<tool_call>", "<function="};
-    case ToolFormat::Gemma4: return {"<|tool_call>"};
-    case ToolFormat::Lfm2: return {"<|tool_call_start|>"};
-    case ToolFormat::MistralList:
-    case ToolFormat::MistralArgs: return {"[TOOL_CALLS]"};
-    case ToolFormat::Llama3Json: return {"{\"name\"", "{\"type\""};
-    case ToolFormat::Harmony:
-    case ToolFormat::None: break;
-  }
-  return {};
+  const FormatSpec* spec = spec_of(format);
+  return spec ? spec->markers : std::vector<std::string>{};
 }
 
 ParsedToolCalls parse_tool_calls(ToolFormat format, std::string_view text, const nlohmann::ordered_json& tools) {
-  switch (format) {
-    case ToolFormat::Hermes: return parse_hermes(text);
-    case ToolFormat::QwenXml: return parse_qwen_xml(text, tools);
-    case ToolFormat::Harmony: return parse_harmony(text);
-    case ToolFormat::Gemma4: return parse_gemma4(text);
-    case ToolFormat::Lfm2: return parse_lfm2(text);
-    case ToolFormat::MistralList:
-    case ToolFormat::MistralArgs: return parse_mistral(text);
-    case ToolFormat::Llama3Json: return parse_llama3(text);
-    case ToolFormat::None: break;
-  }
-  return {};
+  const FormatSpec* spec = spec_of(format);
+  return spec ? spec->parse(text, tools) : ParsedToolCalls{};
 }
 
 ParsedToolCalls parse_harmony_call(std::string_view recipient, std::string_view body) {
@@ -1541,15 +1570,16 @@ ParsedToolCalls parse_harmony_call(std::string_view recipient, std::string_view 
 
 std::string tool_call_gbnf(ToolFormat format, const nlohmann::ordered_json& tools, bool parallel,
                            std::string_view only_function) {
-  if (format == ToolFormat::None) fail("tools: this chat template has no known tool-call format");
+  const FormatSpec* spec = spec_of(format);
+  if (!spec) fail("tools: this chat template has no known tool-call format");
   const auto usable = usable_tools(tools, only_function);
-  if (format == ToolFormat::Harmony || format == ToolFormat::Llama3Json) parallel = false;
-  return CallGrammar(format).build(usable, parallel);
+  return CallGrammar(format).build(usable, spec->call, spec->list, parallel);
 }
 
 std::string new_tool_call_id(ToolFormat format, uint64_t random_bits_seed) {
   static constexpr char kAlnum[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
-  const bool mistral = format == ToolFormat::MistralList || format == ToolFormat::MistralArgs;
+  const FormatSpec* spec = spec_of(format);
+  const bool mistral = spec && spec->mistral_ids;
   Rng rng(random_bits_seed);
   std::string id = mistral ? "" : "call_";
   for (int i = 0; i < (mistral ? 9 : 24); ++i) id += kAlnum[rng.below(62)];
