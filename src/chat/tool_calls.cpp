@@ -1275,60 +1275,12 @@ class CallGrammar {
       return gemma_generic();
     }
     if (!s.is_object()) schema_error(where, "not a schema object");
-    if (const json* ref = field(s, "$ref")) {
-      if (!ref->is_string()) schema_error(where + ".$ref", "not a string");
-      const std::string key = fmt::format("{}:{}", tool_->index, ref->get<std::string>());
-      // A rule reached again before any character is written would be left recursion.
-      if (std::find(unconsumed_refs_.begin(), unconsumed_refs_.end(), key) != unconsumed_refs_.end()) {
-        schema_error(where, fmt::format("$ref \"{}\" leads back to itself without a value in between", ref->get<std::string>()));
-      }
-      if (const auto it = refs_.find(key); it != refs_.end()) return it->second;
-      const std::string name = fresh("r");
-      refs_[key] = name;
-      unconsumed_refs_.push_back(key);
-      const std::string body = gemma(resolve(ref->get<std::string>(), where), where, depth + 1);
-      unconsumed_refs_.pop_back();
-      b_.add_rule(name, body);
-      return name;
-    }
-    for (const char* k : {"pattern", "patternProperties", "propertyNames", "minProperties", "maxProperties",
-                          "dependencies", "dependentRequired", "dependentSchemas", "if", "then", "else", "not",
-                          "contains", "minContains", "maxContains", "multipleOf", "unevaluatedProperties",
-                          "unevaluatedItems", "prefixItems", "$dynamicRef", "$recursiveRef"}) {
-      if (s.contains(k)) schema_error(where, fmt::format("\"{}\" is not supported for gemma4 tool calls", k));
-    }
-    if (const json* u = field(s, "uniqueItems"); u && *u != json(false)) {
-      schema_error(where, "\"uniqueItems\" is not supported for gemma4 tool calls");
-    }
+    if (const json* ref = field(s, "$ref")) return gemma_ref(*ref, where, depth);
+    check_gemma_keywords(s, where);
     std::vector<std::string> alts;
     const json* nullable = field(s, "nullable");
     if (nullable && *nullable == json(true)) alts.push_back("\"null\"");
-    const json* enum_values = field(s, "enum");
-    const json* const_value = field(s, "const");
-    if (enum_values || const_value) {
-      json values = json::array();
-      if (const_value) {
-        values.push_back(*const_value);
-      } else if (enum_values->is_array()) {
-        values = *enum_values;
-      } else {
-        schema_error(where + ".enum", "not an array");
-      }
-      const json* type = field(s, "type");
-      size_t kept = 0;
-      for (const auto& v : values) {
-        json types = json::array();
-        if (type && type->is_array()) types = *type;
-        if (type && !type->is_array()) types.push_back(*type);
-        if (type && !json_type_in(v, types)) continue;
-        if (auto text = gemma_text(v, depth)) {
-          alts.push_back(lit(*text));
-          ++kept;
-        }
-      }
-      if (kept == 0) schema_error(where, "no value of enum/const can be written in gemma4 calls");
-      return alternatives(alts);
-    }
+    if (field(s, "enum") || field(s, "const")) return gemma_enum(s, where, depth, alts);
     for (const char* k : {"anyOf", "oneOf"}) {
       if (const json* branches = field(s, k)) {
         if (!branches->is_array() || branches->empty()) schema_error(where + "." + k, "not a non-empty array");
@@ -1342,6 +1294,72 @@ class CallGrammar {
       if (!all->is_array() || all->size() != 1) schema_error(where, "\"allOf\" is not supported for gemma4 tool calls");
       return gemma((*all)[0], where + ".allOf[0]", depth + 1);
     }
+    const std::vector<std::string> types = gemma_types(s, where);
+    if (types.empty()) alts.push_back(gemma_generic());
+    for (const auto& t : types) alts.push_back(gemma_typed(t, s, where, depth));
+    return alternatives(alts);
+  }
+
+  // A $ref: one rule per target, shared by every use.
+  std::string gemma_ref(const json& ref, const std::string& where, int depth) {
+    if (!ref.is_string()) schema_error(where + ".$ref", "not a string");
+    const std::string key = fmt::format("{}:{}", tool_->index, ref.get<std::string>());
+    // A rule reached again before any character is written would be left recursion.
+    if (std::find(unconsumed_refs_.begin(), unconsumed_refs_.end(), key) != unconsumed_refs_.end()) {
+      schema_error(where, fmt::format("$ref \"{}\" leads back to itself without a value in between", ref.get<std::string>()));
+    }
+    if (const auto it = refs_.find(key); it != refs_.end()) return it->second;
+    const std::string name = fresh("r");
+    refs_[key] = name;
+    unconsumed_refs_.push_back(key);
+    const std::string body = gemma(resolve(ref.get<std::string>(), where), where, depth + 1);
+    unconsumed_refs_.pop_back();
+    b_.add_rule(name, body);
+    return name;
+  }
+
+  void check_gemma_keywords(const json& s, const std::string& where) const {
+    for (const char* k : {"pattern", "patternProperties", "propertyNames", "minProperties", "maxProperties",
+                          "dependencies", "dependentRequired", "dependentSchemas", "if", "then", "else", "not",
+                          "contains", "minContains", "maxContains", "multipleOf", "unevaluatedProperties",
+                          "unevaluatedItems", "prefixItems", "$dynamicRef", "$recursiveRef"}) {
+      if (s.contains(k)) schema_error(where, fmt::format("\"{}\" is not supported for gemma4 tool calls", k));
+    }
+    if (const json* u = field(s, "uniqueItems"); u && *u != json(false)) {
+      schema_error(where, "\"uniqueItems\" is not supported for gemma4 tool calls");
+    }
+  }
+
+  // enum / const: each value of an allowed type, as gemma4 writes it, after `alts` (null).
+  std::string gemma_enum(const json& s, const std::string& where, int depth, std::vector<std::string>& alts) {
+    const json* enum_values = field(s, "enum");
+    const json* const_value = field(s, "const");
+    json values = json::array();
+    if (const_value) {
+      values.push_back(*const_value);
+    } else if (enum_values->is_array()) {
+      values = *enum_values;
+    } else {
+      schema_error(where + ".enum", "not an array");
+    }
+    const json* type = field(s, "type");
+    size_t kept = 0;
+    for (const auto& v : values) {
+      json types = json::array();
+      if (type && type->is_array()) types = *type;
+      if (type && !type->is_array()) types.push_back(*type);
+      if (type && !json_type_in(v, types)) continue;
+      if (auto text = gemma_text(v, depth)) {
+        alts.push_back(lit(*text));
+        ++kept;
+      }
+    }
+    if (kept == 0) schema_error(where, "no value of enum/const can be written in gemma4 calls");
+    return alternatives(alts);
+  }
+
+  // The types a schema allows: "type", else the keywords present; empty for any value.
+  std::vector<std::string> gemma_types(const json& s, const std::string& where) const {
     std::vector<std::string> types;
     if (const json* type = field(s, "type")) {
       if (type->is_string()) {
@@ -1358,30 +1376,28 @@ class CallGrammar {
       types.push_back("array");
     } else if (s.contains("minLength") || s.contains("maxLength") || s.contains("format")) {
       types.push_back("string");
-    } else {
-      alts.push_back(gemma_generic());
-      return alternatives(alts);
     }
-    for (const auto& t : types) {
-      if (t == "string") {
-        const std::string text = excluding("gemma-text", kGemmaQuote);
-        alts.push_back(lit(kGemmaQuote) + " " + raw_string(s, where, kGemmaQuote, text) + " " + lit(kGemmaQuote));
-      } else if (t == "object") {
-        alts.push_back(gemma_object(s, where, depth));
-      } else if (t == "array") {
-        alts.push_back(gemma_array(s, where, depth));
-      } else if (t == "integer" || t == "number" || t == "boolean" || t == "null") {
-        json scalar = json::object();
-        scalar["type"] = t;
-        for (const char* k : {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}) {
-          if (const json* v = field(s, k)) scalar[k] = *v;
-        }
-        alts.push_back(json_value(scalar, where));
-      } else {
-        schema_error(where + ".type", fmt::format("unknown type \"{}\"", t));
+    return types;
+  }
+
+  // Values of one type: strings between gemma4's quote tokens, objects and arrays in its own
+  // syntax, scalars as JSON writes them.
+  std::string gemma_typed(const std::string& t, const json& s, const std::string& where, int depth) {
+    if (t == "string") {
+      const std::string text = excluding("gemma-text", kGemmaQuote);
+      return lit(kGemmaQuote) + " " + raw_string(s, where, kGemmaQuote, text) + " " + lit(kGemmaQuote);
+    }
+    if (t == "object") return gemma_object(s, where, depth);
+    if (t == "array") return gemma_array(s, where, depth);
+    if (t == "integer" || t == "number" || t == "boolean" || t == "null") {
+      json scalar = json::object();
+      scalar["type"] = t;
+      for (const char* k : {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}) {
+        if (const json* v = field(s, k)) scalar[k] = *v;
       }
+      return json_value(scalar, where);
     }
-    return alternatives(alts);
+    schema_error(where + ".type", fmt::format("unknown type \"{}\"", t));
   }
 
   // Objects and arrays write '{' / '[' before their members, so $refs inside start afresh.
