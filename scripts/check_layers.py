@@ -23,7 +23,8 @@ import re
 import sys
 
 # The layer of a directory under src/; tools/ is the layer "tools".
-SRC_LAYERS = ("core", "io", "quant", "gguf", "model", "moe", "text", "engine", "synth", "telemetry")
+SRC_LAYERS = ("core", "io", "quant", "gguf", "model", "moe", "text", "chat", "engine", "serve", "synth",
+              "telemetry")
 
 # Files whose layer is not their directory's. The expert-source interface lives in src/moe but
 # sits below both model and moe: the forward pass (model) calls it, the sources (moe) implement
@@ -44,13 +45,18 @@ ALLOWED = {
     "expert-source": {"core", "quant"},  # the interface model consumes and moe implements
     "model": {"core", "quant", "expert-source"},  # the forward pass: experts only through the interface
     "moe": {"core", "io", "quant", "expert-source"},  # expert sources, caches, policies
-    "text": {"core"},  # tokenizer, templates, grammars, sampling
+    "text": {"core"},  # tokenizer, UTF-8, sampling, GBNF grammars
+    "chat": {"core", "text"},  # Jinja, chat templates, JSON Schema, tool calls, reply parsing
     # Synthetic models: GGUF writer, quantizers, vocabularies; a model is described by its
     # architecture, so synth sits above model and reads its tensor table (HEADER_LIMITS).
     "synth": {"core", "gguf", "quant", "text", "model"},
-    "engine": {"core", "io", "quant", "gguf", "expert-source", "model", "moe", "text", "telemetry"},
-    "tools": {"core", "io", "quant", "gguf", "expert-source", "model", "moe", "text", "engine", "synth",
+    "engine": {"core", "io", "quant", "gguf", "expert-source", "model", "moe", "text", "chat",
+               "telemetry"},
+    # bmoe-server without HTTP: worker, request parser, responses, event stream.
+    "serve": {"core", "io", "quant", "gguf", "expert-source", "model", "moe", "text", "chat", "engine",
               "telemetry"},
+    "tools": {"core", "io", "quant", "gguf", "expert-source", "model", "moe", "text", "chat", "engine",
+              "serve", "synth", "telemetry"},
 }
 
 # Where a layer may include only some headers of another.
@@ -170,6 +176,14 @@ def self_test():
         ("synth may read only the architecture table of model",
          [("src/synth/s.cpp", '#include "model/arch_table.h"\n#include "model/transformer.h"\n')], [],
          ["src/synth/s.cpp:2: synth includes model (model/transformer.h)"]),
+        ("text includes chat; chat includes the engine",
+         [("src/text/t.cpp", '#include "text/utf8.h"\n#include "chat/jinja.h"\n'),
+          ("src/chat/c.cpp", '#include "text/tag_scan.h"\n#include "engine/run.h"\n')], [],
+         ["src/text/t.cpp:2: text includes chat (chat/jinja.h)",
+          "src/chat/c.cpp:2: chat includes engine (engine/run.h)"]),
+        ("the engine includes serve",
+         [("src/engine/e.cpp", '#include "serve/worker.h"\n'), ("src/serve/w.cpp", '#include "engine/run.h"\n')], [],
+         ["src/engine/e.cpp:1: engine includes serve (serve/worker.h)"]),
         ("src includes tools; an unknown directory",
          [("src/engine/e.cpp", '#include "run_options.h"\n#include "tools/run_options.h"\n')], [],
          ["src/engine/e.cpp:2: engine includes a header of no layer (tools/run_options.h)"]),

@@ -1,5 +1,5 @@
 // GBNF grammars, the matcher and the token constraint (text/grammar.h), and the JSON Schema
-// converter (text/json_schema.h): every converted schema is checked by random walks through
+// converter (chat/json_schema.h): every converted schema is checked by random walks through
 // its grammar, each output parsed and validated against the schema by a small validator here.
 #include <gtest/gtest.h>
 
@@ -13,14 +13,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include "chat/json_schema.h"
 #include "core/error.h"
 #include "engine/gguf_vocabulary.h"
 #include "gguf/gguf.h"
-#include "text/grammar.h"
-#include "text/json_schema.h"
-#include "text/tokenizer.h"
 #include "synth/synth.h"
 #include "test_util.h"
+#include "text/grammar.h"
+#include "text/tokenizer.h"
 #include "text/utf8.h"
 
 using namespace bmoe;

@@ -1,12 +1,12 @@
-// The Jinja subset (text/jinja.h) and chat templates (text/chat.h). The real models' templates
+// The Jinja subset (chat/jinja.h) and chat templates (chat/chat.h). The real models' templates
 // are checked against the reference renderer in tests/templates; these pin each construct.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 
+#include "chat/chat.h"
+#include "chat/jinja.h"
 #include "core/error.h"
-#include "text/chat.h"
-#include "text/jinja.h"
 
 using namespace bmoe;
 using jinja::JinjaError;
@@ -80,6 +80,28 @@ TEST(Jinja, FiltersTestsAndMethods) {
   EXPECT_EQ(render("{{ {'k': 1}.get('k') }}{{ {'k': 1}.get('z', 'd') }}{{ 'a-b'.replace('-', '+') }}"), "1da+b");
   EXPECT_EQ(render("{{ 'abcd'[1:3] }}{{ 'abc'[::-1] }}{{ [1, 2, 3][-1] }}{{ [1, 2, 3][1:] }}"), "bccba3[2, 3]");
   EXPECT_EQ(render("{{ range(3) | list }} {{ range(1, 7, 3) | list }}"), "[0, 1, 2] [1, 4]");
+}
+
+// Each filter of the name table (filter_table in chat/jinja.cpp) under each of its names.
+TEST(Jinja, EveryFilterAnswersToEachOfItsNames) {
+  EXPECT_EQ(render("{{ 'ab' | d('x') }}|{{ [1, 2, 3] | count }}|{{ 'hello world' | title }}|{{ 'hELLO' | capitalize }}|"
+                   "{{ 'AbC' | lower }}"),
+            "ab|3|Hello World|Hello|abc");
+  EXPECT_EQ(render("{{ (-3) | abs }}|{{ '42' | int }}|{{ 'x' | int(7) }}|{{ '2.5' | float }}|{{ [1, 2, 1] | unique }}"),
+            "3|42|7|2.5|[1, 2]");
+  EXPECT_EQ(render("{{ [{'a': 1}, {'a': 0}] | selectattr('a') | list | length }}|"
+                   "{{ [{'a': 1}, {'a': 0}, {'a': 0}] | rejectattr('a') | list | length }}|"
+                   "{{ [1, 2, 3, 4] | select('odd') | join }}|{{ {'k': 'v'} | items | list }}"),
+            "1|2|13|[[\"k\", \"v\"]]");
+  EXPECT_EQ(render("{{ [1, 2] | reverse | join }}|{{ 'ab' | reverse }}|{{ 'a\nb' | indent(2) }}|{{ 3 | string }}|"
+                   "{{ 'x' | safe }}|{{ 'a-a' | replace('-', '+') }}|{{ ['x', 'y'] | map('upper') | join }}"),
+            "21|ba|a\n  b|3|x|a+a|XY");
+  try {
+    render("{{ 1 | no_such_filter }}");
+    FAIL() << "an unknown filter rendered";
+  } catch (const JinjaError& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown filter 'no_such_filter'"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Jinja, ErrorsAreOneLineJinjaErrors) {

@@ -1,4 +1,4 @@
-// Tool calls in each family's format (text/tool_calls.h): detection on the real templates,
+// Tool calls in each family's format (chat/tool_calls.h): detection on the real templates,
 // parsing the texts the models emit (as llama.cpp's runs recorded them), malformed text, and the
 // forcing grammars, checked by random walks whose every text must parse back into valid calls.
 #include <gtest/gtest.h>
@@ -15,10 +15,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "chat/tool_calls.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "text/grammar.h"
-#include "text/tool_calls.h"
 
 using namespace bmoe;
 using json = nlohmann::ordered_json;

@@ -8,10 +8,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "chat/jinja.h"
 #include "core/error.h"
-#include "io/mapped_file.h"
 #include "gguf/gguf.h"
-#include "text/jinja.h"
+#include "io/mapped_file.h"
 
 using namespace bmoe;
 

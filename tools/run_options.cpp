@@ -12,8 +12,8 @@
 #include "io/mapped_file.h"
 #include "moe/cache_policy.h"
 #include "moe/overlap_chooser.h"
-#include "text/chat.h"
-#include "text/json_schema.h"
+#include "chat/chat.h"
+#include "chat/json_schema.h"
 
 namespace bmoe {
 

@@ -22,7 +22,7 @@
 #include "io/read_lanes.h"
 #include "model/attention.h"
 #include "model/transformer.h"
-#include "text/chat.h"
+#include "chat/chat.h"
 #include "text/sampler.h"
 
 namespace bmoe {

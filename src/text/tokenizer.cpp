@@ -8,40 +8,88 @@
 #include <climits>
 #include <initializer_list>
 #include <queue>
+#include <string_view>
 
 #include "core/error.h"
 #include "text/utf8.h"
 
 namespace bmoe {
 
-// ------------------------------------------------------------------ pre-tokenizer regexes
+// ------------------------------------------------------------------ pre-tokenizers and models
 
-std::vector<std::string> pre_tokenizer_regexes(const std::string& pre) {
-  // The patterns as the models' tokenizer.json files define them.
-  static const std::string kGpt2 =
-      R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S))";
-  static const std::string kQwen2 =
-      R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
-  // Qwen3.5: as Qwen2, with combining marks (\p{M}) joining letter runs instead of punctuation.
-  static const std::string kQwen35 =
-      R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
-  static const std::string kLlama3 =
-      R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
-  static const std::string kGpt4o =
-      R"([^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
-  if (pre == "qwen2" || pre == "deepseek-r1-qwen") return {kQwen2};
-  if (pre == "qwen35") return {kQwen35};
-  if (pre == "llama3" || pre == "llama-bpe" || pre == "smaug-bpe" || pre == "lfm2") return {kLlama3};
-  if (pre == "gpt-4o") return {kGpt4o};
-  if (pre == "default" || pre == "gpt2" || pre == "olmo" || pre == "mpt") return {kGpt2};
-  // SPM-style BPE (Gemma 4) merges whole lines; only newlines split the text.
-  if (pre == "gemma4") return {R"([^\n]+|[\n]+)"};
-  return {};
+namespace {
+
+// The patterns as the models' tokenizer.json files define them.
+constexpr std::string_view kGpt2 =
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S))";
+constexpr std::string_view kQwen2 =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+// Qwen3.5: as Qwen2, with combining marks (\p{M}) joining letter runs instead of punctuation.
+constexpr std::string_view kQwen35 =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+constexpr std::string_view kLlama3 =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+constexpr std::string_view kGpt4o =
+    R"([^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+// SPM-style BPE merges whole lines; only newlines split the text.
+constexpr std::string_view kLines = R"([^\n]+|[\n]+)";
+
+// A pre-tokenizer as a file names it (tokenizer.ggml.pre): its split pattern, and whether a
+// pre-token that is itself a token is taken whole, without merges (llama.cpp's llama3-style
+// vocabularies, which also add BOS unless the file says otherwise).
+struct PreTokenizerKind {
+  std::string_view name;
+  std::string_view regex;
+  bool ignores_merges;
+};
+
+constexpr PreTokenizerKind kPreTokenizers[] = {
+    {"qwen2", kQwen2, false},   {"deepseek-r1-qwen", kQwen2, false}, {"qwen35", kQwen35, false},
+    {"llama3", kLlama3, true},  {"llama-bpe", kLlama3, true},        {"smaug-bpe", kLlama3, false},
+    {"lfm2", kLlama3, true},    {"gpt-4o", kGpt4o, false},           {"default", kGpt2, false},
+    {"gpt2", kGpt2, false},     {"olmo", kGpt2, false},              {"mpt", kGpt2, false},
+    {"gemma4", kLines, false},
+};
+
+const PreTokenizerKind* pre_tokenizer_kind(std::string_view pre) {
+  for (const PreTokenizerKind& kind : kPreTokenizers) {
+    if (kind.name == pre) return &kind;
+  }
+  return nullptr;
 }
 
-// llama.cpp's llama3-style vocabularies take a pre-token that is itself a token whole, without
-// merges, and add BOS unless the file says otherwise.
-bool ignores_merges(const std::string& pre) { return pre == "llama3" || pre == "llama-bpe" || pre == "lfm2"; }
+bool ignores_merges(const std::string& pre) {
+  const PreTokenizerKind* kind = pre_tokenizer_kind(pre);
+  return kind && kind->ignores_merges;
+}
+
+// A tokenizer model as a file names it (tokenizer.ggml.model).
+struct TokenizerModelKind {
+  std::string_view name;
+  bool spm_style;                // raw UTF-8, spaces as U+2581, <0xXX> byte tokens (else GPT-2 bytes)
+  std::string_view implied_pre;  // the pre-tokenizer the model implies ("": the file's)
+  bool forces_bos;               // BOS whatever the file says (as llama.cpp does for Gemma 4)
+};
+
+constexpr TokenizerModelKind kTokenizerModels[] = {
+    {"gpt2", false, "", false},
+    {"gemma4", true, "gemma4", true},
+};
+
+const TokenizerModelKind* tokenizer_model_kind(std::string_view model) {
+  for (const TokenizerModelKind& kind : kTokenizerModels) {
+    if (kind.name == model) return &kind;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+std::vector<std::string> pre_tokenizer_regexes(const std::string& pre) {
+  const PreTokenizerKind* kind = pre_tokenizer_kind(pre);
+  if (!kind) return {};
+  return {std::string(kind->regex)};
+}
 
 struct Tokenizer::Regex {
   pcre2_code* code = nullptr;
@@ -88,10 +136,10 @@ struct Tokenizer::Regex {
 
 void settle_vocabulary(Vocabulary& v, std::optional<bool> add_bos_key) {
   v.add_bos = add_bos_key.value_or(ignores_merges(v.pre));
-  if (v.model == "gemma4") {
-    v.pre = "gemma4";  // the model implies its pre-tokenizer
-    v.add_bos = true;  // as llama.cpp forces for Gemma 4
-  }
+  const TokenizerModelKind* kind = tokenizer_model_kind(v.model);
+  if (!kind) return;  // the tokenizer refuses it
+  if (!kind->implied_pre.empty()) v.pre = kind->implied_pre;
+  if (kind->forces_bos) v.add_bos = true;
 }
 
 // ------------------------------------------------------------------ tokenizer
@@ -148,13 +196,13 @@ void render_harmony_markers(Vocabulary& vocab) {
 }  // namespace
 
 Tokenizer::Tokenizer(Vocabulary vocab) : vocab_(std::move(vocab)) {
-  if (vocab_.model == "gemma4") {
-    spm_style_ = true;
-    vocab_.pre = "gemma4";
-  } else if (vocab_.model != "gpt2") {
+  const TokenizerModelKind* kind = tokenizer_model_kind(vocab_.model);
+  if (!kind) {
     fail("tokenizer model '{}' is not supported (bmoe supports byte-level BPE 'gpt2' and SPM-style BPE 'gemma4')",
          vocab_.model);
   }
+  spm_style_ = kind->spm_style;
+  if (!kind->implied_pre.empty()) vocab_.pre = kind->implied_pre;
   ignore_merges_ = ignores_merges(vocab_.pre);
   const auto regexes = pre_tokenizer_regexes(vocab_.pre);
   if (regexes.empty()) fail("pre-tokenizer '{}' is not supported", vocab_.pre);
@@ -300,10 +348,21 @@ void Tokenizer::encode_text(std::string_view text, std::vector<int32_t>& out) co
   }
 }
 
+void Tokenizer::bpe_word(const std::string& word, std::vector<int32_t>& out) const {
+  for (const std::string& s : merged_symbols(word)) {
+    const auto it = token_ids_.find(s);
+    if (it != token_ids_.end()) {
+      out.push_back(it->second);
+    } else {
+      append_byte_tokens(s, out);
+    }
+  }
+}
+
 // Merges adjacent symbols by rank, lowest first, leftmost on ties. Candidate pairs wait in a
 // min-heap; a pair whose symbols changed since it was queued is skipped when popped, so a long
 // word (Gemma merges whole lines) costs O(n log n), not O(n^2).
-void Tokenizer::bpe_word(const std::string& word, std::vector<int32_t>& out) const {
+std::vector<std::string> Tokenizer::merged_symbols(const std::string& word) const {
   struct Symbol {
     size_t begin, length;
     int prev, next;
@@ -353,23 +412,21 @@ void Tokenizer::bpe_word(const std::string& word, std::vector<int32_t>& out) con
   for (int i = sym.empty() ? -1 : 0; i >= 0; i = sym[static_cast<size_t>(i)].next) {
     symbols.push_back(word.substr(sym[static_cast<size_t>(i)].begin, sym[static_cast<size_t>(i)].length));
   }
-  for (const std::string& s : symbols) {
-    const auto it = token_ids_.find(s);
-    if (it != token_ids_.end()) {
-      out.push_back(it->second);
-      continue;
+  return symbols;
+}
+
+// A symbol not in the vocabulary: one token per byte (SPM's <0xXX> tokens, or the GPT-2 byte
+// characters it is written in).
+void Tokenizer::append_byte_tokens(const std::string& s, std::vector<int32_t>& out) const {
+  if (spm_style_) {
+    for (unsigned char c : s) {
+      if (byte_tokens_[c] >= 0) out.push_back(byte_tokens_[c]);
     }
-    // Not in the vocabulary: fall back to one token per byte.
-    if (spm_style_) {
-      for (unsigned char c : s) {
-        if (byte_tokens_[c] >= 0) out.push_back(byte_tokens_[c]);
-      }
-      continue;
-    }
-    for (uint32_t cp : utf8_codepoints(s)) {
-      const auto byte = unicode_to_byte_.find(cp);
-      if (byte != unicode_to_byte_.end() && byte_tokens_[byte->second] >= 0) out.push_back(byte_tokens_[byte->second]);
-    }
+    return;
+  }
+  for (uint32_t cp : utf8_codepoints(s)) {
+    const auto byte = unicode_to_byte_.find(cp);
+    if (byte != unicode_to_byte_.end() && byte_tokens_[byte->second] >= 0) out.push_back(byte_tokens_[byte->second]);
   }
 }
 

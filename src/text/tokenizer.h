@@ -44,8 +44,11 @@ struct Vocabulary {
 };
 
 // Fills in what a model file leaves to the tokenizer's kind: whether BOS is added (the file's
-// tokenizer.ggml.add_bos_token when it has one, else the pre-tokenizer's default) and Gemma 4's
-// implied pre-tokenizer and BOS. Reading the file is the loader's job (engine/gguf_vocabulary.h).
+// tokenizer.ggml.add_bos_token when it has one, else the pre-tokenizer's default) and what the
+// tokenizer model implies (Gemma 4's SPM-style model: its pre-tokenizer and BOS). The kinds are
+// rows of two tables in tokenizer.cpp, by the names the file gives (tokenizer.ggml.model and
+// .pre), so no family is named in code. Reading the file is the loader's job
+// (engine/gguf_vocabulary.h).
 void settle_vocabulary(Vocabulary& v, std::optional<bool> add_bos_key);
 
 class Tokenizer {
@@ -79,9 +82,11 @@ class Tokenizer {
   struct Regex;
   void encode_text(std::string_view text, std::vector<int32_t>& out) const;
   void bpe_word(const std::string& word, std::vector<int32_t>& out) const;
+  std::vector<std::string> merged_symbols(const std::string& word) const;
+  void append_byte_tokens(const std::string& symbol, std::vector<int32_t>& out) const;
 
   Vocabulary vocab_;
-  bool spm_style_ = false;  // "gemma4": raw UTF-8, spaces as U+2581, <0xXX> byte tokens
+  bool spm_style_ = false;  // raw UTF-8, spaces as U+2581, <0xXX> byte tokens (the model kind says)
   std::unordered_map<std::string, int32_t> token_ids_;
   std::unordered_map<std::string, int32_t> merge_ranks_;
   bool ignore_merges_ = false;

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "fuzz_common.h"
-#include "server_request.h"
+#include "serve/request.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   bmoe::RequestContext context;

@@ -1,4 +1,4 @@
-// libFuzzer target: the JSON Schema converter (text/json_schema.h). Any JSON input must convert
+// libFuzzer target: the JSON Schema converter (chat/json_schema.h). Any JSON input must convert
 // or be refused with bmoe::Error; a converted grammar that Grammar::parse refuses is a bug in the
 // converter (abort), as is any crash, hang or sanitizer report.
 #include <cstdint>
@@ -10,7 +10,7 @@
 
 #include "core/error.h"
 #include "text/grammar.h"
-#include "text/json_schema.h"
+#include "chat/json_schema.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const auto schema = nlohmann::ordered_json::parse(data, data + size, nullptr, false);

@@ -1,4 +1,4 @@
-// libFuzzer target: the Jinja chat-template engine (text/jinja.h) and ChatTemplate. Any input
+// libFuzzer target: the Jinja chat-template engine (chat/jinja.h) and ChatTemplate. Any input
 // must parse and render, or be refused with JinjaError; a crash, a sanitizer report, unbounded
 // memory or a hang is a bug (the engine caps nesting, steps and output).
 #include <cstdint>
@@ -7,8 +7,8 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "text/chat.h"
-#include "text/jinja.h"
+#include "chat/chat.h"
+#include "chat/jinja.h"
 
 namespace {
 

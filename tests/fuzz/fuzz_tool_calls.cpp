@@ -1,4 +1,4 @@
-// libFuzzer target: the tool-call parsers and grammars (text/tool_calls.h). Any bytes must parse
+// libFuzzer target: the tool-call parsers and grammars (chat/tool_calls.h). Any bytes must parse
 // for every format, to calls or to ok=false, without a crash, a hang or a sanitizer report; a
 // parsed call's arguments must be a JSON object. Input that is a JSON array is also used as the
 // request's tools: tool_call_gbnf must build a grammar or refuse with bmoe::Error, and a grammar
@@ -12,7 +12,7 @@
 
 #include "core/error.h"
 #include "text/grammar.h"
-#include "text/tool_calls.h"
+#include "chat/tool_calls.h"
 
 namespace {
 

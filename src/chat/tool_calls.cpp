@@ -11,7 +11,7 @@
 // string the grammar lets a model write is one the parser reads back unchanged: raw strings
 // cannot contain their terminator (excluding()), and keys are written in a form the parser
 // accepts or the tool is refused.
-#include "text/tool_calls.h"
+#include "chat/tool_calls.h"
 
 #include <algorithm>
 #include <cctype>
@@ -22,9 +22,9 @@
 #include <optional>
 #include <set>
 
+#include "chat/json_schema.h"
 #include "core/error.h"
 #include "core/rng.h"
-#include "text/json_schema.h"
 #include "text/utf8.h"
 
 namespace bmoe {
@@ -897,62 +897,68 @@ std::vector<std::pair<std::string, const json*>> dictsorted(const json& props) {
   return out;
 }
 
+// How a format's calls follow each other in an answer.
+struct CallList {
+  const char* open;       // before the first call ("": nothing)
+  const char* separator;  // between two calls ("": none, the calls follow each other directly)
+  const char* close;      // after the last call
+  bool one_per_turn;      // the template takes one call per turn: a grammar never asks for more
+};
+
 class CallGrammar {
  public:
   explicit CallGrammar(ToolFormat format) : format_(format) {}
 
-  std::string build(const std::vector<Tool>& tools, bool parallel) {
+  using CallRule = std::string (CallGrammar::*)(const Tool& t);
+
+  // The grammar of a tool-call text: one call of `call_rule` per tool as alternatives, joined
+  // as `list` says (several calls when `parallel`).
+  std::string build(const std::vector<Tool>& tools, CallRule call_rule, const CallList& list, bool parallel) {
     std::vector<std::string> alts;
     for (const auto& t : tools) {
       tool_ = &t;
-      alts.push_back(call(t));
+      alts.push_back((this->*call_rule)(t));
     }
     b_.add_rule("tool-call", alternatives(alts));
-    const std::string one = "tool-call";
-    std::string root;
-    switch (format_) {
-      case ToolFormat::Hermes:
-      case ToolFormat::QwenXml: root = parallel ? one + " ( " + lit("\n") + " " + one + " )*" : one; break;
-      case ToolFormat::Gemma4:
-      case ToolFormat::MistralArgs: root = parallel ? one + "+" : one; break;
-      case ToolFormat::Lfm2:
-        root = lit("<|tool_call_start|>[") + " " + one + (parallel ? " ( " + lit(", ") + " " + one + " )*" : "") + " " +
-               lit("]<|tool_call_end|>");
-        break;
-      case ToolFormat::MistralList:
-        root = lit("[TOOL_CALLS][") + " " + one + (parallel ? " ( " + lit(", ") + " " + one + " )*" : "") + " " + lit("]");
-        break;
-      case ToolFormat::Harmony:
-      case ToolFormat::Llama3Json:
-      case ToolFormat::None: root = one; break;
-    }
-    b_.add_rule("root", root);
+    b_.add_rule("root", root_rule(list, parallel && !list.one_per_turn));
     return b_.gbnf();
   }
 
+  // ---- one call to tool `t`, in each format (FormatSpec::call)
+
+  std::string hermes_call(const Tool& t) {
+    return lit("<tool_call>\n{\"name\": \"" + t.name + "\", \"arguments\": ") + " " + json_args(t) + " " + lit("}\n</tool_call>");
+  }
+  std::string llama3_call(const Tool& t) {
+    return lit("{\"name\": \"" + t.name + "\", \"parameters\": ") + " " + json_args(t) + " " + lit("}");
+  }
+  std::string mistral_list_call(const Tool& t) {
+    return lit("{\"name\": \"" + t.name + "\", \"arguments\": ") + " " + json_args(t) + " " + lit(", \"id\": \"") +
+           " [a-zA-Z0-9]{9} " + lit("\"}");
+  }
+  std::string mistral_args_call(const Tool& t) {
+    return lit("[TOOL_CALLS]" + t.name) + " ( " + lit("[CALL_ID]") + " [a-zA-Z0-9]{9} )? " + lit("[ARGS]") + " " + json_args(t);
+  }
+  std::string harmony_call(const Tool& t) {
+    return lit("<|channel|>commentary to=functions." + t.name + " <|constrain|>json<|message|>") + " " + json_args(t);
+  }
+  std::string qwen_xml_call(const Tool& t) {
+    return lit("<tool_call>\n<function=" + t.name + ">\n") + " " + xml_params(t) + " " + lit("</function>\n</tool_call>");
+  }
+  std::string gemma4_call(const Tool& t) {
+    return lit("<|tool_call>call:" + t.name + "{") + " " + gemma_params(t) + " " + lit("}<tool_call|>");
+  }
+  std::string lfm2_call(const Tool& t) { return lit(t.name + "(") + " " + lfm2_params(t) + " " + lit(")"); }
+
  private:
-  std::string call(const Tool& t) {
-    const std::string& n = t.name;
-    switch (format_) {
-      case ToolFormat::Hermes:
-        return lit("<tool_call>\n{\"name\": \"" + n + "\", \"arguments\": ") + " " + json_args(t) + " " + lit("}\n</tool_call>");
-      case ToolFormat::Llama3Json:
-        return lit("{\"name\": \"" + n + "\", \"parameters\": ") + " " + json_args(t) + " " + lit("}");
-      case ToolFormat::MistralList:
-        return lit("{\"name\": \"" + n + "\", \"arguments\": ") + " " + json_args(t) + " " + lit(", \"id\": \"") +
-               " [a-zA-Z0-9]{9} " + lit("\"}");
-      case ToolFormat::MistralArgs:
-        return lit("[TOOL_CALLS]" + n) + " ( " + lit("[CALL_ID]") + " [a-zA-Z0-9]{9} )? " + lit("[ARGS]") + " " + json_args(t);
-      case ToolFormat::Harmony:
-        return lit("<|channel|>commentary to=functions." + n + " <|constrain|>json<|message|>") + " " + json_args(t);
-      case ToolFormat::QwenXml:
-        return lit("<tool_call>\n<function=" + n + ">\n") + " " + xml_params(t) + " " + lit("</function>\n</tool_call>");
-      case ToolFormat::Gemma4:
-        return lit("<|tool_call>call:" + n + "{") + " " + gemma_params(t) + " " + lit("}<tool_call|>");
-      case ToolFormat::Lfm2: return lit(n + "(") + " " + lfm2_params(t) + " " + lit(")");
-      case ToolFormat::None: break;
-    }
-    fail("tools: this chat template has no known tool-call format");
+  // The calls one after the other: "tool-call", or several joined by the separator (directly
+  // when it is empty), inside the list's opening and closing text.
+  static std::string root_rule(const CallList& list, bool parallel) {
+    const std::string one = "tool-call";
+    std::string calls = one;
+    if (parallel) calls = *list.separator ? one + " ( " + lit(list.separator) + " " + one + " )*" : one + "+";
+    if (!*list.open) return calls;
+    return lit(list.open) + " " + calls + " " + lit(list.close);
   }
 
   [[noreturn]] void schema_error(const std::string& where, const std::string& what) const {
@@ -1269,60 +1275,12 @@ class CallGrammar {
       return gemma_generic();
     }
     if (!s.is_object()) schema_error(where, "not a schema object");
-    if (const json* ref = field(s, "$ref")) {
-      if (!ref->is_string()) schema_error(where + ".$ref", "not a string");
-      const std::string key = fmt::format("{}:{}", tool_->index, ref->get<std::string>());
-      // A rule reached again before any character is written would be left recursion.
-      if (std::find(unconsumed_refs_.begin(), unconsumed_refs_.end(), key) != unconsumed_refs_.end()) {
-        schema_error(where, fmt::format("$ref \"{}\" leads back to itself without a value in between", ref->get<std::string>()));
-      }
-      if (const auto it = refs_.find(key); it != refs_.end()) return it->second;
-      const std::string name = fresh("r");
-      refs_[key] = name;
-      unconsumed_refs_.push_back(key);
-      const std::string body = gemma(resolve(ref->get<std::string>(), where), where, depth + 1);
-      unconsumed_refs_.pop_back();
-      b_.add_rule(name, body);
-      return name;
-    }
-    for (const char* k : {"pattern", "patternProperties", "propertyNames", "minProperties", "maxProperties",
-                          "dependencies", "dependentRequired", "dependentSchemas", "if", "then", "else", "not",
-                          "contains", "minContains", "maxContains", "multipleOf", "unevaluatedProperties",
-                          "unevaluatedItems", "prefixItems", "$dynamicRef", "$recursiveRef"}) {
-      if (s.contains(k)) schema_error(where, fmt::format("\"{}\" is not supported for gemma4 tool calls", k));
-    }
-    if (const json* u = field(s, "uniqueItems"); u && *u != json(false)) {
-      schema_error(where, "\"uniqueItems\" is not supported for gemma4 tool calls");
-    }
+    if (const json* ref = field(s, "$ref")) return gemma_ref(*ref, where, depth);
+    check_gemma_keywords(s, where);
     std::vector<std::string> alts;
     const json* nullable = field(s, "nullable");
     if (nullable && *nullable == json(true)) alts.push_back("\"null\"");
-    const json* enum_values = field(s, "enum");
-    const json* const_value = field(s, "const");
-    if (enum_values || const_value) {
-      json values = json::array();
-      if (const_value) {
-        values.push_back(*const_value);
-      } else if (enum_values->is_array()) {
-        values = *enum_values;
-      } else {
-        schema_error(where + ".enum", "not an array");
-      }
-      const json* type = field(s, "type");
-      size_t kept = 0;
-      for (const auto& v : values) {
-        json types = json::array();
-        if (type && type->is_array()) types = *type;
-        if (type && !type->is_array()) types.push_back(*type);
-        if (type && !json_type_in(v, types)) continue;
-        if (auto text = gemma_text(v, depth)) {
-          alts.push_back(lit(*text));
-          ++kept;
-        }
-      }
-      if (kept == 0) schema_error(where, "no value of enum/const can be written in gemma4 calls");
-      return alternatives(alts);
-    }
+    if (field(s, "enum") || field(s, "const")) return gemma_enum(s, where, depth, alts);
     for (const char* k : {"anyOf", "oneOf"}) {
       if (const json* branches = field(s, k)) {
         if (!branches->is_array() || branches->empty()) schema_error(where + "." + k, "not a non-empty array");
@@ -1336,6 +1294,72 @@ class CallGrammar {
       if (!all->is_array() || all->size() != 1) schema_error(where, "\"allOf\" is not supported for gemma4 tool calls");
       return gemma((*all)[0], where + ".allOf[0]", depth + 1);
     }
+    const std::vector<std::string> types = gemma_types(s, where);
+    if (types.empty()) alts.push_back(gemma_generic());
+    for (const auto& t : types) alts.push_back(gemma_typed(t, s, where, depth));
+    return alternatives(alts);
+  }
+
+  // A $ref: one rule per target, shared by every use.
+  std::string gemma_ref(const json& ref, const std::string& where, int depth) {
+    if (!ref.is_string()) schema_error(where + ".$ref", "not a string");
+    const std::string key = fmt::format("{}:{}", tool_->index, ref.get<std::string>());
+    // A rule reached again before any character is written would be left recursion.
+    if (std::find(unconsumed_refs_.begin(), unconsumed_refs_.end(), key) != unconsumed_refs_.end()) {
+      schema_error(where, fmt::format("$ref \"{}\" leads back to itself without a value in between", ref.get<std::string>()));
+    }
+    if (const auto it = refs_.find(key); it != refs_.end()) return it->second;
+    const std::string name = fresh("r");
+    refs_[key] = name;
+    unconsumed_refs_.push_back(key);
+    const std::string body = gemma(resolve(ref.get<std::string>(), where), where, depth + 1);
+    unconsumed_refs_.pop_back();
+    b_.add_rule(name, body);
+    return name;
+  }
+
+  void check_gemma_keywords(const json& s, const std::string& where) const {
+    for (const char* k : {"pattern", "patternProperties", "propertyNames", "minProperties", "maxProperties",
+                          "dependencies", "dependentRequired", "dependentSchemas", "if", "then", "else", "not",
+                          "contains", "minContains", "maxContains", "multipleOf", "unevaluatedProperties",
+                          "unevaluatedItems", "prefixItems", "$dynamicRef", "$recursiveRef"}) {
+      if (s.contains(k)) schema_error(where, fmt::format("\"{}\" is not supported for gemma4 tool calls", k));
+    }
+    if (const json* u = field(s, "uniqueItems"); u && *u != json(false)) {
+      schema_error(where, "\"uniqueItems\" is not supported for gemma4 tool calls");
+    }
+  }
+
+  // enum / const: each value of an allowed type, as gemma4 writes it, after `alts` (null).
+  std::string gemma_enum(const json& s, const std::string& where, int depth, std::vector<std::string>& alts) {
+    const json* enum_values = field(s, "enum");
+    const json* const_value = field(s, "const");
+    json values = json::array();
+    if (const_value) {
+      values.push_back(*const_value);
+    } else if (enum_values->is_array()) {
+      values = *enum_values;
+    } else {
+      schema_error(where + ".enum", "not an array");
+    }
+    const json* type = field(s, "type");
+    size_t kept = 0;
+    for (const auto& v : values) {
+      json types = json::array();
+      if (type && type->is_array()) types = *type;
+      if (type && !type->is_array()) types.push_back(*type);
+      if (type && !json_type_in(v, types)) continue;
+      if (auto text = gemma_text(v, depth)) {
+        alts.push_back(lit(*text));
+        ++kept;
+      }
+    }
+    if (kept == 0) schema_error(where, "no value of enum/const can be written in gemma4 calls");
+    return alternatives(alts);
+  }
+
+  // The types a schema allows: "type", else the keywords present; empty for any value.
+  std::vector<std::string> gemma_types(const json& s, const std::string& where) const {
     std::vector<std::string> types;
     if (const json* type = field(s, "type")) {
       if (type->is_string()) {
@@ -1352,30 +1376,28 @@ class CallGrammar {
       types.push_back("array");
     } else if (s.contains("minLength") || s.contains("maxLength") || s.contains("format")) {
       types.push_back("string");
-    } else {
-      alts.push_back(gemma_generic());
-      return alternatives(alts);
     }
-    for (const auto& t : types) {
-      if (t == "string") {
-        const std::string text = excluding("gemma-text", kGemmaQuote);
-        alts.push_back(lit(kGemmaQuote) + " " + raw_string(s, where, kGemmaQuote, text) + " " + lit(kGemmaQuote));
-      } else if (t == "object") {
-        alts.push_back(gemma_object(s, where, depth));
-      } else if (t == "array") {
-        alts.push_back(gemma_array(s, where, depth));
-      } else if (t == "integer" || t == "number" || t == "boolean" || t == "null") {
-        json scalar = json::object();
-        scalar["type"] = t;
-        for (const char* k : {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}) {
-          if (const json* v = field(s, k)) scalar[k] = *v;
-        }
-        alts.push_back(json_value(scalar, where));
-      } else {
-        schema_error(where + ".type", fmt::format("unknown type \"{}\"", t));
+    return types;
+  }
+
+  // Values of one type: strings between gemma4's quote tokens, objects and arrays in its own
+  // syntax, scalars as JSON writes them.
+  std::string gemma_typed(const std::string& t, const json& s, const std::string& where, int depth) {
+    if (t == "string") {
+      const std::string text = excluding("gemma-text", kGemmaQuote);
+      return lit(kGemmaQuote) + " " + raw_string(s, where, kGemmaQuote, text) + " " + lit(kGemmaQuote);
+    }
+    if (t == "object") return gemma_object(s, where, depth);
+    if (t == "array") return gemma_array(s, where, depth);
+    if (t == "integer" || t == "number" || t == "boolean" || t == "null") {
+      json scalar = json::object();
+      scalar["type"] = t;
+      for (const char* k : {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}) {
+        if (const json* v = field(s, k)) scalar[k] = *v;
       }
+      return json_value(scalar, where);
     }
-    return alternatives(alts);
+    schema_error(where + ".type", fmt::format("unknown type \"{}\"", t));
   }
 
   // Objects and arrays write '{' / '[' before their members, so $refs inside start afresh.
@@ -1464,65 +1486,88 @@ class CallGrammar {
   std::vector<std::string> unconsumed_refs_;  // $refs entered since the last '{' or '['
 };
 
+// ---------------------------------------------------------------------------------------------
+// The formats
+
+// Everything one tool-call format is, in one row of format_table(): a new format is its parser,
+// its call rule in CallGrammar and a row.
+struct FormatSpec {
+  ToolFormat format;
+  const char* name;                        // tool_format_name
+  bool (*detect)(std::string_view source);  // whether a chat template's source writes this format
+  std::vector<std::string> markers;        // tool_call_markers
+  ParsedToolCalls (*parse)(std::string_view text, const json& tools);
+  CallGrammar::CallRule call;              // one call's grammar
+  CallList list;                           // how calls follow each other
+  bool mistral_ids;                        // call ids of exactly 9 letters/digits (the template checks)
+};
+
+// The rows in detection order: tool_format_of takes the first whose detect accepts the source,
+// so a format whose markers include another's comes first (qwen-xml before hermes).
+const std::vector<FormatSpec>& format_table() {
+  static const std::vector<FormatSpec> table = {
+      {ToolFormat::Harmony, "harmony", [](std::string_view t) { return has(t, "<|channel|>"); }, {},
+       [](std::string_view s, const json&) { return parse_harmony(s); }, &CallGrammar::harmony_call,
+       {"", "", "", true}, false},
+      {ToolFormat::Lfm2, "lfm2",
+       [](std::string_view t) { return has(t, "<|tool_list_start|>") || has(t, "<|tool_call_start|>"); },
+       {"<|tool_call_start|>"}, [](std::string_view s, const json&) { return parse_lfm2(s); }, &CallGrammar::lfm2_call,
+       {"<|tool_call_start|>[", ", ", "]<|tool_call_end|>", false}, false},
+      {ToolFormat::Gemma4, "gemma4", [](std::string_view t) { return has(t, "'<|tool_call>call:'") || has(t, "<|tool_call>"); },
+       {"<|tool_call>"}, [](std::string_view s, const json&) { return parse_gemma4(s); }, &CallGrammar::gemma4_call,
+       {"", "", "", false}, false},
+      {ToolFormat::QwenXml, "qwen-xml",
+       [](std::string_view t) { return has(t, "<tool_call>") && has(t, "<function=") && has(t, "<parameter="); },
+       {"<tool_call>", "<function="}, parse_qwen_xml, &CallGrammar::qwen_xml_call, {"", "\n", "", false}, false},
+      {ToolFormat::Hermes, "hermes", [](std::string_view t) { return has(t, "<tool_call>"); }, {"<tool_call>"},
+       [](std::string_view s, const json&) { return parse_hermes(s); }, &CallGrammar::hermes_call,
+       {"", "\n", "", false}, false},
+      {ToolFormat::MistralArgs, "mistral-args", [](std::string_view t) { return has(t, "[TOOL_CALLS]") && has(t, "[ARGS]"); },
+       {"[TOOL_CALLS]"}, [](std::string_view s, const json&) { return parse_mistral(s); }, &CallGrammar::mistral_args_call,
+       {"", "", "", false}, true},
+      {ToolFormat::MistralList, "mistral", [](std::string_view t) { return has(t, "[TOOL_CALLS]"); }, {"[TOOL_CALLS]"},
+       [](std::string_view s, const json&) { return parse_mistral(s); }, &CallGrammar::mistral_list_call,
+       {"[TOOL_CALLS][", ", ", "]", false}, true},
+      {ToolFormat::Llama3Json, "llama3-json",
+       [](std::string_view t) { return has(t, "Respond in the format {\"name\": function name"); },
+       {"{\"name\"", "{\"type\""}, [](std::string_view s, const json&) { return parse_llama3(s); },
+       &CallGrammar::llama3_call, {"", "", "", true}, false},
+  };
+  return table;
+}
+
+// The row of `format`; nullptr for None.
+const FormatSpec* spec_of(ToolFormat format) {
+  for (const FormatSpec& spec : format_table()) {
+    if (spec.format == format) return &spec;
+  }
+  return nullptr;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
 
 ToolFormat tool_format_of(std::string_view t) {
-  if (has(t, "<|channel|>")) return ToolFormat::Harmony;
-  if (has(t, "<|tool_list_start|>") || has(t, "<|tool_call_start|>")) return ToolFormat::Lfm2;
-  if (has(t, "'<|tool_call>call:'") || has(t, "<|tool_call>")) return ToolFormat::Gemma4;
-  if (has(t, "<tool_call>")) {
-    return has(t, "<function=") && has(t, "<parameter=") ? ToolFormat::QwenXml : ToolFormat::Hermes;
+  for (const FormatSpec& spec : format_table()) {
+    if (spec.detect(t)) return spec.format;
   }
-  if (has(t, "[TOOL_CALLS]")) return has(t, "[ARGS]") ? ToolFormat::MistralArgs : ToolFormat::MistralList;
-  if (has(t, "Respond in the format {\"name\": function name")) return ToolFormat::Llama3Json;
   return ToolFormat::None;
 }
 
 const char* tool_format_name(ToolFormat format) {
-  switch (format) {
-    case ToolFormat::Hermes: return "hermes";
-    case ToolFormat::QwenXml: return "qwen-xml";
-    case ToolFormat::Harmony: return "harmony";
-    case ToolFormat::Gemma4: return "gemma4";
-    case ToolFormat::Lfm2: return "lfm2";
-    case ToolFormat::MistralList: return "mistral";
-    case ToolFormat::MistralArgs: return "mistral-args";
-    case ToolFormat::Llama3Json: return "llama3-json";
-    case ToolFormat::None: break;
-  }
-  return "none";
+  const FormatSpec* spec = spec_of(format);
+  return spec ? spec->name : "none";
 }
 
 std::vector<std::string> tool_call_markers(ToolFormat format) {
-  switch (format) {
-    case ToolFormat::Hermes: return {"<tool_call>"};
-    case ToolFormat::QwenXml: return {"<tool_call>", "<function="};
-    case ToolFormat::Gemma4: return {"<|tool_call>"};
-    case ToolFormat::Lfm2: return {"<|tool_call_start|>"};
-    case ToolFormat::MistralList:
-    case ToolFormat::MistralArgs: return {"[TOOL_CALLS]"};
-    case ToolFormat::Llama3Json: return {"{\"name\"", "{\"type\""};
-    case ToolFormat::Harmony:
-    case ToolFormat::None: break;
-  }
-  return {};
+  const FormatSpec* spec = spec_of(format);
+  return spec ? spec->markers : std::vector<std::string>{};
 }
 
 ParsedToolCalls parse_tool_calls(ToolFormat format, std::string_view text, const nlohmann::ordered_json& tools) {
-  switch (format) {
-    case ToolFormat::Hermes: return parse_hermes(text);
-    case ToolFormat::QwenXml: return parse_qwen_xml(text, tools);
-    case ToolFormat::Harmony: return parse_harmony(text);
-    case ToolFormat::Gemma4: return parse_gemma4(text);
-    case ToolFormat::Lfm2: return parse_lfm2(text);
-    case ToolFormat::MistralList:
-    case ToolFormat::MistralArgs: return parse_mistral(text);
-    case ToolFormat::Llama3Json: return parse_llama3(text);
-    case ToolFormat::None: break;
-  }
-  return {};
+  const FormatSpec* spec = spec_of(format);
+  return spec ? spec->parse(text, tools) : ParsedToolCalls{};
 }
 
 ParsedToolCalls parse_harmony_call(std::string_view recipient, std::string_view body) {
@@ -1541,15 +1586,16 @@ ParsedToolCalls parse_harmony_call(std::string_view recipient, std::string_view 
 
 std::string tool_call_gbnf(ToolFormat format, const nlohmann::ordered_json& tools, bool parallel,
                            std::string_view only_function) {
-  if (format == ToolFormat::None) fail("tools: this chat template has no known tool-call format");
+  const FormatSpec* spec = spec_of(format);
+  if (!spec) fail("tools: this chat template has no known tool-call format");
   const auto usable = usable_tools(tools, only_function);
-  if (format == ToolFormat::Harmony || format == ToolFormat::Llama3Json) parallel = false;
-  return CallGrammar(format).build(usable, parallel);
+  return CallGrammar(format).build(usable, spec->call, spec->list, parallel);
 }
 
 std::string new_tool_call_id(ToolFormat format, uint64_t random_bits_seed) {
   static constexpr char kAlnum[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
-  const bool mistral = format == ToolFormat::MistralList || format == ToolFormat::MistralArgs;
+  const FormatSpec* spec = spec_of(format);
+  const bool mistral = spec && spec->mistral_ids;
   Rng rng(random_bits_seed);
   std::string id = mistral ? "" : "call_";
   for (int i = 0; i < (mistral ? 9 : 24); ++i) id += kAlnum[rng.below(62)];

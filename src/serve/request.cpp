@@ -1,4 +1,4 @@
-#include "server_request.h"
+#include "serve/request.h"
 
 #include <fmt/format.h>
 
@@ -10,10 +10,10 @@
 #include <random>
 #include <set>
 
+#include "chat/jinja.h"
+#include "chat/json_schema.h"
 #include "core/error.h"
 #include "text/grammar.h"
-#include "text/jinja.h"
-#include "text/json_schema.h"
 #include "text/utf8.h"
 
 namespace bmoe {

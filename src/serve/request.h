@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
+#include "chat/chat.h"
+#include "chat/reply.h"
 #include "engine/generate.h"
-#include "text/chat.h"
-#include "text/reply.h"
 #include "text/tokenizer.h"
 
 namespace bmoe {

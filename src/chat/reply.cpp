@@ -1,4 +1,4 @@
-#include "text/reply.h"
+#include "chat/reply.h"
 
 #include <algorithm>
 

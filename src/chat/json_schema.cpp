@@ -5,7 +5,7 @@
 // cheap: no two whitespace rules next to each other, repetitions over things that cannot be
 // empty, literal sets (enum) and key exclusions as tries, so the number of live parse stacks
 // does not grow with the number of alternatives.
-#include "text/json_schema.h"
+#include "chat/json_schema.h"
 
 #include <cmath>
 #include <cstdint>

@@ -1,5 +1,5 @@
 // Chat prompts. A model's own template (tokenizer.chat_template, Jinja) is rendered with bmoe's
-// Jinja engine (text/jinja.h); built-in formats (ChatML for Qwen, harmony for gpt-oss, Gemma's
+// Jinja engine (chat/jinja.h); built-in formats (ChatML for Qwen, harmony for gpt-oss, Gemma's
 // turn formats, Llama 3 headers) remain for files without a usable template and by name.
 #pragma once
 

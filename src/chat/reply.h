@@ -5,7 +5,7 @@
 // Qwen3.5's template does) or, for the harmony format (gpt-oss), the analysis channel; harmony's
 // final and commentary channels are content and a `to=functions.NAME` message is a tool call.
 // In the other formats tool calls are found in the content by their format's markers
-// (text/tool_calls.h): from the first marker on, the text is held back and parsed when the
+// (chat/tool_calls.h): from the first marker on, the text is held back and parsed when the
 // answer ends; what does not parse as calls, or calls a function the request did not offer, is
 // content after all.
 //
@@ -18,8 +18,8 @@
 #include <string_view>
 #include <vector>
 
-#include "text/chat.h"
-#include "text/tool_calls.h"
+#include "chat/chat.h"
+#include "chat/tool_calls.h"
 
 namespace bmoe {
 

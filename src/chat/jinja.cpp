@@ -1,4 +1,4 @@
-#include "text/jinja.h"
+#include "chat/jinja.h"
 
 #include <algorithm>
 #include <charconv>
@@ -7,6 +7,8 @@
 #include <cmath>
 #include <ctime>
 #include <map>
+#include <string_view>
+#include <unordered_map>
 #include <nlohmann/json.hpp>
 
 #include <fmt/format.h>
@@ -1451,6 +1453,10 @@ class Renderer {
     fail(line, fmt::format("'in' needs a string, list or mapping, not a {}", haystack.kind_name()));
   }
 
+ public:
+  // ---- what the filter functions (filter_table) call back into
+
+  // The items a for loop would visit: a list's, a mapping's keys, a string's characters.
   std::vector<Value> iterate(const Value& v, int line) {
     if (v.is_array()) {
       charge(v.as_array().size(), line);
@@ -1469,14 +1475,16 @@ class Renderer {
     fail(line, fmt::format("cannot iterate over a {}", v.kind_name()));
   }
 
+  Value string_method(const std::string& s, const std::string& name, Arguments& a, int line);
+  Value apply_filter(const std::string& name, const Value& v, Arguments& a, int line);
+  bool apply_test(const std::string& name, const Value& v, const Arguments& a, int line);
+
+ private:
   // ---- methods, filters, tests, globals
 
   Value method(const Value& self, const std::string& name, int line);
-  Value string_method(const std::string& s, const std::string& name, Arguments& a, int line);
   Value filter(const Node& n);
-  Value apply_filter(const std::string& name, const Value& v, Arguments& a, int line);
   bool test(const Node& n);
-  bool apply_test(const std::string& name, const Value& v, const Arguments& a, int line);
   void install_globals(Scope& g);
 
   void emit(const std::string& s) {
@@ -1679,149 +1687,216 @@ Value dictsort(const Value& v, int line) {
   return Value(std::move(out));
 }
 
+// ---- filters: one function each, found by name in filter_table()
+
+namespace {
+
+// A filter applied: the value piped in, its arguments, the template line (for errors), and the
+// name it was called by (one function serves Jinja's aliases).
+struct FilterCall {
+  const std::string& name;
+  const Value& v;
+  Arguments& a;
+  int line;
+};
+
+Value filter_safe(Renderer&, const FilterCall& c) { return c.v; }
+
+Value filter_tojson(Renderer&, const FilterCall& c) {
+  const Value indent = c.a.at(0, "indent");
+  return checked_text(c.v.to_json(indent.is_int() ? static_cast<int>(std::clamp<int64_t>(indent.as_int(), 0, 16)) : -1), c.line);
+}
+
+Value filter_string(Renderer&, const FilterCall& c) { return Value(c.v.to_string()); }
+
+Value filter_trim(Renderer&, const FilterCall& c) {
+  if (!c.v.is_string()) fail(c.line, fmt::format("trim needs a string, not a {}", c.v.kind_name()));
+  const Value chars = c.a.at(0, "chars");
+  return Value(strip_chars(c.v.as_string(), chars.is_string() ? &chars.as_string() : nullptr, true, true));
+}
+
+// upper, lower, title, capitalize: the string methods of the same names, without arguments.
+Value filter_case(Renderer& r, const FilterCall& c) {
+  if (!c.v.is_string()) fail(c.line, fmt::format("{} needs a string", c.name));
+  Arguments none;
+  return r.string_method(c.v.as_string(), c.name, none, c.line);
+}
+
+Value filter_replace(Renderer& r, const FilterCall& c) {
+  if (!c.v.is_string()) fail(c.line, "replace needs a string");
+  return r.string_method(c.v.as_string(), c.name, c.a, c.line);
+}
+
+Value filter_length(Renderer&, const FilterCall& c) {
+  if (c.v.is_string()) return Value(static_cast<int64_t>(code_points(c.v.as_string()).size()));
+  if (c.v.is_array()) return Value(static_cast<int64_t>(c.v.as_array().size()));
+  if (c.v.is_object()) return Value(static_cast<int64_t>(c.v.as_object().size()));
+  fail(c.line, fmt::format("a {} has no length", c.v.kind_name()));
+}
+
+Value filter_default(Renderer&, const FilterCall& c) {
+  const bool boolean = c.a.at(1, "boolean", Value(false)).truthy();
+  const bool use_default = c.v.is_undefined() || (boolean && !c.v.truthy());
+  return use_default ? c.a.at(0, "default_value", Value("")) : c.v;
+}
+
+// first, last.
+Value filter_end(Renderer& r, const FilterCall& c) {
+  const Array items = r.iterate(c.v, c.line);
+  if (items.empty()) return Value();
+  return c.name == "first" ? items.front() : items.back();
+}
+
+Value filter_list(Renderer& r, const FilterCall& c) { return Value(r.iterate(c.v, c.line)); }
+
+Value filter_reverse(Renderer& r, const FilterCall& c) {
+  if (c.v.is_string()) {
+    auto cps = code_points(c.v.as_string());
+    std::reverse(cps.begin(), cps.end());
+    std::string s;
+    for (const auto& cp : cps) s += cp;
+    return Value(std::move(s));
+  }
+  Array items = r.iterate(c.v, c.line);
+  std::reverse(items.begin(), items.end());
+  return Value(std::move(items));
+}
+
+Value filter_join(Renderer& r, const FilterCall& c) {
+  const Value sep = c.a.at(0, "d", Value(""));
+  const Value attr = c.a.at(1, "attribute");
+  std::string out;
+  const Array items = r.iterate(c.v, c.line);
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (i) out += sep.to_string();
+    out += (attr.is_string() ? items[i].get(attr.as_string()) : items[i]).to_string();
+    if (out.size() > kMaxOutput) fail(c.line, "a string grew larger than 64 MiB");
+  }
+  return Value(std::move(out));
+}
+
+Value filter_items(Renderer&, const FilterCall& c) {
+  if (c.v.is_undefined() || c.v.is_none()) return Value(Array{});
+  if (!c.v.is_object()) fail(c.line, "items needs a mapping");
+  Array out;
+  for (const auto& [k, val] : c.v.as_object()) out.emplace_back(Array{Value(k), val});
+  return Value(std::move(out));
+}
+
+Value filter_dictsort(Renderer&, const FilterCall& c) { return dictsort(c.v, c.line); }
+
+Value filter_int(Renderer&, const FilterCall& c) {
+  if (c.v.is_number() || c.v.is_bool()) return Value(c.v.as_int());
+  if (c.v.is_string()) {
+    int64_t i = 0;
+    const std::string s = strip_chars(c.v.as_string(), nullptr, true, true);
+    const auto r = std::from_chars(s.data(), s.data() + s.size(), i);
+    return r.ec == std::errc() && r.ptr == s.data() + s.size() ? Value(i) : c.a.at(0, "default", Value(0));
+  }
+  return c.a.at(0, "default", Value(0));
+}
+
+Value filter_float(Renderer&, const FilterCall& c) {
+  if (c.v.is_number() || c.v.is_bool()) return Value(c.v.as_double());
+  if (c.v.is_string()) return Value(std::strtod(c.v.as_string().c_str(), nullptr));
+  return Value(0.0);
+}
+
+Value filter_abs(Renderer&, const FilterCall& c) {
+  if (c.v.is_int()) return Value(c.v.as_int() < 0 ? -c.v.as_int() : c.v.as_int());
+  if (c.v.is_number()) return Value(std::fabs(c.v.as_double()));
+  fail(c.line, "abs needs a number");
+}
+
+Value filter_unique(Renderer& r, const FilterCall& c) {
+  Array out;
+  for (const auto& item : r.iterate(c.v, c.line)) {
+    if (std::none_of(out.begin(), out.end(), [&](const Value& o) { return o.equals(item); })) out.push_back(item);
+  }
+  return Value(std::move(out));
+}
+
+// The positional arguments from `first` on (what a filter passes on to a test or filter).
+Arguments arguments_from(const Arguments& a, size_t first) {
+  Arguments rest;
+  for (size_t i = first; i < a.positional.size(); ++i) rest.positional.push_back(a.positional[i]);
+  return rest;
+}
+
+// select, reject (items that pass a test, or fail it), selectattr, rejectattr (by an attribute).
+Value filter_select(Renderer& r, const FilterCall& c) {
+  const bool by_attr = c.name.ends_with("attr");
+  const bool keep_if = c.name.starts_with("select");
+  const Arguments rest = arguments_from(c.a, by_attr ? 2 : 1);
+  const Value test_name = c.a.at(by_attr ? 1 : 0, "");
+  const Value attr = by_attr ? c.a.at(0, "") : Value();
+  Array out;
+  for (const auto& item : r.iterate(c.v, c.line)) {
+    const Value subject = by_attr ? item.get(attr.is_string() ? attr.as_string() : "") : item;
+    const bool passed = test_name.is_string() ? r.apply_test(test_name.as_string(), subject, rest, c.line) : subject.truthy();
+    if (passed == keep_if) out.push_back(item);
+  }
+  return Value(std::move(out));
+}
+
+// map(attribute=...) or map(filter, args...).
+Value filter_map(Renderer& r, const FilterCall& c) {
+  const Value attr = c.a.named("attribute");
+  Array out;
+  for (const auto& item : r.iterate(c.v, c.line)) {
+    if (attr.is_string()) {
+      Value got = item.get(attr.as_string());
+      out.push_back(got.is_undefined() ? c.a.named("default") : got);
+      continue;
+    }
+    const Value filter_name = c.a.at(0, "");
+    if (!filter_name.is_string()) fail(c.line, "map needs a filter name or attribute=");
+    Arguments rest = arguments_from(c.a, 1);
+    out.push_back(r.apply_filter(filter_name.as_string(), item, rest, c.line));
+  }
+  return Value(std::move(out));
+}
+
+Value filter_indent(Renderer&, const FilterCall& c) {
+  if (!c.v.is_string()) fail(c.line, "indent needs a string");
+  const Value width = c.a.at(0, "width", Value(4));
+  const std::string pad = width.is_string() ? width.as_string() : std::string(static_cast<size_t>(std::clamp<int64_t>(width.as_int(), 0, 64)), ' ');
+  const bool first = c.a.at(1, "first", Value(false)).truthy();
+  std::string out = first ? pad : "";
+  for (const char ch : c.v.as_string()) {
+    out += ch;
+    if (ch == '\n') out += pad;
+  }
+  return checked_text(std::move(out), c.line);
+}
+
+using Filter = Value (*)(Renderer&, const FilterCall&);
+
+// Every filter by name (Jinja's aliases included). A new filter: a function above, a row here,
+// a case in tests/test_jinja.cpp.
+const std::unordered_map<std::string_view, Filter>& filter_table() {
+  static const std::unordered_map<std::string_view, Filter> table = {
+      {"safe", filter_safe},       {"tojson", filter_tojson},     {"string", filter_string},
+      {"trim", filter_trim},       {"upper", filter_case},        {"lower", filter_case},
+      {"title", filter_case},      {"capitalize", filter_case},   {"replace", filter_replace},
+      {"length", filter_length},   {"count", filter_length},      {"default", filter_default},
+      {"d", filter_default},       {"first", filter_end},         {"last", filter_end},
+      {"list", filter_list},       {"reverse", filter_reverse},   {"join", filter_join},
+      {"items", filter_items},     {"dictsort", filter_dictsort}, {"int", filter_int},
+      {"float", filter_float},     {"abs", filter_abs},           {"unique", filter_unique},
+      {"select", filter_select},   {"reject", filter_select},     {"selectattr", filter_select},
+      {"rejectattr", filter_select}, {"map", filter_map},         {"indent", filter_indent},
+  };
+  return table;
+}
+
+}  // namespace
+
 Value Renderer::apply_filter(const std::string& name, const Value& v, Arguments& a, int line) {
-  if (name == "safe") return v;
-  if (name == "tojson") {
-    const Value indent = a.at(0, "indent");
-    return checked_text(v.to_json(indent.is_int() ? static_cast<int>(std::clamp<int64_t>(indent.as_int(), 0, 16)) : -1), line);
-  }
-  if (name == "string") return Value(v.to_string());
-  if (name == "trim") {
-    if (!v.is_string()) fail(line, fmt::format("trim needs a string, not a {}", v.kind_name()));
-    const Value chars = a.at(0, "chars");
-    return Value(strip_chars(v.as_string(), chars.is_string() ? &chars.as_string() : nullptr, true, true));
-  }
-  if (name == "upper" || name == "lower" || name == "title" || name == "capitalize") {
-    if (!v.is_string()) fail(line, fmt::format("{} needs a string", name));
-    Arguments none;
-    return string_method(v.as_string(), name, none, line);
-  }
-  if (name == "replace") {
-    if (!v.is_string()) fail(line, "replace needs a string");
-    return string_method(v.as_string(), name, a, line);
-  }
-  if (name == "length" || name == "count") {
-    if (v.is_string()) return Value(static_cast<int64_t>(code_points(v.as_string()).size()));
-    if (v.is_array()) return Value(static_cast<int64_t>(v.as_array().size()));
-    if (v.is_object()) return Value(static_cast<int64_t>(v.as_object().size()));
-    fail(line, fmt::format("a {} has no length", v.kind_name()));
-  }
-  if (name == "default" || name == "d") {
-    const bool boolean = a.at(1, "boolean", Value(false)).truthy();
-    const bool use_default = v.is_undefined() || (boolean && !v.truthy());
-    return use_default ? a.at(0, "default_value", Value("")) : v;
-  }
-  if (name == "first" || name == "last") {
-    const Array items = iterate(v, line);
-    if (items.empty()) return Value();
-    return name == "first" ? items.front() : items.back();
-  }
-  if (name == "list") return Value(iterate(v, line));
-  if (name == "reverse") {
-    if (v.is_string()) {
-      auto cps = code_points(v.as_string());
-      std::reverse(cps.begin(), cps.end());
-      std::string s;
-      for (const auto& c : cps) s += c;
-      return Value(std::move(s));
-    }
-    Array items = iterate(v, line);
-    std::reverse(items.begin(), items.end());
-    return Value(std::move(items));
-  }
-  if (name == "join") {
-    const Value sep = a.at(0, "d", Value(""));
-    const Value attr = a.at(1, "attribute");
-    std::string out;
-    const Array items = iterate(v, line);
-    for (size_t i = 0; i < items.size(); ++i) {
-      if (i) out += sep.to_string();
-      out += (attr.is_string() ? items[i].get(attr.as_string()) : items[i]).to_string();
-      if (out.size() > kMaxOutput) fail(line, "a string grew larger than 64 MiB");
-    }
-    return Value(std::move(out));
-  }
-  if (name == "items") {
-    if (v.is_undefined() || v.is_none()) return Value(Array{});
-    if (!v.is_object()) fail(line, "items needs a mapping");
-    Array out;
-    for (const auto& [k, val] : v.as_object()) out.emplace_back(Array{Value(k), val});
-    return Value(std::move(out));
-  }
-  if (name == "dictsort") return dictsort(v, line);
-  if (name == "int") {
-    if (v.is_number() || v.is_bool()) return Value(v.as_int());
-    if (v.is_string()) {
-      int64_t i = 0;
-      const std::string s = strip_chars(v.as_string(), nullptr, true, true);
-      const auto r = std::from_chars(s.data(), s.data() + s.size(), i);
-      return r.ec == std::errc() && r.ptr == s.data() + s.size() ? Value(i) : a.at(0, "default", Value(0));
-    }
-    return a.at(0, "default", Value(0));
-  }
-  if (name == "float") {
-    if (v.is_number() || v.is_bool()) return Value(v.as_double());
-    if (v.is_string()) return Value(std::strtod(v.as_string().c_str(), nullptr));
-    return Value(0.0);
-  }
-  if (name == "abs") {
-    if (v.is_int()) return Value(v.as_int() < 0 ? -v.as_int() : v.as_int());
-    if (v.is_number()) return Value(std::fabs(v.as_double()));
-    fail(line, "abs needs a number");
-  }
-  if (name == "unique") {
-    Array out;
-    for (const auto& item : iterate(v, line)) {
-      if (std::none_of(out.begin(), out.end(), [&](const Value& o) { return o.equals(item); })) out.push_back(item);
-    }
-    return Value(std::move(out));
-  }
-  if (name == "select" || name == "reject" || name == "selectattr" || name == "rejectattr") {
-    const bool by_attr = name.ends_with("attr");
-    const bool keep_if = name.starts_with("select");
-    Arguments rest;
-    const size_t skip = by_attr ? 2 : 1;
-    for (size_t i = skip; i < a.positional.size(); ++i) rest.positional.push_back(a.positional[i]);
-    const Value test_name = a.at(by_attr ? 1 : 0, "");
-    const Value attr = by_attr ? a.at(0, "") : Value();
-    Array out;
-    for (const auto& item : iterate(v, line)) {
-      const Value subject = by_attr ? item.get(attr.is_string() ? attr.as_string() : "") : item;
-      const bool passed = test_name.is_string() ? apply_test(test_name.as_string(), subject, rest, line) : subject.truthy();
-      if (passed == keep_if) out.push_back(item);
-    }
-    return Value(std::move(out));
-  }
-  if (name == "map") {
-    const Value attr = a.named("attribute");
-    Array out;
-    for (const auto& item : iterate(v, line)) {
-      if (attr.is_string()) {
-        Value got = item.get(attr.as_string());
-        out.push_back(got.is_undefined() ? a.named("default") : got);
-      } else {
-        const Value filter_name = a.at(0, "");
-        if (!filter_name.is_string()) fail(line, "map needs a filter name or attribute=");
-        Arguments rest;
-        for (size_t i = 1; i < a.positional.size(); ++i) rest.positional.push_back(a.positional[i]);
-        out.push_back(apply_filter(filter_name.as_string(), item, rest, line));
-      }
-    }
-    return Value(std::move(out));
-  }
-  if (name == "indent") {
-    if (!v.is_string()) fail(line, "indent needs a string");
-    const Value width = a.at(0, "width", Value(4));
-    const std::string pad = width.is_string() ? width.as_string() : std::string(static_cast<size_t>(std::clamp<int64_t>(width.as_int(), 0, 64)), ' ');
-    const bool first = a.at(1, "first", Value(false)).truthy();
-    std::string out = first ? pad : "";
-    for (const char c : v.as_string()) {
-      out += c;
-      if (c == '\n') out += pad;
-    }
-    return checked_text(std::move(out), line);
-  }
-  fail(line, fmt::format("unknown filter '{}'", name));
+  const auto& table = filter_table();
+  const auto it = table.find(name);
+  if (it == table.end()) fail(line, fmt::format("unknown filter '{}'", name));
+  return it->second(*this, FilterCall{name, v, a, line});
 }
 
 bool Renderer::test(const Node& n) {

@@ -80,7 +80,7 @@ ParsedToolCalls parse_harmony_call(std::string_view recipient, std::string_view 
 // must write when tool_choice is "required" (any of `tools`) or names one function
 // (`only_function` non-empty). parallel: one or more calls (Harmony and Llama3Json: always one,
 // their templates take one per turn); otherwise exactly one. Arguments follow each tool's
-// "parameters" JSON schema (JsonGrammarBuilder, text/json_schema.h; for gemma4's own value syntax
+// "parameters" JSON schema (JsonGrammarBuilder, chat/json_schema.h; for gemma4's own value syntax
 // and qwen-xml's raw string parameters, converted here), and parse_tool_calls reads every text
 // the grammar allows back into calls whose arguments validate against it. Layouts are the
 // trained ones with bounded whitespace (inside JSON values only). Harmony: the text after the

@@ -1,10 +1,10 @@
-#include "text/chat.h"
+#include "chat/chat.h"
 
 #include <algorithm>
 #include <filesystem>
 
+#include "chat/jinja.h"
 #include "core/error.h"
-#include "text/jinja.h"
 #include "text/tag_scan.h"
 
 namespace bmoe {

@@ -1,0 +1,124 @@
+#include "serve/stream.h"
+
+#include <algorithm>
+#include <chrono>
+#include <mutex>
+
+namespace bmoe {
+
+using json = nlohmann::ordered_json;
+
+StreamWriter::StreamWriter(const Completion& c)
+    : c_(c), opened_(static_cast<size_t>(c.n), false), called_(static_cast<size_t>(c.n), false),
+      offsets_(static_cast<size_t>(c.n), 0) {
+  for (int i = 0; i < c.n; ++i) parsers_.emplace_back(c.reply);
+}
+
+bool StreamWriter::step(Job& job, const StreamSink& sink) {
+  sink_ = &sink;
+  if (!opened_[0]) return open(0);  // at once: the client sees the stream start
+  std::unique_lock<std::mutex> lock(job.mutex);
+  job.changed.wait_for(lock, std::chrono::seconds(1), [&] { return job.done || !job.events.empty(); });
+  std::deque<JobEvent> events;
+  events.swap(job.events);
+  const bool done = job.done;
+  lock.unlock();
+  if (!write_events(events)) return false;
+  if (!done) return events.empty() ? send(": keep-alive\n\n") : true;
+  if (!finish_stream(job)) return false;
+  sink.done();
+  return true;
+}
+
+// The chat role chunk that starts a choice.
+bool StreamWriter::open(int choice) {
+  opened_[static_cast<size_t>(choice)] = true;
+  if (!c_.chat) return true;
+  json first = chunk(c_, choice, nullptr, nullptr);
+  first["choices"][0]["delta"] = {{"role", "assistant"}, {"content", ""}};
+  return send(sse(first));
+}
+
+bool StreamWriter::write_events(const std::deque<JobEvent>& events) {
+  std::string text;
+  std::vector<TokenLogprob> lps;
+  for (size_t i = 0; i < events.size(); ++i) {
+    const JobEvent& e = events[i];
+    text += e.text;
+    if (e.logprob) lps.push_back(*e.logprob);
+    const bool last_of_run = i + 1 == events.size() || events[i + 1].choice != e.choice || !e.finish.empty();
+    if (!last_of_run) continue;
+    if (!write_piece(e.choice, text, lps, !e.finish.empty())) return false;
+    if (!e.finish.empty() && !send(sse(finish_chunk(e.choice, e.finish)))) return false;
+    text.clear();
+    lps.clear();
+  }
+  return true;
+}
+
+// A choice's text (chat: split into reasoning, content and tool calls) with its tokens'
+// log-probabilities; `ending` flushes what the parser held and sends the tool calls.
+bool StreamWriter::write_piece(int choice, const std::string& text, const std::vector<TokenLogprob>& lps, bool ending) {
+  const size_t k = static_cast<size_t>(choice);
+  if (!opened_[k] && !open(choice)) return false;
+  ReplyDelta d{std::string(), text};
+  if (c_.chat) {
+    d = parsers_[k].feed(text);
+    if (ending) d.append(parsers_[k].finish());
+  }
+  // The text first (what the parser released at the end included), then the calls.
+  if (!write_delta(choice, d, lps)) return false;
+  return !ending || !c_.chat || write_tool_calls(choice);
+}
+
+bool StreamWriter::write_delta(int choice, const ReplyDelta& d, const std::vector<TokenLogprob>& lps) {
+  const size_t k = static_cast<size_t>(choice);
+  if (d.empty() && lps.empty()) return true;
+  json out = chunk(c_, choice, c_.chat ? nullptr : &d.content, nullptr);
+  json& choice_json = out["choices"][0];
+  if (c_.chat) {
+    if (!d.reasoning.empty()) choice_json["delta"]["reasoning_content"] = d.reasoning;
+    if (!d.content.empty()) choice_json["delta"]["content"] = d.content;
+  }
+  if (c_.logprobs) choice_json["logprobs"] = logprobs_of(c_, lps, offsets_[k]);
+  return send(sse(out));
+}
+
+// The calls of a finished chat choice, in one delta (each call whole: id, name, arguments).
+bool StreamWriter::write_tool_calls(int choice) {
+  const json calls = tool_calls_json(c_, parsers_[static_cast<size_t>(choice)].tool_calls(), true);
+  if (calls.empty()) return true;
+  called_[static_cast<size_t>(choice)] = true;
+  json out = chunk(c_, choice, nullptr, nullptr);
+  out["choices"][0]["delta"]["tool_calls"] = calls;
+  return send(sse(out));
+}
+
+json StreamWriter::finish_chunk(int choice, const std::string& reason) {
+  const bool called = called_[static_cast<size_t>(choice)] && reason != "length";
+  const std::string r = called ? "tool_calls" : finish_reason(reason);
+  return chunk(c_, choice, nullptr, &r);
+}
+
+// The job is done: the last choice's end, with usage and timings, or the error event.
+bool StreamWriter::finish_stream(Job& job) {
+  if (!job.error.empty()) return send(sse(job_error(job))) && send("data: [DONE]\n\n");
+  const int last = static_cast<int>(job.results.size()) - 1;
+  if (last >= 0 && !write_piece(last, {}, {}, true)) return false;
+  json end = finish_chunk(std::max(last, 0), last >= 0 ? job.results.back().finish_reason : "stop");
+  end["usage"] = usage_of(job.results);
+  end["timings"] = timings_of(job.results);
+  if (!send(sse(end))) return false;
+  if (c_.include_usage && !write_usage_chunk(job.results)) return false;
+  return send("data: [DONE]\n\n");
+}
+
+// As OpenAI: one more chunk, with usage and no choices.
+bool StreamWriter::write_usage_chunk(const std::vector<GenerateResult>& results) {
+  json usage = chunk(c_, 0, nullptr, nullptr);
+  usage["choices"] = json::array();
+  usage["usage"] = usage_of(results);
+  return send(sse(usage));
+}
+
+}  // namespace bmoe

@@ -1,0 +1,247 @@
+#include "serve/worker.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <exception>
+
+#include "telemetry/system.h"
+
+namespace bmoe {
+namespace {
+
+// Prometheus' text format, one metric after the other (HELP, TYPE, samples).
+class MetricsText {
+ public:
+  void add(const char* name, const char* type, const char* help, const std::string& samples) {
+    out_ += fmt::format("# HELP {} {}\n# TYPE {} {}\n{}", name, help, name, type, samples);
+  }
+  // A metric with one sample and no labels.
+  void add_value(const char* name, const char* type, const char* help, double v) {
+    add(name, type, help, fmt::format("{} {}\n", name, v));
+  }
+  std::string take() { return std::move(out_); }
+
+ private:
+  std::string out_;
+};
+
+void add_request_metrics(MetricsText& m, const Counters& c, size_t depth, size_t capacity, bool busy) {
+  m.add("bmoe_requests_total", "counter", "Completion requests by outcome.",
+        fmt::format("bmoe_requests_total{{outcome=\"ok\"}} {}\nbmoe_requests_total{{outcome=\"rejected_busy\"}} {}\n"
+                    "bmoe_requests_total{{outcome=\"bad_request\"}} {}\nbmoe_requests_total{{outcome=\"cancelled\"}} {}\n"
+                    "bmoe_requests_total{{outcome=\"error\"}} {}\nbmoe_requests_total{{outcome=\"unauthorized\"}} {}\n",
+                    c.ok, c.rejected_busy, c.bad_request, c.cancelled, c.failed, c.unauthorized));
+  m.add_value("bmoe_queue_depth", "gauge", "Requests waiting to be decoded.", static_cast<double>(depth));
+  m.add_value("bmoe_queue_capacity", "gauge", "Waiting requests accepted before 503.", static_cast<double>(capacity));
+  m.add_value("bmoe_busy", "gauge", "1 while a request is being decoded.", busy ? 1 : 0);
+}
+
+void add_token_metrics(MetricsText& m, const Counters& c) {
+  m.add_value("bmoe_prompt_tokens_total", "counter", "Prompt tokens received.", static_cast<double>(c.prompt_tokens));
+  m.add_value("bmoe_prompt_tokens_reused_total", "counter", "Prompt tokens served from the kept KV prefix.",
+              static_cast<double>(c.reused_tokens));
+  m.add_value("bmoe_generated_tokens_total", "counter", "Tokens generated.", static_cast<double>(c.generated_tokens));
+  m.add_value("bmoe_decode_seconds_total", "counter", "Time spent generating tokens.", c.decode_seconds);
+  m.add_value("bmoe_prefill_seconds_total", "counter", "Time spent evaluating prompts.", c.prefill_seconds);
+  m.add_value("bmoe_decode_tokens_per_second", "gauge", "Decode speed of the last request.", c.last_decode_tps);
+  m.add_value("bmoe_prompt_tokens_per_second", "gauge", "Prompt speed of the last request that evaluated prompt tokens.",
+              c.last_prompt_tps);
+}
+
+void add_expert_metrics(MetricsText& m, const ExpertStats& e) {
+  m.add_value("bmoe_expert_lookups_total", "counter", "Routed-expert lookups.", static_cast<double>(e.requests));
+  m.add_value("bmoe_expert_cache_hits_total", "counter", "Lookups served from the expert cache.", static_cast<double>(e.hits));
+  m.add_value("bmoe_expert_cache_hit_ratio", "gauge", "Expert cache hits / lookups since start.",
+              e.requests ? static_cast<double>(e.hits) / static_cast<double>(e.requests) : 0.0);
+  m.add_value("bmoe_flash_read_bytes_total", "counter", "Bytes of experts read from the model file.",
+              static_cast<double>(e.bytes_read));
+  m.add_value("bmoe_flash_read_mib_total", "counter", "The same in MiB.", static_cast<double>(e.bytes_read) / 1048576.0);
+  m.add_value("bmoe_expert_cache_used_bytes", "gauge", "Bytes held by the expert cache.", static_cast<double>(e.cache_used_bytes));
+}
+
+}  // namespace
+
+DecodeWorker::DecodeWorker(LoadedRun run, size_t queue_capacity)
+    : run_(std::move(run)), pool_(run_.config.thread_count()), session_(open_session(run_, pool_)),
+      capacity_(queue_capacity) {
+  counters_.experts = run_.model->experts->stats();
+  worker_ = std::thread([this] { work(); });
+}
+
+DecodeWorker::~DecodeWorker() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  worker_.join();
+}
+
+void DecodeWorker::shutdown() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (shutting_down_) return;
+  shutting_down_ = true;
+  if (current_) current_->cancel.store(true);
+  for (auto& job : queue_) finish(*job, {}, kShuttingDown, 503);
+  queue_.clear();
+}
+
+bool DecodeWorker::shutting_down() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return shutting_down_;
+}
+
+bool DecodeWorker::submit(const std::shared_ptr<Job>& job) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (shutting_down_) return false;
+  if (queue_.size() >= capacity_) {
+    ++counters_.rejected_busy;
+    return false;
+  }
+  queue_.push_back(job);
+  wake_.notify_one();
+  return true;
+}
+
+void DecodeWorker::count(uint64_t Counters::*field) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++(counters_.*field);
+}
+
+std::string DecodeWorker::prometheus() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  MetricsText m;
+  add_request_metrics(m, counters_, queue_.size(), capacity_, busy_);
+  add_token_metrics(m, counters_);
+  add_expert_metrics(m, counters_.experts);
+  m.add_value("bmoe_rss_bytes", "gauge", "Resident set size of the server.", static_cast<double>(read_memory().rss));
+  return m.take();
+}
+
+nlohmann::ordered_json DecodeWorker::stats() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const Counters& c = counters_;
+  const ExpertStats& e = c.experts;
+  const MemorySnapshot m = read_memory();
+  nlohmann::ordered_json memory = {{"rss_bytes", m.rss}, {"peak_rss_bytes", m.peak_rss}};
+  if (const std::optional<uint64_t> available = m.available()) memory["available_bytes"] = *available;
+  return {{"busy", busy_},
+          {"queue_depth", queue_.size()},
+          {"prompt_tokens", c.prompt_tokens},
+          {"generated_tokens", c.generated_tokens + c.live_pieces},
+          {"last_decode_tokens_per_second", c.last_decode_tps},
+          {"last_prompt_tokens_per_second", c.last_prompt_tps},
+          {"experts", {{"streamed", run_.model->streamer() != nullptr},  // false: all mapped, no cache
+                       {"lookups", e.requests}, {"hits", e.hits}, {"flash_read_bytes", e.bytes_read},
+                       {"cache_used_bytes", e.cache_used_bytes}, {"cache_budget_bytes", e.cache_budget_bytes}}},
+          {"memory", memory}};
+}
+
+void DecodeWorker::work() {
+  while (const std::shared_ptr<Job> job = next_job()) {
+    run_job(*job);
+    std::lock_guard<std::mutex> lock(mutex_);
+    busy_ = false;
+    current_.reset();
+  }
+  // Release anyone still waiting.
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto& job : queue_) finish(*job, {}, kShuttingDown, 503);
+}
+
+std::shared_ptr<Job> DecodeWorker::next_job() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+  if (stopping_) return nullptr;
+  std::shared_ptr<Job> job = queue_.front();
+  queue_.pop_front();
+  busy_ = true;
+  current_ = job;
+  return job;
+}
+
+void DecodeWorker::run_job(Job& job) {
+  std::vector<GenerateResult> results;
+  std::string error;
+  // n choices one after the other: each re-evaluates only the prompt's last token (the KV
+  // prefix is kept), and is seeded apart so that sampled choices differ.
+  for (int i = 0; i < job.n && error.empty(); ++i) {
+    results.push_back(run_choice(job, i, error));
+    const std::string& reason = results.back().finish_reason;
+    if (reason == "cancelled") break;
+    if (i + 1 < job.n && error.empty()) job.push({i, {}, std::nullopt, reason});
+  }
+  const bool cancelled = !results.empty() && results.back().finish_reason == "cancelled";
+  int status = 500;
+  if (error.empty() && cancelled && shutting_down()) {
+    error = kShuttingDown;
+    status = 503;
+  }
+  record(results, !error.empty(), cancelled);
+  finish(job, std::move(results), error, status);
+}
+
+// A finished job's outcome and token counts, into the counters.
+void DecodeWorker::record(const std::vector<GenerateResult>& results, bool failed, bool cancelled) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Counters& c = counters_;
+  if (failed) ++c.failed;
+  else if (cancelled) ++c.cancelled;
+  else ++c.ok;
+  for (const GenerateResult& result : results) {
+    c.prompt_tokens += static_cast<uint64_t>(result.prompt_tokens);
+    c.reused_tokens += static_cast<uint64_t>(result.reused_tokens);
+    c.generated_tokens += result.tokens.size();
+    c.decode_seconds += result.decode_seconds;
+    c.prefill_seconds += result.prefill_seconds;
+    if (!result.tokens.empty()) c.last_decode_tps = static_cast<double>(result.tokens.size()) / std::max(result.decode_seconds, 1e-9);
+    if (result.prompt_tokens > result.reused_tokens) {
+      c.last_prompt_tps = (result.prompt_tokens - result.reused_tokens) / std::max(result.prefill_seconds, 1e-9);
+    }
+  }
+  c.live_pieces = 0;
+  c.experts = run_.model->experts->stats();
+}
+
+// Generates choice `index` of the job, streaming its pieces and log-probabilities as events.
+GenerateResult DecodeWorker::run_choice(Job& job, int index, std::string& error) {
+  GenerateResult result;
+  if (job.cancel.load()) {
+    result.finish_reason = "cancelled";
+    return result;
+  }
+  GenerateParams params = job.params;
+  params.sampler.seed += static_cast<uint64_t>(index);
+  try {
+    result = generate(*session_, job.prompt, params, [this, &job, index](const std::string& piece) {
+      publish_progress();
+      job.push({index, piece, std::nullopt, {}});
+      return true;
+    }, &job.cancel, [&job, index](const TokenLogprob& lp) { job.push({index, {}, lp, {}}); });
+  } catch (const std::exception& e) {
+    error = e.what();
+    session_->reset();  // the KV cache may be half-written
+  }
+  return result;
+}
+
+// Between tokens, on the worker (the expert counters are only written by it): the live
+// figures /stats reports while an answer streams. A copy under the lock costs ~1 us a token.
+void DecodeWorker::publish_progress() {
+  const ExpertStats e = run_.model->experts->stats();
+  std::lock_guard<std::mutex> lock(mutex_);
+  counters_.experts = e;
+  ++counters_.live_pieces;
+}
+
+void DecodeWorker::finish(Job& job, std::vector<GenerateResult> results, const std::string& error, int status) {
+  std::lock_guard<std::mutex> lock(job.mutex);
+  job.results = std::move(results);
+  job.error = error;
+  job.error_status = status;
+  job.done = true;
+  job.changed.notify_all();
+}
+
+}  // namespace bmoe

@@ -1,0 +1,123 @@
+// bmoe-server's decoding side: a job (one completion request's prompt, parameters and output)
+// and the one worker thread that runs jobs from a bounded queue on the server's single
+// session, whose KV prefix later requests reuse. HTTP threads submit jobs and wait for (or
+// stream) their events; the worker keeps the counters /metrics and /stats report.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/thread_pool.h"
+#include "engine/generate.h"
+#include "engine/run.h"
+#include "engine/session.h"
+#include "text/sampler.h"
+
+namespace bmoe {
+
+inline constexpr const char* kShuttingDown =
+    "the server is shutting down (SIGTERM or SIGINT): the request was not completed";
+
+// One step of a job's output, in order: a piece of a choice's text, a token's
+// log-probabilities, or the end of a choice other than the last (the last ends with the job).
+struct JobEvent {
+  int choice = 0;
+  std::string text;
+  std::optional<TokenLogprob> logprob;
+  std::string finish;  // GenerateResult::finish_reason of the choice that ended
+};
+
+struct Job {
+  std::vector<int32_t> prompt;
+  GenerateParams params;
+  int n = 1;  // choices, generated one after the other; choice i is seeded params.sampler.seed + i
+  std::atomic<bool> cancel{false};
+
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::deque<JobEvent> events;  // streamed output not yet sent
+  bool done = false;
+  std::vector<GenerateResult> results;  // one per choice generated
+  std::string error;       // set when generation failed
+  int error_status = 500;  // 503 when the server is shutting down
+
+  void push(JobEvent e) {
+    std::lock_guard<std::mutex> lock(mutex);
+    events.push_back(std::move(e));
+    changed.notify_all();
+  }
+};
+
+struct Counters {
+  uint64_t ok = 0, rejected_busy = 0, bad_request = 0, cancelled = 0, failed = 0, unauthorized = 0;
+  uint64_t prompt_tokens = 0, reused_tokens = 0, generated_tokens = 0;
+  double decode_seconds = 0, prefill_seconds = 0;
+  double last_decode_tps = 0;
+  double last_prompt_tps = 0;
+  ExpertStats experts;  // latest snapshot: after each piece and each job (the worker owns the live counters)
+  uint64_t live_pieces = 0;  // pieces of the running job so far (~ its tokens; exact counts come at its end)
+};
+
+// The one decoding thread: a bounded queue of jobs, each run to completion on the server's
+// single session (whose KV prefix later requests reuse), with the counters /metrics reports.
+class DecodeWorker {
+ public:
+  // queue_capacity: jobs that may wait while one decodes; submit refuses more.
+  DecodeWorker(LoadedRun run, size_t queue_capacity);
+  ~DecodeWorker();
+
+  LoadedRun& run() { return run_; }
+  LoadedModel& model() { return *run_.model; }
+  int n_ctx() { return session_->state().n_ctx(); }
+
+  // Stops taking jobs (SIGTERM): the running one is cancelled and ends with an error, the
+  // queued ones end with an error at once, and later submits are refused.
+  void shutdown();
+  bool shutting_down();
+
+  // Queues a job; false when the queue is full or the server is shutting down.
+  bool submit(const std::shared_ptr<Job>& job);
+
+  void count(uint64_t Counters::*field);
+
+  // GET /metrics: the counters in Prometheus' text format.
+  std::string prometheus();
+  // GET /stats: the same counters as JSON, for the web page. generated_tokens includes the
+  // running job's pieces so far, so a client can take differences while an answer streams
+  // (cache hit rate and flash MiB per token of that answer).
+  nlohmann::ordered_json stats();
+
+ private:
+  void work();
+  std::shared_ptr<Job> next_job();  // nullptr once stopping
+  void run_job(Job& job);
+  void record(const std::vector<GenerateResult>& results, bool failed, bool cancelled);
+  GenerateResult run_choice(Job& job, int index, std::string& error);
+  void publish_progress();
+  static void finish(Job& job, std::vector<GenerateResult> results, const std::string& error, int status = 500);
+
+  std::shared_ptr<Job> current_;  // the job being decoded
+  bool shutting_down_ = false;
+  LoadedRun run_;
+  ThreadPool pool_;
+  std::unique_ptr<Session> session_;
+  size_t capacity_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<std::shared_ptr<Job>> queue_;
+  bool busy_ = false;
+  bool stopping_ = false;
+  Counters counters_;
+  std::thread worker_;
+};
+
+}  // namespace bmoe
