@@ -4,9 +4,9 @@
 // into a RunConfig (tools/run_options.h) and hand it here; anything else that embeds the engine
 // does the same without flags.
 //
-// The lines this file prints on stderr ("mode:", "load:", "moe-cache:", "prefetch:", warnings) name the
-// command-line flags a setting comes from, because bmoe's tools are its users; the spellings are
-// the same in every tool.
+// The lines this file prints on stderr ("mode:", "load:", "moe-cache:", "prefetch:", warnings)
+// name the command-line flags a setting comes from, because bmoe's tools are its users; the
+// spellings are the same in every tool.
 #pragma once
 
 #include <cstdint>
@@ -126,10 +126,10 @@ struct LoadedRun {
 // Chooses the mode (choose_moe_mode, from the model's header and read_memory()) and loads the
 // model; when streaming, sizes the expert cache (the automatic budget: available memory, or the
 // cgroup limit, minus the KV cache, working buffers, a margin and the prefetch staging area, and
-// never more than holding every expert takes), attaches the streaming store and warm-starts it
-// from config.cache_file. Prints the "mode:" and "load:" lines and any warnings on stderr. Throws Error on a model that does not load, on
-// unreadable available memory under an automatic budget, and on a cache file that exists but is
-// not one (it would be overwritten at the end).
+// never more than holding every expert takes), attaches the streaming store and warm-starts it from
+// config.cache_file. Prints the "mode:" and "load:" lines and any warnings on stderr. Throws Error
+// on a model that does not load, on unreadable available memory under an automatic budget, and on a
+// cache file that exists but is not one (it would be overwritten at the end).
 LoadedRun load_run(const RunConfig& config);
 
 // A session on the run's model with its context, batch, KV type and routing options. `pool`
