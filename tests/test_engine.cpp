@@ -1,18 +1,144 @@
 // Generation on a session: stop strings, prefix reuse that changes nothing but the work done,
-// cancellation.
+// cancellation. A run's mode: streaming or resident chosen from the model's size and memory.
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstdlib>
+#include <filesystem>
 #include <vector>
 
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "engine/generate.h"
 #include "engine/loader.h"
+#include "engine/run.h"
+#include "moe/read_planner.h"
 #include "test_util.h"
 
 namespace bmoe {
 namespace {
+
+constexpr uint64_t kGiB = 1ull << 30;
+
+MemorySnapshot memory_of(uint64_t mem_available, std::optional<uint64_t> cgroup_available = std::nullopt) {
+  MemorySnapshot m;
+  m.mem_available = mem_available;
+  if (cgroup_available) {
+    m.cgroup_limit = *cgroup_available + kGiB;  // part of the limit already used
+    m.cgroup_available = cgroup_available;
+  }
+  return m;
+}
+
+TEST(MoeMode, AModelThatFitsStaysResident) {
+  const ModeChoice c = choose_moe_mode(MoeMode::Auto, 18 * kGiB, kGiB / 2, memory_of(64 * kGiB));
+  EXPECT_FALSE(c.stream);
+  EXPECT_NE(c.reason.find("<= available 64.00 GiB"), std::string::npos) << c.reason;
+  EXPECT_EQ(c.line().rfind("mode: resident (model 18.00 GiB + KV 512.00 MiB", 0), 0u) << c.line();
+}
+
+TEST(MoeMode, AModelThatDoesNotFitStreams) {
+  const ModeChoice c = choose_moe_mode(MoeMode::Auto, 18 * kGiB, kGiB / 2, memory_of(12 * kGiB));
+  EXPECT_TRUE(c.stream);
+  EXPECT_NE(c.reason.find("> available 12.00 GiB"), std::string::npos) << c.reason;
+  EXPECT_NE(c.reason.find("--no-moe-stream"), std::string::npos) << c.reason;
+  EXPECT_EQ(c.line().rfind("mode: streaming (", 0), 0u);
+}
+
+TEST(MoeMode, TheMarginAndBuffersCount) {
+  // Fits exactly with the working buffers and the margin (a tenth of 20 GiB) counted; a byte
+  // more does not.
+  const uint64_t available = 20 * kGiB;
+  const uint64_t room = available - kWorkingBufferBytes - memory_margin(available);
+  EXPECT_EQ(memory_margin(available), 2 * kGiB);
+  EXPECT_EQ(memory_margin(kGiB), 512ull << 20);  // the floor
+  EXPECT_FALSE(choose_moe_mode(MoeMode::Auto, room - kGiB, kGiB, memory_of(available)).stream);
+  EXPECT_TRUE(choose_moe_mode(MoeMode::Auto, room - kGiB + 1, kGiB, memory_of(available)).stream);
+  EXPECT_TRUE(choose_moe_mode(MoeMode::Auto, room - kGiB, kGiB + 1, memory_of(available)).stream);  // the KV counts
+}
+
+TEST(MoeMode, ACgroupSmallerThanMemAvailableDecides) {
+  const ModeChoice c = choose_moe_mode(MoeMode::Auto, 18 * kGiB, kGiB / 2, memory_of(64 * kGiB, 10 * kGiB));
+  EXPECT_TRUE(c.stream);
+  EXPECT_NE(c.reason.find("available 10.00 GiB (cgroup limit 11.00 GiB)"), std::string::npos) << c.reason;
+  // A cgroup with room to spare changes nothing.
+  EXPECT_FALSE(choose_moe_mode(MoeMode::Auto, 18 * kGiB, kGiB / 2, memory_of(64 * kGiB, 100 * kGiB)).stream);
+}
+
+TEST(MoeMode, AForcedModeIsKept) {
+  const ModeChoice stream = choose_moe_mode(MoeMode::Stream, kGiB, 0, memory_of(64 * kGiB));
+  EXPECT_TRUE(stream.stream);
+  EXPECT_EQ(stream.line(), "mode: streaming (--moe-stream)");
+  const ModeChoice fits = choose_moe_mode(MoeMode::Resident, kGiB, 0, memory_of(64 * kGiB));
+  EXPECT_FALSE(fits.stream);
+  EXPECT_EQ(fits.line(), "mode: resident (--no-moe-stream)");
+  const ModeChoice too_big = choose_moe_mode(MoeMode::Resident, 18 * kGiB, 0, memory_of(12 * kGiB));
+  EXPECT_FALSE(too_big.stream);
+  EXPECT_NE(too_big.reason.find("does not fit"), std::string::npos) << too_big.reason;
+}
+
+TEST(MoeMode, UnknownMemoryStaysResident) {
+  const ModeChoice c = choose_moe_mode(MoeMode::Auto, 18 * kGiB, 0, MemorySnapshot{});
+  EXPECT_FALSE(c.stream);
+  EXPECT_NE(c.reason.find("unknown"), std::string::npos) << c.reason;
+}
+
+TEST(MoeMode, ThePreviewCountsEveryShard) {
+  const std::string first = test_model_path("tiny-qwen3moe", 2, {}, 3);
+  const ModelPreview p = preview_model(first);
+  uint64_t total = 0;
+  for (int i = 1; i <= 3; ++i) {
+    const auto split = parse_split_name(first);
+    ASSERT_TRUE(split.has_value());
+    total += std::filesystem::file_size(split_shard_path(split->prefix, i, 3));
+  }
+  EXPECT_EQ(p.file_bytes, total);
+  EXPECT_GT(p.file_bytes, std::filesystem::file_size(first));
+  EXPECT_EQ(p.config.n_layer, 2);
+  EXPECT_GT(p.config.kv_bytes_per_token(), 0);
+}
+
+// BMOE_FAKE_MEM_AVAILABLE_MB set for one scope (it stands for the machine's memory figures).
+class FakeMemory {
+ public:
+  explicit FakeMemory(int mib) { ::setenv("BMOE_FAKE_MEM_AVAILABLE_MB", std::to_string(mib).c_str(), 1); }
+  ~FakeMemory() { ::unsetenv("BMOE_FAKE_MEM_AVAILABLE_MB"); }
+};
+
+TEST(MoeMode, LoadRunChoosesFromTheMemoryItSees) {
+  RunConfig config;
+  config.model = test_model_path("tiny-qwen3moe", 2);
+  config.ctx_size = 256;
+  {
+    const FakeMemory plenty(64 << 10);
+    const LoadedRun run = load_run(config);
+    EXPECT_FALSE(run.mode.stream);
+    EXPECT_EQ(run.config.moe_mode, MoeMode::Resident);
+    EXPECT_EQ(run.config.batch(), 512);
+    EXPECT_FALSE(run.model->streaming());
+  }
+  {
+    const FakeMemory scarce(700);  // under the buffers and the 512 MiB margin
+    LoadedRun run = load_run(config);
+    EXPECT_TRUE(run.mode.stream);
+    EXPECT_EQ(run.config.moe_mode, MoeMode::Stream);
+    EXPECT_EQ(run.config.batch(), 2048);
+    EXPECT_NE(run.model->streamer(), nullptr);
+    EXPECT_NE(run.mode.reason.find("available 700.00 MiB"), std::string::npos) << run.mode.reason;
+  }
+}
+
+TEST(MoeMode, TheAutomaticBudgetStopsAtEveryExpert) {
+  RunConfig config;
+  config.model = test_model_path("tiny-qwen3moe", 2);
+  config.ctx_size = 256;
+  config.moe_mode = MoeMode::Stream;
+  const FakeMemory plenty(64 << 10);
+  LoadedRun run = load_run(config);
+  const uint64_t every_expert = ReadPlanner::every_expert_bytes(run.model->expert_layout);
+  EXPECT_GE(every_expert, run.model->expert_layout.total_bytes());
+  EXPECT_EQ(run.cache_budget, every_expert);
+}
 
 TEST(StopMatcher, HoldsBackPossibleStartsAndCutsAtTheStop) {
   StopMatcher m({"END", "\n\n"});

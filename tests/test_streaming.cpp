@@ -2,6 +2,7 @@
 // fully resident model, whatever the cache size, read lanes, O_DIRECT, dense placement or
 // sharding; the cache never exceeds its budget; failed or short reads stop with an error.
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 
 #include <atomic>
 #include <cctype>
@@ -214,6 +215,33 @@ TEST(BufferPool, ReservedBuffersAreTouchedAndRecycled) {
   pool.give(std::move(b));
   pool.give(std::move(c));
   EXPECT_EQ(pool.free_count(), 4u);
+}
+
+// Whether the page at `p` is in memory (mincore).
+bool page_resident(const uint8_t* p) {
+  unsigned char in_core = 0;
+  const auto page = reinterpret_cast<uintptr_t>(p) / 4096 * 4096;
+  if (::mincore(reinterpret_cast<void*>(page), 4096, &in_core) != 0) ADD_FAILURE() << "mincore failed";
+  return (in_core & 1) != 0;
+}
+
+TEST(BufferPool, TheUpFrontTouchIsBoundedAndTouchedBuffersGoFirst) {
+  BufferPool pool(16384);  // touches 16 KiB up front, pool-wide
+  pool.reserve(8192, 4);
+  pool.reserve(4096, 2);  // past the bound: untouched
+  EXPECT_EQ(pool.reserved_bytes(), 4u * 8192 + 2 * 4096);
+  EXPECT_EQ(pool.touched_bytes(), 16384u);
+  std::vector<std::unique_ptr<BufferPool::Buffer>> taken;
+  for (int i = 0; i < 4; ++i) taken.push_back(pool.take(8192));
+  // The first two handed out are the touched ones (the arena's end), the others are not yet.
+  EXPECT_TRUE(page_resident(taken[0]->data));
+  EXPECT_TRUE(page_resident(taken[1]->data));
+  EXPECT_FALSE(page_resident(taken[2]->data));
+  EXPECT_FALSE(page_resident(taken[3]->data));
+  EXPECT_EQ(pool.allocations(), 0u);  // untouched reserved buffers are not allocations
+  taken[3]->data[0] = 1;              // and their memory is there to write
+  EXPECT_TRUE(page_resident(taken[3]->data));
+  for (auto& b : taken) pool.give(std::move(b));
 }
 
 TEST(BufferPool, TrimReleasesTheSurplusSizeAndTakingItBackCounts) {

@@ -137,8 +137,8 @@ std::string config_json(const CliOptions& c, const LoadedRun& run) {
   j["seed"] = c.seed;
   j["kv_type"] = flags.kv_type;
   j["n_expert_used"] = run.model->transformer->config().n_expert_used;
-  j["moe_stream"] = o.moe_stream;
-  if (o.moe_stream) {
+  j["moe_stream"] = o.streaming();
+  if (o.streaming()) {
     j["dense_weights"] = flags.dense_weights;
     j["cache_mb_requested"] = flags.cache_mb;
     j["cache_budget_mib"] = run.cache_budget >> 20;
@@ -391,7 +391,7 @@ void print_answer(const CliOptions& o, const Tokenizer& tok, const std::vector<i
 void print_run_report(LoadedRun& loaded, Session& session, const GenerateParams& params, const GenerateResult& r,
                       const RunSummary& summary) {
   const RunConfig& c = loaded.config;
-  fmt::print(stderr, "{}", summary_lines(summary, c.moe_stream, c.io_threads, loaded.cache_budget));
+  fmt::print(stderr, "{}", summary_lines(summary, c.streaming(), c.io_threads, loaded.cache_budget));
   if (drafts_with(params)) {
     fmt::print(stderr, "speculative: drafted {}, accepted {} ({:.1f} %), {} verify passes, max draft {}\n", r.drafted,
                r.accepted, r.drafted ? 100.0 * static_cast<double>(r.accepted) / static_cast<double>(r.drafted) : 0.0,

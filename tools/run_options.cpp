@@ -105,7 +105,7 @@ void add_run_flags(CLI::App& app, RunOptions& o) {
   app.add_option("-m,--model", o.config.model, "GGUF model file (any shard of a split model)");
   app.add_option("-t,--threads", o.config.threads, "compute threads (default: all cores)")->check(CLI::Range(0, 512));
   app.add_option("-c,--ctx-size", o.config.ctx_size, "context size in tokens")->capture_default_str()->check(CLI::Range(16, 1 << 20));
-  app.add_option("-b,--batch-size", o.config.batch_size, "prompt tokens per forward pass (default 512; 2048 with --moe-stream)")
+  app.add_option("-b,--batch-size", o.config.batch_size, "prompt tokens per forward pass (default 512; 2048 streamed)")
       ->check(CLI::Range(1, 8192));
   app.add_option("--n-expert-used", o.config.n_expert_used, "override the model's top-k experts per token (lossy)")->check(CLI::Range(1, 1024));
   app.add_option("--kv-type", o.kv_type, "KV cache element type: f16 or f32")->capture_default_str()->check(CLI::IsMember({"f16", "f32"}));
@@ -118,7 +118,12 @@ void add_run_flags(CLI::App& app, RunOptions& o) {
   app.add_option("--chat-template-file", o.config.chat_template, "a Jinja chat template file (as llama.cpp's flag)")
       ->check(CLI::ExistingFile);
   app.add_flag("--jinja")->description("accepted for llama.cpp compatibility: chat templates are always rendered with Jinja");
-  app.add_flag("--moe-stream", o.config.moe_stream, "read routed experts from flash on demand instead of mapping the whole model");
+  auto* stream = app.add_flag("--moe-stream", o.moe_stream,
+                              "read routed experts from flash on demand into a bounded cache (default: when the model "
+                              "does not fit in available memory)");
+  app.add_flag("--no-moe-stream", o.no_moe_stream,
+               "map the whole model, experts included, even when it does not fit in available memory")
+      ->excludes(stream);
   app.add_option("--dense-weights", o.dense_weights, "streaming: dense weights in anonymous memory (anon) or mapped (mmap)")
       ->capture_default_str()->check(CLI::IsMember({"anon", "mmap"}));
   app.add_option("--cache-mb", o.cache_mb, "streaming: expert cache budget in MiB, or auto (from free memory / cgroup limit)")
@@ -198,9 +203,10 @@ uint64_t parse_mib(const std::string& text, const char* flag) {
 // The combinations CLI11 cannot check: knobs that act only on a streamed model.
 void check_combinations(const RunConfig& c) {
   if (c.model.empty()) fail("no model given (-m FILE)");
-  if ((c.prefetch > 0 || !c.predict_log.empty()) && !c.moe_stream) fail("--prefetch/--predict-log need --moe-stream");
+  // Asked for, not left to the automatic choice: a knob must not turn silent when the model fits.
+  if ((c.prefetch > 0 || !c.predict_log.empty()) && !c.streaming()) fail("--prefetch/--predict-log need --moe-stream");
   if (!c.predict_log.empty() && c.prefetch == 0 && c.route_ahead == 0) fail("--predict-log needs --prefetch N (or --route-ahead N)");
-  if (!c.cache_file.empty() && !c.moe_stream) fail("--cache-file needs --moe-stream");
+  if (!c.cache_file.empty() && !c.streaming()) fail("--cache-file needs --moe-stream");
 }
 
 Predictor predictor_named(const std::string& name) {
@@ -211,6 +217,7 @@ Predictor predictor_named(const std::string& name) {
 
 RunConfig run_config(const RunOptions& o) {
   RunConfig c = o.config;
+  c.moe_mode = o.moe_stream ? MoeMode::Stream : o.no_moe_stream ? MoeMode::Resident : MoeMode::Auto;
   check_combinations(c);
   if (o.cache_mb != "auto") c.cache_bytes = parse_mib(o.cache_mb, "--cache-mb");
   if (o.cache_ceil_mb >= 0) c.cache_ceiling_bytes = static_cast<uint64_t>(o.cache_ceil_mb) << 20;

@@ -28,6 +28,8 @@ struct RunOptions {
   std::string io_engine = "threads";
   bool no_odirect = false;
   std::string predictor = "both";  // router, affinity or both
+  bool moe_stream = false;     // --moe-stream
+  bool no_moe_stream = false;  // --no-moe-stream (neither: the mode chooses itself)
 };
 
 // The RunConfig the flags ask for. Fails (bmoe::Error naming the flags) without a model, on a

@@ -154,17 +154,34 @@ static void populate_if_it_fits(const std::vector<MappedFile>& maps) {
   for (const MappedFile& m : maps) m.populate();
 }
 
+static const Architecture* architecture_of(const std::string& path, const std::string& name) {
+  const Architecture* arch = find_architecture(name);
+  if (arch == nullptr) {
+    std::string known;
+    for (const Architecture& a : architectures()) known += (known.empty() ? "" : ", ") + std::string(a.name);
+    fail("{}: unsupported architecture '{}' (supported: {})", path, name, known);
+  }
+  return arch;
+}
+
+ModelPreview preview_model(const std::string& path) {
+  LoadedModel model;  // holds only the header: read_hparams asks for keys and tensor shapes
+  model.gguf = GgufModel::open(path);
+  model.arch = model.gguf->get_string("general.architecture");
+  const Architecture* arch = architecture_of(path, model.arch);
+  ModelPreview preview;
+  GgufArchLoader loader(model, LoadOptions{}, model.arch);
+  arch->read_hparams(loader, preview.config);
+  for (const GgufShard& s : model.gguf->shards()) preview.file_bytes += s.file_size;
+  return preview;
+}
+
 std::unique_ptr<LoadedModel> load_model(const std::string& path, const LoadOptions& options) {
   auto model = std::make_unique<LoadedModel>();
   model->gguf = GgufModel::open(path);
   const GgufModel& gguf = *model->gguf;
   model->arch = gguf.get_string("general.architecture");
-  const Architecture* arch = find_architecture(model->arch);
-  if (arch == nullptr) {
-    std::string known;
-    for (const Architecture& a : architectures()) known += (known.empty() ? "" : ", ") + std::string(a.name);
-    fail("{}: unsupported architecture '{}' (supported: {})", path, model->arch, known);
-  }
+  const Architecture* arch = architecture_of(path, model->arch);
   for (const GgufShard& s : gguf.shards()) model->expert_layout.files.push_back(s.path);
 
   if (!options.stream_experts) {

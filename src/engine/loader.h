@@ -54,6 +54,15 @@ struct LoadedModel {
 
 std::unique_ptr<LoadedModel> load_model(const std::string& path, const LoadOptions& options);
 
+// What a model asks of memory, from its header alone (no weight is read): its hyperparameters
+// (the KV cache's size follows from them) and the bytes of its files, all shards. Throws the
+// errors load_model would on a file that is not a model bmoe runs.
+struct ModelPreview {
+  ModelConfig config;
+  uint64_t file_bytes = 0;
+};
+ModelPreview preview_model(const std::string& path);
+
 // Staging room for read-ahead experts (--prefetch / --route-ahead `window`): (window + 1) x
 // `per_layer` of the largest expert (per_layer: what may be read ahead for one layer, e.g. the
 // routers' top-k guess), one window in flight while the layer being computed still holds the

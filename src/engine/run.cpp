@@ -16,6 +16,7 @@
 #include "io/mapped_file.h"
 #include "moe/cache_file.h"
 #include "moe/cache_policy.h"
+#include "moe/read_planner.h"
 #include "telemetry/system.h"
 
 namespace bmoe {
@@ -44,22 +45,25 @@ int reads_ahead_per_layer(const RunConfig& c, const ModelConfig& cfg) {
 }
 
 // The automatic budget: what memory (and the cgroup limit) allows after the dense weights,
-// minus the KV cache, working buffers and a safety margin.
-uint64_t auto_cache_budget(const RunConfig& c, uint64_t kv_bytes, uint64_t staging_bytes) {
+// minus the KV cache, working buffers and a safety margin; and no more than holding every
+// expert takes (`every_expert`), so that a model with memory to spare reserves only its experts.
+uint64_t auto_cache_budget(const RunConfig& c, uint64_t kv_bytes, uint64_t staging_bytes, uint64_t every_expert) {
   const MemorySnapshot m = read_memory();
   const auto available = m.available();
   if (!available) fail("--cache-mb auto: cannot read available memory (/proc/meminfo); give --cache-mb N");
-  const uint64_t scratch = 256ull << 20;
-  const uint64_t margin = std::max<uint64_t>(512ull << 20, *available / 10);
-  const uint64_t reserve = kv_bytes + scratch + margin + staging_bytes;
+  const uint64_t margin = memory_margin(*available);
+  const uint64_t reserve = kv_bytes + kWorkingBufferBytes + margin + staging_bytes;
   uint64_t budget = *available > reserve ? *available - reserve : 0;
   if (c.cache_ceiling_bytes) budget = std::min(budget, *c.cache_ceiling_bytes);
-  fmt::print(stderr, "moe-cache: auto budget {} MiB = available {} MiB{} - KV {} MiB - buffers {} MiB - margin {} MiB{}{}\n",
+  const bool capped = budget > every_expert;
+  budget = std::min(budget, every_expert);
+  fmt::print(stderr, "moe-cache: auto budget {} MiB = available {} MiB{} - KV {} MiB - buffers {} MiB - margin {} MiB{}{}{}\n",
              budget >> 20, *available >> 20,
              m.cgroup_limit ? fmt::format(" (cgroup limit {} MiB)", *m.cgroup_limit >> 20) : "", kv_bytes >> 20,
-             scratch >> 20, margin >> 20,
+             kWorkingBufferBytes >> 20, margin >> 20,
              staging_bytes ? fmt::format(" - prefetch staging {} MiB", staging_bytes >> 20) : "",
-             c.cache_ceiling_bytes ? fmt::format(", ceiling {} MiB", *c.cache_ceiling_bytes >> 20) : "");
+             c.cache_ceiling_bytes ? fmt::format(", ceiling {} MiB", *c.cache_ceiling_bytes >> 20) : "",
+             capped ? fmt::format(", capped at all experts' {} MiB", every_expert >> 20) : "");
   return budget;
 }
 
@@ -113,7 +117,9 @@ uint64_t stream_experts(const RunConfig& c, LoadedModel& model) {
   const ModelConfig& cfg = model.transformer->config();
   const uint64_t staging = prefetch_staging_bytes(model.expert_layout, reads_ahead_per_layer(c, cfg),
                                                   std::max(c.prefetch, c.route_ahead));
-  const uint64_t budget = c.cache_bytes ? *c.cache_bytes : auto_cache_budget(c, context_bytes(c, cfg), staging);
+  const uint64_t budget = c.cache_bytes ? *c.cache_bytes
+                                        : auto_cache_budget(c, context_bytes(c, cfg), staging,
+                                                            ReadPlanner::every_expert_bytes(model.expert_layout));
   const StreamingOptions so = streaming_options(c, cfg, budget, staging);
   attach_streaming(model, so);
   for (const auto& note : model.streamer()->io_notes()) fmt::print(stderr, "warning: {}\n", note);
@@ -136,19 +142,59 @@ void print_load_line(const LoadedRun& run) {
   }
 }
 
+// "model 18.5 GiB + KV 384 MiB > available 10.2 GiB (cgroup limit 11.0 GiB) - buffers 256 MiB -
+// margin 1.0 GiB": the comparison choose_moe_mode made.
+std::string fit_text(uint64_t model_bytes, uint64_t context_bytes, const MemorySnapshot& memory, bool fits) {
+  const uint64_t available = *memory.available();
+  return fmt::format("model {} + KV {} {} available {}{} - buffers {} - margin {}", format_bytes(model_bytes),
+                     format_bytes(context_bytes), fits ? "<=" : ">", format_bytes(available),
+                     memory.cgroup_limit ? fmt::format(" (cgroup limit {})", format_bytes(*memory.cgroup_limit)) : "",
+                     format_bytes(kWorkingBufferBytes), format_bytes(memory_margin(available)));
+}
+
+// Chooses the mode from the model's header before loading it; prints the "mode:" line.
+ModeChoice choose_mode_for(const RunConfig& c) {
+  const ModelPreview preview = preview_model(c.model);
+  ModeChoice choice = choose_moe_mode(c.moe_mode, preview.file_bytes, context_bytes(c, preview.config), read_memory());
+  fmt::print(stderr, "{}\n", choice.line());
+  return choice;
+}
+
 }  // namespace
+
+uint64_t memory_margin(uint64_t available) { return std::max<uint64_t>(512ull << 20, available / 10); }
+
+std::string ModeChoice::line() const { return fmt::format("mode: {} ({})", stream ? "streaming" : "resident", reason); }
+
+ModeChoice choose_moe_mode(MoeMode asked, uint64_t model_bytes, uint64_t context_bytes, const MemorySnapshot& memory) {
+  if (asked == MoeMode::Stream) return {true, "--moe-stream"};
+  const std::optional<uint64_t> available = memory.available();
+  if (!available) {
+    return {false, asked == MoeMode::Resident ? "--no-moe-stream" : "available memory unknown; --moe-stream streams the experts"};
+  }
+  const uint64_t need = model_bytes + context_bytes + kWorkingBufferBytes + memory_margin(*available);
+  const bool fits = need <= *available;
+  const std::string sizes = fit_text(model_bytes, context_bytes, memory, fits);
+  if (asked == MoeMode::Resident) {
+    return {false, fits ? "--no-moe-stream" : "--no-moe-stream, though it does not fit: " + sizes + "; expect page faults"};
+  }
+  if (fits) return {false, sizes + "; --moe-stream streams anyway"};
+  return {true, sizes + "; --no-moe-stream maps it whole"};
+}
 
 LoadedRun load_run(const RunConfig& config) {
   LoadedRun run;
   run.config = config;
   Stopwatch timer;
+  run.mode = choose_mode_for(config);
+  run.config.moe_mode = run.mode.stream ? MoeMode::Stream : MoeMode::Resident;
   LoadOptions load;
   load.n_expert_used = config.n_expert_used;
-  load.stream_experts = config.moe_stream;
+  load.stream_experts = run.mode.stream;
   load.dense = config.dense_weights;
   load.odirect = config.odirect;
   run.model = load_model(config.model, load);
-  if (config.moe_stream) run.cache_budget = stream_experts(config, *run.model);
+  if (run.mode.stream) run.cache_budget = stream_experts(run.config, *run.model);
   run.load_seconds = timer.seconds();
   print_load_line(run);
   return run;

@@ -4,9 +4,9 @@
 // into a RunConfig (tools/run_options.h) and hand it here; anything else that embeds the engine
 // does the same without flags.
 //
-// The lines this file prints on stderr ("load:", "moe-cache:", "prefetch:", warnings) name the
-// command-line flags a setting comes from, because bmoe's tools are its users; the spellings are
-// the same in every tool.
+// The lines this file prints on stderr ("mode:", "load:", "moe-cache:", "prefetch:", warnings)
+// name the command-line flags a setting comes from, because bmoe's tools are its users; the
+// spellings are the same in every tool.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +23,7 @@
 #include "model/attention.h"
 #include "model/transformer.h"
 #include "chat/chat.h"
+#include "telemetry/system.h"
 #include "text/sampler.h"
 
 namespace bmoe {
@@ -34,8 +35,13 @@ enum class Predictor {
   Both,
 };
 
+// Where the routed experts live: streamed from the file into a bounded cache (--moe-stream),
+// mapped with the whole file (--no-moe-stream), or Auto: streamed when the model does not fit
+// in memory, mapped when it does (choose_moe_mode).
+enum class MoeMode { Auto, Stream, Resident };
+
 // Everything a run of one model is asked to be, as numbers and enums. Fields marked
-// "streaming" apply only with moe_stream and are ignored otherwise. Defaults are the tools'.
+// "streaming" apply only when the run streams and are ignored otherwise. Defaults are the tools'.
 struct RunConfig {
   std::string model;  // GGUF path (any shard of a split model)
   int threads = 0;    // compute threads; 0: every core
@@ -45,7 +51,8 @@ struct RunConfig {
   KvType kv_type = KvType::F16;
   std::string chat_template;  // a built-in format's name, a file or Jinja text; empty: the model's
 
-  bool moe_stream = false;  // read routed experts from the file on demand into a bounded cache
+  // As asked; in LoadedRun::config, the mode load_run chose (Stream or Resident, never Auto).
+  MoeMode moe_mode = MoeMode::Auto;
   DenseWeights dense_weights = DenseWeights::Anon;                // streaming
   std::optional<uint64_t> cache_bytes;          // streaming: the expert cache; nullopt: automatic
   std::optional<uint64_t> cache_ceiling_bytes;  // streaming: upper bound of the automatic budget
@@ -73,9 +80,11 @@ struct RunConfig {
   std::string draft_oracle;  // benchmark only: draft from an earlier run's `bmoe-cli --json` output
 
   int thread_count() const;
+  // Streams the experts (a resolved mode: Auto answers false until load_run has chosen).
+  bool streaming() const { return moe_mode == MoeMode::Stream; }
   // Prompt tokens per forward pass: batch_size, else 512 resident and 2048 streamed (each expert
   // read then serves four times the tokens; measured in docs/benchmarks.md).
-  int batch() const { return batch_size > 0 ? batch_size : moe_stream ? 2048 : 512; }
+  int batch() const { return batch_size > 0 ? batch_size : streaming() ? 2048 : 512; }
   // The routers predict (in the model) only where `predictor` asks for them.
   RoutingOptions routing() const { return {router_prefetch(), route_ahead, drop_cold}; }
   int router_prefetch() const { return predictor == Predictor::Affinity ? 0 : prefetch; }
@@ -85,20 +94,42 @@ struct RunConfig {
   bool lossy() const { return route_ahead > 0 || drop_cold > 0.0f || n_expert_used > 0; }
 };
 
+// The mode a run takes and why: the "mode:" line's words, which the server reports too.
+struct ModeChoice {
+  bool stream = false;
+  std::string reason;  // e.g. "--moe-stream", or the sizes compared
+  std::string line() const;  // "mode: streaming (reason)"
+};
+
+// What the automatic choice and the automatic budget keep free beside the model: working
+// buffers, and a margin of a tenth of the available memory (at least 512 MiB) for everything
+// else the system runs.
+constexpr uint64_t kWorkingBufferBytes = 256ull << 20;
+uint64_t memory_margin(uint64_t available);
+
+// Chooses the mode `asked` leaves open: streaming when the model's files (all shards) and the
+// context's KV cache, plus the working buffers and margin, exceed the available memory (the
+// tighter of MemAvailable and the cgroup's room, see MemorySnapshot::available()); resident
+// when they fit or when the available memory is unknown. A forced mode is kept, and a forced
+// resident model that does not fit says so. Pure: `memory` is read by the caller.
+ModeChoice choose_moe_mode(MoeMode asked, uint64_t model_bytes, uint64_t context_bytes, const MemorySnapshot& memory);
+
 // A model loaded as a RunConfig asks, with the settings it was loaded with.
 struct LoadedRun {
   RunConfig config;
+  ModeChoice mode;  // the mode config.moe_mode now holds, and why
   std::unique_ptr<LoadedModel> model;
   uint64_t cache_budget = 0;  // streaming expert cache, bytes (0 when resident)
   double load_seconds = 0;
 };
 
-// Loads the model; when streaming, sizes the expert cache (the automatic budget: available
-// memory, or the cgroup limit, minus the KV cache, working buffers, a margin and the prefetch
-// staging area), attaches the streaming store and warm-starts it from config.cache_file. Prints
-// the "load:" line and any warnings on stderr. Throws Error on a model that does not load, on
-// unreadable available memory under an automatic budget, and on a cache file that exists but is
-// not one (it would be overwritten at the end).
+// Chooses the mode (choose_moe_mode, from the model's header and read_memory()) and loads the
+// model; when streaming, sizes the expert cache (the automatic budget: available memory, or the
+// cgroup limit, minus the KV cache, working buffers, a margin and the prefetch staging area, and
+// never more than holding every expert takes), attaches the streaming store and warm-starts it from
+// config.cache_file. Prints the "mode:" and "load:" lines and any warnings on stderr. Throws Error
+// on a model that does not load, on unreadable available memory under an automatic budget, and on a
+// cache file that exists but is not one (it would be overwritten at the end).
 LoadedRun load_run(const RunConfig& config);
 
 // A session on the run's model with its context, batch, KV type and routing options. `pool`

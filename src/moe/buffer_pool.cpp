@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <iterator>
 
 #include "core/error.h"
@@ -20,7 +21,7 @@ BufferPool::~BufferPool() {
   for (const auto& [data, r] : on_demand_) unmap_region(r);
 }
 
-BufferPool::Region BufferPool::map_region(uint64_t bytes, bool touch) {
+BufferPool::Region BufferPool::map_region(uint64_t bytes) {
   const bool huge = bytes >= kHugePage;
   const uint64_t slack = huge ? kHugePage : 0;
   void* p = ::mmap(nullptr, bytes + slack, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -35,10 +36,23 @@ BufferPool::Region BufferPool::map_region(uint64_t bytes, bool touch) {
     base = aligned;
     ::madvise(base, bytes, MADV_HUGEPAGE);  // advice only: refused where THP is off
   }
-  if (touch) {
-    for (uint64_t at = 0; at < bytes; at += kPage) base[at] = 0;
-  }
   return {base, bytes};
+}
+
+void BufferPool::touch_tail(const Region& arena) {
+  const auto start = std::chrono::steady_clock::now();
+  uint64_t end = arena.bytes;
+  while (end > 0 && touched_bytes_ < touch_limit_) {
+    // 2 MiB at a time between looks at the clock, and not past the limit (a page multiple).
+    const uint64_t step = std::min({kHugePage, end, (touch_limit_ - touched_bytes_ + kPage - 1) / kPage * kPage});
+    const uint64_t begin = end - step;
+    for (uint64_t at = begin; at < end; at += kPage) arena.base[at] = 0;
+    touched_bytes_ += end - begin;
+    end = begin;
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (touch_seconds_ + seconds >= kTouchSeconds) break;
+  }
+  touch_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 void BufferPool::unmap_region(const Region& r) { ::munmap(r.base, static_cast<size_t>(r.bytes)); }
@@ -46,7 +60,8 @@ void BufferPool::unmap_region(const Region& r) { ::munmap(r.base, static_cast<si
 void BufferPool::reserve(uint64_t capacity, int count) {
   if (count <= 0 || capacity == 0) return;
   if (capacity % kPage != 0) fail("internal: expert buffer of {} bytes is not a multiple of {}", capacity, kPage);
-  const Region arena = map_region(capacity * static_cast<uint64_t>(count), true);
+  const Region arena = map_region(capacity * static_cast<uint64_t>(count));
+  touch_tail(arena);
   arenas_.push_back(arena);
   auto& list = free_[capacity];
   for (int i = 0; i < count; ++i) {
@@ -84,7 +99,7 @@ std::unique_ptr<BufferPool::Buffer> BufferPool::take(uint64_t need) {
     return b;
   }
   const uint64_t capacity = (std::max<uint64_t>(need, 1) + kPage - 1) / kPage * kPage;
-  const Region r = map_region(capacity, false);  // the read that lands in it faults the pages in
+  const Region r = map_region(capacity);  // the read that lands in it faults the pages in
   on_demand_[r.base] = r;
   ++buffers_;
   resident_bytes_ += capacity;

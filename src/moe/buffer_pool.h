@@ -2,9 +2,12 @@
 //
 // A fresh multi-megabyte buffer is new memory: the kernel faults in and zeroes every page while
 // the read lands in it (15 % of a streamed run's samples on the 2-core VM, docs/benchmarks.md).
-// The pool reserves the buffers a run needs up front, one arena per buffer size, touches every
-// page once (on transparent huge pages where the kernel gives them), and recycles buffers for
-// good. A buffer the reservation did not cover is allocated on demand and counted
+// The pool reserves the buffers a run needs up front, one arena per buffer size, touches their
+// pages once (on transparent huge pages where the kernel gives them), and recycles buffers for
+// good. The touch is bounded (kTouchBytes, kTouchSeconds, for the whole pool): an automatic
+// budget of 17.8 GB took 36 s to touch, longer than the load, where the kernel compacted memory
+// for huge pages; buffers past the bound fault their pages in when their first read lands, and
+// take() hands out touched ones first. A buffer the reservation did not cover is allocated on demand and counted
 // (allocations()), so a report and a test can show that a steady state allocates nothing.
 //
 // Sizes differ by layer (a Q4_K_M file's Q6_K down projections), and the cache's mix of sizes
@@ -31,6 +34,12 @@ namespace bmoe {
 
 class BufferPool {
  public:
+  // The up-front touch stops at whichever comes first: about 1.5 token cycles of Qwen3-30B's
+  // experts, or 1 s (2 GiB took 2.3 s on plain pages, 14 s on huge pages under memory
+  // pressure, on the 2-core VM).
+  static constexpr uint64_t kTouchBytes = 1ull << 30;
+  static constexpr double kTouchSeconds = 1.0;
+
   struct Buffer {
     uint8_t* data = nullptr;
     uint64_t capacity = 0;
@@ -38,13 +47,14 @@ class BufferPool {
     bool reserved = false;      // part of an arena (false: allocated on demand)
   };
 
-  BufferPool() = default;
+  // `touch_limit`: the bytes touched up front (tests give a small one).
+  explicit BufferPool(uint64_t touch_limit = kTouchBytes) : touch_limit_(touch_limit) {}
   ~BufferPool();
   BufferPool(const BufferPool&) = delete;
   BufferPool& operator=(const BufferPool&) = delete;
 
   // Adds `count` free buffers of `capacity` bytes (a multiple of 4 KiB) in one arena whose
-  // pages are touched now.
+  // pages are touched now, as far as the pool's touch bound allows.
   void reserve(uint64_t capacity, int count);
   // A free buffer of at least `need` bytes, the smallest such; else a released one or a new
   // one of exactly `need` bytes (both counted: their pages are fresh).
@@ -66,6 +76,7 @@ class BufferPool {
 
   uint64_t allocations() const { return allocations_; }  // buffers whose pages take() made fresh
   uint64_t reserved_bytes() const { return reserved_bytes_; }
+  uint64_t touched_bytes() const { return touched_bytes_; }  // of those, touched up front
   uint64_t resident_bytes() const { return resident_bytes_; }  // buffers holding pages, free or taken
   size_t free_count() const { return free_count_; }
 
@@ -74,7 +85,10 @@ class BufferPool {
     uint8_t* base = nullptr;
     uint64_t bytes = 0;
   };
-  static Region map_region(uint64_t bytes, bool touch);
+  static Region map_region(uint64_t bytes);  // untouched
+  // Touches the pages of `arena` from its end (the buffers take() hands out first) while the
+  // touch bound lasts.
+  void touch_tail(const Region& arena);
   static void unmap_region(const Region& r);
 
   std::vector<Region> arenas_;
@@ -91,6 +105,9 @@ class BufferPool {
   uint64_t resident_limit_ = UINT64_MAX;
   uint64_t allocations_ = 0;
   uint64_t reserved_bytes_ = 0;
+  uint64_t touch_limit_ = kTouchBytes;
+  uint64_t touched_bytes_ = 0;
+  double touch_seconds_ = 0;
   uint64_t resident_bytes_ = 0;
 };
 

@@ -14,10 +14,7 @@ ReadPlanner::ReadPlanner(ExpertLayout layout, bool odirect, uint64_t read_chunk_
     if (!files_.back()->direct_note().empty()) notes_.push_back(path + ": " + files_.back()->direct_note());
   }
   for (int l = 0; l < n_layers(); ++l) {
-    uint64_t largest = 0;
-    for (int e = 0; e < layer_of(l).n_expert && !layer_of(l).matrices.empty(); ++e) {
-      largest = std::max(largest, slot_bytes(l, e));
-    }
+    const uint64_t largest = largest_slot_of(layer_of(l));
     cached_bytes_.push_back(largest);
     largest_slot_ = std::max(largest_slot_, largest);
   }
@@ -35,9 +32,23 @@ ReadPlanner::Window ReadPlanner::window_of(const ExpertMatrixLayout& m, int expe
   return {align_down(offset, kDirectAlignment), align_up(offset + m.bytes, kDirectAlignment)};
 }
 
-uint64_t ReadPlanner::slot_bytes(int layer, int expert) const {
+uint64_t ReadPlanner::slot_of(const ExpertLayerLayout& layer, int expert) {
   uint64_t total = 0;
-  for (const ExpertMatrixLayout& m : layer_of(layer).matrices) total += window_of(m, expert).bytes();
+  for (const ExpertMatrixLayout& m : layer.matrices) total += window_of(m, expert).bytes();
+  return total;
+}
+
+uint64_t ReadPlanner::largest_slot_of(const ExpertLayerLayout& layer) {
+  uint64_t largest = 0;
+  for (int e = 0; e < layer.n_expert && !layer.matrices.empty(); ++e) largest = std::max(largest, slot_of(layer, e));
+  return largest;
+}
+
+uint64_t ReadPlanner::slot_bytes(int layer, int expert) const { return slot_of(layer_of(layer), expert); }
+
+uint64_t ReadPlanner::every_expert_bytes(const ExpertLayout& layout) {
+  uint64_t total = 0;
+  for (const ExpertLayerLayout& l : layout.layers) total += largest_slot_of(l) * static_cast<uint64_t>(l.n_expert);
   return total;
 }
 

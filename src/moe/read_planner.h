@@ -45,6 +45,9 @@ class ReadPlanner {
   // slot (see StreamingExperts::cached_bytes).
   uint64_t cached_bytes(int layer) const { return cached_bytes_.at(static_cast<size_t>(layer)); }
   uint64_t largest_slot() const { return largest_slot_; }
+  // What a cache holding every expert of `layout` counts against its budget (each expert at its
+  // layer's cached_bytes): a larger budget could never fill.
+  static uint64_t every_expert_bytes(const ExpertLayout& layout);
   // Whether reads of the first file bypass the page cache (for describe()).
   bool direct() const { return files_.front()->direct_active(); }
   // Why a file is read without O_DIRECT, one line per such file.
@@ -63,6 +66,8 @@ class ReadPlanner {
     uint64_t bytes() const { return end - begin; }
   };
   static Window window_of(const ExpertMatrixLayout& m, int expert);
+  static uint64_t slot_of(const ExpertLayerLayout& layer, int expert);
+  static uint64_t largest_slot_of(const ExpertLayerLayout& layer);
   const ExpertLayerLayout& layer_of(int layer) const { return layout_.layers.at(static_cast<size_t>(layer)); }
   // The size of each read a window of `window` bytes is split into, and how many there are.
   uint64_t chunk_size(uint64_t window) const;

@@ -347,9 +347,9 @@ ExpertStats StreamingExperts::stats() const {
 }
 
 std::string StreamingExperts::describe() const {
-  return fmt::format("streamed ({} lanes{}, {}, cache {} MiB in {} MiB of touched buffers, policy {}{}{})", options_.io_threads,
+  return fmt::format("streamed ({} lanes{}, {}, cache {} MiB in {} MiB of buffers ({} MiB touched), policy {}{}{})", options_.io_threads,
                      lanes_.uring() ? " io_uring" : "", planner_.direct() ? "O_DIRECT" : "buffered",
-                     options_.cache_bytes >> 20, pool_.reserved_bytes() >> 20, cache_.policy_name(), options_.overlap ? (options_.overlap_adapt ? ", overlap (adaptive)" : ", overlap") : "",
+                     options_.cache_bytes >> 20, pool_.reserved_bytes() >> 20, pool_.touched_bytes() >> 20, cache_.policy_name(), options_.overlap ? (options_.overlap_adapt ? ", overlap (adaptive)" : ", overlap") : "",
                      options_.prefetch_bytes ? fmt::format(", prefetch staging {} MiB", options_.prefetch_bytes >> 20) : "");
 }
 

@@ -4,6 +4,7 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <chrono>
 #include <fstream>
 #include <sstream>
@@ -66,11 +67,30 @@ ProcessCounters read_process_counters() {
   return c;
 }
 
+namespace {
+
+// Tests only: BMOE_FAKE_MEM_AVAILABLE_MB=N stands for the machine's figures (N MiB available, no
+// cgroup), so that a test shows a memory-dependent choice (streaming or resident) on any machine.
+std::optional<uint64_t> fake_available() {
+  const char* text = std::getenv("BMOE_FAKE_MEM_AVAILABLE_MB");
+  if (text == nullptr || *text == '\0') return std::nullopt;
+  char* end = nullptr;
+  const unsigned long long mib = std::strtoull(text, &end, 10);
+  if (*end != '\0') return std::nullopt;
+  return static_cast<uint64_t>(mib) << 20;
+}
+
+}  // namespace
+
 MemorySnapshot read_memory() {
   MemorySnapshot m;
-  m.mem_available = read_kb_field("/proc/meminfo", "MemAvailable");
   m.rss = read_kb_field("/proc/self/status", "VmRSS").value_or(0);
   m.peak_rss = read_kb_field("/proc/self/status", "VmHWM").value_or(0);
+  if (const auto fake = fake_available()) {
+    m.mem_available = fake;
+    return m;
+  }
+  m.mem_available = read_kb_field("/proc/meminfo", "MemAvailable");
   // cgroup v1: the memory controller of our own cgroup.
   std::string v1_dir = "/sys/fs/cgroup/memory";
   {

@@ -22,6 +22,8 @@ struct MemorySnapshot {
   std::optional<uint64_t> available() const;
 };
 
+// The environment variable BMOE_FAKE_MEM_AVAILABLE_MB (for tests only) replaces the machine's
+// figures: that many MiB available and no cgroup.
 MemorySnapshot read_memory();
 
 // What this process (all its threads) has cost the system so far: CPU time, page faults and

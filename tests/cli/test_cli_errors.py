@@ -62,6 +62,8 @@ class BadInputGetsOneClearError(unittest.TestCase):
         self.check([tool("bmoe-cli"), "-m", m, "--temp", "abc"], "--temp")
         self.check([tool("bmoe-cli"), "-m", m, "--cache-mb", "lots", "--moe-stream", "-p", "x"], "--cache-mb")
         self.check([tool("bmoe-cli"), "-m", m, "--cache-file", "x.cache", "-p", "x"], "--cache-file")
+        self.check([tool("bmoe-cli"), "-m", m, "--moe-stream", "--no-moe-stream", "-p", "x"], "--no-moe-stream")
+        self.check([tool("bmoe-cli"), "-m", m, "--no-moe-stream", "--prefetch", "2", "-p", "x"], "--prefetch")
         self.check([tool("bmoe-cli"), "-m", m, "-p", "x", "--grammar", "root ::= nope"], "--grammar", "nope")
         self.check([tool("bmoe-cli"), "-m", m, "-p", "x", "-j", '{"type": "string", "pattern": "a"}'],
                    "--json-schema", "pattern")
@@ -207,6 +209,57 @@ class LlamaCppConventions(unittest.TestCase):
         self.assertNotIn("seed:", again.stderr)
         greedy = self.run_cli("-p", "hello", "--temp", "0")
         self.assertNotIn("seed:", greedy.stderr)  # nothing is sampled
+
+
+
+class TheModeChoosesItself(unittest.TestCase):
+    """Without --moe-stream / --no-moe-stream the run streams when the model does not fit in the
+    available memory (here BMOE_FAKE_MEM_AVAILABLE_MB, the tests' stand-in for the machine's
+    figures) and stays resident when it fits; one `mode:` line says which and why."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.model = os.path.join(cls.tmp.name, "tiny.gguf")
+        subprocess.run([tool("bmoe-synth"), "--preset", "tiny-qwen3moe", "-o", cls.model], check=True,
+                       capture_output=True)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def mode_lines(self, available_mb, *args):
+        env = dict(os.environ, BMOE_FAKE_MEM_AVAILABLE_MB=str(available_mb))
+        p = subprocess.run([tool("bmoe-cli"), "-m", self.model, "-p", "hello", "-n", "4", "-t", "2", "--json", *args],
+                           capture_output=True, text=True, timeout=60, env=env, stdin=subprocess.DEVNULL)
+        self.assertEqual(p.returncode, 0, p.stderr[-800:])
+        streamed = json.loads(p.stdout.strip().splitlines()[-1])
+        return [line for line in p.stderr.splitlines() if line.startswith("mode:")], p.stderr, streamed
+
+    def test_a_model_that_does_not_fit_streams_and_says_why(self):
+        lines, err, _ = self.mode_lines(700)  # under the 256 MiB buffers + 512 MiB margin
+        self.assertEqual(len(lines), 1, err[-800:])
+        self.assertRegex(lines[0], r"^mode: streaming \(model [\d.]+ MiB \+ KV [\d.]+ \w+ > available 700\.00 MiB")
+        self.assertIn("experts streamed", err)
+
+    def test_a_model_that_fits_stays_resident(self):
+        lines, err, _ = self.mode_lines(64 << 10)
+        self.assertEqual(len(lines), 1, err[-800:])
+        self.assertRegex(lines[0], r"^mode: resident \(model [\d.]+ MiB \+ KV [\d.]+ \w+ <= available 64\.00 GiB")
+        self.assertIn("experts resident", err)
+
+    def test_the_flags_force_either(self):
+        lines, err, _ = self.mode_lines(64 << 10, "--moe-stream", "--cache-mb", "1")
+        self.assertEqual(lines, ["mode: streaming (--moe-stream)"], err[-800:])
+        lines, err, _ = self.mode_lines(700, "--no-moe-stream")
+        self.assertEqual(len(lines), 1, err[-800:])
+        self.assertTrue(lines[0].startswith("mode: resident (--no-moe-stream, though it does not fit"), lines[0])
+        self.assertIn("experts resident", err)
+
+    def test_the_answer_is_the_same_either_way(self):
+        _, _, streamed = self.mode_lines(700)
+        _, _, resident = self.mode_lines(64 << 10)
+        self.assertEqual(streamed["tokens"], resident["tokens"])
 
 
 if __name__ == "__main__":
