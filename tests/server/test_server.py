@@ -354,6 +354,9 @@ class ServerTest(unittest.TestCase):
                            ("ignore_eos", False)):
             self.assertEqual(settings[key], value, key)
         self.assertEqual(props["architecture"], "qwen3moe")
+        # A tiny model fits in memory: the automatic mode keeps it resident and says why.
+        self.assertFalse(props["mode"]["streaming"])
+        self.assertIn("<=", props["mode"]["reason"])
 
     def test_disconnect_cancels_the_generation(self):
         before = self.server.metric_labelled("bmoe_requests_total", 'outcome="cancelled"')
