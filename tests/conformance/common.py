@@ -155,6 +155,14 @@ def oracle(mode, model, payload, n=32, env=None, exclude=()):
     return json.loads(out)
 
 
+def oracle_jobs(model, jobs, exclude=()):
+    """One llama.cpp process (one model load) answers every job: jobs is a dict name -> job
+    (tests/oracle/oracle.mjs, mode "jobs"); returns a dict name -> answer."""
+    names = list(jobs)
+    answers = oracle("jobs", model, [jobs[k] for k in names], exclude=exclude)
+    return dict(zip(names, answers))
+
+
 def bmoe_tokenize(model, texts):
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(texts, f)

@@ -16,6 +16,9 @@ self-consistent, bmoe must match exactly on all but one prompt. Wrong math (a ba
 Two numerical modes are checked: llama.cpp's default (f16 KV cache, flash attention) against
 bmoe's default, and a strict all-f32 attention (f32 KV, llama.cpp's classic attention path)
 against `bmoe-cli --kv-type f32`.
+
+One llama.cpp process per model answers every question of its class (tokenize, greedy in each
+mode batched and token by token, the single-token distribution), so the model loads once.
 """
 import math
 import os
@@ -23,7 +26,7 @@ import sys
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import PEER_AVX512, bmoe_greedy, bmoe_logits, bmoe_tokenize, hard_divergence, oracle, release, synth  # noqa: E402
+from common import PEER_AVX512, bmoe_greedy, bmoe_logits, bmoe_tokenize, hard_divergence, oracle_jobs, release, synth  # noqa: E402
 
 TOKENIZER_CORPUS = [
     "Hello world",
@@ -65,7 +68,11 @@ PROMPTS = [
 CHAT_PROMPTS = PROMPTS[:3]
 N = 32
 
-STRICT = {"ORACLE_KV": "f32", "ORACLE_FA": "0"}
+# The numerical modes: llama.cpp's settings for each, and bmoe-cli's flags for the same.
+MODES = {
+    "f16": ({"kv": "f16"}, []),            # flash attention where llama.cpp picks it (its default)
+    "f32": ({"kv": "f32", "flash": False}, ["--kv-type", "f32"]),
+}
 
 
 CHAT_FORMATS = {
@@ -93,23 +100,52 @@ class Conformance:
     @classmethod
     def setUpClass(cls):
         cls.model = synth(cls.name, cls.preset, *cls.model_args)
+        cls.peer_answers = None
 
     @classmethod
     def tearDownClass(cls):
         release(cls.model)
 
+    @classmethod
+    def modes(cls):
+        return ["f16", "f32"] if cls.strict else ["f16"]
+
+    @classmethod
+    def greedy_texts(cls):
+        return PROMPTS + [CHAT_FORMATS[cls.chat](p) for p in CHAT_PROMPTS]
+
+    @classmethod
+    def peer_jobs(cls):
+        """Every question this class asks llama.cpp, for one oracle process."""
+        jobs = {"tokenize": {"op": "tokenize", "texts": TOKENIZER_CORPUS},
+                "single": {"op": "greedy", "texts": ["Hello"], "n": 1}}
+        for mode in cls.modes():
+            numerics = MODES[mode][0]
+            jobs[mode] = {"op": "greedy", "texts": cls.greedy_texts(), "n": N, **numerics}
+            # Only the reference's top-2 probabilities are read (near-ties are judged on its
+            # path): the token-by-token run is asked for its tokens alone, which is 3x faster.
+            jobs[mode + "/token-by-token"] = {"op": "greedy", "texts": cls.greedy_texts(), "n": N,
+                                              **numerics, "batch": 1, "top2": False}
+        return jobs
+
+    def peer(self, question):
+        """llama.cpp's answer to one of peer_jobs; the first call asks all of them at once."""
+        cls = type(self)
+        if cls.peer_answers is None:
+            cls.peer_answers = oracle_jobs(cls.model, cls.peer_jobs(), cls.peer_exclude)
+        return cls.peer_answers[question]
+
     def test_tokenizer_ids_match(self):
         ours = bmoe_tokenize(self.model, TOKENIZER_CORPUS)
-        theirs = oracle("tokenize", self.model, TOKENIZER_CORPUS, exclude=self.peer_exclude)
+        theirs = self.peer("tokenize")
         for text, a, b in zip(TOKENIZER_CORPUS, ours, theirs):
             self.assertEqual(a, b, f"tokenization differs for {text!r}")
 
-    def check_greedy(self, env, bmoe_flags):
-        texts = PROMPTS + [CHAT_FORMATS[self.chat](p) for p in CHAT_PROMPTS]
-        ref = oracle("greedy", self.model, texts, N, env, self.peer_exclude)
-        # Only the reference's top-2 probabilities are read (near-ties are judged on its path):
-        # the token-by-token run is asked for its tokens alone, which is 3x faster.
-        alt = oracle("greedy", self.model, texts, N, {**env, "ORACLE_BATCH": "1", "ORACLE_TOP2": "0"}, self.peer_exclude)
+    def check_greedy(self, mode):
+        texts = self.greedy_texts()
+        ref = self.peer(mode)
+        alt = self.peer(mode + "/token-by-token")
+        bmoe_flags = MODES[mode][1]
         ours = [bmoe_greedy(self.model, p, N, *bmoe_flags) for p in PROMPTS]
         ours += [bmoe_greedy(self.model, p, N, "--chat", *bmoe_flags) for p in CHAT_PROMPTS]
         ours_hard, self_hard = [], []
@@ -124,7 +160,6 @@ class Conformance:
             self_len += N if d is None else d[0]
             if d is not None:
                 self_hard.append((text, d))
-        mode = env.get("ORACLE_KV", "f16")
         print(f"\n{self.name} [{mode}]: bmoe leaves llama.cpp's greedy path at a non-tie step on "
               f"{len(ours_hard)}/{len(texts)} prompts (mean agreement {ours_len / len(texts):.1f} tokens); "
               f"llama.cpp token-by-token vs batched: {len(self_hard)}/{len(texts)} "
@@ -140,18 +175,18 @@ class Conformance:
                                     f"bmoe agrees with llama.cpp for fewer tokens than llama.cpp with itself: {ours_hard}")
 
     def test_greedy_default_numerics(self):
-        self.check_greedy({}, [])
+        self.check_greedy("f16")
 
     def test_greedy_strict_f32_attention(self):
         if not self.strict:
             self.skipTest("strict mode is checked on the qwen3moe models")
-        self.check_greedy(STRICT, ["--kv-type", "f32"])
+        self.check_greedy("f32")
 
     def test_single_token_distribution(self):
         """One prompt token: no attention mixing or batching differences, so the next-token
         distributions must agree closely (ratio of the top two probabilities within 2e-3)."""
         import json
-        ref = oracle("greedy", self.model, ["Hello"], 1, exclude=self.peer_exclude)[0]
+        ref = self.peer("single")[0]
         logits = bmoe_logits(self.model, "Hello")
         best, p1, second, p2 = ref["top2"][0]
         self.assertEqual(max(range(len(logits)), key=lambda i: logits[i]), best)
@@ -161,7 +196,8 @@ class Conformance:
         if self.noise_floor:
             scalar = bmoe_logits(self.model, "Hello", {"BMOE_ISA": "scalar"})
             own_spread = abs(math.exp(scalar[best] - scalar[second]) / ours_ratio - 1)
-            alt = oracle("greedy", self.model, ["Hello"], 1, exclude=sorted(set(self.peer_exclude) | set(PEER_AVX512)))[0]
+            avx2 = sorted(set(self.peer_exclude) | set(PEER_AVX512))
+            alt = oracle_jobs(self.model, {"single": self.peer_jobs()["single"]}, avx2)["single"][0]
             alt_ratio = next((a1 / a2 for b, a1, s, a2 in alt["top2"][:1] if (b, s) == (best, second)), p1 / p2)
             peer_spread = abs(alt_ratio / (p1 / p2) - 1)
             # Capped: a wrong formula moves this ratio by far more than rounding can.
