@@ -55,11 +55,8 @@ if [ "${BMOE_SKIP_SANITIZERS:-0}" != "1" ]; then
   # With clang the same build also holds the libFuzzer targets (scripts/fuzz.sh reuses it).
   scripts/configure-asan.sh
   # Only what runs under the sanitizers: the C++ test binaries (-L unit) and, in a clang build,
-  # the fuzz targets; not the tools.
-  targets=(test_core test_io test_quant test_gguf test_text test_model test_moe test_engine)
-  if grep -q '^BMOE_FUZZ:BOOL=ON' build-asan/CMakeCache.txt; then
-    targets+=(fuzz_gguf fuzz_tokenizer fuzz_chat_request fuzz_template fuzz_tool_calls fuzz_grammar fuzz_json_schema)
-  fi
+  # the fuzz targets (every test_* and fuzz_* target the build has); not the tools.
+  mapfile -t targets < <(ninja -C build-asan -t targets all | sed -n -E 's/^((test|fuzz)_[a-z0-9_]+): phony$/\1/p' | sort -u)
   stage "sanitizer build" cmake --build build-asan --target "${targets[@]}"
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
   stage "sanitizer unit" run_ctest "asan: " --test-dir build-asan --output-on-failure -j "$JOBS" -L unit
