@@ -37,7 +37,7 @@ report() {
 }
 trap report EXIT
 
-# The real-shape conformance cuts need up to 2.6 GB of disk at a time; say what there is.
+# The real-shape conformance cuts need up to 2.0 GiB of disk at a time; say what there is.
 echo "test: free disk $(df -h --output=avail . | tail -1 | tr -d ' ')"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 stage "release build" cmake --build build

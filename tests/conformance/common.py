@@ -104,7 +104,7 @@ def run(args, **kw):
 
 
 # Models above this size are deleted when their test class ends (unless BMOE_KEEP_TEST_MODELS=1):
-# CI machines have seen as little as 1.5 GiB of free disk, and the real-shape cuts are 1.5-2.6 GB.
+# CI machines have seen as little as 1.5 GiB of free disk, and the real-shape cuts are 0.6-2.0 GiB.
 LARGE_MODEL_BYTES = 256 << 20
 DISK_SHORT = "not enough free disk"
 
