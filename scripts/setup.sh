@@ -33,4 +33,6 @@ mkdir -p models
 if [ ! -f models/tiny-qwen3moe.gguf ]; then
   build/tools/bmoe-synth --preset tiny-qwen3moe -o models/tiny-qwen3moe.gguf
 fi
+echo "setup: stage times"
+stage_table
 echo "setup: done. Try: build/tools/bmoe-cli -m models/tiny-qwen3moe.gguf -p \"Hello\" -n 32"
