@@ -37,7 +37,8 @@ def prompt_ids(model, length):
 
 def run_bmoe_prompt(model, ids, threads, extra=()):
     p = subprocess.run([tool("bmoe-cli"), "-m", model, "--prompt-ids", ",".join(map(str, ids)), "-n", "1",
-                        "-t", str(threads), "-c", str(max(4096, len(ids) + 64)), *extra], capture_output=True, text=True)
+                        "-t", str(threads), "-c", str(max(4096, len(ids) + 64)),
+                        *([] if "--moe-stream" in extra else ["--no-moe-stream"]), *extra], capture_output=True, text=True)
     m = PROMPT_RE.search(p.stderr)
     if p.returncode != 0 or not m:
         log(p.stderr[-2000:])

@@ -2,7 +2,7 @@
 """What streaming itself costs: resident vs streamed decode on the same file, per token.
 
 On the full Qwen3-30B-A3B shape (bmoe-synth writes it once), alternated over --pairs:
-  resident       bmoe without --moe-stream, no cap, the file paged in first (it fits this
+  resident       bmoe with --no-moe-stream, no cap, the file paged in first (it fits this
                  machine's RAM): the speed streaming is measured against
   cold           --moe-stream --cache-mb N under the RAM cap, page cache dropped, empty expert
                  cache (it saves its cache to a --cache-file at the end)
@@ -87,6 +87,7 @@ def run(name, args, model, out, tag, cache_file):
     cap = None
     if name == "resident":
         page_in(model)
+        cmd += ["--no-moe-stream"]  # with neither flag a model that does not fit would stream
     else:
         drop_page_cache()
         cmd += ["--moe-stream", "--cache-mb", str(args.cache_mb), "--io-threads", str(args.lanes), "--cache-file", cache_file]
