@@ -88,13 +88,13 @@ void read_gemma4(ArchLoader& a, ModelConfig& c) {
   for (int64_t ff : a.get_per_layer_int(".feed_forward_length", c.n_layer, std::nullopt)) {
     c.layer_n_ff.push_back(static_cast<int>(ff));
   }
-  // A layer without a router is a dense layer.
+  // A layer with a router runs its dense FFN beside the experts; one without is a dense layer.
   for (int l = 0; l < c.n_layer; ++l) {
     const bool moe = a.has_tensor(fmt::format("blk.{}.ffn_gate_inp.weight", l));
     if (moe && (c.n_expert == 0 || c.n_ff_exp == 0)) {
       fail("gemma4: layer {} has a router but the expert count or size is missing", l);
     }
-    c.moe_layers.push_back(moe ? 1 : 0);
+    c.plan.push_back({MixerKind::Attention, moe ? FfnKind::ParallelDenseMoe : FfnKind::Dense});
   }
 }
 

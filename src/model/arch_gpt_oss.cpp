@@ -17,6 +17,7 @@ void read_gpt_oss(ArchLoader& a, ModelConfig& c) {
   c.norm_topk = false;
   c.activation = ExpertActivation::SwiGLU_OAI;
   read_vocab_and_expert_width(a, c);
+  c.plan_every_layer(MixerKind::Attention, FfnKind::Moe);
   const int window = static_cast<int>(a.get_int(".attention.sliding_window"));
   const int period = static_cast<int>(a.get_int_or(".attention.sliding_window_pattern", 2));
   c.sliding_window.assign(static_cast<size_t>(c.n_layer), 0);

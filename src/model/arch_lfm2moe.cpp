@@ -33,8 +33,8 @@ void read_lfm2moe(ArchLoader& a, ModelConfig& c) {
   const int64_t dense = a.get_int_or(".leading_dense_block_count", 0);
   const auto dense_ff = a.get_per_layer_int(".feed_forward_length", c.n_layer, 0);
   for (int l = 0; l < c.n_layer; ++l) {
-    c.layer_mixer.push_back(kv_heads[static_cast<size_t>(l)] == 0 ? LayerMixer::ShortConv : LayerMixer::Attention);
-    c.moe_layers.push_back(l >= dense ? 1 : 0);
+    c.plan.push_back({kv_heads[static_cast<size_t>(l)] == 0 ? MixerKind::ShortConv : MixerKind::Attention,
+                      l >= dense ? FfnKind::Moe : FfnKind::Dense});
     c.layer_n_ff.push_back(static_cast<int>(dense_ff[static_cast<size_t>(l)]));
     if (l < dense && dense_ff[static_cast<size_t>(l)] <= 0) fail("lfm2moe: dense layer {} has no feed_forward_length", l);
   }
@@ -43,7 +43,7 @@ void read_lfm2moe(ArchLoader& a, ModelConfig& c) {
 // causal_conv reads the kernel tap by tap across channels.
 void finish_lfm2moe(const ModelConfig& c, ModelWeights& w) {
   for (int l = 0; l < c.n_layer; ++l) {
-    if (c.mixer_at(l) != LayerMixer::ShortConv) continue;
+    if (c.mixer_at(l) != MixerKind::ShortConv) continue;
     Vector& k = w.layers[static_cast<size_t>(l)].shortconv_kernel;
     k = delta_net::transpose_conv(k, c.n_embd, c.short_conv_kernel);
   }

@@ -19,6 +19,7 @@ void read_llama_moe(ArchLoader& a, ModelConfig& c) {
          "convert the model with a current llama.cpp (merged *_exps tensors)");
   }
   read_vocab_and_expert_width(a, c);
+  c.plan_every_layer(MixerKind::Attention, FfnKind::Moe);
 }
 
 using D = Dim;

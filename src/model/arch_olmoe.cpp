@@ -15,6 +15,7 @@ void read_olmoe(ArchLoader& a, ModelConfig& c) {
   c.gating = Gating::SoftmaxTopK;
   c.norm_topk = false;
   read_vocab_and_expert_width(a, c);
+  c.plan_every_layer(MixerKind::Attention, FfnKind::Moe);
 }
 
 using D = Dim;

@@ -62,7 +62,8 @@ void read_delta_net(ArchLoader& a, ModelConfig& c, int n_layer_all) {
     for (int l = 0; l < n_layer_all; ++l) recurrent.push_back((l + 1) % interval != 0 ? 1 : 0);
   }
   for (int l = 0; l < c.n_layer; ++l) {
-    c.layer_mixer.push_back(recurrent[static_cast<size_t>(l)] != 0 ? LayerMixer::GatedDeltaNet : LayerMixer::Attention);
+    const bool linear = recurrent[static_cast<size_t>(l)] != 0;
+    c.plan.push_back({linear ? MixerKind::GatedDeltaNet : MixerKind::GatedAttention, FfnKind::MoeShared});
   }
 }
 
@@ -78,7 +79,6 @@ void read_qwen35moe(ArchLoader& a, ModelConfig& c) {
   c.rope.style = RopeStyle::NeoX;
   check_rope_sections(a.get_int_array(".rope.dimension_sections"), c.rope.n_rot);
   c.qk_norm_per_head = true;
-  c.attn_output_gate = true;
   c.gating = Gating::SoftmaxTopK;
   c.norm_topk = true;
   c.activation = ExpertActivation::SwiGLU;
@@ -92,7 +92,7 @@ void read_qwen35moe(ArchLoader& a, ModelConfig& c) {
 // causal_conv reads the kernel tap by tap across channels.
 void finish_qwen35moe(const ModelConfig& c, ModelWeights& w) {
   for (int l = 0; l < c.n_layer; ++l) {
-    if (c.mixer_at(l) != LayerMixer::GatedDeltaNet) continue;
+    if (c.mixer_at(l) != MixerKind::GatedDeltaNet) continue;
     Vector& conv = w.layers[static_cast<size_t>(l)].ssm_conv;
     conv = delta_net::transpose_conv(conv, c.delta_net.conv_channels(), c.delta_net.conv_kernel);
   }

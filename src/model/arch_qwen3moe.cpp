@@ -17,6 +17,7 @@ void read_qwen3moe(ArchLoader& a, ModelConfig& c) {
   c.activation = ExpertActivation::SwiGLU;
   if (c.n_ff_exp == 0) fail("qwen3moe: missing required key 'qwen3moe.expert_feed_forward_length'");
   read_vocab_and_expert_width(a, c);
+  c.plan_every_layer(MixerKind::Attention, FfnKind::Moe);
 }
 
 using D = Dim;

@@ -91,9 +91,9 @@ bool layer_in(Layers set, const ModelConfig& c, int layer) {
     case Layers::Sliding: return layer >= 0 && c.sliding_at(layer) != 0;
     case Layers::Full: return layer >= 0 && c.sliding_at(layer) == 0;
     case Layers::Moe: return layer >= 0 && c.has_experts_at(layer);
-    case Layers::Attention: return layer >= 0 && !c.is_recurrent(layer);
-    case Layers::Recurrent: return layer >= 0 && c.mixer_at(layer) == LayerMixer::GatedDeltaNet;
-    case Layers::ShortConv: return layer >= 0 && c.mixer_at(layer) == LayerMixer::ShortConv;
+    case Layers::Attention: return layer >= 0 && c.attends(layer);
+    case Layers::Recurrent: return layer >= 0 && c.mixer_at(layer) == MixerKind::GatedDeltaNet;
+    case Layers::ShortConv: return layer >= 0 && c.mixer_at(layer) == MixerKind::ShortConv;
     case Layers::Dense: return layer >= 0 && !c.has_experts_at(layer);
     case Layers::Never: return false;
   }
@@ -165,7 +165,6 @@ void bind_one(const TensorSpec& t, ArchLoader& a, const ModelConfig& c, ModelWei
     if (b.matrix) L.*b.matrix = a.matrix(name, std::move(dims));
     else if (b.vector) L.*b.vector = a.vector(name, std::move(dims));
     else if (b.expert) L.roles.*b.expert = a.expert_matrix(layer, name, std::move(dims));
-    if (t.role == Role::Router) L.has_experts = true;
   }
 }
 

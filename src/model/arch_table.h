@@ -67,8 +67,7 @@ enum class Layers : uint8_t {
 const char* layers_name(Layers l);
 bool layer_in(Layers set, const ModelConfig& c, int layer);
 
-// What a tensor is for (printed by --list-archs; a Router row also marks its layer as having
-// experts). Where a tensor lives follows from its binding: expert rows become streamable expert
+// What a tensor is for (printed by --list-archs). Where a tensor lives follows from its binding: expert rows become streamable expert
 // matrices, the others resident weights.
 enum class Role : uint8_t { Dense, Small, Router, RoutedExpert, SharedExpert, Recurrent };
 const char* role_name(Role r);
@@ -128,8 +127,7 @@ struct TableTensor {
 std::vector<TableTensor> synth_tensors(std::span<const TensorSpec> table, const ModelConfig& c);
 
 // Binds every row the file holds; throws naming the tensor when a required one is missing or
-// mis-shaped. Sets has_experts on layers with a router and ties a missing output head to the
-// embeddings.
+// mis-shaped. Ties a missing output head to the embeddings.
 void bind_tensors(std::span<const TensorSpec> table, ArchLoader& loader, const ModelConfig& c, ModelWeights& w);
 
 // Row builders, so a family's table reads as a list of tensors.
