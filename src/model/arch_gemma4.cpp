@@ -102,7 +102,7 @@ void read_gemma4(ArchLoader& a, ModelConfig& c) {
 // embedding is scaled by sqrt(n_embd).
 void finish_gemma4(const ModelConfig& c, ModelWeights& w) {
   for (int l = 0; l < c.n_layer; ++l) {
-    if (c.sliding_at(l) == 0) w.layers[static_cast<size_t>(l)].rope_freqs = w.rope_freqs;
+    if (c.sliding_at(l) == 0) w.layers[static_cast<size_t>(l)].attention->rope_freqs = w.rope_freqs;
   }
   w.embd_scale = std::sqrt(static_cast<float>(c.n_embd));
 }
@@ -110,6 +110,10 @@ void finish_gemma4(const ModelConfig& c, ModelWeights& w) {
 using D = Dim;
 using C = TensorClass;
 using L = LayerWeights;
+using Attn = AttentionWeights;
+using Dense = DenseFfnWeights;
+using Par = ParallelFfnNorms;
+using Moe = RoutedExpertWeights;
 
 // The embedding is tied to the output (and scaled by sqrt(n_embd) on input), so its spread
 // sets the synthetic logit spread; the router reads an input of RMS 1/sqrt(n_embd).
@@ -122,26 +126,26 @@ const TensorSpec kTensors[] = {
       return t;
     }(),
     norm("attn_norm.weight", {D::Embd}, &L::attn_norm),
-    matrix("attn_q.weight", {D::Embd, D::QWidth}, &L::wq, C::AttnQ, fan_in(1.0f)),
-    matrix("attn_k.weight", {D::Embd, D::KWidth}, &L::wk, C::AttnK, fan_in(1.0f)),
+    matrix("attn_q.weight", {D::Embd, D::QWidth}, &Attn::wq, C::AttnQ, fan_in(1.0f)),
+    matrix("attn_k.weight", {D::Embd, D::KWidth}, &Attn::wk, C::AttnK, fan_in(1.0f)),
     // Absent: values = keys (the synthetic full layers do that).
-    optional(matrix("attn_v.weight", {D::Embd, D::VWidth}, &L::wv, C::AttnV, fan_in(1.0f)), Layers::Sliding),
-    matrix("attn_output.weight", {D::OutWidth, D::Embd}, &L::wo, C::AttnOut, fan_in(0.5f)),
-    norm("attn_q_norm.weight", {D::HeadDim}, &L::q_norm),
-    norm("attn_k_norm.weight", {D::HeadDim}, &L::k_norm),
-    norm("post_attention_norm.weight", {D::Embd}, &L::post_attn_norm),
+    optional(matrix("attn_v.weight", {D::Embd, D::VWidth}, &Attn::wv, C::AttnV, fan_in(1.0f)), Layers::Sliding),
+    matrix("attn_output.weight", {D::OutWidth, D::Embd}, &Attn::wo, C::AttnOut, fan_in(0.5f)),
+    norm("attn_q_norm.weight", {D::HeadDim}, &Attn::q_norm),
+    norm("attn_k_norm.weight", {D::HeadDim}, &Attn::k_norm),
+    norm("post_attention_norm.weight", {D::Embd}, &Attn::post_attn_norm),
     optional(small("layer_output_scale.weight", {D::One}, &L::out_scale, fixed(Fixed::LayerOutputScale))),
     norm("ffn_norm.weight", {D::Embd}, &L::ffn_norm),
-    matrix("ffn_gate.weight", {D::Embd, D::DenseFF}, &L::ffn_gate, C::Dense, fan_in(1.0f)),
-    matrix("ffn_up.weight", {D::Embd, D::DenseFF}, &L::ffn_up, C::Dense, fan_in(1.0f)),
-    matrix("ffn_down.weight", {D::DenseFF, D::Embd}, &L::ffn_down, C::Dense, fan_in(0.5f)),
+    matrix("ffn_gate.weight", {D::Embd, D::DenseFF}, &Dense::ffn_gate, C::Dense, fan_in(1.0f)),
+    matrix("ffn_up.weight", {D::Embd, D::DenseFF}, &Dense::ffn_up, C::Dense, fan_in(1.0f)),
+    matrix("ffn_down.weight", {D::DenseFF, D::Embd}, &Dense::ffn_down, C::Dense, fan_in(0.5f)),
     norm("post_ffw_norm.weight", {D::Embd}, &L::post_ffn_norm),
-    on(Layers::Moe, matrix("ffn_gate_inp.weight", {D::Embd, D::Experts}, &L::router, C::Router,
+    on(Layers::Moe, matrix("ffn_gate_inp.weight", {D::Embd, D::Experts}, &Moe::router, C::Router,
                            constant(kRouterLogitStd), Role::Router)),
-    on(Layers::Moe, norm("ffn_gate_inp.scale", {D::Embd}, &L::router_in_scale)),
-    on(Layers::Moe, norm("pre_ffw_norm_2.weight", {D::Embd}, &L::moe_norm)),
-    on(Layers::Moe, norm("post_ffw_norm_1.weight", {D::Embd}, &L::post_dense_norm)),
-    on(Layers::Moe, norm("post_ffw_norm_2.weight", {D::Embd}, &L::post_moe_norm)),
+    on(Layers::Moe, norm("ffn_gate_inp.scale", {D::Embd}, &Moe::router_in_scale)),
+    on(Layers::Moe, norm("pre_ffw_norm_2.weight", {D::Embd}, &Par::moe_norm)),
+    on(Layers::Moe, norm("post_ffw_norm_1.weight", {D::Embd}, &Par::post_dense_norm)),
+    on(Layers::Moe, norm("post_ffw_norm_2.weight", {D::Embd}, &Par::post_moe_norm)),
     alternative(Alternative::Preferred,
                 on(Layers::Moe, experts("ffn_gate_up_exps.weight", {D::Embd, D::ExpertFF2, D::Experts},
                                         &ExpertRoles::gate_up, C::Experts, fan_in(1.0f)))),
@@ -153,7 +157,7 @@ const TensorSpec kTensors[] = {
                                         C::Experts, fan_in(1.0f)))),
     on(Layers::Moe, experts("ffn_down_exps.weight", {D::ExpertFF, D::Embd, D::Experts}, &ExpertRoles::down,
                             C::ExpertsDown, fan_in(1.0f))),
-    on(Layers::Moe, optional(small("ffn_down_exps.scale", {D::Experts}, &L::exp_down_scale, fixed(Fixed::ExpertScales)))),
+    on(Layers::Moe, optional(small("ffn_down_exps.scale", {D::Experts}, &Moe::exp_down_scale, fixed(Fixed::ExpertScales)))),
     global_vector("output_norm.weight", {D::Embd}, &ModelWeights::output_norm),
     optional(global_matrix("output.weight", {D::Embd, D::Vocab}, &ModelWeights::output, C::Output,
                            fan_in(kOutputLogitStd)), Layers::Never),

@@ -44,7 +44,7 @@ void read_lfm2moe(ArchLoader& a, ModelConfig& c) {
 void finish_lfm2moe(const ModelConfig& c, ModelWeights& w) {
   for (int l = 0; l < c.n_layer; ++l) {
     if (c.mixer_at(l) != MixerKind::ShortConv) continue;
-    Vector& k = w.layers[static_cast<size_t>(l)].shortconv_kernel;
+    Vector& k = w.layers[static_cast<size_t>(l)].short_conv->shortconv_kernel;
     k = delta_net::transpose_conv(k, c.n_embd, c.short_conv_kernel);
   }
 }
@@ -52,6 +52,10 @@ void finish_lfm2moe(const ModelConfig& c, ModelWeights& w) {
 using D = Dim;
 using C = TensorClass;
 using L = LayerWeights;
+using Attn = AttentionWeights;
+using Dense = DenseFfnWeights;
+using Moe = RoutedExpertWeights;
+using Conv = ShortConvWeights;
 
 TensorSpec short_conv(TensorSpec t) {
   t.role = Role::Recurrent;
@@ -61,22 +65,22 @@ TensorSpec short_conv(TensorSpec t) {
 const TensorSpec kTensors[] = {
     global_matrix("token_embd.weight", {D::Embd, D::Vocab}, &ModelWeights::tok_embd, C::Embedding, constant(1.0f)),
     norm("attn_norm.weight", {D::Embd}, &L::attn_norm),
-    short_conv(matrix("shortconv.in_proj.weight", {D::Embd, D::Embd3}, &L::shortconv_in, C::AttnQ, fan_in(1.0f))),
-    short_conv(small("shortconv.conv.weight", {D::ShortConvKernel, D::Embd}, &L::shortconv_kernel, constant(0.5f))),
-    short_conv(matrix("shortconv.out_proj.weight", {D::Embd, D::Embd}, &L::shortconv_out, C::AttnOut, fan_in(0.5f))),
-    on(Layers::Attention, matrix("attn_q.weight", {D::Embd, D::QWidth}, &L::wq, C::AttnQ, fan_in(1.0f))),
-    on(Layers::Attention, matrix("attn_k.weight", {D::Embd, D::KWidth}, &L::wk, C::AttnK, fan_in(1.0f))),
-    on(Layers::Attention, matrix("attn_v.weight", {D::Embd, D::VWidth}, &L::wv, C::AttnV, fan_in(1.0f))),
-    on(Layers::Attention, norm("attn_q_norm.weight", {D::HeadDim}, &L::q_norm)),
-    on(Layers::Attention, norm("attn_k_norm.weight", {D::HeadDim}, &L::k_norm)),
-    on(Layers::Attention, matrix("attn_output.weight", {D::OutWidth, D::Embd}, &L::wo, C::AttnOut, fan_in(0.5f))),
+    short_conv(matrix("shortconv.in_proj.weight", {D::Embd, D::Embd3}, &Conv::shortconv_in, C::AttnQ, fan_in(1.0f))),
+    short_conv(small("shortconv.conv.weight", {D::ShortConvKernel, D::Embd}, &Conv::shortconv_kernel, constant(0.5f))),
+    short_conv(matrix("shortconv.out_proj.weight", {D::Embd, D::Embd}, &Conv::shortconv_out, C::AttnOut, fan_in(0.5f))),
+    on(Layers::Attention, matrix("attn_q.weight", {D::Embd, D::QWidth}, &Attn::wq, C::AttnQ, fan_in(1.0f))),
+    on(Layers::Attention, matrix("attn_k.weight", {D::Embd, D::KWidth}, &Attn::wk, C::AttnK, fan_in(1.0f))),
+    on(Layers::Attention, matrix("attn_v.weight", {D::Embd, D::VWidth}, &Attn::wv, C::AttnV, fan_in(1.0f))),
+    on(Layers::Attention, norm("attn_q_norm.weight", {D::HeadDim}, &Attn::q_norm)),
+    on(Layers::Attention, norm("attn_k_norm.weight", {D::HeadDim}, &Attn::k_norm)),
+    on(Layers::Attention, matrix("attn_output.weight", {D::OutWidth, D::Embd}, &Attn::wo, C::AttnOut, fan_in(0.5f))),
     norm("ffn_norm.weight", {D::Embd}, &L::ffn_norm),
-    on(Layers::Dense, matrix("ffn_gate.weight", {D::Embd, D::DenseFF}, &L::ffn_gate, C::Dense, fan_in(1.0f))),
-    on(Layers::Dense, matrix("ffn_up.weight", {D::Embd, D::DenseFF}, &L::ffn_up, C::Dense, fan_in(1.0f))),
-    on(Layers::Dense, matrix("ffn_down.weight", {D::DenseFF, D::Embd}, &L::ffn_down, C::Dense, fan_in(0.5f))),
+    on(Layers::Dense, matrix("ffn_gate.weight", {D::Embd, D::DenseFF}, &Dense::ffn_gate, C::Dense, fan_in(1.0f))),
+    on(Layers::Dense, matrix("ffn_up.weight", {D::Embd, D::DenseFF}, &Dense::ffn_up, C::Dense, fan_in(1.0f))),
+    on(Layers::Dense, matrix("ffn_down.weight", {D::DenseFF, D::Embd}, &Dense::ffn_down, C::Dense, fan_in(0.5f))),
     // Sigmoid scores: a narrower synthetic spread than softmax routers get keeps the top ones
     // apart instead of all near 1.
-    on(Layers::Moe, matrix("ffn_gate_inp.weight", {D::Embd, D::Experts}, &L::router, C::Router, fan_in(1.5f),
+    on(Layers::Moe, matrix("ffn_gate_inp.weight", {D::Embd, D::Experts}, &Moe::router, C::Router, fan_in(1.5f),
                            Role::Router)),
     on(Layers::Moe, experts("ffn_gate_exps.weight", {D::Embd, D::ExpertFF, D::Experts}, &ExpertRoles::gate,
                             C::Experts, fan_in(1.0f))),
@@ -84,7 +88,7 @@ const TensorSpec kTensors[] = {
                             fan_in(1.0f))),
     on(Layers::Moe, experts("ffn_down_exps.weight", {D::ExpertFF, D::Embd, D::Experts}, &ExpertRoles::down,
                             C::ExpertsDown, fan_in(1.0f))),
-    on(Layers::Moe, small("exp_probs_b.bias", {D::Experts}, &L::expert_select_bias, constant(0.05f))),
+    on(Layers::Moe, small("exp_probs_b.bias", {D::Experts}, &Moe::expert_select_bias, constant(0.05f))),
     global_vector("token_embd_norm.weight", {D::Embd}, &ModelWeights::output_norm),
     // LFM2-8B-A1B ties its output head to the embeddings. Synthetic files carry their own: a
     // random tied head mostly predicts the token it just read, which would make a weak test.

@@ -20,12 +20,13 @@ void read_olmoe(ArchLoader& a, ModelConfig& c) {
 
 using D = Dim;
 using L = LayerWeights;
+using Attn = AttentionWeights;
 
 std::vector<TensorSpec> tensors() {
   return rows({{token_embedding(constant(1.0f))},
                attention_inputs(),
-               {attention_output(), norm("attn_q_norm.weight", {D::QWidth}, &L::q_norm),
-                norm("attn_k_norm.weight", {D::KWidth}, &L::k_norm), norm("ffn_norm.weight", {D::Embd}, &L::ffn_norm),
+               {attention_output(), norm("attn_q_norm.weight", {D::QWidth}, &Attn::q_norm),
+                norm("attn_k_norm.weight", {D::KWidth}, &Attn::k_norm), norm("ffn_norm.weight", {D::Embd}, &L::ffn_norm),
                 router()},
                swiglu_experts(),
                output_head()});

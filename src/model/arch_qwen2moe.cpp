@@ -22,13 +22,14 @@ void read_qwen2moe(ArchLoader& a, ModelConfig& c) {
 
 using D = Dim;
 using L = LayerWeights;
+using Attn = AttentionWeights;
 
 std::vector<TensorSpec> tensors() {
   return rows({{token_embedding(constant(1.0f))},
                attention_inputs(),
-               {optional(small("attn_q.bias", {D::QWidth}, &L::bq, constant(0.1f))),
-                optional(small("attn_k.bias", {D::KWidth}, &L::bk, constant(0.1f))),
-                optional(small("attn_v.bias", {D::VWidth}, &L::bv, constant(0.1f))), attention_output(),
+               {optional(small("attn_q.bias", {D::QWidth}, &Attn::bq, constant(0.1f))),
+                optional(small("attn_k.bias", {D::KWidth}, &Attn::bk, constant(0.1f))),
+                optional(small("attn_v.bias", {D::VWidth}, &Attn::bv, constant(0.1f))), attention_output(),
                 norm("ffn_norm.weight", {D::Embd}, &L::ffn_norm), router()},
                swiglu_experts(),
                shared_expert(),

@@ -22,12 +22,13 @@ void read_qwen3moe(ArchLoader& a, ModelConfig& c) {
 
 using D = Dim;
 using L = LayerWeights;
+using Attn = AttentionWeights;
 
 std::vector<TensorSpec> tensors() {
   return rows({{token_embedding(constant(1.0f))},
                attention_inputs(),
-               {attention_output(), norm("attn_q_norm.weight", {D::HeadDim}, &L::q_norm),
-                norm("attn_k_norm.weight", {D::HeadDim}, &L::k_norm), norm("ffn_norm.weight", {D::Embd}, &L::ffn_norm),
+               {attention_output(), norm("attn_q_norm.weight", {D::HeadDim}, &Attn::q_norm),
+                norm("attn_k_norm.weight", {D::HeadDim}, &Attn::k_norm), norm("ffn_norm.weight", {D::Embd}, &L::ffn_norm),
                 router()},
                swiglu_experts(),
                output_head()});

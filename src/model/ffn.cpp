@@ -64,7 +64,8 @@ class PreNormFfn : public Ffn {
 
 class DenseFfn final : public PreNormFfn {
   void body(const LayerWeights& L, int, const LayerPass& pass, const FfnContext&) override {
-    mlp_.run(pass, L.ffn_gate, L.ffn_up, L.ffn_down, h_.data(), out_.data());
+    const DenseFfnWeights& D = *L.dense;
+    mlp_.run(pass, D.ffn_gate, D.ffn_up, D.ffn_down, h_.data(), out_.data());
   }
   DenseMlp mlp_;
 };
@@ -79,14 +80,15 @@ class MoeFfn final : public PreNormFfn {
 class MoeSharedFfn final : public PreNormFfn {
   void body(const LayerWeights& L, int layer, const LayerPass& pass, const FfnContext& ctx) override {
     const int n = pass.n, E = pass.cfg.n_embd;
+    const SharedExpertWeights& S = *L.shared;
     ctx.experts.run(layer, n, h_.data(), h_.data(), pass.positions, ctx.source, out_.data());
     float* shared = scratch(shared_, static_cast<size_t>(n) * E);
-    mlp_.run(pass, L.shexp_gate, L.shexp_up, L.shexp_down, h_.data(), shared);
-    float* gate = scratch(gate_, static_cast<size_t>(n) * L.shexp_router.rows);
-    matmul(pass.pool, L.shexp_router, h_.data(), n, gate, gate_act_);
+    mlp_.run(pass, S.shexp_gate, S.shexp_up, S.shexp_down, h_.data(), shared);
+    float* gate = scratch(gate_, static_cast<size_t>(n) * S.shexp_router.rows);
+    matmul(pass.pool, S.shexp_router, h_.data(), n, gate, gate_act_);
     for (int i = 0; i < n; ++i) {
       // qwen2moe's graph computes the sigmoid as silu(x) / x, qwen35moe's as 1 / (1 + e^-x)
-      const float x = gate[static_cast<size_t>(i) * L.shexp_router.rows];
+      const float x = gate[static_cast<size_t>(i) * S.shexp_router.rows];
       const float g = pass.cfg.shared_gate_sigmoid ? 1.0f / (1.0f + std::exp(-x)) : ops::silu(x) / x;
       float* out = out_.data() + static_cast<size_t>(i) * E;
       const float* s = shared + static_cast<size_t>(i) * E;
@@ -103,6 +105,8 @@ class MoeSharedFfn final : public PreNormFfn {
 class ParallelDenseMoeFfn final : public Ffn {
  public:
   void forward(const LayerWeights& L, int layer, const LayerPass& pass, const FfnContext& ctx) override {
+    const DenseFfnWeights& D = *L.dense;
+    const ParallelFfnNorms& P = *L.parallel;
     const int n = pass.n, E = pass.cfg.n_embd;
     const float eps = pass.cfg.norm_eps;
     const size_t total = static_cast<size_t>(n) * E;
@@ -114,17 +118,17 @@ class ParallelDenseMoeFfn final : public Ffn {
       const float* x = pass.residual.row(i);
       const size_t o = static_cast<size_t>(i) * E;
       ops::rms_norm(x, L.ffn_norm.data(), dense_in + o, E, eps);
-      ops::rms_norm(x, L.moe_norm.data(), moe_in + o, E, eps);
+      ops::rms_norm(x, P.moe_norm.data(), moe_in + o, E, eps);
       ctx.experts.router_input(layer, x, router_in + o);
     }
     dense_out_.assign(total, 0.0f);
-    mlp_.run(pass, L.ffn_gate, L.ffn_up, L.ffn_down, dense_in, dense_out_.data());
+    mlp_.run(pass, D.ffn_gate, D.ffn_up, D.ffn_down, dense_in, dense_out_.data());
     ctx.experts.run(layer, n, moe_in, router_in, pass.positions, ctx.source, moe_out);
     for (int i = 0; i < n; ++i) {
       float* dense = dense_out_.data() + static_cast<size_t>(i) * E;
       float* moe = moe_out + static_cast<size_t>(i) * E;
-      ops::rms_norm(dense, L.post_dense_norm.data(), dense, E, eps);
-      ops::rms_norm(moe, L.post_moe_norm.data(), moe, E, eps);
+      ops::rms_norm(dense, P.post_dense_norm.data(), dense, E, eps);
+      ops::rms_norm(moe, P.post_moe_norm.data(), moe, E, eps);
       ops::add(dense, moe, E);
       ops::rms_norm(dense, L.post_ffn_norm.data(), dense, E, eps);
       pass.residual.add(i, dense);

@@ -41,9 +41,10 @@ class AttentionMixer final : public Mixer {
     cache_.init(n_ctx, k_widths, v_widths, kv_type);
   }
 
-  void forward(const LayerWeights& L, int layer, const LayerPass& pass) override {
+  void forward(const LayerWeights& weights, int layer, const LayerPass& pass) override {
+    const AttentionWeights& L = *weights.attention;
     const bool gated = pass.cfg.mixer_at(layer) == MixerKind::GatedAttention;
-    pre_norm(pass, L.attn_norm, h_);
+    pre_norm(pass, weights.attn_norm, h_);
     project(L, layer, pass, gated);
     prepare_rows(L, layer, pass);
     attend(L, layer, pass, gated);
@@ -53,11 +54,11 @@ class AttentionMixer final : public Mixer {
   uint64_t kv_bytes() const override { return cache_.bytes(); }
 
  private:
-  void project(const LayerWeights& L, int layer, const LayerPass& pass, bool gated);
+  void project(const AttentionWeights& L, int layer, const LayerPass& pass, bool gated);
   void split_query_gate(int n, int n_head, int head_dim);
-  void prepare_rows(const LayerWeights& L, int layer, const LayerPass& pass);
-  void attend(const LayerWeights& L, int layer, const LayerPass& pass, bool gated);
-  void output(const LayerWeights& L, const LayerPass& pass);
+  void prepare_rows(const AttentionWeights& L, int layer, const LayerPass& pass);
+  void attend(const AttentionWeights& L, int layer, const LayerPass& pass, bool gated);
+  void output(const AttentionWeights& L, const LayerPass& pass);
 
   KvCache cache_;
   std::vector<float> h_, q_, k_, v_, gate_, attn_, proj_;
@@ -65,7 +66,7 @@ class AttentionMixer final : public Mixer {
   ActivationBuffer out_act_;
 };
 
-void AttentionMixer::project(const LayerWeights& L, int layer, const LayerPass& pass, bool gated) {
+void AttentionMixer::project(const AttentionWeights& L, int layer, const LayerPass& pass, bool gated) {
   const ModelConfig& c = pass.cfg;
   const int n = pass.n, E = c.n_embd, H = c.n_head, HKV = c.n_head_kv_at(layer);
   const int dk = c.head_dim_at(layer), dv = c.head_dim_v_at(layer);
@@ -116,7 +117,7 @@ void AttentionMixer::split_query_gate(int n, int n_head, int head_dim) {
 
 // Per row: q/k norms (per head or over all heads), the weightless v norm, RoPE, then the row's
 // K and V into the cache.
-void AttentionMixer::prepare_rows(const LayerWeights& L, int layer, const LayerPass& pass) {
+void AttentionMixer::prepare_rows(const AttentionWeights& L, int layer, const LayerPass& pass) {
   const ModelConfig& c = pass.cfg;
   const int H = c.n_head, HKV = c.n_head_kv_at(layer);
   const int dk = c.head_dim_at(layer), dv = c.head_dim_v_at(layer);
@@ -144,7 +145,7 @@ void AttentionMixer::prepare_rows(const LayerWeights& L, int layer, const LayerP
   }
 }
 
-void AttentionMixer::attend(const LayerWeights& L, int layer, const LayerPass& pass, bool gated) {
+void AttentionMixer::attend(const AttentionWeights& L, int layer, const LayerPass& pass, bool gated) {
   const ModelConfig& c = pass.cfg;
   const int dk = c.head_dim_at(layer), dv = c.head_dim_v_at(layer);
   const int64_t attn_width = static_cast<int64_t>(c.n_head) * dv;
@@ -169,7 +170,7 @@ void AttentionMixer::attend(const LayerWeights& L, int layer, const LayerPass& p
   }
 }
 
-void AttentionMixer::output(const LayerWeights& L, const LayerPass& pass) {
+void AttentionMixer::output(const AttentionWeights& L, const LayerPass& pass) {
   const int E = pass.cfg.n_embd;
   proj_.resize(static_cast<size_t>(pass.n) * E);
   matmul(pass.pool, L.wo, attn_.data(), pass.n, proj_.data(), out_act_);
@@ -214,11 +215,12 @@ class DeltaNetMixer final : public Mixer {
  public:
   explicit DeltaNetMixer(const ModelConfig& c) : state_(c, MixerKind::GatedDeltaNet) {}
 
-  void forward(const LayerWeights& L, int layer, const LayerPass& pass) override {
-    pre_norm(pass, L.attn_norm, h_);
+  void forward(const LayerWeights& weights, int layer, const LayerPass& pass) override {
+    const DeltaNetWeights& L = *weights.delta_net;
+    pre_norm(pass, weights.attn_norm, h_);
     project(L, pass);
     convolve(L, layer, pass);
-    recur(L, layer, pass);
+    recur(layer, pass);
     output(L, pass);
   }
 
@@ -228,10 +230,10 @@ class DeltaNetMixer final : public Mixer {
   void clear_state() override { state_.clear(); }
 
  private:
-  void project(const LayerWeights& L, const LayerPass& pass);
-  void convolve(const LayerWeights& L, int layer, const LayerPass& pass);
-  void recur(const LayerWeights& L, int layer, const LayerPass& pass);
-  void output(const LayerWeights& L, const LayerPass& pass);
+  void project(const DeltaNetWeights& L, const LayerPass& pass);
+  void convolve(const DeltaNetWeights& L, int layer, const LayerPass& pass);
+  void recur(int layer, const LayerPass& pass);
+  void output(const DeltaNetWeights& L, const LayerPass& pass);
 
   LayerStates state_;
   std::vector<float> h_, mixed_, z_, beta_, alpha_, conv_, out_, proj_;
@@ -239,7 +241,7 @@ class DeltaNetMixer final : public Mixer {
   ActivationBuffer out_act_;
 };
 
-void DeltaNetMixer::project(const LayerWeights& L, const LayerPass& pass) {
+void DeltaNetMixer::project(const DeltaNetWeights& L, const LayerPass& pass) {
   const ModelConfig::DeltaNet& d = pass.cfg.delta_net;
   const int n = pass.n, E = pass.cfg.n_embd, C = d.conv_channels(), VD = d.value_dim(), HV = d.v_heads;
   const size_t rows = static_cast<size_t>(n);
@@ -259,7 +261,7 @@ void DeltaNetMixer::project(const LayerWeights& L, const LayerPass& pass) {
 
 // The causal convolution and SiLU over q | k | v, L2-normed q and k heads, and per value head
 // its update strength (beta) and decay (alpha).
-void DeltaNetMixer::convolve(const LayerWeights& L, int layer, const LayerPass& pass) {
+void DeltaNetMixer::convolve(const DeltaNetWeights& L, int layer, const LayerPass& pass) {
   const ModelConfig::DeltaNet& d = pass.cfg.delta_net;
   const int n = pass.n, C = d.conv_channels(), HV = d.v_heads, S = d.head_dim;
   const size_t rows = static_cast<size_t>(n);
@@ -287,7 +289,7 @@ void DeltaNetMixer::convolve(const LayerWeights& L, int layer, const LayerPass& 
 }
 
 // The gated delta rule, token by token, each value head on its own worker.
-void DeltaNetMixer::recur(const LayerWeights&, int layer, const LayerPass& pass) {
+void DeltaNetMixer::recur(int layer, const LayerPass& pass) {
   const ModelConfig::DeltaNet& d = pass.cfg.delta_net;
   const int C = d.conv_channels(), VD = d.value_dim(), HV = d.v_heads, S = d.head_dim;
   const size_t rows = static_cast<size_t>(pass.n);
@@ -312,7 +314,7 @@ void DeltaNetMixer::recur(const LayerWeights&, int layer, const LayerPass& pass)
 }
 
 // Gated RMS norm per head, the output projection, added to the residual.
-void DeltaNetMixer::output(const LayerWeights& L, const LayerPass& pass) {
+void DeltaNetMixer::output(const DeltaNetWeights& L, const LayerPass& pass) {
   const ModelConfig::DeltaNet& d = pass.cfg.delta_net;
   const int E = pass.cfg.n_embd, VD = d.value_dim(), HV = d.v_heads, S = d.head_dim;
   const size_t rows = static_cast<size_t>(pass.n);
@@ -351,10 +353,11 @@ class ShortConvMixer final : public Mixer {
   ActivationBuffer in_act_, out_act_;
 };
 
-void ShortConvMixer::forward(const LayerWeights& L, int layer, const LayerPass& pass) {
+void ShortConvMixer::forward(const LayerWeights& weights, int layer, const LayerPass& pass) {
+  const ShortConvWeights& L = *weights.short_conv;
   const int n = pass.n, E = pass.cfg.n_embd;
   const size_t rows = static_cast<size_t>(n);
-  pre_norm(pass, L.attn_norm, h_);
+  pre_norm(pass, weights.attn_norm, h_);
   float* bcx = scratch(bcx_, rows * 3 * E);
   matmul(pass.pool, L.shortconv_in, h_.data(), n, bcx, in_act_);
   float* bx = scratch(bx_, rows * E);

@@ -25,7 +25,7 @@ void top_k(const float* values, int n, int k, std::vector<int32_t>& out) {
 
 }  // namespace
 
-void RoutedExperts::gate(const LayerWeights& L, float* logits, std::vector<int32_t>& ids,
+void RoutedExperts::gate(const RoutedExpertWeights& L, float* logits, std::vector<int32_t>& ids,
                           std::vector<float>& wts) const {
   const int NE = cfg_.n_expert;
   const int k = cfg_.n_expert_used;
@@ -71,7 +71,7 @@ void RoutedExperts::gate(const LayerWeights& L, float* logits, std::vector<int32
 // replace it; the router hook settles it last (drop-cold), so what it drops is what is computed.
 void RoutedExperts::route_tokens(int layer, int n, const float* router_in, const int* positions,
                                  ExpertSource& source) {
-  const LayerWeights& L = weights_.layers[static_cast<size_t>(layer)];
+  const RoutedExpertWeights& L = *weights_.layers[static_cast<size_t>(layer)].experts;
   const int NE = cfg_.n_expert;
   router_logits_.resize(static_cast<size_t>(n) * NE);
   matmul(pool_, L.router, router_in, n, router_logits_.data(), router_act_);
@@ -108,7 +108,7 @@ void RoutedExperts::router_input(int layer, const float* x, float* out) const {
     // Gemma 4: plain RMS norm, scaled by router_in_scale / sqrt(n_embd).
     ops::rms_norm(x, nullptr, out, E, cfg_.norm_eps);
     const float inv_sqrt_e = 1.0f / std::sqrt(static_cast<float>(E));
-    for (int d = 0; d < E; ++d) out[d] = out[d] * inv_sqrt_e * L.router_in_scale[static_cast<size_t>(d)];
+    for (int d = 0; d < E; ++d) out[d] = out[d] * inv_sqrt_e * L.experts->router_in_scale[static_cast<size_t>(d)];
   } else {
     ops::rms_norm(x, L.ffn_norm.data(), out, E, cfg_.norm_eps);
   }
@@ -118,7 +118,7 @@ void RoutedExperts::router_input(int layer, const float* x, float* out) const {
 // current layer's attention, before its FFN): the prediction the hook hints, and with
 // route-ahead the routing that layer then takes.
 void RoutedExperts::route_residual(int layer, std::span<TokenRoute> rows, const ResidualStream& residual) {
-  const LayerWeights& L = weights_.layers[static_cast<size_t>(layer)];
+  const RoutedExpertWeights& L = *weights_.layers[static_cast<size_t>(layer)].experts;
   const int E = cfg_.n_embd, NE = cfg_.n_expert;
   const int n = static_cast<int>(rows.size());
   float* in = scratch(residual_router_in_, static_cast<size_t>(n) * E);
@@ -234,7 +234,7 @@ void RoutedExperts::compute_ready_experts(int layer, int n, const float* h, cons
 // Gate, up and down projections of a group of ready experts, each stage one parallel pass.
 void RoutedExperts::compute_group(int layer, int n, const float* h, const ExpertUses& uses,
                                   std::span<const int> ready, ExpertSource& source, float* slot_out) {
-  const LayerWeights& L = weights_.layers[static_cast<size_t>(layer)];
+  const RoutedExpertWeights& L = *weights_.layers[static_cast<size_t>(layer)].experts;
   ExpertGroup group;
   for (int idx : ready) {
     ExpertGroup::Member member{idx, {}, {}, group.rows};
@@ -250,7 +250,7 @@ void RoutedExperts::compute_group(int layer, int n, const float* h, const Expert
 }
 
 // Gate and up projections (or the fused gate_up rows) of every expert of the group in one pass.
-void RoutedExperts::expert_gate_up(const LayerWeights& L, int n, const float* h, ExpertGroup& group) {
+void RoutedExperts::expert_gate_up(const RoutedExpertWeights& L, int n, const float* h, ExpertGroup& group) {
   const int E = cfg_.n_embd;
   const ExpertRoles& R = L.roles;
   const bool fused_rows = R.gate_up >= 0;
@@ -284,7 +284,7 @@ void RoutedExperts::expert_gate_up(const LayerWeights& L, int n, const float* h,
 }
 
 // Per-expert biases (gpt-oss), then the activation into group.act.
-void RoutedExperts::expert_activation(const LayerWeights& L, const ExpertUses& uses, ExpertGroup& group) {
+void RoutedExperts::expert_activation(const RoutedExpertWeights& L, const ExpertUses& uses, ExpertGroup& group) {
   const int64_t F = group.width;
   for (const ExpertGroup::Member& mb : group.members) {
     const int32_t expert = uses.experts[static_cast<size_t>(mb.index)];
@@ -305,7 +305,7 @@ void RoutedExperts::expert_activation(const LayerWeights& L, const ExpertUses& u
 
 // Down projections of the group in one pass, then each (token, slot) result, with the expert's
 // down bias and scale, times its routing weight into its own row of slot_out.
-void RoutedExperts::expert_down(const LayerWeights& L, const ExpertUses& uses, const ExpertGroup& group,
+void RoutedExperts::expert_down(const RoutedExpertWeights& L, const ExpertUses& uses, const ExpertGroup& group,
                                  float* slot_out) {
   const int E = cfg_.n_embd;
   const int64_t F = group.width;

@@ -61,7 +61,7 @@ class RoutedExperts {
   void route_tokens(int layer, int n, const float* router_in, const int* positions, ExpertSource& source);
   void report_route(int layer, int token, const float* logits, const int* positions);
   // The model's gating of one token: logits (bias added in place) -> ids and weights.
-  void gate(const LayerWeights& L, float* logits, std::vector<int32_t>& ids, std::vector<float>& wts) const;
+  void gate(const RoutedExpertWeights& L, float* logits, std::vector<int32_t>& ids, std::vector<float>& wts) const;
 
   // Expert compute, on the experts the source hands out.
   struct ExpertUses;
@@ -71,9 +71,9 @@ class RoutedExperts {
                              float* slot_out);
   void compute_group(int layer, int n, const float* h, const ExpertUses& uses, std::span<const int> ready,
                      ExpertSource& source, float* slot_out);
-  void expert_gate_up(const LayerWeights& L, int n, const float* h, ExpertGroup& group);
-  void expert_activation(const LayerWeights& L, const ExpertUses& uses, ExpertGroup& group);
-  void expert_down(const LayerWeights& L, const ExpertUses& uses, const ExpertGroup& group, float* slot_out);
+  void expert_gate_up(const RoutedExpertWeights& L, int n, const float* h, ExpertGroup& group);
+  void expert_activation(const RoutedExpertWeights& L, const ExpertUses& uses, ExpertGroup& group);
+  void expert_down(const RoutedExpertWeights& L, const ExpertUses& uses, const ExpertGroup& group, float* slot_out);
   void sum_slots(int n, int max_slots, const float* slot_out, float* out) const;
 
   const ModelConfig& cfg_;
