@@ -41,7 +41,7 @@ void load_gemma4_hparams(ArchLoader& a, ModelConfig& c) {
   c.n_expert_used = static_cast<int>(a.get_int_or(".expert_used_count", 0));
   c.n_ff_exp = static_cast<int>(a.get_int_or(".expert_feed_forward_length", 0));
   c.final_softcap = static_cast<float>(a.get_float_or(".final_logit_softcapping", 0.0));
-  c.attn_softcap = static_cast<float>(a.get_float_or(".attn_logit_softcapping", 0.0));
+  c.attention.softcap = static_cast<float>(a.get_float_or(".attn_logit_softcapping", 0.0));
 
   RopeConfig full;
   full.style = RopeStyle::NeoX;
@@ -77,16 +77,16 @@ void load_gemma4_hparams(ArchLoader& a, ModelConfig& c) {
 
 void read_gemma4(ArchLoader& a, ModelConfig& c) {
   load_gemma4_hparams(a, c);
-  c.qk_norm_per_head = true;
-  c.v_rms_norm = true;
-  c.attn_scale = 1.0f;  // q and k are normalised; Gemma 4 applies no 1/sqrt(d)
+  c.attention.qk_norm_per_head = true;
+  c.attention.v_rms_norm = true;
+  c.attention.scale = 1.0f;  // q and k are normalised; Gemma 4 applies no 1/sqrt(d)
   c.gating = Gating::SoftmaxTopK;
   c.norm_topk = true;
   c.activation = ExpertActivation::GeGLU;
-  c.dense_activation = ExpertActivation::GeGLU;
+  c.dense.activation = ExpertActivation::GeGLU;
   c.n_vocab = static_cast<int>(a.tensor_dim("token_embd.weight", 1));
   for (int64_t ff : a.get_per_layer_int(".feed_forward_length", c.n_layer, std::nullopt)) {
-    c.layer_n_ff.push_back(static_cast<int>(ff));
+    c.dense.layer_n_ff.push_back(static_cast<int>(ff));
   }
   // A layer with a router runs its dense FFN beside the experts; one without is a dense layer.
   for (int l = 0; l < c.n_layer; ++l) {

@@ -19,7 +19,7 @@ void read_lfm2moe(ArchLoader& a, ModelConfig& c) {
   if (c.n_expert == 0) fail("lfm2moe: expert_count must be > 0");
   if (c.n_ff_exp == 0) fail("lfm2moe: missing required key 'lfm2moe.expert_feed_forward_length'");
   c.rope.style = RopeStyle::NeoX;
-  c.qk_norm_per_head = true;
+  c.attention.qk_norm_per_head = true;
   c.gating = Gating::SigmoidTopK;
   c.norm_topk = true;
   c.activation = ExpertActivation::SwiGLU;
@@ -27,7 +27,7 @@ void read_lfm2moe(ArchLoader& a, ModelConfig& c) {
   if (gating != 2) fail("lfm2moe: expert_gating_func {} is not supported (2 = sigmoid)", gating);
   const int64_t taps = a.get_int(".shortconv.l_cache");
   if (taps < 2 || taps > delta_net::kMaxConvKernel) fail("lfm2moe: shortconv.l_cache {} is out of range", taps);
-  c.short_conv_kernel = static_cast<int>(taps);
+  c.short_conv.kernel = static_cast<int>(taps);
   c.n_vocab = static_cast<int>(a.tensor_dim("token_embd.weight", 1));
   const auto kv_heads = a.get_per_layer_int(".attention.head_count_kv", c.n_layer, c.n_head);
   const int64_t dense = a.get_int_or(".leading_dense_block_count", 0);
@@ -35,7 +35,7 @@ void read_lfm2moe(ArchLoader& a, ModelConfig& c) {
   for (int l = 0; l < c.n_layer; ++l) {
     c.plan.push_back({kv_heads[static_cast<size_t>(l)] == 0 ? MixerKind::ShortConv : MixerKind::Attention,
                       l >= dense ? FfnKind::Moe : FfnKind::Dense});
-    c.layer_n_ff.push_back(static_cast<int>(dense_ff[static_cast<size_t>(l)]));
+    c.dense.layer_n_ff.push_back(static_cast<int>(dense_ff[static_cast<size_t>(l)]));
     if (l < dense && dense_ff[static_cast<size_t>(l)] <= 0) fail("lfm2moe: dense layer {} has no feed_forward_length", l);
   }
 }
@@ -45,7 +45,7 @@ void finish_lfm2moe(const ModelConfig& c, ModelWeights& w) {
   for (int l = 0; l < c.n_layer; ++l) {
     if (c.mixer_at(l) != MixerKind::ShortConv) continue;
     Vector& k = w.layers[static_cast<size_t>(l)].short_conv->shortconv_kernel;
-    k = delta_net::transpose_conv(k, c.n_embd, c.short_conv_kernel);
+    k = delta_net::transpose_conv(k, c.n_embd, c.short_conv.kernel);
   }
 }
 

@@ -11,7 +11,7 @@ void read_olmoe(ArchLoader& a, ModelConfig& c) {
   load_common_hparams(a, c);
   if (c.n_expert == 0) fail("olmoe: expert_count must be > 0");
   c.rope.style = RopeStyle::NeoX;
-  c.qk_norm_full = true;
+  c.attention.qk_norm_full = true;
   c.gating = Gating::SoftmaxTopK;
   c.norm_topk = false;
   read_vocab_and_expert_width(a, c);

@@ -16,8 +16,8 @@ void read_qwen2moe(ArchLoader& a, ModelConfig& c) {
   c.norm_topk = false;
   read_vocab_and_expert_width(a, c);
   c.plan_every_layer(MixerKind::Attention, FfnKind::MoeShared);
-  c.n_ff_shexp = static_cast<int>(a.get_int_or(".expert_shared_feed_forward_length", 0));
-  if (c.n_ff_shexp == 0) c.n_ff_shexp = static_cast<int>(a.tensor_dim("blk.0.ffn_gate_shexp.weight", 1));
+  c.shared_expert.n_ff = static_cast<int>(a.get_int_or(".expert_shared_feed_forward_length", 0));
+  if (c.shared_expert.n_ff == 0) c.shared_expert.n_ff = static_cast<int>(a.tensor_dim("blk.0.ffn_gate_shexp.weight", 1));
 }
 
 using D = Dim;

@@ -78,14 +78,14 @@ void read_qwen35moe(ArchLoader& a, ModelConfig& c) {
   if (c.head_dim != c.head_dim_v) fail("qwen35moe: key and value head sizes must be equal");
   c.rope.style = RopeStyle::NeoX;
   check_rope_sections(a.get_int_array(".rope.dimension_sections"), c.rope.n_rot);
-  c.qk_norm_per_head = true;
+  c.attention.qk_norm_per_head = true;
   c.gating = Gating::SoftmaxTopK;
   c.norm_topk = true;
   c.activation = ExpertActivation::SwiGLU;
-  c.shared_gate_sigmoid = true;
+  c.shared_expert.gate_sigmoid = true;
   read_vocab_and_expert_width(a, c);
-  c.n_ff_shexp = static_cast<int>(a.get_int_or(".expert_shared_feed_forward_length", 0));
-  if (c.n_ff_shexp == 0) c.n_ff_shexp = static_cast<int>(a.tensor_dim("blk.0.ffn_gate_shexp.weight", 1));
+  c.shared_expert.n_ff = static_cast<int>(a.get_int_or(".expert_shared_feed_forward_length", 0));
+  if (c.shared_expert.n_ff == 0) c.shared_expert.n_ff = static_cast<int>(a.tensor_dim("blk.0.ffn_gate_shexp.weight", 1));
   read_delta_net(a, c, n_layer_all);
 }
 

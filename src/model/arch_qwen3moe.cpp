@@ -11,7 +11,7 @@ void read_qwen3moe(ArchLoader& a, ModelConfig& c) {
   load_common_hparams(a, c);
   if (c.n_expert == 0) fail("qwen3moe: expert_count must be > 0");
   c.rope.style = RopeStyle::NeoX;
-  c.qk_norm_per_head = true;
+  c.attention.qk_norm_per_head = true;
   c.gating = Gating::SoftmaxTopK;
   c.norm_topk = true;
   c.activation = ExpertActivation::SwiGLU;

@@ -54,7 +54,7 @@ int64_t dim_value(Dim d, const ModelConfig& c, int layer) {
     case Dim::Experts: return c.n_expert;
     case Dim::ExpertFF: return c.n_ff_exp;
     case Dim::ExpertFF2: return 2 * int64_t{c.n_ff_exp};
-    case Dim::SharedFF: return c.n_ff_shexp;
+    case Dim::SharedFF: return c.shared_expert.n_ff;
     case Dim::DenseFF: return c.n_ff_dense_at(l);
     case Dim::QGateWidth: return 2 * int64_t{c.n_head} * c.head_dim_at(l);
     case Dim::ConvKernel: return c.delta_net.conv_kernel;
@@ -63,7 +63,7 @@ int64_t dim_value(Dim d, const ModelConfig& c, int layer) {
     case Dim::DeltaVHeads: return c.delta_net.v_heads;
     case Dim::DeltaHeadDim: return c.delta_net.head_dim;
     case Dim::Embd3: return 3 * int64_t{c.n_embd};
-    case Dim::ShortConvKernel: return c.short_conv_kernel;
+    case Dim::ShortConvKernel: return c.short_conv.kernel;
   }
   return 0;
 }

@@ -67,24 +67,21 @@ struct ModelConfig {
   int n_ctx_train = 0;
   float norm_eps = 1e-6f;
 
+  // Per layer, its mixer and FFN kinds (every family fills it, one entry per layer). Hybrid
+  // models mix attention with layers that keep a recurrent state instead of KV rows.
+  std::vector<LayerPlan> plan;
+
+  // Routed experts (the MoE FFN kinds).
   int n_expert = 0;
   int n_expert_used = 0;
   int n_ff_exp = 0;
-  int n_ff_shexp = 0;                // shared expert width (qwen2moe)
-  std::vector<int> layer_n_ff;       // per layer: dense FFN width (dense and parallel FFN layers)
   bool norm_topk = true;            // renormalise the k selected weights to sum to 1
   float expert_weights_scale = 0.0f;  // 0 or 1: none
   Gating gating = Gating::SoftmaxTopK;
   ExpertActivation activation = ExpertActivation::SwiGLU;
 
   RopeConfig rope;
-  float attn_scale = 0.0f;  // 0: 1/sqrt(head_dim)
-  float attn_softcap = 0.0f;
   float final_softcap = 0.0f;
-
-  bool qk_norm_per_head = false;  // RMS-norm q and k per head (qwen3)
-  bool qk_norm_full = false;      // RMS-norm q and k over all heads (olmoe)
-
   std::vector<int> sliding_window;  // per layer; 0 = full attention
 
   // Per-layer attention geometry where it varies (gemma4: sliding layers have more, smaller
@@ -92,10 +89,15 @@ struct ModelConfig {
   std::vector<int> layer_n_head_kv;
   std::vector<int> layer_head_dim;  // key and value head size
   std::vector<RopeConfig> layer_rope;
-  // Per layer, its mixer and FFN kinds (every family fills it, one entry per layer). Hybrid
-  // models mix attention with layers that keep a recurrent state instead of KV rows.
-  std::vector<LayerPlan> plan;
-  int short_conv_kernel = 0;  // lfm2moe: taps of the short convolution
+
+  // What only one layer kind reads; a family sets those of the kinds its plan uses.
+  struct Attention {
+    float scale = 0.0f;  // 0: 1/sqrt(head_dim)
+    float softcap = 0.0f;
+    bool qk_norm_per_head = false;  // RMS-norm q and k per head (qwen3)
+    bool qk_norm_full = false;      // RMS-norm q and k over all heads (olmoe)
+    bool v_rms_norm = false;        // RMS-normalise each value head without a weight (gemma4)
+  } attention;
   struct DeltaNet {
     int conv_kernel = 0;  // causal depthwise convolution width
     int head_dim = 0;     // key and value head size (the state is head_dim x head_dim per value head)
@@ -105,9 +107,17 @@ struct ModelConfig {
     int value_dim() const { return v_heads * head_dim; }
     int conv_channels() const { return 2 * key_dim() + value_dim(); }  // q | k | v
   } delta_net;
-  bool shared_gate_sigmoid = false;  // shared expert gate: sigmoid (else silu(x)/x, qwen2moe's form)
-  bool v_rms_norm = false;          // RMS-normalise each value head without a weight (gemma4)
-  ExpertActivation dense_activation = ExpertActivation::SwiGLU;  // dense FFN / shared expert
+  struct ShortConv {
+    int kernel = 0;  // taps of the short convolution (lfm2moe)
+  } short_conv;
+  struct SharedExpert {
+    int n_ff = 0;               // width (qwen2moe, qwen35moe)
+    bool gate_sigmoid = false;  // its gate: sigmoid (else silu(x)/x, qwen2moe's form)
+  } shared_expert;
+  struct DenseFfn {
+    std::vector<int> layer_n_ff;  // per layer: width (dense and dense-beside-MoE layers)
+    ExpertActivation activation = ExpertActivation::SwiGLU;  // also the shared expert's
+  } dense;
 
   int sliding_at(int l) const { return sliding_window.empty() ? 0 : sliding_window[static_cast<size_t>(l)]; }
   MixerKind mixer_at(int l) const { return plan[static_cast<size_t>(l)].mixer; }
@@ -123,7 +133,7 @@ struct ModelConfig {
   bool has_experts_at(int l) const { return ffn_at(l) != FfnKind::Dense; }
   // Every layer of the same kinds (the families without per-layer choices).
   void plan_every_layer(MixerKind mixer, FfnKind ffn) { plan.assign(static_cast<size_t>(n_layer), {mixer, ffn}); }
-  int n_ff_dense_at(int l) const { return layer_n_ff.empty() ? 0 : layer_n_ff[static_cast<size_t>(l)]; }
+  int n_ff_dense_at(int l) const { return dense.layer_n_ff.empty() ? 0 : dense.layer_n_ff[static_cast<size_t>(l)]; }
   int n_head_kv_at(int l) const { return layer_n_head_kv.empty() ? n_head_kv : layer_n_head_kv[static_cast<size_t>(l)]; }
   int head_dim_at(int l) const { return layer_head_dim.empty() ? head_dim : layer_head_dim[static_cast<size_t>(l)]; }
   int head_dim_v_at(int l) const { return layer_head_dim.empty() ? head_dim_v : layer_head_dim[static_cast<size_t>(l)]; }

@@ -25,7 +25,7 @@ class DenseMlp {
         {&up, &acts_.get(pass.pool, up.type, h, n, E), n, nullptr, u, F},
     };
     run_matmuls(pass.pool, jobs);
-    if (pass.cfg.dense_activation == ExpertActivation::GeGLU) ops::geglu(g, u, a, n * F);
+    if (pass.cfg.dense.activation == ExpertActivation::GeGLU) ops::geglu(g, u, a, n * F);
     else ops::swiglu(g, u, a, n * F);
     matmul(pass.pool, down, a, n, out, down_act_);
   }
@@ -89,7 +89,7 @@ class MoeSharedFfn final : public PreNormFfn {
     for (int i = 0; i < n; ++i) {
       // qwen2moe's graph computes the sigmoid as silu(x) / x, qwen35moe's as 1 / (1 + e^-x)
       const float x = gate[static_cast<size_t>(i) * S.shexp_router.rows];
-      const float g = pass.cfg.shared_gate_sigmoid ? 1.0f / (1.0f + std::exp(-x)) : ops::silu(x) / x;
+      const float g = pass.cfg.shared_expert.gate_sigmoid ? 1.0f / (1.0f + std::exp(-x)) : ops::silu(x) / x;
       float* out = out_.data() + static_cast<size_t>(i) * E;
       const float* s = shared + static_cast<size_t>(i) * E;
       for (int d = 0; d < E; ++d) out[d] += s[d] * g;

@@ -126,15 +126,15 @@ void AttentionMixer::prepare_rows(const AttentionWeights& L, int layer, const La
   for (int i = 0; i < pass.n; ++i) {
     float* q = q_.data() + static_cast<size_t>(i) * q_width;
     float* k = k_.data() + static_cast<size_t>(i) * k_width;
-    if (c.qk_norm_per_head) {
+    if (c.attention.qk_norm_per_head) {
       for (int h = 0; h < H; ++h) ops::rms_norm(q + h * dk, L.q_norm.data(), q + h * dk, dk, c.norm_eps);
       for (int h = 0; h < HKV; ++h) ops::rms_norm(k + h * dk, L.k_norm.data(), k + h * dk, dk, c.norm_eps);
-    } else if (c.qk_norm_full) {
+    } else if (c.attention.qk_norm_full) {
       ops::rms_norm(q, L.q_norm.data(), q, q_width, c.norm_eps);
       ops::rms_norm(k, L.k_norm.data(), k, k_width, c.norm_eps);
     }
     float* v = v_.data() + static_cast<size_t>(i) * v_width;
-    if (c.v_rms_norm) {
+    if (c.attention.v_rms_norm) {
       for (int h = 0; h < HKV; ++h) ops::rms_norm(v + h * dv, nullptr, v + h * dv, dv, c.norm_eps);
     }
     const RopeConfig& rope = c.rope_at(layer);
@@ -154,8 +154,8 @@ void AttentionMixer::attend(const AttentionWeights& L, int layer, const LayerPas
   p.n_head_kv = c.n_head_kv_at(layer);
   p.head_dim_k = dk;
   p.head_dim_v = dv;
-  p.scale = c.attn_scale > 0.0f ? c.attn_scale : 1.0f / std::sqrt(static_cast<float>(dk));
-  p.softcap = c.attn_softcap;
+  p.scale = c.attention.scale > 0.0f ? c.attention.scale : 1.0f / std::sqrt(static_cast<float>(dk));
+  p.softcap = c.attention.softcap;
   p.sliding_window = c.sliding_at(layer);
   p.sinks = L.attn_sinks.empty() ? nullptr : L.attn_sinks.data();
   // An f32 cache is compared against llama.cpp's classic path (its flash attention rounds to
@@ -370,7 +370,7 @@ void ShortConvMixer::forward(const LayerWeights& weights, int layer, const Layer
   constexpr int kChannelsPerJob = 256;
   pass.pool.run((E + kChannelsPerJob - 1) / kChannelsPerJob, [&](int64_t job, int) {
     const int first = static_cast<int>(job) * kChannelsPerJob;
-    delta_net::causal_conv(bx, n, E, pass.cfg.short_conv_kernel, L.shortconv_kernel.data(), state, conv, first,
+    delta_net::causal_conv(bx, n, E, pass.cfg.short_conv.kernel, L.shortconv_kernel.data(), state, conv, first,
                            std::min(E, first + kChannelsPerJob));
   });
   for (size_t t = 0; t < rows; ++t) {
@@ -411,7 +411,7 @@ int64_t recurrent_state_floats(const ModelConfig& c, int layer) {
   switch (c.mixer_at(layer)) {
     case MixerKind::GatedDeltaNet:
       return int64_t{d.conv_channels()} * (d.conv_kernel - 1) + int64_t{d.v_heads} * d.head_dim * d.head_dim;
-    case MixerKind::ShortConv: return int64_t{c.n_embd} * (c.short_conv_kernel - 1);
+    case MixerKind::ShortConv: return int64_t{c.n_embd} * (c.short_conv.kernel - 1);
     case MixerKind::Attention:
     case MixerKind::GatedAttention: return 0;
   }
