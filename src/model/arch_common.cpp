@@ -46,6 +46,9 @@ std::string describe_tensors(const Architecture& arch) {
 
 void load_architecture(const Architecture& arch, ArchLoader& loader, ModelConfig& config, ModelWeights& weights) {
   arch.read_hparams(loader, config);
+  if (config.plan.size() != static_cast<size_t>(config.n_layer)) {
+    fail("internal: {} declares a plan for {} of its {} layers", arch.name, config.plan.size(), config.n_layer);
+  }
   bind_tensors(arch.tensors, loader, config, weights);
   if (arch.finish) arch.finish(config, weights);
 }

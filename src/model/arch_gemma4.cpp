@@ -41,7 +41,7 @@ void load_gemma4_hparams(ArchLoader& a, ModelConfig& c) {
   c.n_expert_used = static_cast<int>(a.get_int_or(".expert_used_count", 0));
   c.n_ff_exp = static_cast<int>(a.get_int_or(".expert_feed_forward_length", 0));
   c.final_softcap = static_cast<float>(a.get_float_or(".final_logit_softcapping", 0.0));
-  c.attn_softcap = static_cast<float>(a.get_float_or(".attn_logit_softcapping", 0.0));
+  c.attention.softcap = static_cast<float>(a.get_float_or(".attn_logit_softcapping", 0.0));
 
   RopeConfig full;
   full.style = RopeStyle::NeoX;
@@ -77,24 +77,24 @@ void load_gemma4_hparams(ArchLoader& a, ModelConfig& c) {
 
 void read_gemma4(ArchLoader& a, ModelConfig& c) {
   load_gemma4_hparams(a, c);
-  c.qk_norm_per_head = true;
-  c.v_rms_norm = true;
-  c.attn_scale = 1.0f;  // q and k are normalised; Gemma 4 applies no 1/sqrt(d)
+  c.attention.qk_norm_per_head = true;
+  c.attention.v_rms_norm = true;
+  c.attention.scale = 1.0f;  // q and k are normalised; Gemma 4 applies no 1/sqrt(d)
   c.gating = Gating::SoftmaxTopK;
   c.norm_topk = true;
   c.activation = ExpertActivation::GeGLU;
-  c.dense_activation = ExpertActivation::GeGLU;
+  c.dense.activation = ExpertActivation::GeGLU;
   c.n_vocab = static_cast<int>(a.tensor_dim("token_embd.weight", 1));
   for (int64_t ff : a.get_per_layer_int(".feed_forward_length", c.n_layer, std::nullopt)) {
-    c.layer_n_ff.push_back(static_cast<int>(ff));
+    c.dense.layer_n_ff.push_back(static_cast<int>(ff));
   }
-  // A layer without a router is a dense layer.
+  // A layer with a router runs its dense FFN beside the experts; one without is a dense layer.
   for (int l = 0; l < c.n_layer; ++l) {
     const bool moe = a.has_tensor(fmt::format("blk.{}.ffn_gate_inp.weight", l));
     if (moe && (c.n_expert == 0 || c.n_ff_exp == 0)) {
       fail("gemma4: layer {} has a router but the expert count or size is missing", l);
     }
-    c.moe_layers.push_back(moe ? 1 : 0);
+    c.plan.push_back({MixerKind::Attention, moe ? FfnKind::ParallelDenseMoe : FfnKind::Dense});
   }
 }
 
@@ -102,7 +102,7 @@ void read_gemma4(ArchLoader& a, ModelConfig& c) {
 // embedding is scaled by sqrt(n_embd).
 void finish_gemma4(const ModelConfig& c, ModelWeights& w) {
   for (int l = 0; l < c.n_layer; ++l) {
-    if (c.sliding_at(l) == 0) w.layers[static_cast<size_t>(l)].rope_freqs = w.rope_freqs;
+    if (c.sliding_at(l) == 0) w.layers[static_cast<size_t>(l)].attention->rope_freqs = w.rope_freqs;
   }
   w.embd_scale = std::sqrt(static_cast<float>(c.n_embd));
 }
@@ -110,6 +110,10 @@ void finish_gemma4(const ModelConfig& c, ModelWeights& w) {
 using D = Dim;
 using C = TensorClass;
 using L = LayerWeights;
+using Attn = AttentionWeights;
+using Dense = DenseFfnWeights;
+using Par = ParallelFfnNorms;
+using Moe = RoutedExpertWeights;
 
 // The embedding is tied to the output (and scaled by sqrt(n_embd) on input), so its spread
 // sets the synthetic logit spread; the router reads an input of RMS 1/sqrt(n_embd).
@@ -122,26 +126,26 @@ const TensorSpec kTensors[] = {
       return t;
     }(),
     norm("attn_norm.weight", {D::Embd}, &L::attn_norm),
-    matrix("attn_q.weight", {D::Embd, D::QWidth}, &L::wq, C::AttnQ, fan_in(1.0f)),
-    matrix("attn_k.weight", {D::Embd, D::KWidth}, &L::wk, C::AttnK, fan_in(1.0f)),
+    matrix("attn_q.weight", {D::Embd, D::QWidth}, &Attn::wq, C::AttnQ, fan_in(1.0f)),
+    matrix("attn_k.weight", {D::Embd, D::KWidth}, &Attn::wk, C::AttnK, fan_in(1.0f)),
     // Absent: values = keys (the synthetic full layers do that).
-    optional(matrix("attn_v.weight", {D::Embd, D::VWidth}, &L::wv, C::AttnV, fan_in(1.0f)), Layers::Sliding),
-    matrix("attn_output.weight", {D::OutWidth, D::Embd}, &L::wo, C::AttnOut, fan_in(0.5f)),
-    norm("attn_q_norm.weight", {D::HeadDim}, &L::q_norm),
-    norm("attn_k_norm.weight", {D::HeadDim}, &L::k_norm),
-    norm("post_attention_norm.weight", {D::Embd}, &L::post_attn_norm),
+    optional(matrix("attn_v.weight", {D::Embd, D::VWidth}, &Attn::wv, C::AttnV, fan_in(1.0f)), Layers::Sliding),
+    matrix("attn_output.weight", {D::OutWidth, D::Embd}, &Attn::wo, C::AttnOut, fan_in(0.5f)),
+    norm("attn_q_norm.weight", {D::HeadDim}, &Attn::q_norm),
+    norm("attn_k_norm.weight", {D::HeadDim}, &Attn::k_norm),
+    norm("post_attention_norm.weight", {D::Embd}, &Attn::post_attn_norm),
     optional(small("layer_output_scale.weight", {D::One}, &L::out_scale, fixed(Fixed::LayerOutputScale))),
     norm("ffn_norm.weight", {D::Embd}, &L::ffn_norm),
-    matrix("ffn_gate.weight", {D::Embd, D::DenseFF}, &L::ffn_gate, C::Dense, fan_in(1.0f)),
-    matrix("ffn_up.weight", {D::Embd, D::DenseFF}, &L::ffn_up, C::Dense, fan_in(1.0f)),
-    matrix("ffn_down.weight", {D::DenseFF, D::Embd}, &L::ffn_down, C::Dense, fan_in(0.5f)),
+    matrix("ffn_gate.weight", {D::Embd, D::DenseFF}, &Dense::ffn_gate, C::Dense, fan_in(1.0f)),
+    matrix("ffn_up.weight", {D::Embd, D::DenseFF}, &Dense::ffn_up, C::Dense, fan_in(1.0f)),
+    matrix("ffn_down.weight", {D::DenseFF, D::Embd}, &Dense::ffn_down, C::Dense, fan_in(0.5f)),
     norm("post_ffw_norm.weight", {D::Embd}, &L::post_ffn_norm),
-    on(Layers::Moe, matrix("ffn_gate_inp.weight", {D::Embd, D::Experts}, &L::router, C::Router,
+    on(Layers::Moe, matrix("ffn_gate_inp.weight", {D::Embd, D::Experts}, &Moe::router, C::Router,
                            constant(kRouterLogitStd), Role::Router)),
-    on(Layers::Moe, norm("ffn_gate_inp.scale", {D::Embd}, &L::router_in_scale)),
-    on(Layers::Moe, norm("pre_ffw_norm_2.weight", {D::Embd}, &L::moe_norm)),
-    on(Layers::Moe, norm("post_ffw_norm_1.weight", {D::Embd}, &L::post_dense_norm)),
-    on(Layers::Moe, norm("post_ffw_norm_2.weight", {D::Embd}, &L::post_moe_norm)),
+    on(Layers::Moe, norm("ffn_gate_inp.scale", {D::Embd}, &Moe::router_in_scale)),
+    on(Layers::Moe, norm("pre_ffw_norm_2.weight", {D::Embd}, &Par::moe_norm)),
+    on(Layers::Moe, norm("post_ffw_norm_1.weight", {D::Embd}, &Par::post_dense_norm)),
+    on(Layers::Moe, norm("post_ffw_norm_2.weight", {D::Embd}, &Par::post_moe_norm)),
     alternative(Alternative::Preferred,
                 on(Layers::Moe, experts("ffn_gate_up_exps.weight", {D::Embd, D::ExpertFF2, D::Experts},
                                         &ExpertRoles::gate_up, C::Experts, fan_in(1.0f)))),
@@ -153,7 +157,7 @@ const TensorSpec kTensors[] = {
                                         C::Experts, fan_in(1.0f)))),
     on(Layers::Moe, experts("ffn_down_exps.weight", {D::ExpertFF, D::Embd, D::Experts}, &ExpertRoles::down,
                             C::ExpertsDown, fan_in(1.0f))),
-    on(Layers::Moe, optional(small("ffn_down_exps.scale", {D::Experts}, &L::exp_down_scale, fixed(Fixed::ExpertScales)))),
+    on(Layers::Moe, optional(small("ffn_down_exps.scale", {D::Experts}, &Moe::exp_down_scale, fixed(Fixed::ExpertScales)))),
     global_vector("output_norm.weight", {D::Embd}, &ModelWeights::output_norm),
     optional(global_matrix("output.weight", {D::Embd, D::Vocab}, &ModelWeights::output, C::Output,
                            fan_in(kOutputLogitStd)), Layers::Never),

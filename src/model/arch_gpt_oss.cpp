@@ -17,6 +17,7 @@ void read_gpt_oss(ArchLoader& a, ModelConfig& c) {
   c.norm_topk = false;
   c.activation = ExpertActivation::SwiGLU_OAI;
   read_vocab_and_expert_width(a, c);
+  c.plan_every_layer(MixerKind::Attention, FfnKind::Moe);
   const int window = static_cast<int>(a.get_int(".attention.sliding_window"));
   const int period = static_cast<int>(a.get_int_or(".attention.sliding_window_pattern", 2));
   c.sliding_window.assign(static_cast<size_t>(c.n_layer), 0);
@@ -27,21 +28,23 @@ void read_gpt_oss(ArchLoader& a, ModelConfig& c) {
 
 using D = Dim;
 using L = LayerWeights;
+using Attn = AttentionWeights;
+using Moe = RoutedExpertWeights;
 
 std::vector<TensorSpec> tensors() {
   return rows({{token_embedding(constant(1.0f))},
                attention_inputs(),
-               {small("attn_q.bias", {D::QWidth}, &L::bq, constant(0.1f)),
-                small("attn_k.bias", {D::KWidth}, &L::bk, constant(0.1f)),
-                small("attn_v.bias", {D::VWidth}, &L::bv, constant(0.1f)), attention_output(),
-                small("attn_output.bias", {D::Embd}, &L::bo, constant(0.05f)),
-                small("attn_sinks.weight", {D::Heads}, &L::attn_sinks, constant(1.0f)),
+               {small("attn_q.bias", {D::QWidth}, &Attn::bq, constant(0.1f)),
+                small("attn_k.bias", {D::KWidth}, &Attn::bk, constant(0.1f)),
+                small("attn_v.bias", {D::VWidth}, &Attn::bv, constant(0.1f)), attention_output(),
+                small("attn_output.bias", {D::Embd}, &Attn::bo, constant(0.05f)),
+                small("attn_sinks.weight", {D::Heads}, &Attn::attn_sinks, constant(1.0f)),
                 norm("post_attention_norm.weight", {D::Embd}, &L::ffn_norm), router(),
-                small("ffn_gate_inp.bias", {D::Experts}, &L::router_bias, constant(0.5f))},
+                small("ffn_gate_inp.bias", {D::Experts}, &Moe::router_bias, constant(0.5f))},
                swiglu_experts(),
-               {small("ffn_gate_exps.bias", {D::ExpertFF, D::Experts}, &L::exp_gate_bias, constant(0.1f)),
-                small("ffn_up_exps.bias", {D::ExpertFF, D::Experts}, &L::exp_up_bias, constant(0.1f)),
-                small("ffn_down_exps.bias", {D::Embd, D::Experts}, &L::exp_down_bias, constant(0.05f))},
+               {small("ffn_gate_exps.bias", {D::ExpertFF, D::Experts}, &Moe::exp_gate_bias, constant(0.1f)),
+                small("ffn_up_exps.bias", {D::ExpertFF, D::Experts}, &Moe::exp_up_bias, constant(0.1f)),
+                small("ffn_down_exps.bias", {D::Embd, D::Experts}, &Moe::exp_down_bias, constant(0.05f))},
                output_head()});
 }
 

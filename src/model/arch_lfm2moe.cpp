@@ -19,7 +19,7 @@ void read_lfm2moe(ArchLoader& a, ModelConfig& c) {
   if (c.n_expert == 0) fail("lfm2moe: expert_count must be > 0");
   if (c.n_ff_exp == 0) fail("lfm2moe: missing required key 'lfm2moe.expert_feed_forward_length'");
   c.rope.style = RopeStyle::NeoX;
-  c.qk_norm_per_head = true;
+  c.attention.qk_norm_per_head = true;
   c.gating = Gating::SigmoidTopK;
   c.norm_topk = true;
   c.activation = ExpertActivation::SwiGLU;
@@ -27,15 +27,15 @@ void read_lfm2moe(ArchLoader& a, ModelConfig& c) {
   if (gating != 2) fail("lfm2moe: expert_gating_func {} is not supported (2 = sigmoid)", gating);
   const int64_t taps = a.get_int(".shortconv.l_cache");
   if (taps < 2 || taps > delta_net::kMaxConvKernel) fail("lfm2moe: shortconv.l_cache {} is out of range", taps);
-  c.short_conv_kernel = static_cast<int>(taps);
+  c.short_conv.kernel = static_cast<int>(taps);
   c.n_vocab = static_cast<int>(a.tensor_dim("token_embd.weight", 1));
   const auto kv_heads = a.get_per_layer_int(".attention.head_count_kv", c.n_layer, c.n_head);
   const int64_t dense = a.get_int_or(".leading_dense_block_count", 0);
   const auto dense_ff = a.get_per_layer_int(".feed_forward_length", c.n_layer, 0);
   for (int l = 0; l < c.n_layer; ++l) {
-    c.layer_mixer.push_back(kv_heads[static_cast<size_t>(l)] == 0 ? LayerMixer::ShortConv : LayerMixer::Attention);
-    c.moe_layers.push_back(l >= dense ? 1 : 0);
-    c.layer_n_ff.push_back(static_cast<int>(dense_ff[static_cast<size_t>(l)]));
+    c.plan.push_back({kv_heads[static_cast<size_t>(l)] == 0 ? MixerKind::ShortConv : MixerKind::Attention,
+                      l >= dense ? FfnKind::Moe : FfnKind::Dense});
+    c.dense.layer_n_ff.push_back(static_cast<int>(dense_ff[static_cast<size_t>(l)]));
     if (l < dense && dense_ff[static_cast<size_t>(l)] <= 0) fail("lfm2moe: dense layer {} has no feed_forward_length", l);
   }
 }
@@ -43,15 +43,19 @@ void read_lfm2moe(ArchLoader& a, ModelConfig& c) {
 // causal_conv reads the kernel tap by tap across channels.
 void finish_lfm2moe(const ModelConfig& c, ModelWeights& w) {
   for (int l = 0; l < c.n_layer; ++l) {
-    if (c.mixer_at(l) != LayerMixer::ShortConv) continue;
-    Vector& k = w.layers[static_cast<size_t>(l)].shortconv_kernel;
-    k = delta_net::transpose_conv(k, c.n_embd, c.short_conv_kernel);
+    if (c.mixer_at(l) != MixerKind::ShortConv) continue;
+    Vector& k = w.layers[static_cast<size_t>(l)].short_conv->shortconv_kernel;
+    k = delta_net::transpose_conv(k, c.n_embd, c.short_conv.kernel);
   }
 }
 
 using D = Dim;
 using C = TensorClass;
 using L = LayerWeights;
+using Attn = AttentionWeights;
+using Dense = DenseFfnWeights;
+using Moe = RoutedExpertWeights;
+using Conv = ShortConvWeights;
 
 TensorSpec short_conv(TensorSpec t) {
   t.role = Role::Recurrent;
@@ -61,22 +65,22 @@ TensorSpec short_conv(TensorSpec t) {
 const TensorSpec kTensors[] = {
     global_matrix("token_embd.weight", {D::Embd, D::Vocab}, &ModelWeights::tok_embd, C::Embedding, constant(1.0f)),
     norm("attn_norm.weight", {D::Embd}, &L::attn_norm),
-    short_conv(matrix("shortconv.in_proj.weight", {D::Embd, D::Embd3}, &L::shortconv_in, C::AttnQ, fan_in(1.0f))),
-    short_conv(small("shortconv.conv.weight", {D::ShortConvKernel, D::Embd}, &L::shortconv_kernel, constant(0.5f))),
-    short_conv(matrix("shortconv.out_proj.weight", {D::Embd, D::Embd}, &L::shortconv_out, C::AttnOut, fan_in(0.5f))),
-    on(Layers::Attention, matrix("attn_q.weight", {D::Embd, D::QWidth}, &L::wq, C::AttnQ, fan_in(1.0f))),
-    on(Layers::Attention, matrix("attn_k.weight", {D::Embd, D::KWidth}, &L::wk, C::AttnK, fan_in(1.0f))),
-    on(Layers::Attention, matrix("attn_v.weight", {D::Embd, D::VWidth}, &L::wv, C::AttnV, fan_in(1.0f))),
-    on(Layers::Attention, norm("attn_q_norm.weight", {D::HeadDim}, &L::q_norm)),
-    on(Layers::Attention, norm("attn_k_norm.weight", {D::HeadDim}, &L::k_norm)),
-    on(Layers::Attention, matrix("attn_output.weight", {D::OutWidth, D::Embd}, &L::wo, C::AttnOut, fan_in(0.5f))),
+    short_conv(matrix("shortconv.in_proj.weight", {D::Embd, D::Embd3}, &Conv::shortconv_in, C::AttnQ, fan_in(1.0f))),
+    short_conv(small("shortconv.conv.weight", {D::ShortConvKernel, D::Embd}, &Conv::shortconv_kernel, constant(0.5f))),
+    short_conv(matrix("shortconv.out_proj.weight", {D::Embd, D::Embd}, &Conv::shortconv_out, C::AttnOut, fan_in(0.5f))),
+    on(Layers::Attention, matrix("attn_q.weight", {D::Embd, D::QWidth}, &Attn::wq, C::AttnQ, fan_in(1.0f))),
+    on(Layers::Attention, matrix("attn_k.weight", {D::Embd, D::KWidth}, &Attn::wk, C::AttnK, fan_in(1.0f))),
+    on(Layers::Attention, matrix("attn_v.weight", {D::Embd, D::VWidth}, &Attn::wv, C::AttnV, fan_in(1.0f))),
+    on(Layers::Attention, norm("attn_q_norm.weight", {D::HeadDim}, &Attn::q_norm)),
+    on(Layers::Attention, norm("attn_k_norm.weight", {D::HeadDim}, &Attn::k_norm)),
+    on(Layers::Attention, matrix("attn_output.weight", {D::OutWidth, D::Embd}, &Attn::wo, C::AttnOut, fan_in(0.5f))),
     norm("ffn_norm.weight", {D::Embd}, &L::ffn_norm),
-    on(Layers::Dense, matrix("ffn_gate.weight", {D::Embd, D::DenseFF}, &L::ffn_gate, C::Dense, fan_in(1.0f))),
-    on(Layers::Dense, matrix("ffn_up.weight", {D::Embd, D::DenseFF}, &L::ffn_up, C::Dense, fan_in(1.0f))),
-    on(Layers::Dense, matrix("ffn_down.weight", {D::DenseFF, D::Embd}, &L::ffn_down, C::Dense, fan_in(0.5f))),
+    on(Layers::Dense, matrix("ffn_gate.weight", {D::Embd, D::DenseFF}, &Dense::ffn_gate, C::Dense, fan_in(1.0f))),
+    on(Layers::Dense, matrix("ffn_up.weight", {D::Embd, D::DenseFF}, &Dense::ffn_up, C::Dense, fan_in(1.0f))),
+    on(Layers::Dense, matrix("ffn_down.weight", {D::DenseFF, D::Embd}, &Dense::ffn_down, C::Dense, fan_in(0.5f))),
     // Sigmoid scores: a narrower synthetic spread than softmax routers get keeps the top ones
     // apart instead of all near 1.
-    on(Layers::Moe, matrix("ffn_gate_inp.weight", {D::Embd, D::Experts}, &L::router, C::Router, fan_in(1.5f),
+    on(Layers::Moe, matrix("ffn_gate_inp.weight", {D::Embd, D::Experts}, &Moe::router, C::Router, fan_in(1.5f),
                            Role::Router)),
     on(Layers::Moe, experts("ffn_gate_exps.weight", {D::Embd, D::ExpertFF, D::Experts}, &ExpertRoles::gate,
                             C::Experts, fan_in(1.0f))),
@@ -84,7 +88,7 @@ const TensorSpec kTensors[] = {
                             fan_in(1.0f))),
     on(Layers::Moe, experts("ffn_down_exps.weight", {D::ExpertFF, D::Embd, D::Experts}, &ExpertRoles::down,
                             C::ExpertsDown, fan_in(1.0f))),
-    on(Layers::Moe, small("exp_probs_b.bias", {D::Experts}, &L::expert_select_bias, constant(0.05f))),
+    on(Layers::Moe, small("exp_probs_b.bias", {D::Experts}, &Moe::expert_select_bias, constant(0.05f))),
     global_vector("token_embd_norm.weight", {D::Embd}, &ModelWeights::output_norm),
     // LFM2-8B-A1B ties its output head to the embeddings. Synthetic files carry their own: a
     // random tied head mostly predicts the token it just read, which would make a weak test.

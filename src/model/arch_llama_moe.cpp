@@ -19,20 +19,22 @@ void read_llama_moe(ArchLoader& a, ModelConfig& c) {
          "convert the model with a current llama.cpp (merged *_exps tensors)");
   }
   read_vocab_and_expert_width(a, c);
+  c.plan_every_layer(MixerKind::Attention, FfnKind::Moe);
 }
 
 using D = Dim;
 using L = LayerWeights;
+using Attn = AttentionWeights;
 
 // Mixtral files carry no biases; llama files that do are read.
 // Mixtral files carry no biases; llama files that do are read.
 std::vector<TensorSpec> tensors() {
   return rows({{token_embedding(constant(1.0f))},
                attention_inputs(),
-               {optional(norm("attn_q.bias", {D::QWidth}, &L::bq), Layers::Never),
-                optional(norm("attn_k.bias", {D::KWidth}, &L::bk), Layers::Never),
-                optional(norm("attn_v.bias", {D::VWidth}, &L::bv), Layers::Never), attention_output(),
-                optional(norm("attn_output.bias", {D::Embd}, &L::bo), Layers::Never),
+               {optional(norm("attn_q.bias", {D::QWidth}, &Attn::bq), Layers::Never),
+                optional(norm("attn_k.bias", {D::KWidth}, &Attn::bk), Layers::Never),
+                optional(norm("attn_v.bias", {D::VWidth}, &Attn::bv), Layers::Never), attention_output(),
+                optional(norm("attn_output.bias", {D::Embd}, &Attn::bo), Layers::Never),
                 norm("ffn_norm.weight", {D::Embd}, &L::ffn_norm), router()},
                swiglu_experts(),
                output_head()});

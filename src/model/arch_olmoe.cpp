@@ -11,20 +11,22 @@ void read_olmoe(ArchLoader& a, ModelConfig& c) {
   load_common_hparams(a, c);
   if (c.n_expert == 0) fail("olmoe: expert_count must be > 0");
   c.rope.style = RopeStyle::NeoX;
-  c.qk_norm_full = true;
+  c.attention.qk_norm_full = true;
   c.gating = Gating::SoftmaxTopK;
   c.norm_topk = false;
   read_vocab_and_expert_width(a, c);
+  c.plan_every_layer(MixerKind::Attention, FfnKind::Moe);
 }
 
 using D = Dim;
 using L = LayerWeights;
+using Attn = AttentionWeights;
 
 std::vector<TensorSpec> tensors() {
   return rows({{token_embedding(constant(1.0f))},
                attention_inputs(),
-               {attention_output(), norm("attn_q_norm.weight", {D::QWidth}, &L::q_norm),
-                norm("attn_k_norm.weight", {D::KWidth}, &L::k_norm), norm("ffn_norm.weight", {D::Embd}, &L::ffn_norm),
+               {attention_output(), norm("attn_q_norm.weight", {D::QWidth}, &Attn::q_norm),
+                norm("attn_k_norm.weight", {D::KWidth}, &Attn::k_norm), norm("ffn_norm.weight", {D::Embd}, &L::ffn_norm),
                 router()},
                swiglu_experts(),
                output_head()});

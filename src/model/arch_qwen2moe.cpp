@@ -15,19 +15,21 @@ void read_qwen2moe(ArchLoader& a, ModelConfig& c) {
   c.gating = Gating::SoftmaxTopK;
   c.norm_topk = false;
   read_vocab_and_expert_width(a, c);
-  c.n_ff_shexp = static_cast<int>(a.get_int_or(".expert_shared_feed_forward_length", 0));
-  if (c.n_ff_shexp == 0) c.n_ff_shexp = static_cast<int>(a.tensor_dim("blk.0.ffn_gate_shexp.weight", 1));
+  c.plan_every_layer(MixerKind::Attention, FfnKind::MoeShared);
+  c.shared_expert.n_ff = static_cast<int>(a.get_int_or(".expert_shared_feed_forward_length", 0));
+  if (c.shared_expert.n_ff == 0) c.shared_expert.n_ff = static_cast<int>(a.tensor_dim("blk.0.ffn_gate_shexp.weight", 1));
 }
 
 using D = Dim;
 using L = LayerWeights;
+using Attn = AttentionWeights;
 
 std::vector<TensorSpec> tensors() {
   return rows({{token_embedding(constant(1.0f))},
                attention_inputs(),
-               {optional(small("attn_q.bias", {D::QWidth}, &L::bq, constant(0.1f))),
-                optional(small("attn_k.bias", {D::KWidth}, &L::bk, constant(0.1f))),
-                optional(small("attn_v.bias", {D::VWidth}, &L::bv, constant(0.1f))), attention_output(),
+               {optional(small("attn_q.bias", {D::QWidth}, &Attn::bq, constant(0.1f))),
+                optional(small("attn_k.bias", {D::KWidth}, &Attn::bk, constant(0.1f))),
+                optional(small("attn_v.bias", {D::VWidth}, &Attn::bv, constant(0.1f))), attention_output(),
                 norm("ffn_norm.weight", {D::Embd}, &L::ffn_norm), router()},
                swiglu_experts(),
                shared_expert(),

@@ -62,7 +62,8 @@ void read_delta_net(ArchLoader& a, ModelConfig& c, int n_layer_all) {
     for (int l = 0; l < n_layer_all; ++l) recurrent.push_back((l + 1) % interval != 0 ? 1 : 0);
   }
   for (int l = 0; l < c.n_layer; ++l) {
-    c.layer_mixer.push_back(recurrent[static_cast<size_t>(l)] != 0 ? LayerMixer::GatedDeltaNet : LayerMixer::Attention);
+    const bool linear = recurrent[static_cast<size_t>(l)] != 0;
+    c.plan.push_back({linear ? MixerKind::GatedDeltaNet : MixerKind::GatedAttention, FfnKind::MoeShared});
   }
 }
 
@@ -77,23 +78,22 @@ void read_qwen35moe(ArchLoader& a, ModelConfig& c) {
   if (c.head_dim != c.head_dim_v) fail("qwen35moe: key and value head sizes must be equal");
   c.rope.style = RopeStyle::NeoX;
   check_rope_sections(a.get_int_array(".rope.dimension_sections"), c.rope.n_rot);
-  c.qk_norm_per_head = true;
-  c.attn_output_gate = true;
+  c.attention.qk_norm_per_head = true;
   c.gating = Gating::SoftmaxTopK;
   c.norm_topk = true;
   c.activation = ExpertActivation::SwiGLU;
-  c.shared_gate_sigmoid = true;
+  c.shared_expert.gate_sigmoid = true;
   read_vocab_and_expert_width(a, c);
-  c.n_ff_shexp = static_cast<int>(a.get_int_or(".expert_shared_feed_forward_length", 0));
-  if (c.n_ff_shexp == 0) c.n_ff_shexp = static_cast<int>(a.tensor_dim("blk.0.ffn_gate_shexp.weight", 1));
+  c.shared_expert.n_ff = static_cast<int>(a.get_int_or(".expert_shared_feed_forward_length", 0));
+  if (c.shared_expert.n_ff == 0) c.shared_expert.n_ff = static_cast<int>(a.tensor_dim("blk.0.ffn_gate_shexp.weight", 1));
   read_delta_net(a, c, n_layer_all);
 }
 
 // causal_conv reads the kernel tap by tap across channels.
 void finish_qwen35moe(const ModelConfig& c, ModelWeights& w) {
   for (int l = 0; l < c.n_layer; ++l) {
-    if (c.mixer_at(l) != LayerMixer::GatedDeltaNet) continue;
-    Vector& conv = w.layers[static_cast<size_t>(l)].ssm_conv;
+    if (c.mixer_at(l) != MixerKind::GatedDeltaNet) continue;
+    Vector& conv = w.layers[static_cast<size_t>(l)].delta_net->ssm_conv;
     conv = delta_net::transpose_conv(conv, c.delta_net.conv_channels(), c.delta_net.conv_kernel);
   }
 }
@@ -101,6 +101,8 @@ void finish_qwen35moe(const ModelConfig& c, ModelWeights& w) {
 using D = Dim;
 using C = TensorClass;
 using L = LayerWeights;
+using Attn = AttentionWeights;
+using Delta = DeltaNetWeights;
 
 TensorSpec recurrent(TensorSpec t) {
   t.role = Role::Recurrent;
@@ -111,22 +113,22 @@ std::vector<TensorSpec> tensors() {
   return rows({{token_embedding(constant(1.0f)),
                norm("attn_norm.weight", {D::Embd}, &L::attn_norm),
                // Gated full attention.
-               on(Layers::Attention, matrix("attn_q.weight", {D::Embd, D::QGateWidth}, &L::wq, C::AttnQ, fan_in(1.0f))),
-               on(Layers::Attention, matrix("attn_k.weight", {D::Embd, D::KWidth}, &L::wk, C::AttnK, fan_in(1.0f))),
-               on(Layers::Attention, matrix("attn_v.weight", {D::Embd, D::VWidth}, &L::wv, C::AttnV, fan_in(1.0f))),
+               on(Layers::Attention, matrix("attn_q.weight", {D::Embd, D::QGateWidth}, &Attn::wq, C::AttnQ, fan_in(1.0f))),
+               on(Layers::Attention, matrix("attn_k.weight", {D::Embd, D::KWidth}, &Attn::wk, C::AttnK, fan_in(1.0f))),
+               on(Layers::Attention, matrix("attn_v.weight", {D::Embd, D::VWidth}, &Attn::wv, C::AttnV, fan_in(1.0f))),
                on(Layers::Attention, attention_output()),
-               on(Layers::Attention, norm("attn_q_norm.weight", {D::HeadDim}, &L::q_norm)),
-               on(Layers::Attention, norm("attn_k_norm.weight", {D::HeadDim}, &L::k_norm)),
+               on(Layers::Attention, norm("attn_q_norm.weight", {D::HeadDim}, &Attn::q_norm)),
+               on(Layers::Attention, norm("attn_k_norm.weight", {D::HeadDim}, &Attn::k_norm)),
                // Gated DeltaNet. Q4_K_M files give attn_qkv attn_v's type rule.
-               recurrent(matrix("attn_qkv.weight", {D::Embd, D::ConvChannels}, &L::ssm_qkv, C::AttnV, fan_in(1.0f))),
-               recurrent(matrix("attn_gate.weight", {D::Embd, D::DeltaValueDim}, &L::ssm_z, C::AttnQ, fan_in(1.0f))),
-               recurrent(small("ssm_conv1d.weight", {D::ConvKernel, D::ConvChannels}, &L::ssm_conv, constant(0.5f))),
-               recurrent(small("ssm_dt.bias", {D::DeltaVHeads}, &L::ssm_dt, constant(0.5f))),
-               recurrent(small("ssm_a", {D::DeltaVHeads}, &L::ssm_a, fixed(Fixed::DecayRates))),
-               recurrent(matrix("ssm_beta.weight", {D::Embd, D::DeltaVHeads}, &L::ssm_beta, C::Dense, fan_in(1.0f))),
-               recurrent(matrix("ssm_alpha.weight", {D::Embd, D::DeltaVHeads}, &L::ssm_alpha, C::Dense, fan_in(1.0f))),
-               recurrent(norm("ssm_norm.weight", {D::DeltaHeadDim}, &L::ssm_norm)),
-               recurrent(matrix("ssm_out.weight", {D::DeltaValueDim, D::Embd}, &L::ssm_out, C::AttnOut, fan_in(0.5f))),
+               recurrent(matrix("attn_qkv.weight", {D::Embd, D::ConvChannels}, &Delta::ssm_qkv, C::AttnV, fan_in(1.0f))),
+               recurrent(matrix("attn_gate.weight", {D::Embd, D::DeltaValueDim}, &Delta::ssm_z, C::AttnQ, fan_in(1.0f))),
+               recurrent(small("ssm_conv1d.weight", {D::ConvKernel, D::ConvChannels}, &Delta::ssm_conv, constant(0.5f))),
+               recurrent(small("ssm_dt.bias", {D::DeltaVHeads}, &Delta::ssm_dt, constant(0.5f))),
+               recurrent(small("ssm_a", {D::DeltaVHeads}, &Delta::ssm_a, fixed(Fixed::DecayRates))),
+               recurrent(matrix("ssm_beta.weight", {D::Embd, D::DeltaVHeads}, &Delta::ssm_beta, C::Dense, fan_in(1.0f))),
+               recurrent(matrix("ssm_alpha.weight", {D::Embd, D::DeltaVHeads}, &Delta::ssm_alpha, C::Dense, fan_in(1.0f))),
+               recurrent(norm("ssm_norm.weight", {D::DeltaHeadDim}, &Delta::ssm_norm)),
+               recurrent(matrix("ssm_out.weight", {D::DeltaValueDim, D::Embd}, &Delta::ssm_out, C::AttnOut, fan_in(0.5f))),
                // The pre-FFN norm.
                norm("post_attention_norm.weight", {D::Embd}, &L::ffn_norm),
                router(),

@@ -11,22 +11,24 @@ void read_qwen3moe(ArchLoader& a, ModelConfig& c) {
   load_common_hparams(a, c);
   if (c.n_expert == 0) fail("qwen3moe: expert_count must be > 0");
   c.rope.style = RopeStyle::NeoX;
-  c.qk_norm_per_head = true;
+  c.attention.qk_norm_per_head = true;
   c.gating = Gating::SoftmaxTopK;
   c.norm_topk = true;
   c.activation = ExpertActivation::SwiGLU;
   if (c.n_ff_exp == 0) fail("qwen3moe: missing required key 'qwen3moe.expert_feed_forward_length'");
   read_vocab_and_expert_width(a, c);
+  c.plan_every_layer(MixerKind::Attention, FfnKind::Moe);
 }
 
 using D = Dim;
 using L = LayerWeights;
+using Attn = AttentionWeights;
 
 std::vector<TensorSpec> tensors() {
   return rows({{token_embedding(constant(1.0f))},
                attention_inputs(),
-               {attention_output(), norm("attn_q_norm.weight", {D::HeadDim}, &L::q_norm),
-                norm("attn_k_norm.weight", {D::HeadDim}, &L::k_norm), norm("ffn_norm.weight", {D::Embd}, &L::ffn_norm),
+               {attention_output(), norm("attn_q_norm.weight", {D::HeadDim}, &Attn::q_norm),
+                norm("attn_k_norm.weight", {D::HeadDim}, &Attn::k_norm), norm("ffn_norm.weight", {D::Embd}, &L::ffn_norm),
                 router()},
                swiglu_experts(),
                output_head()});

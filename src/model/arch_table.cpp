@@ -54,7 +54,7 @@ int64_t dim_value(Dim d, const ModelConfig& c, int layer) {
     case Dim::Experts: return c.n_expert;
     case Dim::ExpertFF: return c.n_ff_exp;
     case Dim::ExpertFF2: return 2 * int64_t{c.n_ff_exp};
-    case Dim::SharedFF: return c.n_ff_shexp;
+    case Dim::SharedFF: return c.shared_expert.n_ff;
     case Dim::DenseFF: return c.n_ff_dense_at(l);
     case Dim::QGateWidth: return 2 * int64_t{c.n_head} * c.head_dim_at(l);
     case Dim::ConvKernel: return c.delta_net.conv_kernel;
@@ -63,7 +63,7 @@ int64_t dim_value(Dim d, const ModelConfig& c, int layer) {
     case Dim::DeltaVHeads: return c.delta_net.v_heads;
     case Dim::DeltaHeadDim: return c.delta_net.head_dim;
     case Dim::Embd3: return 3 * int64_t{c.n_embd};
-    case Dim::ShortConvKernel: return c.short_conv_kernel;
+    case Dim::ShortConvKernel: return c.short_conv.kernel;
   }
   return 0;
 }
@@ -91,9 +91,9 @@ bool layer_in(Layers set, const ModelConfig& c, int layer) {
     case Layers::Sliding: return layer >= 0 && c.sliding_at(layer) != 0;
     case Layers::Full: return layer >= 0 && c.sliding_at(layer) == 0;
     case Layers::Moe: return layer >= 0 && c.has_experts_at(layer);
-    case Layers::Attention: return layer >= 0 && !c.is_recurrent(layer);
-    case Layers::Recurrent: return layer >= 0 && c.mixer_at(layer) == LayerMixer::GatedDeltaNet;
-    case Layers::ShortConv: return layer >= 0 && c.mixer_at(layer) == LayerMixer::ShortConv;
+    case Layers::Attention: return layer >= 0 && c.attends(layer);
+    case Layers::Recurrent: return layer >= 0 && c.mixer_at(layer) == MixerKind::GatedDeltaNet;
+    case Layers::ShortConv: return layer >= 0 && c.mixer_at(layer) == MixerKind::ShortConv;
     case Layers::Dense: return layer >= 0 && !c.has_experts_at(layer);
     case Layers::Never: return false;
   }
@@ -162,10 +162,15 @@ void bind_one(const TensorSpec& t, ArchLoader& a, const ModelConfig& c, ModelWei
     w.*b.model_vector = a.vector(name, std::move(dims));
   } else {
     LayerWeights& L = w.layers[static_cast<size_t>(layer)];
-    if (b.matrix) L.*b.matrix = a.matrix(name, std::move(dims));
-    else if (b.vector) L.*b.vector = a.vector(name, std::move(dims));
-    else if (b.expert) L.roles.*b.expert = a.expert_matrix(layer, name, std::move(dims));
-    if (t.role == Role::Router) L.has_experts = true;
+    Weight* matrix = b.matrix ? b.matrix(L) : nullptr;
+    Vector* vector = b.vector ? b.vector(L) : nullptr;
+    int* role = b.expert && L.experts ? &(L.experts->roles.*b.expert) : nullptr;
+    if (matrix == nullptr && vector == nullptr && role == nullptr) {
+      fail("internal: {} belongs to a kind that layer {}'s plan does not have", name, layer);
+    }
+    if (matrix) *matrix = a.matrix(name, std::move(dims));
+    else if (vector) *vector = a.vector(name, std::move(dims));
+    else *role = a.expert_matrix(layer, name, std::move(dims));
   }
 }
 
@@ -179,8 +184,33 @@ bool prefers(std::span<const TensorSpec> table, ArchLoader& a, const ModelConfig
 
 }  // namespace
 
+LayerWeights layer_weights_for(const LayerPlan& plan) {
+  LayerWeights L;
+  switch (plan.mixer) {
+    case MixerKind::Attention:
+    case MixerKind::GatedAttention: L.attention.emplace(); break;
+    case MixerKind::GatedDeltaNet: L.delta_net.emplace(); break;
+    case MixerKind::ShortConv: L.short_conv.emplace(); break;
+  }
+  switch (plan.ffn) {
+    case FfnKind::Dense: L.dense.emplace(); break;
+    case FfnKind::Moe: L.experts.emplace(); break;
+    case FfnKind::MoeShared:
+      L.experts.emplace();
+      L.shared.emplace();
+      break;
+    case FfnKind::ParallelDenseMoe:
+      L.dense.emplace();
+      L.experts.emplace();
+      L.parallel.emplace();
+      break;
+  }
+  return L;
+}
+
 void bind_tensors(std::span<const TensorSpec> table, ArchLoader& a, const ModelConfig& c, ModelWeights& w) {
-  w.layers.resize(static_cast<size_t>(c.n_layer));
+  w.layers.clear();
+  for (const LayerPlan& plan : c.plan) w.layers.push_back(layer_weights_for(plan));
   for (const TensorSpec& t : table) {
     if (!t.per_layer()) bind_one(t, a, c, w, -1);
   }
@@ -211,26 +241,6 @@ TensorSpec global_vector(const char* name, std::array<Dim, 3> dims, Vector Model
   return t;
 }
 
-TensorSpec matrix(const char* name, std::array<Dim, 3> dims, Weight LayerWeights::* to, TensorClass cls,
-                  SynthInit init, Role role) {
-  TensorSpec t{name, dims, role, cls, {}};
-  t.bind.matrix = to;
-  t.init = init;
-  return t;
-}
-
-TensorSpec norm(const char* name, std::array<Dim, 3> dims, Vector LayerWeights::* to) {
-  TensorSpec t{name, dims, Role::Small, TensorClass::Norm, {}};
-  t.bind.vector = to;
-  return t;
-}
-
-TensorSpec small(const char* name, std::array<Dim, 3> dims, Vector LayerWeights::* to, SynthInit init) {
-  TensorSpec t = norm(name, dims, to);
-  t.init = init;
-  return t;
-}
-
 TensorSpec experts(const char* name, std::array<Dim, 3> dims, int ExpertRoles::* to, TensorClass cls, SynthInit init) {
   TensorSpec t{name, dims, Role::RoutedExpert, cls, {}};
   t.bind.expert = to;
@@ -250,19 +260,19 @@ TensorSpec token_embedding(SynthInit init) {
 }
 
 std::vector<TensorSpec> attention_inputs() {
-  using L = LayerWeights;
-  return {norm("attn_norm.weight", {Dim::Embd}, &L::attn_norm),
+  using L = AttentionWeights;
+  return {norm("attn_norm.weight", {Dim::Embd}, &LayerWeights::attn_norm),
           matrix("attn_q.weight", {Dim::Embd, Dim::QWidth}, &L::wq, TensorClass::AttnQ, fan_in(1.0f)),
           matrix("attn_k.weight", {Dim::Embd, Dim::KWidth}, &L::wk, TensorClass::AttnK, fan_in(1.0f)),
           matrix("attn_v.weight", {Dim::Embd, Dim::VWidth}, &L::wv, TensorClass::AttnV, fan_in(1.0f))};
 }
 
 TensorSpec attention_output() {
-  return matrix("attn_output.weight", {Dim::OutWidth, Dim::Embd}, &LayerWeights::wo, TensorClass::AttnOut, fan_in(0.5f));
+  return matrix("attn_output.weight", {Dim::OutWidth, Dim::Embd}, &AttentionWeights::wo, TensorClass::AttnOut, fan_in(0.5f));
 }
 
 TensorSpec router() {
-  return matrix("ffn_gate_inp.weight", {Dim::Embd, Dim::Experts}, &LayerWeights::router, TensorClass::Router,
+  return matrix("ffn_gate_inp.weight", {Dim::Embd, Dim::Experts}, &RoutedExpertWeights::router, TensorClass::Router,
                 fan_in(kRouterLogitStd), Role::Router);
 }
 
@@ -275,7 +285,7 @@ std::vector<TensorSpec> swiglu_experts() {
 }
 
 std::vector<TensorSpec> shared_expert() {
-  using L = LayerWeights;
+  using L = SharedExpertWeights;
   const Role r = Role::SharedExpert;
   return {matrix("ffn_gate_inp_shexp.weight", {Dim::Embd}, &L::shexp_router, TensorClass::Router, fan_in(1.0f), r),
           matrix("ffn_gate_shexp.weight", {Dim::Embd, Dim::SharedFF}, &L::shexp_gate, TensorClass::Dense, fan_in(1.0f), r),

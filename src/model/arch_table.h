@@ -10,12 +10,14 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "model/config.h"
-#include "model/transformer.h"
+#include "model/weights.h"
 
 namespace bmoe {
 
@@ -67,8 +69,7 @@ enum class Layers : uint8_t {
 const char* layers_name(Layers l);
 bool layer_in(Layers set, const ModelConfig& c, int layer);
 
-// What a tensor is for (printed by --list-archs; a Router row also marks its layer as having
-// experts). Where a tensor lives follows from its binding: expert rows become streamable expert
+// What a tensor is for (printed by --list-archs). Where a tensor lives follows from its binding: expert rows become streamable expert
 // matrices, the others resident weights.
 enum class Role : uint8_t { Dense, Small, Router, RoutedExpert, SharedExpert, Recurrent };
 const char* role_name(Role r);
@@ -76,13 +77,32 @@ const char* role_name(Role r);
 // Tensor classes whose quantization type bmoe-synth chooses independently.
 enum class TensorClass { Embedding, Output, AttnQ, AttnK, AttnV, AttnOut, Router, Experts, ExpertsDown, Dense, Norm };
 
-// Where a bound tensor goes: exactly one member is set.
+// The part of a layer's weights that holds a member (the layer itself for its norms), or null
+// when the layer's plan has no such part.
+template <class Part>
+Part* layer_part(LayerWeights& L) {
+  if constexpr (std::is_same_v<Part, LayerWeights>) return &L;
+  else if constexpr (std::is_same_v<Part, AttentionWeights>) return L.attention ? &*L.attention : nullptr;
+  else if constexpr (std::is_same_v<Part, DeltaNetWeights>) return L.delta_net ? &*L.delta_net : nullptr;
+  else if constexpr (std::is_same_v<Part, ShortConvWeights>) return L.short_conv ? &*L.short_conv : nullptr;
+  else if constexpr (std::is_same_v<Part, DenseFfnWeights>) return L.dense ? &*L.dense : nullptr;
+  else if constexpr (std::is_same_v<Part, RoutedExpertWeights>) return L.experts ? &*L.experts : nullptr;
+  else if constexpr (std::is_same_v<Part, SharedExpertWeights>) return L.shared ? &*L.shared : nullptr;
+  else if constexpr (std::is_same_v<Part, ParallelFfnNorms>) return L.parallel ? &*L.parallel : nullptr;
+  else static_assert(sizeof(Part) == 0, "not a part of LayerWeights");
+}
+
+// A layer with the parts its plan has, all empty.
+LayerWeights layer_weights_for(const LayerPlan& plan);
+
+// Where a bound tensor goes: exactly one member is set. A per-layer matrix or vector goes into
+// a member of one of the layer's parts (null: the layer's plan lacks that part).
 struct Binding {
   Weight ModelWeights::* model_matrix = nullptr;
   Vector ModelWeights::* model_vector = nullptr;
-  Weight LayerWeights::* matrix = nullptr;
-  Vector LayerWeights::* vector = nullptr;
-  int ExpertRoles::* expert = nullptr;  // a stacked expert tensor [cols, rows, n_expert]
+  std::function<Weight*(LayerWeights&)> matrix;
+  std::function<Vector*(LayerWeights&)> vector;
+  int ExpertRoles::* expert = nullptr;  // a stacked expert tensor [cols, rows, n_expert] (routed experts' roles)
 };
 
 // Contents of a synthetic tensor.
@@ -128,18 +148,39 @@ struct TableTensor {
 std::vector<TableTensor> synth_tensors(std::span<const TensorSpec> table, const ModelConfig& c);
 
 // Binds every row the file holds; throws naming the tensor when a required one is missing or
-// mis-shaped. Sets has_experts on layers with a router and ties a missing output head to the
-// embeddings.
+// mis-shaped. Ties a missing output head to the embeddings.
 void bind_tensors(std::span<const TensorSpec> table, ArchLoader& loader, const ModelConfig& c, ModelWeights& w);
 
 // Row builders, so a family's table reads as a list of tensors.
 TensorSpec global_matrix(const char* name, std::array<Dim, 3> dims, Weight ModelWeights::* to, TensorClass cls,
                          SynthInit init);
 TensorSpec global_vector(const char* name, std::array<Dim, 3> dims, Vector ModelWeights::* to);
-TensorSpec matrix(const char* name, std::array<Dim, 3> dims, Weight LayerWeights::* to, TensorClass cls,
-                  SynthInit init, Role role = Role::Dense);
-TensorSpec norm(const char* name, std::array<Dim, 3> dims, Vector LayerWeights::* to);
-TensorSpec small(const char* name, std::array<Dim, 3> dims, Vector LayerWeights::* to, SynthInit init);
+template <class Part>
+TensorSpec matrix(const char* name, std::array<Dim, 3> dims, Weight Part::* to, TensorClass cls, SynthInit init,
+                  Role role = Role::Dense) {
+  TensorSpec t{name, dims, role, cls, {}};
+  t.bind.matrix = [to](LayerWeights& L) -> Weight* {
+    Part* part = layer_part<Part>(L);
+    return part ? &(part->*to) : nullptr;
+  };
+  t.init = init;
+  return t;
+}
+template <class Part>
+TensorSpec norm(const char* name, std::array<Dim, 3> dims, Vector Part::* to) {
+  TensorSpec t{name, dims, Role::Small, TensorClass::Norm, {}};
+  t.bind.vector = [to](LayerWeights& L) -> Vector* {
+    Part* part = layer_part<Part>(L);
+    return part ? &(part->*to) : nullptr;
+  };
+  return t;
+}
+template <class Part>
+TensorSpec small(const char* name, std::array<Dim, 3> dims, Vector Part::* to, SynthInit init) {
+  TensorSpec t = norm(name, dims, to);
+  t.init = init;
+  return t;
+}
 TensorSpec experts(const char* name, std::array<Dim, 3> dims, int ExpertRoles::* to, TensorClass cls, SynthInit init);
 
 // Row groups most families share, in the order their files hold them.

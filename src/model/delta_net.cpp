@@ -7,32 +7,6 @@
 
 namespace bmoe {
 
-void RecurrentState::init(const ModelConfig& c) {
-  const ModelConfig::DeltaNet& d = c.delta_net;
-  conv.assign(static_cast<size_t>(c.n_layer), {});
-  delta.assign(static_cast<size_t>(c.n_layer), {});
-  for (int l = 0; l < c.n_layer; ++l) {
-    if (c.mixer_at(l) == LayerMixer::GatedDeltaNet) {
-      conv[static_cast<size_t>(l)].assign(static_cast<size_t>(d.conv_channels()) * (d.conv_kernel - 1), 0.0f);
-      delta[static_cast<size_t>(l)].assign(static_cast<size_t>(d.v_heads) * d.head_dim * d.head_dim, 0.0f);
-    } else if (c.mixer_at(l) == LayerMixer::ShortConv) {
-      conv[static_cast<size_t>(l)].assign(static_cast<size_t>(c.n_embd) * (c.short_conv_kernel - 1), 0.0f);
-    }
-  }
-}
-
-void RecurrentState::clear() {
-  for (auto& v : conv) std::fill(v.begin(), v.end(), 0.0f);
-  for (auto& v : delta) std::fill(v.begin(), v.end(), 0.0f);
-}
-
-uint64_t RecurrentState::bytes() const {
-  uint64_t total = 0;
-  for (const auto& v : conv) total += v.size() * sizeof(float);
-  for (const auto& v : delta) total += v.size() * sizeof(float);
-  return total;
-}
-
 namespace delta_net {
 
 std::vector<float> transpose_conv(const std::vector<float>& weight, int channels, int kernel) {

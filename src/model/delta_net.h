@@ -15,20 +15,6 @@
 
 namespace bmoe {
 
-// Per-sequence state of every recurrent layer (Gated DeltaNet, short convolution); empty
-// vectors for attention layers.
-struct RecurrentState {
-  // Per layer, [channels][conv_kernel - 1]: each channel's last convolution inputs, oldest first.
-  std::vector<std::vector<float>> conv;
-  // Per Gated DeltaNet layer, [v_heads][head_dim j (value)][head_dim i (key)]: the state S[i][j]
-  // of each value head.
-  std::vector<std::vector<float>> delta;
-
-  void init(const ModelConfig& c);  // sized for c's recurrent layers, zero
-  void clear();                     // zero, as a new sequence starts
-  uint64_t bytes() const;
-};
-
 namespace delta_net {
 
 // Bounds the loaders enforce and the fixed-size buffers below rely on.

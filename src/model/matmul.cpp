@@ -148,4 +148,18 @@ void matmul(ThreadPool& pool, const Weight& w, const float* x, int64_t n, float*
   run_matmuls(pool, std::span<const MatmulJob>(&job, 1));
 }
 
+const ActivationBuffer& Activations::get(ThreadPool& pool, TensorType weight_type, const float* x, int64_t n,
+                                         int64_t cols) {
+  const TensorType format = kernels(weight_type).activation_type;
+  for (size_t i = 0; i < used_; ++i) {
+    Entry& e = entries_[i];
+    if (e.source == x && e.buffer.format() == format && e.buffer.rows() == n) return e.buffer;
+  }
+  if (used_ == entries_.size()) entries_.emplace_back();
+  Entry& e = entries_[used_++];
+  e.source = x;
+  e.buffer.convert(weight_type, x, n, cols, cols, &pool);
+  return e.buffer;
+}
+
 }  // namespace bmoe

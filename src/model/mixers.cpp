@@ -1,0 +1,475 @@
+#include "model/mixers.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+#include "model/delta_net.h"
+#include "model/ops.h"
+#include "quant/float_kernels.h"
+
+namespace bmoe {
+
+namespace {
+
+void add_bias(float* rows, const Vector& bias, int64_t n, int64_t width) {
+  if (bias.empty()) return;
+  for (int64_t i = 0; i < n; ++i) ops::add(rows + i * width, bias.data(), width);
+}
+
+// The layer's pre-norm of every row of the residual into h.
+void pre_norm(const LayerPass& pass, const Vector& weight, std::vector<float>& h) {
+  const int E = pass.cfg.n_embd;
+  h.resize(static_cast<size_t>(pass.n) * E);
+  for (int i = 0; i < pass.n; ++i) {
+    ops::rms_norm(pass.residual.row(i), weight.data(), h.data() + static_cast<size_t>(i) * E, E, pass.cfg.norm_eps);
+  }
+}
+
+// Attention and gated attention: q, k, v projections (the gated kind's q rows hold [query | gate]
+// per head), per-head norms, RoPE, the rows stored in the KV cache, causal attention, the output
+// (times sigmoid(gate)) projected, post-normed where the family has the norm, added.
+class AttentionMixer final : public Mixer {
+ public:
+  AttentionMixer(const ModelConfig& c, int n_ctx, KvType kv_type) {
+    std::vector<int> k_widths, v_widths;
+    for (int l = 0; l < c.n_layer; ++l) {
+      const bool attends = c.attends(l);  // the other kinds' layers keep no KV rows
+      k_widths.push_back(attends ? c.n_head_kv_at(l) * c.head_dim_at(l) : 0);
+      v_widths.push_back(attends ? c.n_head_kv_at(l) * c.head_dim_v_at(l) : 0);
+    }
+    cache_.init(n_ctx, k_widths, v_widths, kv_type);
+  }
+
+  void forward(const LayerWeights& weights, int layer, const LayerPass& pass) override {
+    const AttentionWeights& L = *weights.attention;
+    const bool gated = pass.cfg.mixer_at(layer) == MixerKind::GatedAttention;
+    pre_norm(pass, weights.attn_norm, h_);
+    project(L, layer, pass, gated);
+    prepare_rows(L, layer, pass);
+    attend(L, layer, pass, gated);
+    output(L, pass);
+  }
+
+  uint64_t kv_bytes() const override { return cache_.bytes(); }
+
+ private:
+  void project(const AttentionWeights& L, int layer, const LayerPass& pass, bool gated);
+  void split_query_gate(int n, int n_head, int head_dim);
+  void prepare_rows(const AttentionWeights& L, int layer, const LayerPass& pass);
+  void attend(const AttentionWeights& L, int layer, const LayerPass& pass, bool gated);
+  void output(const AttentionWeights& L, const LayerPass& pass);
+
+  KvCache cache_;
+  std::vector<float> h_, q_, k_, v_, gate_, attn_, proj_;
+  Activations acts_;
+  ActivationBuffer out_act_;
+};
+
+void AttentionMixer::project(const AttentionWeights& L, int layer, const LayerPass& pass, bool gated) {
+  const ModelConfig& c = pass.cfg;
+  const int n = pass.n, E = c.n_embd, H = c.n_head, HKV = c.n_head_kv_at(layer);
+  const int dk = c.head_dim_at(layer), dv = c.head_dim_v_at(layer);
+  const int64_t q_width = static_cast<int64_t>(H) * dk, k_width = static_cast<int64_t>(HKV) * dk,
+                v_width = static_cast<int64_t>(HKV) * dv;
+  const int64_t q_rows = gated ? 2 * q_width : q_width;
+  q_.resize(static_cast<size_t>(n * q_rows));
+  k_.resize(static_cast<size_t>(n * k_width));
+  v_.resize(static_cast<size_t>(n * v_width));
+  acts_.reset();
+  std::vector<MatmulJob> jobs = {
+      {&L.wq, &acts_.get(pass.pool, L.wq.type, h_.data(), n, E), n, nullptr, q_.data(), q_rows},
+      {&L.wk, &acts_.get(pass.pool, L.wk.type, h_.data(), n, E), n, nullptr, k_.data(), k_width},
+  };
+  if (L.wv.present()) {
+    jobs.push_back({&L.wv, &acts_.get(pass.pool, L.wv.type, h_.data(), n, E), n, nullptr, v_.data(), v_width});
+  }
+  run_matmuls(pass.pool, jobs);
+  if (!L.wv.present()) {
+    if (dk != dv) fail("internal: layer {} shares K as V with different head sizes", layer);
+    std::copy(k_.begin(), k_.end(), v_.begin());  // no V projection: values are the raw keys
+  }
+  if (gated) split_query_gate(n, H, dk);
+  add_bias(q_.data(), L.bq, n, q_width);
+  add_bias(k_.data(), L.bk, n, k_width);
+  add_bias(v_.data(), L.bv, n, v_width);
+}
+
+// q_ holds rows of [query(head_dim) | gate(head_dim)] per head; afterwards q_ holds the
+// queries (rows of n_head * head_dim) and gate_ the gates, in the same layout.
+void AttentionMixer::split_query_gate(int n, int n_head, int head_dim) {
+  const size_t width = static_cast<size_t>(n_head) * head_dim;
+  float* gate = scratch(gate_, static_cast<size_t>(n) * width);
+  for (size_t i = 0; i < static_cast<size_t>(n); ++i) {
+    for (size_t h = 0; h < static_cast<size_t>(n_head); ++h) {
+      const float* g = q_.data() + (i * 2 * n_head + 2 * h + 1) * head_dim;
+      std::copy(g, g + head_dim, gate + i * width + h * head_dim);
+    }
+  }
+  // Compacting forward: each query moves to a lower or equal offset.
+  for (size_t i = 0; i < static_cast<size_t>(n); ++i) {
+    for (size_t h = 0; h < static_cast<size_t>(n_head); ++h) {
+      const float* q = q_.data() + (i * 2 * n_head + 2 * h) * head_dim;
+      std::copy(q, q + head_dim, q_.data() + i * width + h * head_dim);
+    }
+  }
+}
+
+// Per row: q/k norms (per head or over all heads), the weightless v norm, RoPE, then the row's
+// K and V into the cache.
+void AttentionMixer::prepare_rows(const AttentionWeights& L, int layer, const LayerPass& pass) {
+  const ModelConfig& c = pass.cfg;
+  const int H = c.n_head, HKV = c.n_head_kv_at(layer);
+  const int dk = c.head_dim_at(layer), dv = c.head_dim_v_at(layer);
+  const int64_t q_width = static_cast<int64_t>(H) * dk, k_width = static_cast<int64_t>(HKV) * dk,
+                v_width = static_cast<int64_t>(HKV) * dv;
+  for (int i = 0; i < pass.n; ++i) {
+    float* q = q_.data() + static_cast<size_t>(i) * q_width;
+    float* k = k_.data() + static_cast<size_t>(i) * k_width;
+    if (c.attention.qk_norm_per_head) {
+      for (int h = 0; h < H; ++h) ops::rms_norm(q + h * dk, L.q_norm.data(), q + h * dk, dk, c.norm_eps);
+      for (int h = 0; h < HKV; ++h) ops::rms_norm(k + h * dk, L.k_norm.data(), k + h * dk, dk, c.norm_eps);
+    } else if (c.attention.qk_norm_full) {
+      ops::rms_norm(q, L.q_norm.data(), q, q_width, c.norm_eps);
+      ops::rms_norm(k, L.k_norm.data(), k, k_width, c.norm_eps);
+    }
+    float* v = v_.data() + static_cast<size_t>(i) * v_width;
+    if (c.attention.v_rms_norm) {
+      for (int h = 0; h < HKV; ++h) ops::rms_norm(v + h * dv, nullptr, v + h * dv, dv, c.norm_eps);
+    }
+    const RopeConfig& rope = c.rope_at(layer);
+    const float* freq_factors = L.rope_freqs.empty() ? nullptr : L.rope_freqs.data();
+    ops::rope(q, H, dk, pass.positions[i], rope, freq_factors);
+    ops::rope(k, HKV, dk, pass.positions[i], rope, freq_factors);
+    cache_.store(layer, pass.positions[i], k, v);
+  }
+}
+
+void AttentionMixer::attend(const AttentionWeights& L, int layer, const LayerPass& pass, bool gated) {
+  const ModelConfig& c = pass.cfg;
+  const int dk = c.head_dim_at(layer), dv = c.head_dim_v_at(layer);
+  const int64_t attn_width = static_cast<int64_t>(c.n_head) * dv;
+  AttentionParams p;
+  p.n_head = c.n_head;
+  p.n_head_kv = c.n_head_kv_at(layer);
+  p.head_dim_k = dk;
+  p.head_dim_v = dv;
+  p.scale = c.attention.scale > 0.0f ? c.attention.scale : 1.0f / std::sqrt(static_cast<float>(dk));
+  p.softcap = c.attention.softcap;
+  p.sliding_window = c.sliding_at(layer);
+  p.sinks = L.attn_sinks.empty() ? nullptr : L.attn_sinks.data();
+  // An f32 cache is compared against llama.cpp's classic path (its flash attention rounds to
+  // f16 whatever the cache type); an f16 cache follows its default flash attention.
+  p.numerics = cache_.type() == KvType::F32 ? AttentionNumerics::Classic : AttentionNumerics::Flash;
+  p.batch_path = pass.batch_path;
+  attn_.resize(static_cast<size_t>(pass.n * attn_width));
+  attention(pass.pool, cache_, layer, p, q_.data(), pass.positions, pass.n, attn_.data());
+  if (gated) {
+    const float* gate = gate_.data();
+    for (size_t i = 0; i < static_cast<size_t>(pass.n * attn_width); ++i) attn_[i] *= 1.0f / (1.0f + std::exp(-gate[i]));
+  }
+}
+
+void AttentionMixer::output(const AttentionWeights& L, const LayerPass& pass) {
+  const int E = pass.cfg.n_embd;
+  proj_.resize(static_cast<size_t>(pass.n) * E);
+  matmul(pass.pool, L.wo, attn_.data(), pass.n, proj_.data(), out_act_);
+  add_bias(proj_.data(), L.bo, pass.n, E);
+  for (int i = 0; i < pass.n; ++i) {
+    float* row = proj_.data() + static_cast<size_t>(i) * E;
+    if (!L.post_attn_norm.empty()) ops::rms_norm(row, L.post_attn_norm.data(), row, E, pass.cfg.norm_eps);
+    pass.residual.add(i, row);
+  }
+}
+
+// One float array per layer of a recurrent kind (empty for the other layers), and the copy
+// save() took.
+class LayerStates {
+ public:
+  LayerStates(const ModelConfig& c, MixerKind kind) : live_(static_cast<size_t>(c.n_layer)) {
+    for (int l = 0; l < c.n_layer; ++l) {
+      if (c.mixer_at(l) == kind) live_[static_cast<size_t>(l)].assign(static_cast<size_t>(recurrent_state_floats(c, l)), 0.0f);
+    }
+  }
+  float* at(int layer) { return live_[static_cast<size_t>(layer)].data(); }
+  uint64_t bytes() const {
+    uint64_t total = 0;
+    for (const auto& v : live_) total += v.size() * sizeof(float);
+    return total;
+  }
+  void save() { saved_ = live_; }
+  void restore() { live_ = saved_; }
+  void clear() {
+    for (auto& v : live_) std::fill(v.begin(), v.end(), 0.0f);
+  }
+
+ private:
+  std::vector<std::vector<float>> live_, saved_;
+};
+
+// Gated DeltaNet: projections for the whole batch, the convolution and the delta rule token by
+// token (in parallel over channels and value heads), a gated RMS norm per head, the output
+// projection added to the residual. A layer's state is its convolution history, then
+// head_dim x head_dim per value head.
+class DeltaNetMixer final : public Mixer {
+ public:
+  explicit DeltaNetMixer(const ModelConfig& c) : state_(c, MixerKind::GatedDeltaNet) {}
+
+  void forward(const LayerWeights& weights, int layer, const LayerPass& pass) override {
+    const DeltaNetWeights& L = *weights.delta_net;
+    pre_norm(pass, weights.attn_norm, h_);
+    project(L, pass);
+    convolve(L, layer, pass);
+    recur(layer, pass);
+    output(L, pass);
+  }
+
+  uint64_t recurrent_bytes() const override { return state_.bytes(); }
+  void save_state() override { state_.save(); }
+  void restore_state() override { state_.restore(); }
+  void clear_state() override { state_.clear(); }
+
+ private:
+  void project(const DeltaNetWeights& L, const LayerPass& pass);
+  void convolve(const DeltaNetWeights& L, int layer, const LayerPass& pass);
+  void recur(int layer, const LayerPass& pass);
+  void output(const DeltaNetWeights& L, const LayerPass& pass);
+
+  LayerStates state_;
+  std::vector<float> h_, mixed_, z_, beta_, alpha_, conv_, out_, proj_;
+  Activations acts_;
+  ActivationBuffer out_act_;
+};
+
+void DeltaNetMixer::project(const DeltaNetWeights& L, const LayerPass& pass) {
+  const ModelConfig::DeltaNet& d = pass.cfg.delta_net;
+  const int n = pass.n, E = pass.cfg.n_embd, C = d.conv_channels(), VD = d.value_dim(), HV = d.v_heads;
+  const size_t rows = static_cast<size_t>(n);
+  float* mixed = scratch(mixed_, rows * C);
+  float* z = scratch(z_, rows * VD);
+  float* beta = scratch(beta_, rows * HV);
+  float* alpha = scratch(alpha_, rows * HV);
+  acts_.reset();
+  const MatmulJob jobs[] = {
+      {&L.ssm_qkv, &acts_.get(pass.pool, L.ssm_qkv.type, h_.data(), n, E), n, nullptr, mixed, C},
+      {&L.ssm_z, &acts_.get(pass.pool, L.ssm_z.type, h_.data(), n, E), n, nullptr, z, VD},
+      {&L.ssm_beta, &acts_.get(pass.pool, L.ssm_beta.type, h_.data(), n, E), n, nullptr, beta, HV},
+      {&L.ssm_alpha, &acts_.get(pass.pool, L.ssm_alpha.type, h_.data(), n, E), n, nullptr, alpha, HV},
+  };
+  run_matmuls(pass.pool, jobs);
+}
+
+// The causal convolution and SiLU over q | k | v, L2-normed q and k heads, and per value head
+// its update strength (beta) and decay (alpha).
+void DeltaNetMixer::convolve(const DeltaNetWeights& L, int layer, const LayerPass& pass) {
+  const ModelConfig::DeltaNet& d = pass.cfg.delta_net;
+  const int n = pass.n, C = d.conv_channels(), HV = d.v_heads, S = d.head_dim;
+  const size_t rows = static_cast<size_t>(n);
+  const float* mixed = mixed_.data();
+  float* conv = scratch(conv_, rows * C);
+  float* conv_state = state_.at(layer);
+  constexpr int kChannelsPerJob = 256;
+  pass.pool.run((C + kChannelsPerJob - 1) / kChannelsPerJob, [&](int64_t job, int) {
+    const int first = static_cast<int>(job) * kChannelsPerJob;
+    const int end = std::min(C, first + kChannelsPerJob);
+    delta_net::causal_conv(mixed, n, C, d.conv_kernel, L.ssm_conv.data(), conv_state, conv, first, end);
+    for (size_t t = 0; t < rows; ++t) float_kernels().silu(conv + t * C + first, conv + t * C + first, end - first);
+  });
+  float* beta = beta_.data();
+  float* alpha = alpha_.data();
+  for (size_t t = 0; t < rows; ++t) {
+    float* row = conv + t * C;
+    for (int h = 0; h < 2 * d.k_heads; ++h) delta_net::l2_norm(row + h * S, S, pass.cfg.norm_eps);  // q heads, then k heads
+    for (int h = 0; h < HV; ++h) {
+      const size_t o = t * HV + static_cast<size_t>(h);
+      beta[o] = 1.0f / (1.0f + std::exp(-beta[o]));
+      alpha[o] = std::exp(delta_net::softplus(alpha[o] + L.ssm_dt[static_cast<size_t>(h)]) * L.ssm_a[static_cast<size_t>(h)]);
+    }
+  }
+}
+
+// The gated delta rule, token by token, each value head on its own worker.
+void DeltaNetMixer::recur(int layer, const LayerPass& pass) {
+  const ModelConfig::DeltaNet& d = pass.cfg.delta_net;
+  const int C = d.conv_channels(), VD = d.value_dim(), HV = d.v_heads, S = d.head_dim;
+  const size_t rows = static_cast<size_t>(pass.n);
+  const int key_dim = d.key_dim();
+  const float* conv = conv_.data();
+  const float* beta = beta_.data();
+  const float* alpha = alpha_.data();
+  float* out = scratch(out_, rows * VD);
+  // The delta states follow the layer's convolution history.
+  float* state = state_.at(layer) + static_cast<size_t>(C) * (d.conv_kernel - 1);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(S));
+  pass.pool.run(HV, [&](int64_t h, int) {
+    const int hk = static_cast<int>(h) % d.k_heads;  // value head h reads key head h mod k_heads
+    float* head_state = state + static_cast<size_t>(h) * S * S;
+    for (size_t t = 0; t < rows; ++t) {
+      const float* row = conv + t * C;
+      const size_t o = t * HV + static_cast<size_t>(h);
+      delta_net::step(head_state, S, row + hk * S, row + key_dim + hk * S, row + 2 * key_dim + h * S, alpha[o], beta[o],
+                      scale, out + t * VD + h * S);
+    }
+  });
+}
+
+// Gated RMS norm per head, the output projection, added to the residual.
+void DeltaNetMixer::output(const DeltaNetWeights& L, const LayerPass& pass) {
+  const ModelConfig::DeltaNet& d = pass.cfg.delta_net;
+  const int E = pass.cfg.n_embd, VD = d.value_dim(), HV = d.v_heads, S = d.head_dim;
+  const size_t rows = static_cast<size_t>(pass.n);
+  float* out = out_.data();
+  const float* z = z_.data();
+  for (size_t t = 0; t < rows; ++t) {
+    for (int h = 0; h < HV; ++h) {
+      float* y = out + t * VD + static_cast<size_t>(h) * S;
+      const float* g = z + t * VD + static_cast<size_t>(h) * S;
+      ops::rms_norm(y, L.ssm_norm.data(), y, S, pass.cfg.norm_eps);
+      float gate[delta_net::kMaxHeadDim];
+      float_kernels().silu(g, gate, S);
+      for (int j = 0; j < S; ++j) y[j] *= gate[j];
+    }
+  }
+  proj_.resize(rows * E);
+  matmul(pass.pool, L.ssm_out, out, pass.n, proj_.data(), out_act_);
+  for (int i = 0; i < pass.n; ++i) pass.residual.add(i, proj_.data() + static_cast<size_t>(i) * E);
+}
+
+// Short convolution (lfm2moe): b | c | x from one projection; the causal convolution runs over
+// b * x and its output is gated by c before the output projection. A layer's state is its
+// convolution history.
+class ShortConvMixer final : public Mixer {
+ public:
+  explicit ShortConvMixer(const ModelConfig& c) : state_(c, MixerKind::ShortConv) {}
+  void forward(const LayerWeights& L, int layer, const LayerPass& pass) override;
+  uint64_t recurrent_bytes() const override { return state_.bytes(); }
+  void save_state() override { state_.save(); }
+  void restore_state() override { state_.restore(); }
+  void clear_state() override { state_.clear(); }
+
+ private:
+  LayerStates state_;
+  std::vector<float> h_, bcx_, bx_, conv_, proj_;
+  ActivationBuffer in_act_, out_act_;
+};
+
+void ShortConvMixer::forward(const LayerWeights& weights, int layer, const LayerPass& pass) {
+  const ShortConvWeights& L = *weights.short_conv;
+  const int n = pass.n, E = pass.cfg.n_embd;
+  const size_t rows = static_cast<size_t>(n);
+  pre_norm(pass, weights.attn_norm, h_);
+  float* bcx = scratch(bcx_, rows * 3 * E);
+  matmul(pass.pool, L.shortconv_in, h_.data(), n, bcx, in_act_);
+  float* bx = scratch(bx_, rows * E);
+  for (size_t t = 0; t < rows; ++t) {
+    const float* b = bcx + t * 3 * E;
+    for (int c = 0; c < E; ++c) bx[t * E + c] = b[c] * b[2 * E + c];
+  }
+  float* conv = scratch(conv_, rows * E);
+  float* state = state_.at(layer);
+  constexpr int kChannelsPerJob = 256;
+  pass.pool.run((E + kChannelsPerJob - 1) / kChannelsPerJob, [&](int64_t job, int) {
+    const int first = static_cast<int>(job) * kChannelsPerJob;
+    delta_net::causal_conv(bx, n, E, pass.cfg.short_conv.kernel, L.shortconv_kernel.data(), state, conv, first,
+                           std::min(E, first + kChannelsPerJob));
+  });
+  for (size_t t = 0; t < rows; ++t) {
+    const float* c = bcx + t * 3 * E + E;
+    for (int j = 0; j < E; ++j) conv[t * E + j] *= c[j];
+  }
+  proj_.resize(rows * E);
+  matmul(pass.pool, L.shortconv_out, conv, n, proj_.data(), out_act_);
+  for (int i = 0; i < n; ++i) pass.residual.add(i, proj_.data() + static_cast<size_t>(i) * E);
+}
+
+// Attention and gated attention share a unit (and one KV cache).
+enum class Unit { Attention, DeltaNet, ShortConv };
+
+Unit unit_of(MixerKind kind) {
+  switch (kind) {
+    case MixerKind::Attention:
+    case MixerKind::GatedAttention: return Unit::Attention;
+    case MixerKind::GatedDeltaNet: return Unit::DeltaNet;
+    case MixerKind::ShortConv: return Unit::ShortConv;
+  }
+  return Unit::Attention;
+}
+
+std::unique_ptr<Mixer> make_unit(Unit unit, const ModelConfig& c, int n_ctx, KvType kv_type) {
+  switch (unit) {
+    case Unit::Attention: return std::make_unique<AttentionMixer>(c, n_ctx, kv_type);
+    case Unit::DeltaNet: return std::make_unique<DeltaNetMixer>(c);
+    case Unit::ShortConv: return std::make_unique<ShortConvMixer>(c);
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+int64_t recurrent_state_floats(const ModelConfig& c, int layer) {
+  const ModelConfig::DeltaNet& d = c.delta_net;
+  switch (c.mixer_at(layer)) {
+    case MixerKind::GatedDeltaNet:
+      return int64_t{d.conv_channels()} * (d.conv_kernel - 1) + int64_t{d.v_heads} * d.head_dim * d.head_dim;
+    case MixerKind::ShortConv: return int64_t{c.n_embd} * (c.short_conv.kernel - 1);
+    case MixerKind::Attention:
+    case MixerKind::GatedAttention: return 0;
+  }
+  return 0;
+}
+
+int64_t kv_bytes_per_token(const ModelConfig& c, int layer) {
+  if (!c.attends(layer)) return 0;
+  return int64_t{c.n_head_kv_at(layer)} * (c.head_dim_at(layer) + c.head_dim_v_at(layer)) * 2;  // f16 K and V
+}
+
+int64_t ModelConfig::recurrent_state_bytes() const {
+  int64_t floats = 0;
+  for (int l = 0; l < n_layer; ++l) floats += recurrent_state_floats(*this, l);
+  return floats * 4;
+}
+
+int64_t ModelConfig::kv_bytes_per_token() const {
+  int64_t total = 0;
+  for (int l = 0; l < n_layer; ++l) total += bmoe::kv_bytes_per_token(*this, l);
+  return total;
+}
+
+Mixers::Mixers(const ModelConfig& c, int n_ctx, KvType kv_type) {
+  Mixer* made[3] = {nullptr, nullptr, nullptr};
+  for (int l = 0; l < c.n_layer; ++l) {
+    const Unit unit = unit_of(c.mixer_at(l));
+    Mixer*& m = made[static_cast<int>(unit)];
+    if (m == nullptr) {
+      units_.push_back(make_unit(unit, c, n_ctx, kv_type));
+      m = units_.back().get();
+    }
+    by_layer_.push_back(m);
+  }
+}
+
+uint64_t Mixers::kv_bytes() const {
+  uint64_t total = 0;
+  for (const auto& u : units_) total += u->kv_bytes();
+  return total;
+}
+
+uint64_t Mixers::recurrent_bytes() const {
+  uint64_t total = 0;
+  for (const auto& u : units_) total += u->recurrent_bytes();
+  return total;
+}
+
+void Mixers::save_state() {
+  for (const auto& u : units_) u->save_state();
+}
+
+void Mixers::restore_state() {
+  for (const auto& u : units_) u->restore_state();
+}
+
+void Mixers::clear_state() {
+  for (const auto& u : units_) u->clear_state();
+}
+
+}  // namespace bmoe

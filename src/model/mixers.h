@@ -1,0 +1,55 @@
+// The mixer kinds (what mixes tokens in a layer) as units. A unit runs one kind's layers: it
+// reads the residual stream, adds its output to it, and owns its scratch and its per-sequence
+// state: the KV rows of the attention kinds (the layout is the kind's own), the recurrent state
+// of Gated DeltaNet and short convolution. A sequence holds one unit per kind its plan uses,
+// shared by that kind's layers, so scratch is sized once per kind, not per layer.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "model/attention.h"
+#include "model/config.h"
+#include "model/layer_pass.h"
+#include "model/matmul.h"
+#include "model/weights.h"
+
+namespace bmoe {
+
+class Mixer {
+ public:
+  virtual ~Mixer() = default;
+  // Runs `layer` (of this unit's kind) on the pass's rows.
+  virtual void forward(const LayerWeights& L, int layer, const LayerPass& pass) = 0;
+  virtual uint64_t kv_bytes() const { return 0; }
+  // The recurrent kinds: bytes of their state, a copy of it (save), back to that copy
+  // (restore), the empty state of a new sequence (clear).
+  virtual uint64_t recurrent_bytes() const { return 0; }
+  virtual void save_state() {}
+  virtual void restore_state() {}
+  virtual void clear_state() {}
+};
+
+// f32 floats of one sequence's recurrent state in `layer` (0 for the attention kinds).
+int64_t recurrent_state_floats(const ModelConfig& c, int layer);
+// Bytes per token of the KV rows of `layer` (f16; 0 for the recurrent kinds).
+int64_t kv_bytes_per_token(const ModelConfig& c, int layer);
+
+// The units of one sequence, and which runs each layer.
+class Mixers {
+ public:
+  Mixers(const ModelConfig& c, int n_ctx, KvType kv_type);
+  Mixer& at(int layer) { return *by_layer_[static_cast<size_t>(layer)]; }
+  uint64_t kv_bytes() const;
+  uint64_t recurrent_bytes() const;
+  void save_state();
+  void restore_state();
+  void clear_state();
+
+ private:
+  std::vector<std::unique_ptr<Mixer>> units_;
+  std::vector<Mixer*> by_layer_;
+};
+
+}  // namespace bmoe

@@ -1,0 +1,107 @@
+// The weights of a model as its architecture table binds them (model/arch_table.h).
+#pragma once
+
+#include <optional>
+#include <vector>
+
+#include "quant/weight.h"
+
+namespace bmoe {
+
+// Small vectors (norm weights, biases) are kept as f32 copies, whatever their file type.
+using Vector = std::vector<float>;
+
+// Roles of the matrices an ExpertSource returns for one expert.
+struct ExpertRoles {
+  int gate = -1;
+  int up = -1;
+  int gate_up = -1;  // fused [gate; up] rows (gemma4)
+  int down = -1;
+};
+
+// Each kind of src/model/mixers.h and ffn.h has its weights; a layer holds the parts its plan
+// (ModelConfig::plan) has, the others stay empty.
+
+// Attention and gated attention.
+struct AttentionWeights {
+  Weight wq, wk, wv, wo;  // wv absent: the values are the raw keys (gemma4 full layers)
+  Vector bq, bk, bv, bo;
+  Vector q_norm, k_norm;
+  Vector attn_sinks;
+  Vector post_attn_norm;  // applied to the attention output before the residual (gemma)
+  Vector rope_freqs;      // per-pair RoPE frequency factors, or empty (gemma4 full layers)
+};
+
+// Gated DeltaNet (linear attention) layers of hybrid models (qwen35moe).
+struct DeltaNetWeights {
+  Weight ssm_qkv;    // x -> q | k | v before the convolution
+  Weight ssm_z;      // x -> the output gate z
+  Weight ssm_alpha;  // x -> per value head decay input
+  Weight ssm_beta;   // x -> per value head update strength
+  Weight ssm_out;    // gated, normalised heads -> n_embd
+  Vector ssm_conv;   // depthwise kernel, [conv_kernel][channels] (transposed from the file at load)
+  Vector ssm_dt;     // per value head bias of the decay input
+  Vector ssm_a;      // per value head -exp(A_log), negative
+  Vector ssm_norm;   // [head_dim] weight of the gated RMS norm
+};
+
+// Short-convolution layers (lfm2moe): x -> b | c | x', out = W (c * conv(b * x')).
+struct ShortConvWeights {
+  Weight shortconv_in, shortconv_out;
+  Vector shortconv_kernel;  // [taps][n_embd] (transposed from the file at load)
+};
+
+// A dense FFN: the dense kind, and the dense branch beside the experts.
+struct DenseFfnWeights {
+  Weight ffn_gate, ffn_up, ffn_down;
+};
+
+// Routed experts: the router and what the family adds around the expert matrices (which the
+// ExpertSource holds).
+struct RoutedExpertWeights {
+  Weight router;       // [n_expert rows x n_embd]
+  Vector router_bias;  // per expert, added to the logits
+  Vector expert_select_bias;  // per expert, added to the gate scores for the choice only (lfm2moe)
+  Vector router_in_scale;     // the dense-beside-MoE kind's router input scale (gemma4)
+  Vector exp_gate_bias, exp_up_bias, exp_down_bias;  // [n_expert * n] (gpt-oss)
+  ExpertRoles roles;
+  Vector exp_down_scale;  // per expert, multiplies its down projection (gemma4)
+};
+
+// The shared expert beside the routed ones, with its gate.
+struct SharedExpertWeights {
+  Weight shexp_gate, shexp_up, shexp_down, shexp_router;
+};
+
+// Gemma 4's dense FFN and experts side by side, each with its own norms.
+struct ParallelFfnNorms {
+  Vector moe_norm;         // pre-norm of the expert branch (the dense branch uses ffn_norm)
+  Vector post_dense_norm;  // post-norm of the dense branch
+  Vector post_moe_norm;    // post-norm of the expert branch
+};
+
+struct LayerWeights {
+  Vector attn_norm;      // the mixer's pre-norm
+  Vector ffn_norm;       // the FFN's pre-norm
+  Vector post_ffn_norm;  // or empty
+  Vector out_scale;      // one value multiplying the layer's output, or empty
+
+  std::optional<AttentionWeights> attention;
+  std::optional<DeltaNetWeights> delta_net;
+  std::optional<ShortConvWeights> short_conv;
+  std::optional<DenseFfnWeights> dense;
+  std::optional<RoutedExpertWeights> experts;
+  std::optional<SharedExpertWeights> shared;
+  std::optional<ParallelFfnNorms> parallel;
+};
+
+struct ModelWeights {
+  Weight tok_embd;
+  float embd_scale = 1.0f;
+  Vector rope_freqs;  // per-pair RoPE frequency factors of the full layers (gemma4), or empty
+  Vector output_norm;
+  Weight output;
+  std::vector<LayerWeights> layers;
+};
+
+}  // namespace bmoe
