@@ -42,6 +42,9 @@ namespace {
 // What drafting needs across the loop's steps: the controller that decides how many tokens to
 // draft (the loop's) and the drafter that guesses them.
 struct Drafting {
+  // A constructor, not an aggregate: clang 14 (the sanitizer build) has no parenthesised
+  // aggregate initialisation for make_unique.
+  Drafting(DraftController c, std::unique_ptr<Drafter> d) : controller(std::move(c)), drafter(std::move(d)) {}
   DraftController controller;
   std::unique_ptr<Drafter> drafter;
 };
