@@ -36,8 +36,14 @@ TEST(Chat, HarmonyAndLlama3) {
   EXPECT_EQ(render_chat(ChatFormat::Llama3, {{"user", "hi"}}, false),
             "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>"
             "<|start_header_id|>assistant<|end_header_id|>\n\n");
-  EXPECT_EQ(detect_chat_format("gpt-oss", ""), ChatFormat::Harmony);
-  EXPECT_EQ(detect_chat_format("qwen3moe", "<|im_start|>"), ChatFormat::ChatML);
+  // A family's declared format wins; otherwise the template's markers decide; a family name is
+  // not a format (chat code knows no families).
+  EXPECT_EQ(detect_chat_format("harmony", ""), ChatFormat::Harmony);
+  EXPECT_EQ(detect_chat_format("gemma4", "<|im_start|>"), ChatFormat::Gemma4);
+  EXPECT_EQ(detect_chat_format("", "<|start|>assistant<|channel|>final"), ChatFormat::Harmony);
+  EXPECT_EQ(detect_chat_format("", "<|turn>user"), ChatFormat::Gemma4);
+  EXPECT_EQ(detect_chat_format("gpt-oss", ""), ChatFormat::ChatML);
+  EXPECT_EQ(detect_chat_format("", "<|im_start|>"), ChatFormat::ChatML);
 }
 
 TEST(Chat, ReasoningSplitterSeparatesTheThinkBlock) {

@@ -12,6 +12,7 @@
 #include "engine/generate.h"
 #include "engine/loader.h"
 #include "engine/run.h"
+#include "model/arch.h"
 #include "moe/read_planner.h"
 #include "test_util.h"
 
@@ -138,6 +139,20 @@ TEST(MoeMode, TheAutomaticBudgetStopsAtEveryExpert) {
   const uint64_t every_expert = ReadPlanner::every_expert_bytes(run.model->expert_layout);
   EXPECT_GE(every_expert, run.model->expert_layout.total_bytes());
   EXPECT_EQ(run.cache_budget, every_expert);
+}
+
+// Chat code compares no family names: a family that needs a built-in format declares one, and
+// it must be a format chat knows.
+TEST(FamilyChatFormat, EveryDeclaredFormatIsAKnownOne) {
+  int declared = 0;
+  for (const Architecture& a : architectures()) {
+    if (!a.chat_format) continue;
+    ++declared;
+    EXPECT_NE(chat_format_by_name(a.chat_format), ChatFormat::None) << a.name << ": " << a.chat_format;
+  }
+  EXPECT_EQ(find_architecture("gpt-oss")->chat_format, std::string_view("harmony"));
+  EXPECT_EQ(find_architecture("gemma4")->chat_format, std::string_view("gemma4"));
+  EXPECT_GE(declared, 2);
 }
 
 TEST(StopMatcher, HoldsBackPossibleStartsAndCutsAtTheStop) {

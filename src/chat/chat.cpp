@@ -9,10 +9,11 @@
 
 namespace bmoe {
 
-ChatFormat detect_chat_format(const std::string& arch, const std::string& chat_template) {
-  if (arch == "gpt-oss" || chat_template.find("<|channel|>") != std::string::npos) return ChatFormat::Harmony;
-  if (arch == "gemma4" || chat_template.find("<|turn>") != std::string::npos) return ChatFormat::Gemma4;
-  if (arch.starts_with("gemma") || chat_template.find("<start_of_turn>") != std::string::npos) return ChatFormat::Gemma;
+ChatFormat detect_chat_format(std::string_view family_format, const std::string& chat_template) {
+  if (const ChatFormat declared = chat_format_by_name(family_format); declared != ChatFormat::None) return declared;
+  if (chat_template.find("<|channel|>") != std::string::npos) return ChatFormat::Harmony;
+  if (chat_template.find("<|turn>") != std::string::npos) return ChatFormat::Gemma4;
+  if (chat_template.find("<start_of_turn>") != std::string::npos) return ChatFormat::Gemma;
   if (chat_template.find("<|start_header_id|>") != std::string::npos) return ChatFormat::Llama3;
   return ChatFormat::ChatML;
 }
@@ -159,11 +160,11 @@ ChatTemplate ChatTemplate::builtin(ChatFormat format) {
   return t;
 }
 
-ChatTemplate ChatTemplate::for_model(const std::string& arch, const std::string& model_template,
+ChatTemplate ChatTemplate::for_model(std::string_view family_format, const std::string& model_template,
                                      const std::string& choice, std::string bos_text, std::string eos_text,
                                      bool tokenizer_adds_bos, std::string* warning,
                                      const std::optional<std::string>& file_text) {
-  const ChatFormat closest = detect_chat_format(arch, model_template);
+  const ChatFormat closest = detect_chat_format(family_format, model_template);
   std::string source = model_template;
   std::string origin = "the model's chat template";
   switch (chat_template_choice(choice)) {
@@ -180,7 +181,7 @@ ChatTemplate ChatTemplate::for_model(const std::string& arch, const std::string&
       break;
     case ChatTemplateChoice::Invalid: fail("--chat-template: {}", chat_template_choice_error(choice));
   }
-  ChatTemplate t = builtin(choice.empty() ? closest : detect_chat_format(arch, source));
+  ChatTemplate t = builtin(choice.empty() ? closest : detect_chat_format(family_format, source));
   if (source.empty()) {
     if (warning) *warning = fmt::format("the model has no chat template: using the built-in {} format", chat_format_name(t.format_));
     return t;

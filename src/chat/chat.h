@@ -19,8 +19,10 @@ struct ChatMessage {
 
 enum class ChatFormat { None, ChatML, Harmony, Gemma, Llama3, Gemma4 };
 
-// The format to use for a model: from its architecture and chat template text.
-ChatFormat detect_chat_format(const std::string& arch, const std::string& chat_template);
+// The format to use for a model: the one its family declares (a format's name, as
+// chat_format_name writes it; empty or unknown: none), else the one its chat template's markers
+// show, else ChatML.
+ChatFormat detect_chat_format(std::string_view family_format, const std::string& chat_template);
 const char* chat_format_name(ChatFormat f);
 
 // Renders messages followed by the assistant's turn opening. no_think: Qwen3 gets an empty
@@ -44,9 +46,9 @@ class ChatTemplate {
   // The template to use for a model. `choice` is what the user asked for (--chat-template):
   // empty for the model's own, a built-in format's name, a file, or template text. Where it
   // names a file, `file_text` holds what the caller read from it (text reads no files). A model
-  // template that does not parse falls back to the built-in format for the architecture, and
+  // template that does not parse falls back to the family's declared or the closest built-in format, and
   // `warning` says so. Throws Error for a choice that names nothing usable.
-  static ChatTemplate for_model(const std::string& arch, const std::string& model_template, const std::string& choice,
+  static ChatTemplate for_model(std::string_view family_format, const std::string& model_template, const std::string& choice,
                                 std::string bos_text, std::string eos_text, bool tokenizer_adds_bos,
                                 std::string* warning, const std::optional<std::string>& file_text = std::nullopt);
   static ChatTemplate builtin(ChatFormat format);

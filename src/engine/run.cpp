@@ -14,6 +14,7 @@
 #include "core/progress.h"
 #include "core/timer.h"
 #include "io/mapped_file.h"
+#include "model/arch.h"
 #include "moe/cache_file.h"
 #include "moe/cache_policy.h"
 #include "moe/read_planner.h"
@@ -235,7 +236,9 @@ ChatTemplate chat_template_for(const LoadedRun& run) {
   std::optional<std::string> file_text;
   if (chat_template_choice(choice) == ChatTemplateChoice::File) file_text = read_whole_file(choice, "chat template");
   std::string warning;
-  ChatTemplate t = ChatTemplate::for_model(model.transformer->config().arch, v.chat_template, choice,
+  const Architecture* family = find_architecture(model.transformer->config().arch);
+  const std::string_view family_format = family && family->chat_format ? family->chat_format : "";
+  ChatTemplate t = ChatTemplate::for_model(family_format, v.chat_template, choice,
                                            token_text(v.bos), token_text(v.eos), v.add_bos, &warning, file_text);
   if (!warning.empty()) fmt::print(stderr, "warning: {}\n", warning);
   return t;

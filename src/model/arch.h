@@ -50,6 +50,10 @@ struct Architecture {
   void (*read_hparams)(ArchLoader& loader, ModelConfig& config);
   std::span<const TensorSpec> tensors;
   void (*finish)(const ModelConfig& config, ModelWeights& weights) = nullptr;
+  // The built-in chat format this family's models speak (a name of chat/chat.h's formats, e.g.
+  // "harmony"), or nullptr where the model's template shows it. Chat code never compares family
+  // names: the family says it here.
+  const char* chat_format = nullptr;
 };
 
 // The family's table as text, a line per row: name, symbolic shape, role, layers.

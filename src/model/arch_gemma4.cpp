@@ -167,7 +167,7 @@ const TensorSpec kTensors[] = {
 
 const Architecture& gemma4_architecture() {
   static const Architecture arch{"gemma4", "Gemma 4 MoE (26B-A4B; dense FFN beside the experts, fused gate+up)",
-                                 read_gemma4, kTensors, finish_gemma4};
+                                 read_gemma4, kTensors, finish_gemma4, "gemma4"};
   return arch;
 }
 

@@ -53,7 +53,7 @@ std::vector<TensorSpec> tensors() {
 const Architecture& gpt_oss_architecture() {
   static const std::vector<TensorSpec> table = tensors();
   static const Architecture arch{"gpt-oss", "gpt-oss (20b, 120b; MXFP4 experts, attention sinks, sliding window)",
-                                 read_gpt_oss, table};
+                                 read_gpt_oss, table, nullptr, "harmony"};
   return arch;
 }
 

@@ -36,7 +36,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string source(reinterpret_cast<const char*>(data), size);
   try {
     const bmoe::ChatTemplate t =
-        bmoe::ChatTemplate::for_model("qwen3moe", source, "", "<s>", "</s>", true, nullptr);
+        bmoe::ChatTemplate::for_model("", source, "", "<s>", "</s>", true, nullptr);
     bmoe::ChatInputs in;
     in.messages = conversation();
     in.tools = tools();
