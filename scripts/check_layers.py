@@ -23,17 +23,12 @@ import re
 import sys
 
 # The layer of a directory under src/; tools/ is the layer "tools".
-SRC_LAYERS = ("core", "io", "quant", "gguf", "model", "moe", "text", "chat", "engine", "serve", "synth",
-              "telemetry")
+SRC_LAYERS = ("core", "io", "quant", "gguf", "expert_source", "model", "moe", "text", "chat", "engine", "serve",
+              "synth", "telemetry")
 
-# Files whose layer is not their directory's. The expert-source interface lives in src/moe but
-# sits below both model and moe: the forward pass (model) calls it, the sources (moe) implement
-# it. It may include only core and quant, so model can include it without reaching moe.
-FILE_LAYERS = {
-    "src/moe/expert_source.h": "expert-source",
-    "src/moe/router_hook.h": "expert-source",  # the routing-time decisions' hook (RouterHook, RoutingOptions)
-    "src/moe/expert_layout.cpp": "expert-source",  # ExpertLayout's and PredictionSource's out-of-line parts
-}
+# Files whose layer is not their directory's (none today: the expert-source interface, which
+# sits below both model and moe, has its own directory, src/expert_source).
+FILE_LAYERS = {}
 
 # Which layers each layer may include (besides itself). Not transitive: list what is allowed.
 ALLOWED = {
@@ -42,20 +37,20 @@ ALLOWED = {
     "io": {"core"},  # all file access
     "quant": {"core"},  # bytes of blocks: no models, files or threads
     "gguf": {"core", "io", "quant"},  # the file format; of quant only the type table (HEADER_LIMITS)
-    "expert-source": {"core", "quant"},  # the interface model consumes and moe implements
-    "model": {"core", "quant", "expert-source"},  # the forward pass: experts only through the interface
-    "moe": {"core", "io", "quant", "expert-source"},  # expert sources, caches, policies
+    "expert_source": {"core", "quant"},  # the interface model consumes and moe implements
+    "model": {"core", "quant", "expert_source"},  # the forward pass: experts only through the interface
+    "moe": {"core", "io", "quant", "expert_source"},  # expert sources, caches, policies
     "text": {"core"},  # tokenizer, UTF-8, sampling, GBNF grammars
     "chat": {"core", "text"},  # Jinja, chat templates, JSON Schema, tool calls, reply parsing
     # Synthetic models: GGUF writer, quantizers, vocabularies; a model is described by its
     # architecture, so synth sits above model and reads its tensor table (HEADER_LIMITS).
     "synth": {"core", "gguf", "quant", "text", "model"},
-    "engine": {"core", "io", "quant", "gguf", "expert-source", "model", "moe", "text", "chat",
+    "engine": {"core", "io", "quant", "gguf", "expert_source", "model", "moe", "text", "chat",
                "telemetry"},
     # bmoe-server without HTTP: worker, request parser, responses, event stream.
-    "serve": {"core", "io", "quant", "gguf", "expert-source", "model", "moe", "text", "chat", "engine",
+    "serve": {"core", "io", "quant", "gguf", "expert_source", "model", "moe", "text", "chat", "engine",
               "telemetry"},
-    "tools": {"core", "io", "quant", "gguf", "expert-source", "model", "moe", "text", "chat", "engine",
+    "tools": {"core", "io", "quant", "gguf", "expert_source", "model", "moe", "text", "chat", "engine",
               "serve", "synth", "telemetry"},
 }
 
@@ -155,16 +150,16 @@ def self_test():
         ("core includes model",
          [("src/core/a.h", '#include "core/error.h"\n#include "model/transformer.h"\n')], [],
          ["src/core/a.h:2: core includes model (model/transformer.h)"]),
-        ("model includes a moe header that is not the interface",
-         [("src/model/m.h", '#include "moe/expert_source.h"\n#include "quant/weight.h"\n'
+        ("model includes moe beside the interface",
+         [("src/model/m.h", '#include "expert_source/expert_source.h"\n#include "quant/weight.h"\n'
                             '  #  include "moe/streaming_experts.h"\n')], [],
          ["src/model/m.h:3: model includes moe (moe/streaming_experts.h)"]),
         ("moe includes model",
          [("src/moe/s.h", '#include "io/read_lanes.h"\n#include "model/transformer.h"\n')], [],
          ["src/moe/s.h:2: moe includes model (model/transformer.h)"]),
         ("the interface includes moe",
-         [("src/moe/expert_source.h", '#include "quant/weight.h"\n#include "moe/cache_policy.h"\n')], [],
-         ["src/moe/expert_source.h:2: expert-source includes moe (moe/cache_policy.h)"]),
+         [("src/expert_source/expert_source.h", '#include "quant/weight.h"\n#include "moe/cache_policy.h"\n')], [],
+         ["src/expert_source/expert_source.h:2: expert_source includes moe (moe/cache_policy.h)"]),
         ("io includes quant, quant includes io",
          [("src/io/x.cpp", '#include "quant/types.h"\n'), ("src/quant/k.cpp", '#include "io/mapped_file.h"\n')],
          [],
@@ -193,7 +188,7 @@ def self_test():
         ("allowed includes pass",
          [("src/engine/e.cpp", '#include "moe/streaming_experts.h"\n#include "engine/e.h"\n'),
           ("tools/t.cpp", '#include "engine/loader.h"\n#include "web_index.h"\n'),
-          ("src/model/t.h", '// #include "moe/cache_policy.h"\n#include "moe/expert_source.h"\n'),
+          ("src/model/t.h", '// #include "moe/cache_policy.h"\n#include "expert_source/expert_source.h"\n'),
           ("src/telemetry/s.cpp", '#include "telemetry/s.h"\n#include <vector>\n')], [],
          []),
         ("an allow-listed violation passes; a stale entry is reported",

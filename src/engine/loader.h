@@ -10,7 +10,7 @@
 #include "gguf/gguf.h"
 #include "model/transformer.h"
 #include "io/direct_io.h"
-#include "moe/expert_source.h"
+#include "expert_source/expert_source.h"
 #include "moe/streaming_experts.h"
 #include "text/tokenizer.h"
 

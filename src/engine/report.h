@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "engine/session.h"
-#include "moe/expert_source.h"
+#include "expert_source/expert_source.h"
 #include "telemetry/system.h"
 
 namespace bmoe {

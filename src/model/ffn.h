@@ -12,7 +12,7 @@
 #include "model/matmul.h"
 #include "model/routed_experts.h"
 #include "model/weights.h"
-#include "moe/expert_source.h"
+#include "expert_source/expert_source.h"
 
 namespace bmoe {
 

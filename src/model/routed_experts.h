@@ -16,8 +16,8 @@
 #include "model/matmul.h"
 #include "model/residual.h"
 #include "model/weights.h"
-#include "moe/expert_source.h"
-#include "moe/router_hook.h"  // RoutingOptions, RouterHook
+#include "expert_source/expert_source.h"
+#include "expert_source/router_hook.h"  // RoutingOptions, RouterHook
 
 namespace bmoe {
 

@@ -19,8 +19,8 @@
 #include "model/residual.h"
 #include "model/routed_experts.h"
 #include "model/weights.h"
-#include "moe/expert_source.h"
-#include "moe/router_hook.h"  // RoutingOptions, RouterHook
+#include "expert_source/expert_source.h"
+#include "expert_source/router_hook.h"  // RoutingOptions, RouterHook
 #include "quant/weight.h"
 
 namespace bmoe {

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "moe/cache_policy.h"
-#include "moe/expert_source.h"
+#include "expert_source/expert_source.h"
 
 namespace bmoe {
 

@@ -32,7 +32,7 @@
 #include "moe/affinity_predictor.h"
 #include "moe/buffer_pool.h"
 #include "moe/cache_policy.h"
-#include "moe/expert_source.h"
+#include "expert_source/expert_source.h"
 #include "moe/read_planner.h"
 
 namespace bmoe {

@@ -24,7 +24,7 @@
 #include "io/direct_io.h"
 #include "io/read_lanes.h"
 #include "moe/buffer_pool.h"
-#include "moe/expert_source.h"
+#include "expert_source/expert_source.h"
 
 namespace bmoe {
 

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "io/mapped_file.h"
-#include "moe/expert_source.h"
+#include "expert_source/expert_source.h"
 
 namespace bmoe {
 

@@ -1,12 +1,12 @@
 // The engine's RouterHook: prefetch by the routers of later layers, route-ahead and drop-cold
-// (RoutingOptions, moe/router_hook.h). Session installs one in every InferenceState it owns.
+// (RoutingOptions, expert_source/router_hook.h). Session installs one in every InferenceState it owns.
 #pragma once
 
 #include <cstdint>
 #include <span>
 #include <vector>
 
-#include "moe/router_hook.h"
+#include "expert_source/router_hook.h"
 
 namespace bmoe {
 

@@ -40,7 +40,7 @@
 #include "moe/affinity_predictor.h"
 #include "moe/buffer_pool.h"
 #include "moe/cache_policy.h"
-#include "moe/expert_source.h"
+#include "expert_source/expert_source.h"
 #include "moe/overlap_chooser.h"
 #include "moe/prefetcher.h"
 #include "moe/read_planner.h"

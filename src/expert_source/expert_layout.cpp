@@ -1,4 +1,4 @@
-#include "moe/expert_source.h"
+#include "expert_source/expert_source.h"
 
 namespace bmoe {
 

@@ -11,7 +11,7 @@
 #include <span>
 #include <vector>
 
-#include "moe/expert_source.h"
+#include "expert_source/expert_source.h"
 
 namespace bmoe {
 
