@@ -91,9 +91,8 @@ class BadInputGetsOneClearError(unittest.TestCase):
             self.check([tool("bmoe-replay"), TRACE, "--policies", "nope"], "nope")
 
 
-class LlamaCppConventions(unittest.TestCase):
-    """llama.cpp's spellings are translated, accepted with a note, or refused with what bmoe does
-    instead; never split into bundled short flags (-fa once became "-f a")."""
+class TinyModelCase(unittest.TestCase):
+    """A class of tests on one tiny-qwen3moe file, written once for the class."""
 
     @classmethod
     def setUpClass(cls):
@@ -105,6 +104,11 @@ class LlamaCppConventions(unittest.TestCase):
     @classmethod
     def tearDownClass(cls):
         cls.tmp.cleanup()
+
+
+class LlamaCppConventions(TinyModelCase):
+    """llama.cpp's spellings are translated, accepted with a note, or refused with what bmoe does
+    instead; never split into bundled short flags (-fa once became "-f a")."""
 
     def run_cli(self, *args):
         return subprocess.run([tool("bmoe-cli"), "-m", self.model, "-n", "4", *args], capture_output=True, text=True,
@@ -212,21 +216,10 @@ class LlamaCppConventions(unittest.TestCase):
 
 
 
-class TheModeChoosesItself(unittest.TestCase):
+class TheModeChoosesItself(TinyModelCase):
     """Without --moe-stream / --no-moe-stream the run streams when the model does not fit in the
     available memory (here BMOE_FAKE_MEM_AVAILABLE_MB, the tests' stand-in for the machine's
     figures) and stays resident when it fits; one `mode:` line says which and why."""
-
-    @classmethod
-    def setUpClass(cls):
-        cls.tmp = tempfile.TemporaryDirectory()
-        cls.model = os.path.join(cls.tmp.name, "tiny.gguf")
-        subprocess.run([tool("bmoe-synth"), "--preset", "tiny-qwen3moe", "-o", cls.model], check=True,
-                       capture_output=True)
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.tmp.cleanup()
 
     def mode_lines(self, available_mb, *args):
         env = dict(os.environ, BMOE_FAKE_MEM_AVAILABLE_MB=str(available_mb))
