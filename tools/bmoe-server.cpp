@@ -58,7 +58,6 @@ struct ServerOptions {
   bool ignore_eos = false;
   std::string reasoning_format = "deepseek";  // chat: a <think> block goes to reasoning_content
   DraftConfig draft;  // resolved from run after load
-  ModeChoice mode;    // the mode load_run chose and why (/props)
 };
 
 void send_json(httplib::Response& res, int status, const json& body) {
@@ -212,7 +211,7 @@ class Server {
             {"chat_template", utf8_sanitize(worker_.model().tokenizer->vocab().chat_template)},
             {"architecture", cfg.arch},
             {"reasoning_format", o_.reasoning_format},
-            {"mode", {{"streaming", o_.mode.stream}, {"reason", utf8_sanitize(o_.mode.reason)}}},
+            {"mode", {{"streaming", worker_.run().mode.stream}, {"reason", utf8_sanitize(worker_.run().mode.reason)}}},
             {"build_info", fmt::format("bmoe {}", BMOE_VERSION)}};
   }
 
@@ -376,7 +375,6 @@ int serve(const ServerOptions& o) {
   LoadedRun loaded = load_run(run_config(o.run));
   ServerOptions resolved = o;
   resolved.draft = draft_config(loaded);
-  resolved.mode = loaded.mode;
   DecodeWorker worker(std::move(loaded), static_cast<size_t>(resolved.queue));
   Server api(worker, resolved);
   httplib::Server http;
