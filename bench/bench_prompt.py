@@ -17,7 +17,7 @@ import statistics
 import subprocess
 import tempfile
 
-from common import ORACLE, REPO, ensure_model, log, machine, tool
+from common import ORACLE, REPO, ensure_model, log, machine, resident_unless_streamed, tool
 
 MODELS = {
     "qwen": ("qwen3-30b-a3b", 12),  # Q4_K_M-like mix: Q4_K / Q6_K
@@ -38,7 +38,7 @@ def prompt_ids(model, length):
 def run_bmoe_prompt(model, ids, threads, extra=()):
     p = subprocess.run([tool("bmoe-cli"), "-m", model, "--prompt-ids", ",".join(map(str, ids)), "-n", "1",
                         "-t", str(threads), "-c", str(max(4096, len(ids) + 64)),
-                        *([] if "--moe-stream" in extra else ["--no-moe-stream"]), *extra], capture_output=True, text=True)
+                        *resident_unless_streamed(extra)], capture_output=True, text=True)
     m = PROMPT_RE.search(p.stderr)
     if p.returncode != 0 or not m:
         log(p.stderr[-2000:])

@@ -34,12 +34,16 @@ def ensure_model(path, preset, *args):
 GEN_RE = re.compile(r"generation: (\d+) tokens, ([\d.]+) s/token, ([\d.]+) tok/s")
 
 
+def resident_unless_streamed(flags):
+    """bmoe-cli's mode flags for `flags`: resident unless they stream, since a run with neither
+    flag streams a model that does not fit."""
+    return [*([] if "--moe-stream" in flags else ["--no-moe-stream"]), *flags]
+
+
 def run_bmoe(model, n, threads, *flags, prefix=()):
     """Runs bmoe-cli; returns (tok/s, stderr). prefix: a command to wrap it in (cgroup runner)."""
-    # Resident unless the flags stream: with neither flag a model that does not fit would stream.
-    mode = [] if "--moe-stream" in flags else ["--no-moe-stream"]
     cmd = [*prefix, tool("bmoe-cli"), "-m", model, "-p", PROMPT, "-n", str(n), "-t", str(threads),
-           "--ignore-eos", *mode, *flags]
+           "--ignore-eos", *resident_unless_streamed(flags)]
     p = subprocess.run(cmd, capture_output=True, text=True)
     m = GEN_RE.search(p.stderr)
     if p.returncode != 0 or not m:
