@@ -155,8 +155,13 @@ std::string fit_text(uint64_t model_bytes, uint64_t context_bytes, const MemoryS
 
 // Chooses the mode from the model's header before loading it; prints the "mode:" line.
 ModeChoice choose_mode_for(const RunConfig& c) {
-  const ModelPreview preview = preview_model(c.model);
-  ModeChoice choice = choose_moe_mode(c.moe_mode, preview.file_bytes, context_bytes(c, preview.config), read_memory());
+  ModeChoice choice;
+  if (c.moe_mode == MoeMode::Stream) {
+    choice = choose_moe_mode(c.moe_mode, 0, 0, MemorySnapshot{});  // forced: no sizes to compare, no header read twice
+  } else {
+    const ModelPreview preview = preview_model(c.model);
+    choice = choose_moe_mode(c.moe_mode, preview.file_bytes, context_bytes(c, preview.config), read_memory());
+  }
   fmt::print(stderr, "{}\n", choice.line());
   return choice;
 }
