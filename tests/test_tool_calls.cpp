@@ -842,7 +842,7 @@ TEST(ToolCalls, GrammarRefusesUnusableTools) {
   EXPECT_EQ(message(ToolFormat::Hermes, fn("{\"name\": \"a b\"}")).rfind("tools[0].function.name", 0), 0u);
   EXPECT_EQ(message(ToolFormat::Hermes, fn("{\"name\": \"f\", \"parameters\": 3}")).rfind("tools[0].function.parameters", 0), 0u);
   EXPECT_EQ(message(ToolFormat::Hermes, fn("{\"name\": \"f\", \"parameters\": {\"type\": \"string\"}}")).rfind("tools[0].function.parameters", 0), 0u);
-  EXPECT_EQ(message(ToolFormat::Hermes, fn("{\"name\": \"f\", \"parameters\": {\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"string\", \"pattern\": \"x\"}}}}"))
+  EXPECT_EQ(message(ToolFormat::Hermes, fn("{\"name\": \"f\", \"parameters\": {\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"string\", \"pattern\": \"(?=x)\"}}}}"))
                 .rfind("tools[0].function.parameters", 0),
             0u);
   EXPECT_EQ(message(ToolFormat::Lfm2, fn("{\"name\": \"f\", \"parameters\": {\"type\": \"object\", \"properties\": {\"a-b\": {}}}}"))
