@@ -949,6 +949,10 @@ TEST(JsonSchema, PropertyNamesAndFormats) {
   EXPECT_TRUE(schema_accepts(record, R"({"ab": 1, "c": 2})"));
   EXPECT_FALSE(schema_accepts(record, R"({"abcd": 1})"));
   EXPECT_FALSE(schema_accepts(record, R"({"A": 1})"));
+  // One repeated character class: minLength / maxLength bound its count.
+  const json counted = json::parse(R"({"type": "string", "pattern": "^[a-z]+$", "minLength": 2, "maxLength": 3})");
+  for (const char* ok : {R"("ab")", R"("abc")"}) EXPECT_TRUE(schema_accepts(counted, ok)) << ok;
+  for (const char* bad : {R"("a")", R"("abcd")", R"("aB")"}) EXPECT_FALSE(schema_accepts(counted, bad)) << bad;
   const json no_keys = json::parse(R"({"type": "object", "propertyNames": false})");
   EXPECT_TRUE(schema_accepts(no_keys, "{}"));
   EXPECT_FALSE(schema_accepts(no_keys, R"({"a": 1})"));
@@ -984,7 +988,8 @@ TEST(JsonSchema, UnsupportedKeywordsFailWithTheirName) {
   expect_error(R"({"type": "string", "pattern": "\\bword"})", "word boundary");
   expect_error(R"({"type": "string", "pattern": "a^b"})", "'^' is supported only at the start");
   expect_error(R"({"type": "string", "pattern": "(a*)*"})", "unbounded repetition of a part that can be empty");
-  expect_error(R"({"type": "string", "pattern": "^[a-z]+$", "maxLength": 5})", "'minLength'/'maxLength' next to 'pattern'");
+  expect_error(R"({"type": "string", "pattern": "^(ab)+$", "maxLength": 5})", "'minLength'/'maxLength' next to 'pattern'");
+  expect_error(R"({"type": "string", "pattern": "^[a-z]{6,}$", "maxLength": 5})", "no string matches 'pattern'");
   expect_error(R"({"type": "string", "pattern": "a{2000}"})", "a count above 1000");
   expect_error(R"({"type": "object", "properties": {"a": {}}, "additionalProperties": true, "propertyNames": {"maxLength": 3}})", "'propertyNames' next to 'properties'");
   expect_error(R"({"type": "integer", "multipleOf": 1000})", "'multipleOf' 1000 above 100 needs a minimum and a maximum");

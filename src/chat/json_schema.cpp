@@ -646,6 +646,15 @@ class SchemaConverter {
       if (format_fallback) return std::nullopt;
       error("'pattern' {}: {}", dump(pattern), e.what());
     }
+    if (!g.repeated_unit.empty() && (min > 0 || max)) {  // one repeated character: intersect the counts
+      const int64_t lo = std::max(min, static_cast<int64_t>(g.min_chars));
+      std::optional<int64_t> hi = max;
+      if (g.max_chars) hi = hi ? std::min(*hi, static_cast<int64_t>(*g.max_chars)) : static_cast<int64_t>(*g.max_chars);
+      if (hi && *hi < lo) error("no string matches 'pattern' {} within minLength/maxLength", dump(pattern));
+      if (hi && *hi == 0) return std::string("\"\"");
+      spend_repeats(hi ? *hi : lo);
+      return g.repeated_unit + repetition(lo, hi);
+    }
     check_lengths_fit("'pattern'", g.min_chars, g.max_chars, min, max);
     check_size(g.body.size());
     return g.body;

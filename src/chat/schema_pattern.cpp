@@ -127,6 +127,7 @@ struct Piece {
   size_t min = 0;
   std::optional<size_t> max = 0;
   bool single = true;  // one GBNF item (a quantifier may follow it without parentheses)
+  std::string unit;    // when the piece is one character repeated: that character's GBNF
 };
 
 std::optional<size_t> add(std::optional<size_t> a, std::optional<size_t> b) {
@@ -161,7 +162,7 @@ class PatternParser {
     while (eat('|'));
     if (pos_ < p_.size()) fail("unbalanced ')' at offset {}", pos_);
     const Piece all = either(branches);
-    return PatternGrammar{all.gbnf, all.min, all.max};
+    return PatternGrammar{all.gbnf, all.min, all.max, branches.size() == 1 ? all.unit : ""};
   }
 
  private:
@@ -210,6 +211,7 @@ class PatternParser {
       }
       if (p_[pos_] == '^') fail("'^' is supported only at the start of the pattern");
       const Piece q = quantified();
+      out.unit = items.empty() ? q.unit : "";
       items.push_back(q.gbnf);
       out.min += q.min;
       out.max = add(out.max, q.max);
@@ -243,7 +245,8 @@ class PatternParser {
     } else {
       suffix = lo == *hi ? fmt::format("{{{}}}", lo) : fmt::format("{{{},{}}}", lo, *hi);
     }
-    Piece out{base + suffix, a.min * lo, hi && a.max ? std::optional<size_t>(*a.max * *hi) : std::nullopt, true};
+    Piece out{base + suffix, a.min * lo, hi && a.max ? std::optional<size_t>(*a.max * *hi) : std::nullopt, true, ""};
+    if (a.min == 1 && a.max == std::optional<size_t>(1) && a.unit.empty()) out.unit = base;
     if (hi && *hi == 0) out = Piece{"\"\"", 0, 0, true};
     return out;
   }

@@ -25,6 +25,9 @@ struct PatternGrammar {
   std::string body;                  // GBNF sequence (no quotes around it)
   size_t min_chars = 0;              // the fewest characters a match may have
   std::optional<size_t> max_chars;   // the most; none when unbounded
+  // When the whole pattern is one character class or character repeated (^[a-z]+$, \d{2,5}):
+  // that character's GBNF, so minLength / maxLength can bound the count instead. "" otherwise.
+  std::string repeated_unit;
 };
 
 // Fails (bmoe::Error, a message without prefix) on what the subset above does not cover.
