@@ -824,6 +824,31 @@ TEST(ToolCalls, GrammarOnlyFunctionAndNoParameters) {
                               "<|tool_call_start|>[ping()]<|tool_call_end|>"));
 }
 
+// Patterns and formats go through the one JSON-schema string walker, also where a format writes
+// parameter values raw (qwen-xml): the value keeps to the pattern, unescaped.
+TEST(ToolCalls, PatternsAndFormatsInParameters) {
+  const json tools = json::parse(R"([{"type": "function", "function": {"name": "book", "parameters": {"type": "object",
+      "properties": {"code": {"type": "string", "pattern": "^[A-Z]{3}-\\d{4}$"}, "mail": {"type": "string", "format": "email"},
+        "day": {"type": "string", "format": "date"}, "n": {"type": "integer", "multipleOf": 5, "maximum": 9007199254740991}},
+      "required": ["code", "mail", "n"]}}}])");
+  for (const ToolFormat f : kFormats) {
+    if (f == ToolFormat::Gemma4) continue;  // its own value syntax refuses pattern by name (GrammarRefusesUnusableTools)
+    check_walks(f, tools, false);
+  }
+  const std::string gbnf = tool_call_gbnf(ToolFormat::QwenXml, tools, false);
+  auto call = [](const std::string& code) {
+    return "<tool_call>\n<function=book>\n<parameter=code>\n" + code + "\n</parameter>\n<parameter=mail>\na@b.org\n</parameter>\n"
+           "<parameter=n>\n15\n</parameter>\n</function>\n</tool_call>";
+  };
+  EXPECT_TRUE(grammar_accepts(gbnf, call("ABC-1234")));
+  EXPECT_FALSE(grammar_accepts(gbnf, call("abc-1234")));
+  EXPECT_FALSE(grammar_accepts(gbnf, call("ABC-12345")));
+  const json lt = json::parse(R"([{"type": "function", "function": {"name": "f", "parameters": {"type": "object",
+      "properties": {"a": {"type": "string", "pattern": "^a<b$"}}}}}])");
+  EXPECT_THROW(tool_call_gbnf(ToolFormat::QwenXml, lt, false), Error);
+  EXPECT_NO_THROW(tool_call_gbnf(ToolFormat::Hermes, lt, false));
+}
+
 TEST(ToolCalls, GrammarRefusesUnusableTools) {
   auto message = [](ToolFormat f, const std::string& tools, std::string_view only = {}) -> std::string {
     try {

@@ -335,6 +335,8 @@ std::string number_range(std::optional<Bound> lo, std::optional<Bound> hi) {
 // One add_schema call: walks a schema document and adds its rules to the builder.
 class SchemaConverter {
  public:
+  using StringText = JsonGrammarBuilder::StringText;
+
   SchemaConverter(JsonGrammarBuilder& b, const json& document, int id) : b_(b), document_(document), id_(id) {}
 
   // A rule body for the schema's values.
@@ -592,6 +594,7 @@ class SchemaConverter {
   }
 
   // The string formats bmoe writes, with the fewest and most characters each one's grammar writes.
+ public:
   struct FormatInfo {
     const char* format;
     size_t min_chars;
@@ -608,6 +611,7 @@ class SchemaConverter {
     return nullptr;
   }
 
+ private:
   // minLength / maxLength beside a pattern or format: kept only when its grammar keeps to them.
   void check_lengths_fit(const std::string& what, size_t min_chars, std::optional<size_t> max_chars, int64_t min,
                          std::optional<int64_t> max) {
@@ -618,30 +622,37 @@ class SchemaConverter {
 
   std::string string(const json& s) {
     const std::string quote = "\"\\\"\"";
+    const std::string text = string_text(s, StringText::Json);
+    // A string with nothing to keep to: the shared rule (one rule for every such string).
+    if (text == b_.shared_rule("json-char") + "*") return b_.shared_rule("json-string");
+    return seq({quote, text, quote});
+  }
+
+ public:
+  // What lies between a string's quotes: its pattern, format, minLength and maxLength.
+  std::string string_text(const json& s, StringText mode) {
     const std::string format = s.contains("format") && s["format"].is_string() ? s["format"].get<std::string>() : "";
     const auto [min, max] = counts(s, "minLength", "maxLength");
     const FormatInfo* known = format_info(format);
     if (s.contains("pattern")) {
-      if (const auto body = pattern_string(s["pattern"], min, max, known != nullptr)) return seq({quote, *body, quote});
+      if (const auto body = pattern_string(s["pattern"], min, max, known != nullptr, mode)) return *body;
     }
-    if (known) {
+    if (known) {  // format grammars write no character that needs escaping or ends raw text
       check_lengths_fit("'format' " + format, known->min_chars, known->max_chars, min, max);
-      if (format == "date-time") return seq({quote, b_.shared_rule("json-fmt-date"), "\"T\"", b_.shared_rule("json-fmt-time"), quote});
-      return seq({quote, b_.shared_rule("json-fmt-" + format), quote});
+      if (format == "date-time") return seq({b_.shared_rule("json-fmt-date"), "\"T\"", b_.shared_rule("json-fmt-time")});
+      return b_.shared_rule("json-fmt-" + format);
     }
-    if (min == 0 && !max) return b_.shared_rule("json-string");
-    if (max && *max == 0) return "\"\\\"\\\"\"";
-    return seq({quote, b_.shared_rule("json-char") + repetition(min, max), quote});
+    if (max && *max == 0) return "\"\"";
+    return (mode == StringText::Json ? b_.shared_rule("json-char") : std::string("[^<]")) + repetition(min, max);
   }
 
-  // The text of a string matching `pattern`; nullopt when it cannot be converted but a known
-  // format beside it can stand in (libraries write a format's own pattern next to it, often
-  // with lookarounds; the format grammars lie inside what those patterns accept).
-  std::optional<std::string> pattern_string(const json& pattern, int64_t min, std::optional<int64_t> max, bool format_fallback) {
+ private:
+  std::optional<std::string> pattern_string(const json& pattern, int64_t min, std::optional<int64_t> max, bool format_fallback,
+                                            StringText mode) {
     if (!pattern.is_string()) error("'pattern' must be a string");
     PatternGrammar g;
     try {
-      g = pattern_to_gbnf(pattern.get<std::string>());
+      g = pattern_to_gbnf(pattern.get<std::string>(), mode == StringText::Json ? PatternText::Json : PatternText::Raw);
     } catch (const Error& e) {
       if (format_fallback) return std::nullopt;
       error("'pattern' {}: {}", dump(pattern), e.what());
@@ -1105,6 +1116,17 @@ std::string JsonGrammarBuilder::add_schema(const nlohmann::ordered_json& schema,
   }
   return rule;
 }
+
+std::string JsonGrammarBuilder::string_text(const nlohmann::ordered_json& schema, StringText mode) {
+  SchemaConverter converter(*this, schema, ++documents_);
+  try {
+    return converter.string_text(schema, mode);
+  } catch (const nlohmann::json::exception& e) {
+    fail("JSON schema: {}", e.what());
+  }
+}
+
+bool JsonGrammarBuilder::known_format(const std::string& format) { return SchemaConverter::format_info(format) != nullptr; }
 
 void JsonGrammarBuilder::add_rule(const std::string& name, const std::string& body) {
   const bool valid = !name.empty() && std::all_of(name.begin(), name.end(), [](char c) {

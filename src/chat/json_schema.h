@@ -62,6 +62,14 @@ class JsonGrammarBuilder {
   // reference (the sanitized `name`, or that name with a suffix if it was taken). $ref resolves
   // inside `schema`. Fails (bmoe::Error) on what the subset above does not cover.
   std::string add_schema(const nlohmann::ordered_json& schema, const std::string& name);
+  // What lies between the quotes of a string valid against `schema` (pattern, format, minLength,
+  // maxLength), as a GBNF sequence: JSON-escaped, or Raw for formats that write strings as they
+  // are (qwen-xml's parameters; then '<' and control characters come only from lengths alone,
+  // as "[^<]"). The one string walker for response_format, tool parameters and those formats.
+  enum class StringText { Json, Raw };
+  std::string string_text(const nlohmann::ordered_json& schema, StringText mode);
+  // Whether string_text writes this "format" (the others are annotations).
+  static bool known_format(const std::string& format);
   // Adds `name ::= body` (body is GBNF). Fails if the name is taken or not a valid rule name.
   void add_rule(const std::string& name, const std::string& body);
   // Adds a shared rule (and what it uses) if not there yet and returns its name. Fails for other

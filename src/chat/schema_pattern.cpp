@@ -134,10 +134,11 @@ std::optional<size_t> add(std::optional<size_t> a, std::optional<size_t> b) {
   return a && b ? std::optional<size_t>(*a + *b) : std::nullopt;
 }
 
-// A character set as GBNF: raw characters but those JSON escapes, then the escapes.
-Piece set_piece(const Ranges& set) {
-  Ranges raw = minus(minus(minus(normalized(set), 0, 0x1F), '"', '"'), '\\', '\\');
-  raw = minus(raw, 0xD800, 0xDFFF);
+// A character set as GBNF: raw characters but those JSON escapes, then the escapes (Raw text:
+// no escapes, and neither '<' nor controls).
+Piece set_piece(const Ranges& set, PatternText text) {
+  Ranges raw = minus(minus(normalized(set), 0, 0x1F), 0xD800, 0xDFFF);
+  raw = text == PatternText::Json ? minus(minus(raw, '"', '"'), '\\', '\\') : minus(raw, '<', '<');
   std::vector<std::string> alts;
   if (!raw.empty()) {
     std::string cls = "[";
@@ -145,7 +146,7 @@ Piece set_piece(const Ranges& set) {
     alts.push_back(cls + "]");
   }
   for (const uint32_t cp : {uint32_t{'"'}, uint32_t{'\\'}, uint32_t{'\b'}, uint32_t{'\f'}, uint32_t{'\n'}, uint32_t{'\r'}, uint32_t{'\t'}}) {
-    if (contains(set, cp)) alts.push_back(gbnf_literal(json_text(cp)));
+    if (text == PatternText::Json && contains(set, cp)) alts.push_back(gbnf_literal(json_text(cp)));
   }
   if (alts.empty()) fail("a character class that matches no character bmoe can write");
   std::string gbnf = alts.size() == 1 ? alts[0] : "( " + joined(alts, " | ") + " )";
@@ -154,7 +155,7 @@ Piece set_piece(const Ranges& set) {
 
 class PatternParser {
  public:
-  explicit PatternParser(std::string_view p) : p_(p) {}
+  PatternParser(std::string_view p, PatternText text) : p_(p), text_(text) {}
 
   PatternGrammar top() {
     std::vector<Piece> branches;
@@ -282,10 +283,10 @@ class PatternParser {
   Piece atom() {
     const char c = p_[pos_];
     if (c == '(') return group();
-    if (c == '[') return set_piece(char_class());
+    if (c == '[') return set_piece(char_class(), text_);
     if (c == '.') {
       ++pos_;
-      return set_piece(complement({{'\n', '\n'}, {'\r', '\r'}, {0x2028, 0x2029}}));
+      return set_piece(complement({{'\n', '\n'}, {'\r', '\r'}, {0x2028, 0x2029}}), text_);
     }
     if (c == '*' || c == '+' || c == '?') fail("nothing to repeat before '{}' at offset {}", c, pos_);
     if (c == '{') {
@@ -296,13 +297,19 @@ class PatternParser {
     }
     if (c == '\\') {
       ++pos_;
-      if (const auto set = escape_set()) return set_piece(*set);
+      if (const auto set = escape_set()) return set_piece(*set, text_);
       return char_piece(escape_char());
     }
     return char_piece(next_code_point());
   }
 
-  Piece char_piece(uint32_t cp) { return Piece{gbnf_literal(json_text(cp)), 1, 1, true}; }
+  Piece char_piece(uint32_t cp) {
+    if (text_ == PatternText::Json) return Piece{gbnf_literal(json_text(cp)), 1, 1, true, ""};
+    if (cp == '<' || cp < 0x20) fail("the character U+{:04X} cannot be written in this tool-call format", cp);
+    std::string utf8;
+    append_utf8(utf8, cp);
+    return Piece{gbnf_literal(utf8), 1, 1, true, ""};
+  }
 
   Piece group() {
     ++pos_;  // '('
@@ -429,14 +436,15 @@ class PatternParser {
   }
 
   std::string_view p_;
+  PatternText text_;
   size_t pos_ = 0;
   int nesting_ = 0;
 };
 
 }  // namespace
 
-PatternGrammar pattern_to_gbnf(std::string_view pattern) {
-  return PatternParser(pattern).top();
+PatternGrammar pattern_to_gbnf(std::string_view pattern, PatternText text) {
+  return PatternParser(pattern, text).top();
 }
 
 }  // namespace bmoe

@@ -30,7 +30,12 @@ struct PatternGrammar {
   std::string repeated_unit;
 };
 
+// How the matched text is written: inside a JSON string (escaped as above), or raw, as formats
+// that write parameter values unquoted do (then '<', which could begin the closing tag, and
+// control characters are never written: a class leaves them out, a literal one fails).
+enum class PatternText { Json, Raw };
+
 // Fails (bmoe::Error, a message without prefix) on what the subset above does not cover.
-PatternGrammar pattern_to_gbnf(std::string_view pattern);
+PatternGrammar pattern_to_gbnf(std::string_view pattern, PatternText text = PatternText::Json);
 
 }  // namespace bmoe

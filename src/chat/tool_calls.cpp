@@ -1105,11 +1105,14 @@ class CallGrammar {
       if (values.empty()) schema_error(where, "no string value of enum/const can be written in this format");
       return alternatives(values);
     }
+    // A pattern or a format: the JSON-schema string walker, writing raw text.
     const json* format = field(s, "format");
-    if (format && format->is_string()) {
-      const auto& f = format->get_ref<const std::string&>();
-      if (f == "date" || f == "time" || f == "uuid") return b_.shared_rule("json-fmt-" + f);
-      if (f == "date-time") return b_.shared_rule("json-fmt-date") + " \"T\" " + b_.shared_rule("json-fmt-time");
+    if (field(s, "pattern") || (format && format->is_string() && JsonGrammarBuilder::known_format(format->get<std::string>()))) {
+      try {
+        return b_.string_text(s, JsonGrammarBuilder::StringText::Raw);
+      } catch (const Error& e) {
+        schema_error(where, e.what());
+      }
     }
     const auto count = [&](const char* key) -> std::optional<int64_t> {
       const json* v = field(s, key);
