@@ -991,6 +991,7 @@ TEST(JsonSchema, UnsupportedKeywordsFailWithTheirName) {
   expect_error(R"({"type": "string", "pattern": "^(ab)+$", "maxLength": 5})", "'minLength'/'maxLength' next to 'pattern'");
   expect_error(R"({"type": "string", "pattern": "^[a-z]{6,}$", "maxLength": 5})", "no string matches 'pattern'");
   expect_error(R"({"type": "string", "pattern": "a{2000}"})", "a count above 1000");
+  expect_error(R"({"type": "string", "pattern": "((a{1000}){100}){2}"})", "expand to more than 100000");
   expect_error(R"({"type": "object", "properties": {"a": {}}, "additionalProperties": true, "propertyNames": {"maxLength": 3}})", "'propertyNames' next to 'properties'");
   expect_error(R"({"type": "integer", "multipleOf": 1000})", "'multipleOf' 1000 above 100 needs a minimum and a maximum");
   expect_error(R"({"type": "integer", "multipleOf": 7, "minimum": 1, "maximum": 6})", "no multiple of 7");

@@ -668,6 +668,7 @@ class SchemaConverter {
     }
     check_lengths_fit("'pattern'", g.min_chars, g.max_chars, min, max);
     check_size(g.body.size());
+    spend_repeats(static_cast<int64_t>(g.weight));
     return g.body;
   }
 

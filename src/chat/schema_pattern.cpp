@@ -17,6 +17,7 @@ namespace {
 
 constexpr size_t kMaxCount = 1000;       // {n,m} counts
 constexpr int kMaxNesting = 100;         // nested groups
+constexpr size_t kMaxWeight = 100000;    // expanded grammar elements of one pattern
 constexpr uint32_t kMaxCodePoint = 0x10FFFF;
 
 using Ranges = std::vector<std::pair<uint32_t, uint32_t>>;  // inclusive, sorted, disjoint once normalized
@@ -128,6 +129,7 @@ struct Piece {
   std::optional<size_t> max = 0;
   bool single = true;  // one GBNF item (a quantifier may follow it without parentheses)
   std::string unit;    // when the piece is one character repeated: that character's GBNF
+  size_t weight = 1;   // grammar elements once repetitions are expanded (Grammar::parse caps them)
 };
 
 std::optional<size_t> add(std::optional<size_t> a, std::optional<size_t> b) {
@@ -163,7 +165,7 @@ class PatternParser {
     while (eat('|'));
     if (pos_ < p_.size()) fail("unbalanced ')' at offset {}", pos_);
     const Piece all = either(branches);
-    return PatternGrammar{all.gbnf, all.min, all.max, branches.size() == 1 ? all.unit : ""};
+    return PatternGrammar{all.gbnf, all.min, all.max, branches.size() == 1 ? all.unit : "", all.weight};
   }
 
  private:
@@ -194,6 +196,7 @@ class PatternParser {
     std::vector<std::string> alts;
     for (const auto& b : branches) {
       alts.push_back(b.gbnf.empty() ? "\"\"" : b.gbnf);
+      out.weight += b.weight;
       out.min = std::min(out.min, b.min);
       out.max = out.max && b.max ? std::optional<size_t>(std::max(*out.max, *b.max)) : std::nullopt;
     }
@@ -215,6 +218,7 @@ class PatternParser {
       out.unit = items.empty() ? q.unit : "";
       items.push_back(q.gbnf);
       out.min += q.min;
+      out.weight += q.weight;
       out.max = add(out.max, q.max);
     }
     out.single = items.size() <= 1;
@@ -248,6 +252,8 @@ class PatternParser {
     }
     Piece out{base + suffix, a.min * lo, hi && a.max ? std::optional<size_t>(*a.max * *hi) : std::nullopt, true, ""};
     if (a.min == 1 && a.max == std::optional<size_t>(1) && a.unit.empty()) out.unit = base;
+    out.weight = a.weight * (hi ? std::max<size_t>(*hi, 1) : lo + 1);
+    if (out.weight > kMaxWeight) fail("the pattern's repetitions expand to more than {} grammar elements", kMaxWeight);
     if (hi && *hi == 0) out = Piece{"\"\"", 0, 0, true};
     return out;
   }

@@ -28,6 +28,7 @@ struct PatternGrammar {
   // When the whole pattern is one character class or character repeated (^[a-z]+$, \d{2,5}):
   // that character's GBNF, so minLength / maxLength can bound the count instead. "" otherwise.
   std::string repeated_unit;
+  size_t weight = 0;  // grammar elements once its repetitions are expanded (at most 100000)
 };
 
 // How the matched text is written: inside a JSON string (escaped as above), or raw, as formats
