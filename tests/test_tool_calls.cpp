@@ -831,10 +831,7 @@ TEST(ToolCalls, PatternsAndFormatsInParameters) {
       "properties": {"code": {"type": "string", "pattern": "^[A-Z]{3}-\\d{4}$"}, "mail": {"type": "string", "format": "email"},
         "day": {"type": "string", "format": "date"}, "n": {"type": "integer", "multipleOf": 5, "maximum": 9007199254740991}},
       "required": ["code", "mail", "n"]}}}])");
-  for (const ToolFormat f : kFormats) {
-    if (f == ToolFormat::Gemma4) continue;  // its own value syntax refuses pattern by name (GrammarRefusesUnusableTools)
-    check_walks(f, tools, false);
-  }
+  for (const ToolFormat f : kFormats) check_walks(f, tools, false);
   const std::string gbnf = tool_call_gbnf(ToolFormat::QwenXml, tools, false);
   auto call = [](const std::string& code) {
     return "<tool_call>\n<function=book>\n<parameter=code>\n" + code + "\n</parameter>\n<parameter=mail>\na@b.org\n</parameter>\n"
@@ -845,6 +842,13 @@ TEST(ToolCalls, PatternsAndFormatsInParameters) {
   EXPECT_FALSE(grammar_accepts(gbnf, call("ABC-12345")));
   const json lt = json::parse(R"([{"type": "function", "function": {"name": "f", "parameters": {"type": "object",
       "properties": {"a": {"type": "string", "pattern": "^a<b$"}}}}}])");
+  const std::string gemma = tool_call_gbnf(ToolFormat::Gemma4, tools, false);
+  auto gemma_call = [](const std::string& code, int n) {
+    return "<|tool_call>call:book{code:<|\"|>" + code + "<|\"|>,mail:<|\"|>a@b.org<|\"|>,n:" + std::to_string(n) + "}<tool_call|>";
+  };
+  EXPECT_TRUE(grammar_accepts(gemma, gemma_call("ABC-1234", 15)));
+  EXPECT_FALSE(grammar_accepts(gemma, gemma_call("ABC-123", 15)));
+  EXPECT_FALSE(grammar_accepts(gemma, gemma_call("ABC-1234", 16)));
   EXPECT_THROW(tool_call_gbnf(ToolFormat::QwenXml, lt, false), Error);
   EXPECT_NO_THROW(tool_call_gbnf(ToolFormat::Hermes, lt, false));
 }
