@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <random>
 #include <regex>
 #include <set>
@@ -138,6 +139,7 @@ bool validate_number(const json& v, const json& s) {
   if (s.contains("maximum") && (ex_max_flag ? x >= s["maximum"].get<double>() : x > s["maximum"].get<double>())) return false;
   if (s.contains("exclusiveMinimum") && s["exclusiveMinimum"].is_number() && x <= s["exclusiveMinimum"].get<double>()) return false;
   if (s.contains("exclusiveMaximum") && s["exclusiveMaximum"].is_number() && x >= s["exclusiveMaximum"].get<double>()) return false;
+  if (s.contains("multipleOf") && std::fmod(x, s["multipleOf"].get<double>()) != 0) return false;
   return true;
 }
 
@@ -766,6 +768,53 @@ TEST(JsonSchema, RandomOutputsValidate) {
   for (const auto& s : schemas) check_random_outputs(s, 60, seed++);
 }
 
+// The schema corpus (tests/schema/corpus.json: schemas as libraries write them): each converts,
+// and 50 seeded walks of its grammar are JSON. With BMOE_SCHEMA_SAMPLES=FILE the walks are
+// written there as JSON lines ({"name", "schema", "samples"}) for tests/schema/corpus.test.mjs,
+// which checks them with an independent validator (ajv with ajv-formats).
+TEST(JsonSchema, CorpusConvertsAndWalksToJson) {
+  std::ifstream in(std::string(BMOE_TESTS_SOURCE_DIR) + "/schema/corpus.json");
+  ASSERT_TRUE(in.good());
+  const json corpus = json::parse(in);
+  ASSERT_GE(corpus.size(), 15u);
+  const char* out_path = std::getenv("BMOE_SCHEMA_SAMPLES");
+  std::ofstream out;
+  if (out_path) out.open(out_path);
+  uint32_t seed = 100;
+  for (const auto& entry : corpus) {
+    SCOPED_TRACE(entry["name"].get<std::string>());
+    std::shared_ptr<const Grammar> g;
+    ASSERT_NO_THROW(g = Grammar::parse(json_schema_to_gbnf(entry["schema"])));
+    json samples = json::array();
+    std::mt19937 rng(seed++);
+    for (int i = 0; i < 50; ++i) {
+      const std::string text = random_sentence(g, rng);
+      const json doc = json::parse(text, nullptr, false);
+      EXPECT_FALSE(doc.is_discarded()) << "not JSON: " << text;
+      samples.push_back(text);
+    }
+    if (out_path) out << json{{"name", entry["name"]}, {"schema", entry["schema"]}, {"samples", samples}}.dump() << "\n";
+  }
+}
+
+// The fuzzer's seeds (tests/fuzz/corpus/json_schema, one per keyword) all convert, and their
+// grammars parse and start: the fuzzer begins from inputs that reach deep into the converter.
+TEST(JsonSchema, FuzzSeedsConvert) {
+  const std::filesystem::path dir = std::filesystem::path(BMOE_TESTS_SOURCE_DIR) / "fuzz" / "corpus" / "json_schema";
+  size_t seeds = 0;
+  for (const auto& file : std::filesystem::directory_iterator(dir)) {
+    SCOPED_TRACE(file.path().string());
+    std::ifstream in(file.path());
+    const json schema = json::parse(in);
+    std::shared_ptr<const Grammar> g;
+    ASSERT_NO_THROW(g = Grammar::parse(json_schema_to_gbnf(schema)));
+    GrammarMatcher m(g);
+    EXPECT_TRUE(m.can_continue());
+    ++seeds;
+  }
+  EXPECT_GE(seeds, 18u);
+}
+
 TEST(JsonSchema, KnownDocuments) {
   const json person = json::parse(R"({"type": "object", "properties": {"name": {"type": "string", "minLength": 1,
       "maxLength": 5}, "age": {"type": "integer", "minimum": 0, "maximum": 150}, "tags": {"type": "array",
@@ -846,6 +895,83 @@ TEST(JsonSchema, IntegerAndNumberRangesAreExact) {
   EXPECT_FALSE(schema_accepts(number, "1e1"));
 }
 
+TEST(JsonSchema, MultipleOfAndWideBoundsAreExact) {
+  for (const char* extra : {R"("multipleOf": 5)", R"("multipleOf": 7, "minimum": -150, "maximum": 1234)",
+                            R"("multipleOf": 12, "exclusiveMinimum": -100, "exclusiveMaximum": 100)",
+                            R"("multipleOf": 250, "minimum": -2000, "maximum": 2000)", R"("multipleOf": 1)"}) {
+    const json schema = json::parse(std::string(R"({"type": "integer", )") + extra + "}");
+    SCOPED_TRACE(schema.dump());
+    const auto g = schema_grammar(schema);
+    for (int v = -2100; v <= 2100; ++v) ASSERT_EQ(matches(g, std::to_string(v)), validate_number(json(v), schema)) << v;
+  }
+  // The safe-integer range (what zod writes for every integer) and int64's ends.
+  const json safe = json::parse(R"({"type": "integer", "minimum": -9007199254740991, "maximum": 9007199254740991})");
+  for (const char* ok : {"9007199254740991", "-9007199254740991", "0", "9007199254740990", "-1"}) EXPECT_TRUE(schema_accepts(safe, ok)) << ok;
+  for (const char* bad : {"9007199254740992", "-9007199254740992", "10000000000000000"}) EXPECT_FALSE(schema_accepts(safe, bad)) << bad;
+  const json wide = json::parse(R"({"type": "integer", "minimum": -9223372036854775808, "maximum": 18446744073709551615})");
+  EXPECT_TRUE(schema_accepts(wide, "-9999999999999999"));
+  const json fives = json::parse(R"({"type": "integer", "multipleOf": 5, "exclusiveMaximum": 9007199254740991})");
+  EXPECT_TRUE(schema_accepts(fives, "9007199254740990"));
+  EXPECT_FALSE(schema_accepts(fives, "9007199254740995"));
+  EXPECT_FALSE(schema_accepts(fives, "9007199254740989"));
+}
+
+// Patterns against std::regex (ECMAScript grammar) on every short string over a small alphabet,
+// written as JSON would write them.
+TEST(JsonSchema, PatternsMatchWhatTheRegexMatches) {
+  const std::vector<std::string> patterns = {
+      "^a+b?$", "^(ab|c){1,2}$", "^[a-c]{2}$", "^[^a]b*$", "^\\d\\w?$", "^x.y$", "^(?:a|b)c*?$", "^a{2,}$",
+      "^[\\\\\"]b$", "^\\.a?$", "^(a|)b$", "^[\\s]a$", "^[\\D]$", "^a\\nb?$", "^$", "ab"};
+  const std::string alphabet = "abcxy1._\"\\ \n";
+  std::vector<std::string> texts = {""};
+  for (size_t len = 1, start = 0; len <= 3; ++len) {
+    const size_t end = texts.size();
+    for (size_t i = start; i < end; ++i) {
+      for (const char c : alphabet) texts.push_back(texts[i] + c);
+    }
+    start = end;
+  }
+  for (const auto& p : patterns) {
+    const json schema = {{"type", "string"}, {"pattern", p}};
+    SCOPED_TRACE(p);
+    const auto g = schema_grammar(schema);
+    std::string body = p;
+    if (!body.empty() && body.front() == '^') body.erase(0, 1);
+    if (!body.empty() && body.back() == '$') body.pop_back();
+    const std::regex re(body, std::regex::ECMAScript);
+    for (const auto& t : texts) ASSERT_EQ(matches(g, json(t).dump()), std::regex_match(t, re)) << json(t).dump();
+  }
+}
+
+TEST(JsonSchema, PropertyNamesAndFormats) {
+  const json record = json::parse(R"({"type": "object", "propertyNames": {"pattern": "^[a-z]{1,3}$"},
+      "additionalProperties": {"type": "integer"}})");
+  EXPECT_TRUE(schema_accepts(record, R"({"ab": 1, "c": 2})"));
+  EXPECT_FALSE(schema_accepts(record, R"({"abcd": 1})"));
+  EXPECT_FALSE(schema_accepts(record, R"({"A": 1})"));
+  // One repeated character class: minLength / maxLength bound its count.
+  const json counted = json::parse(R"({"type": "string", "pattern": "^[a-z]+$", "minLength": 2, "maxLength": 3})");
+  for (const char* ok : {R"("ab")", R"("abc")"}) EXPECT_TRUE(schema_accepts(counted, ok)) << ok;
+  for (const char* bad : {R"("a")", R"("abcd")", R"("aB")"}) EXPECT_FALSE(schema_accepts(counted, bad)) << bad;
+  const json no_keys = json::parse(R"({"type": "object", "propertyNames": false})");
+  EXPECT_TRUE(schema_accepts(no_keys, "{}"));
+  EXPECT_FALSE(schema_accepts(no_keys, R"({"a": 1})"));
+  auto format = [](const char* f) { return json{{"type", "string"}, {"format", f}}; };
+  for (const char* ok : {R"("192.168.0.255")", R"("0.0.0.0")"}) EXPECT_TRUE(schema_accepts(format("ipv4"), ok)) << ok;
+  for (const char* bad : {R"("256.1.1.1")", R"("01.1.1.1")", R"("1.1.1")"}) EXPECT_FALSE(schema_accepts(format("ipv4"), bad)) << bad;
+  for (const char* ok : {R"("::")", R"("::1")", R"("fe80::1")", R"("1:2:3:4:5:6:7:8")", R"("1:2:3:4:5:6:7::")"}) {
+    EXPECT_TRUE(schema_accepts(format("ipv6"), ok)) << ok;
+  }
+  for (const char* bad : {R"("1:2:3:4:5:6:7::8")", R"(":::")", R"("1:2")", R"("12345::")"}) EXPECT_FALSE(schema_accepts(format("ipv6"), bad)) << bad;
+  for (const char* ok : {R"("P1Y2M3DT4H5M6S")", R"("PT1S")", R"("P3W")", R"("P1D")"}) EXPECT_TRUE(schema_accepts(format("duration"), ok)) << ok;
+  for (const char* bad : {R"("P")", R"("PT")", R"("P1S")", R"("1Y")"}) EXPECT_FALSE(schema_accepts(format("duration"), bad)) << bad;
+  EXPECT_TRUE(schema_accepts(format("email"), R"("a.b+c@x-y.example.org")"));
+  EXPECT_FALSE(schema_accepts(format("email"), R"(".a@x.org")"));
+  EXPECT_FALSE(schema_accepts(format("email"), R"("a..b@x.org")"));
+  EXPECT_TRUE(schema_accepts(format("hostname"), R"("a-b.example")"));
+  EXPECT_FALSE(schema_accepts(format("hostname"), R"("-a.example")"));
+}
+
 TEST(JsonSchema, UnsupportedKeywordsFailWithTheirName) {
   auto expect_error = [](const char* schema, const std::string& part) {
     std::string e;
@@ -857,9 +983,21 @@ TEST(JsonSchema, UnsupportedKeywordsFailWithTheirName) {
     EXPECT_NE(e.find(part), std::string::npos) << schema << " -> " << e;
     EXPECT_EQ(e.rfind("JSON schema", 0), 0u) << e;
   };
-  expect_error(R"({"type": "string", "pattern": "^a"})", "'pattern' is not supported");
+  expect_error(R"x({"type": "string", "pattern": "^(?=a)"})x", "'pattern' \"^(?=a)\": lookaround '(?=' is not supported");
+  expect_error(R"({"type": "string", "pattern": "^(a)\\1$"})", "backreference");
+  expect_error(R"({"type": "string", "pattern": "\\bword"})", "word boundary");
+  expect_error(R"({"type": "string", "pattern": "a^b"})", "'^' is supported only at the start");
+  expect_error(R"({"type": "string", "pattern": "(a*)*"})", "unbounded repetition of a part that can be empty");
+  expect_error(R"({"type": "string", "pattern": "^(ab)+$", "maxLength": 5})", "'minLength'/'maxLength' next to 'pattern'");
+  expect_error(R"({"type": "string", "pattern": "^[a-z]{6,}$", "maxLength": 5})", "no string matches 'pattern'");
+  expect_error(R"({"type": "string", "pattern": "a{2000}"})", "a count above 1000");
+  expect_error(R"({"type": "string", "pattern": "((a{1000}){100}){2}"})", "expand to more than 100000");
+  expect_error(R"({"type": "object", "properties": {"a": {}}, "additionalProperties": true, "propertyNames": {"maxLength": 3}})", "'propertyNames' next to 'properties'");
+  expect_error(R"({"type": "integer", "multipleOf": 1000})", "'multipleOf' 1000 above 100 needs a minimum and a maximum");
+  expect_error(R"({"type": "integer", "multipleOf": 7, "minimum": 1, "maximum": 6})", "no multiple of 7");
+  expect_error(R"({"type": "integer", "minimum": 1e20})", "needs more than 16 digits");
   expect_error(R"({"properties": {"a": {"not": {}}}})", "at properties/a: 'not' is not supported");
-  expect_error(R"({"type": "number", "multipleOf": 2})", "'multipleOf'");
+  expect_error(R"({"type": "number", "multipleOf": 0.5})", "'multipleOf' 0.5 is only supported as a whole number");
   expect_error(R"({"type": "array", "uniqueItems": true})", "'uniqueItems'");
   expect_error(R"({"type": "object", "minProperties": 1})", "'minProperties'");
   expect_error(R"({"if": {}, "then": {}})", "'if'");
@@ -871,7 +1009,7 @@ TEST(JsonSchema, UnsupportedKeywordsFailWithTheirName) {
   expect_error(R"({"allOf": [{"type": "string"}, {"type": "integer"}]})", "no common type");
   expect_error(R"({"allOf": [{"maxLength": 2}, {"maxLength": 3}]})", "disagree on 'maxLength'");
   expect_error(R"({"type": "integer", "minimum": 5, "maximum": 4})", "no integer lies between");
-  expect_error(R"({"type": "number", "minimum": 0.5})", "whole number");
+  expect_error(R"({"type": "number", "minimum": 0.2, "maximum": 0.8})", "rounded inward");
   expect_error(R"({"type": "number", "exclusiveMinimum": 2, "maximum": 2})", "no number lies between");
   expect_error(R"({"type": "string", "minLength": 20000})", "above 10000");
   expect_error(R"({"type": "array", "minItems": 3, "maxItems": 2})", "'maxItems' is below 'minItems'");
@@ -879,7 +1017,7 @@ TEST(JsonSchema, UnsupportedKeywordsFailWithTheirName) {
   expect_error(R"({"type": "string", "enum": [1, 2]})", "allows no value");
   expect_error(R"(false)", "matches nothing");
   expect_error(R"({"type": "object", "required": ["a"], "additionalProperties": false})", "not allowed by additionalProperties false");
-  expect_error(R"({"type": "string", "format": "date", "maxLength": 3})", "minLength/maxLength");
+  expect_error(R"({"type": "string", "format": "date", "maxLength": 3})", "'minLength'/'maxLength' next to 'format' date");
   expect_error(R"({"anyOf": [{"type": "string"}], "type": "string"})", "'type' next to 'anyOf'");
   expect_error(R"(3)", "must be an object or a boolean");
   std::string deep = "{}";

@@ -824,6 +824,35 @@ TEST(ToolCalls, GrammarOnlyFunctionAndNoParameters) {
                               "<|tool_call_start|>[ping()]<|tool_call_end|>"));
 }
 
+// Patterns and formats go through the one JSON-schema string walker, also where a format writes
+// parameter values raw (qwen-xml): the value keeps to the pattern, unescaped.
+TEST(ToolCalls, PatternsAndFormatsInParameters) {
+  const json tools = json::parse(R"([{"type": "function", "function": {"name": "book", "parameters": {"type": "object",
+      "properties": {"code": {"type": "string", "pattern": "^[A-Z]{3}-\\d{4}$"}, "mail": {"type": "string", "format": "email"},
+        "day": {"type": "string", "format": "date"}, "n": {"type": "integer", "multipleOf": 5, "maximum": 9007199254740991}},
+      "required": ["code", "mail", "n"]}}}])");
+  for (const ToolFormat f : kFormats) check_walks(f, tools, false);
+  const std::string gbnf = tool_call_gbnf(ToolFormat::QwenXml, tools, false);
+  auto call = [](const std::string& code) {
+    return "<tool_call>\n<function=book>\n<parameter=code>\n" + code + "\n</parameter>\n<parameter=mail>\na@b.org\n</parameter>\n"
+           "<parameter=n>\n15\n</parameter>\n</function>\n</tool_call>";
+  };
+  EXPECT_TRUE(grammar_accepts(gbnf, call("ABC-1234")));
+  EXPECT_FALSE(grammar_accepts(gbnf, call("abc-1234")));
+  EXPECT_FALSE(grammar_accepts(gbnf, call("ABC-12345")));
+  const json lt = json::parse(R"([{"type": "function", "function": {"name": "f", "parameters": {"type": "object",
+      "properties": {"a": {"type": "string", "pattern": "^a<b$"}}}}}])");
+  const std::string gemma = tool_call_gbnf(ToolFormat::Gemma4, tools, false);
+  auto gemma_call = [](const std::string& code, int n) {
+    return "<|tool_call>call:book{code:<|\"|>" + code + "<|\"|>,mail:<|\"|>a@b.org<|\"|>,n:" + std::to_string(n) + "}<tool_call|>";
+  };
+  EXPECT_TRUE(grammar_accepts(gemma, gemma_call("ABC-1234", 15)));
+  EXPECT_FALSE(grammar_accepts(gemma, gemma_call("ABC-123", 15)));
+  EXPECT_FALSE(grammar_accepts(gemma, gemma_call("ABC-1234", 16)));
+  EXPECT_THROW(tool_call_gbnf(ToolFormat::QwenXml, lt, false), Error);
+  EXPECT_NO_THROW(tool_call_gbnf(ToolFormat::Hermes, lt, false));
+}
+
 TEST(ToolCalls, GrammarRefusesUnusableTools) {
   auto message = [](ToolFormat f, const std::string& tools, std::string_view only = {}) -> std::string {
     try {
@@ -842,7 +871,7 @@ TEST(ToolCalls, GrammarRefusesUnusableTools) {
   EXPECT_EQ(message(ToolFormat::Hermes, fn("{\"name\": \"a b\"}")).rfind("tools[0].function.name", 0), 0u);
   EXPECT_EQ(message(ToolFormat::Hermes, fn("{\"name\": \"f\", \"parameters\": 3}")).rfind("tools[0].function.parameters", 0), 0u);
   EXPECT_EQ(message(ToolFormat::Hermes, fn("{\"name\": \"f\", \"parameters\": {\"type\": \"string\"}}")).rfind("tools[0].function.parameters", 0), 0u);
-  EXPECT_EQ(message(ToolFormat::Hermes, fn("{\"name\": \"f\", \"parameters\": {\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"string\", \"pattern\": \"x\"}}}}"))
+  EXPECT_EQ(message(ToolFormat::Hermes, fn("{\"name\": \"f\", \"parameters\": {\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"string\", \"pattern\": \"(?=x)\"}}}}"))
                 .rfind("tools[0].function.parameters", 0),
             0u);
   EXPECT_EQ(message(ToolFormat::Lfm2, fn("{\"name\": \"f\", \"parameters\": {\"type\": \"object\", \"properties\": {\"a-b\": {}}}}"))

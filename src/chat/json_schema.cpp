@@ -9,11 +9,13 @@
 
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 
 #include <nlohmann/json.hpp>
 
+#include "chat/schema_pattern.h"
 #include "core/error.h"
 
 namespace bmoe {
@@ -29,7 +31,9 @@ constexpr size_t kMaxGrammarText = size_t{1} << 20;
 constexpr size_t kMaxOptional = 256;      // optional properties of one object
 constexpr size_t kMaxBranches = 256;      // anyOf / oneOf branches
 constexpr int64_t kMergeBudget = 10000;   // schemas visited while merging allOf
-constexpr double kMaxBound = 1e15;        // |minimum| / |maximum|
+constexpr int64_t kMaxMagnitude = 9999999999999999;  // 16 digits, as json-uint writes them
+constexpr uint64_t kMaxMultipleOf = 100;  // multipleOf as digit states; above, the values are listed
+constexpr int64_t kMaxListed = 256;       // multiples listed one by one
 
 struct SharedRule {
   const char* name;
@@ -66,15 +70,36 @@ const std::vector<SharedRule>& shared_rules() {
        R"(( [01] [0-9] | "2" [0-3] ) ":" [0-5] [0-9] ":" [0-5] [0-9] ( "." [0-9]{1,9} )? ( "Z" | [+-] ( [01] [0-9] | "2" [0-3] ) ":" [0-5] [0-9] ))",
        {}},
       {"json-fmt-uuid", R"([0-9a-fA-F]{8} "-" [0-9a-fA-F]{4} "-" [0-9a-fA-F]{4} "-" [0-9a-fA-F]{4} "-" [0-9a-fA-F]{12})", {}},
+      {"json-fmt-octet", R"("25" [0-5] | "2" [0-4] [0-9] | "1" [0-9] [0-9] | [1-9] [0-9] | [0-9])", {}},
+      {"json-fmt-ipv4", R"(json-fmt-octet "." json-fmt-octet "." json-fmt-octet "." json-fmt-octet)", {"json-fmt-octet"}},
+      {"json-fmt-h16", "[0-9a-fA-F]{1,4}", {}},
+      // Eight groups, or "::" with at most seven groups around it (to keep the rule short: after
+      // one to six groups on the left, at most one on the right).
+      {"json-fmt-ipv6",
+       R"(json-fmt-h16 ( ":" json-fmt-h16 ){7} | "::" ( json-fmt-h16 ( ":" json-fmt-h16 ){0,6} )? | json-fmt-h16 ( ":" json-fmt-h16 ){0,5} "::" json-fmt-h16? | json-fmt-h16 ( ":" json-fmt-h16 ){6} "::")",
+       {"json-fmt-h16"}},
+      {"json-fmt-label", R"([a-zA-Z0-9] ( [a-zA-Z0-9-]{0,20} [a-zA-Z0-9] )?)", {}},
+      {"json-fmt-hostname", R"(json-fmt-label ( "." json-fmt-label ){0,7})", {"json-fmt-label"}},
+      // Inside what both RFC 5322 validators and the usual library patterns accept.
+      {"json-fmt-email",
+       R"([a-zA-Z0-9_+-]{1,32} ( "." [a-zA-Z0-9_+-]{1,32} ){0,3} "@" ( json-fmt-label "." ){1,4} [a-zA-Z]{2,10})",
+       {"json-fmt-label"}},
+      {"json-fmt-duration",
+       R"("P" ( json-fmt-dur-date ( "T" json-fmt-dur-time )? | "T" json-fmt-dur-time | [0-9]{1,6} "W" ))",
+       {"json-fmt-dur-date", "json-fmt-dur-time"}},
+      {"json-fmt-dur-date",
+       R"([0-9]{1,6} "Y" ( [0-9]{1,6} "M" )? ( [0-9]{1,6} "D" )? | [0-9]{1,6} "M" ( [0-9]{1,6} "D" )? | [0-9]{1,6} "D")", {}},
+      {"json-fmt-dur-time",
+       R"([0-9]{1,6} "H" ( [0-9]{1,6} "M" )? ( [0-9]{1,6} "S" )? | [0-9]{1,6} "M" ( [0-9]{1,6} "S" )? | [0-9]{1,6} "S")", {}},
   };
   return rules;
 }
 
 bool is_unsupported_keyword(const std::string& k) {
   static const std::set<std::string> unsupported = {
-      "pattern", "patternProperties", "propertyNames", "minProperties", "maxProperties", "dependencies",
+      "patternProperties", "minProperties", "maxProperties", "dependencies",
       "dependentRequired", "dependentSchemas", "if", "then", "else", "not", "contains", "minContains", "maxContains",
-      "multipleOf", "unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$recursiveRef", "$dynamicAnchor",
+      "unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$recursiveRef", "$dynamicAnchor",
       "$recursiveAnchor"};
   return unsupported.count(k) > 0;
 }
@@ -84,7 +109,8 @@ bool is_validating_keyword(const std::string& k) {
   static const std::set<std::string> known = {"type", "nullable", "properties", "required", "additionalProperties",
                                               "items", "prefixItems", "minItems", "maxItems", "uniqueItems", "enum",
                                               "const", "anyOf", "oneOf", "allOf", "$ref", "minLength", "maxLength",
-                                              "format", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"};
+                                              "format", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
+                                              "multipleOf", "pattern", "propertyNames"};
   return known.count(k) > 0 || is_unsupported_keyword(k);
 }
 
@@ -145,59 +171,121 @@ bool is_rule_name(std::string_view s) {
 
 std::string dump(const json& value) { return value.dump(-1, ' ', false, json::error_handler_t::replace); }
 
-// GBNF for the decimal strings from a to b, both of the same length (a <= b).
-std::string same_length_range(const std::string& a, const std::string& b) {
-  if (a.empty()) return "";
-  if (a == b) return JsonGrammarBuilder::literal(a);
-  const std::string ta = a.substr(1), tb = b.substr(1);
-  if (a[0] == b[0]) return seq({JsonGrammarBuilder::literal(a.substr(0, 1)), same_length_range(ta, tb)});
-  const size_t n = ta.size();
-  const std::string any = n == 0 ? "" : n == 1 ? "[0-9]" : fmt::format("[0-9]{{{}}}", n);
-  const bool low_full = ta.find_first_not_of('0') == std::string::npos;
-  const bool high_full = tb.find_first_not_of('9') == std::string::npos;
-  std::vector<std::string> alts;
-  char lo = a[0], hi = b[0];
-  if (!low_full) {
-    alts.push_back(seq({JsonGrammarBuilder::literal(a.substr(0, 1)), same_length_range(ta, std::string(n, '9'))}));
-    ++lo;
+// Decimal digit strings without sign whose value is a multiple of `k` (k = 1: every value),
+// as GBNF. Walks the digits left to right with the prefix's remainder modulo k as the state
+// (while a prefix still equals the low or high bound's, that is part of the state too); the
+// states once both bounds are left behind are shared rules, so the grammar has at most
+// 16 * k of them.
+class DigitRanges {
+ public:
+  DigitRanges(uint64_t k, std::function<std::string(const std::string&)> add_rule)
+      : k_(k), add_rule_(std::move(add_rule)) {}
+
+  // The strings of one length between a and b (same length, a <= b); nullopt when none.
+  std::optional<std::string> same_length(const std::string& a, const std::string& b) {
+    a_ = a;
+    b_ = b;
+    return state(0, 0, true, true);
   }
-  if (!high_full) --hi;
-  if (lo <= hi) alts.push_back(seq({lo == hi ? JsonGrammarBuilder::literal(std::string(1, lo)) : fmt::format("[{}-{}]", lo, hi), any}));
-  if (!high_full) alts.push_back(seq({JsonGrammarBuilder::literal(b.substr(0, 1)), same_length_range(std::string(n, '0'), tb)}));
-  return alternatives(alts);
-}
 
-int digit_count(int64_t v) { return static_cast<int>(std::to_string(v).size()); }
+  static constexpr uint64_t kNoHigh = UINT64_MAX;
 
-int64_t power10(int k) {
-  int64_t p = 1;
-  while (k-- > 0) p *= 10;
-  return p;
-}
+  // Magnitudes from lo to hi (kNoHigh: up to 16 digits), no leading zeros; nullopt when none.
+  std::optional<std::string> magnitudes(uint64_t lo, uint64_t high) {
+    std::vector<std::string> alts;
+    const bool bounded = high != kNoHigh;
+    const int first = digit_count(lo);
+    const int last = bounded ? digit_count(high) : 16;
+    if (!bounded && k_ == 1) {  // the common case stays one short body
+      const auto head = same_length(std::to_string(lo), std::string(static_cast<size_t>(first), '9'));
+      if (head) alts.push_back(*head);
+      if (first < 16) alts.push_back(fmt::format("[1-9] [0-9]{{{},15}}", first));
+      return alternatives(alts);
+    }
+    for (int n = first; n <= last; ++n) {
+      const uint64_t a = n == first ? lo : power10(n - 1);
+      const uint64_t b = bounded && n == last ? high : power10(n) - 1;
+      if (const auto body = same_length(std::to_string(a), std::to_string(b))) alts.push_back(*body);
+    }
+    if (alts.empty()) return std::nullopt;
+    return alternatives(alts);
+  }
 
-// GBNF for the integers in [lo, hi] written without sign or leading zeros; no hi: up to 16
-// digits, as json-uint.
+ private:
+  static int digit_count(uint64_t v) { return static_cast<int>(std::to_string(v).size()); }
+  static uint64_t power10(int n) {
+    uint64_t p = 1;
+    while (n-- > 0) p *= 10;
+    return p;
+  }
+
+  // What may follow a prefix of length pos with remainder rem (tight_*: the prefix equals the
+  // bound's). "" is the empty sequence.
+  std::optional<std::string> state(size_t pos, uint64_t rem, bool tight_lo, bool tight_hi) {
+    const size_t n = a_.size();
+    if (!tight_lo && !tight_hi) return free(n - pos, rem);
+    if (pos == n) return rem == 0 ? std::optional<std::string>("") : std::nullopt;
+    const int lo = tight_lo ? a_[pos] - '0' : 0, hi = tight_hi ? b_[pos] - '0' : 9;
+    std::vector<std::string> alts;
+    std::map<uint64_t, std::string> middle;  // digits that leave both bounds, by next remainder
+    for (int d = lo; d <= hi; ++d) {
+      const bool next_lo = tight_lo && d == lo, next_hi = tight_hi && d == hi;
+      const uint64_t next_rem = (rem * 10 + static_cast<uint64_t>(d)) % k_;
+      if (!next_lo && !next_hi) {
+        middle[next_rem] += static_cast<char>('0' + d);
+        continue;
+      }
+      if (const auto rest = state(pos + 1, next_rem, next_lo, next_hi)) alts.push_back(step(std::string(1, static_cast<char>('0' + d)), *rest));
+    }
+    for (const auto& [next_rem, digits] : middle) {
+      if (const auto rest = free(n - pos - 1, next_rem)) alts.push_back(step(digits, *rest));
+    }
+    if (alts.empty()) return std::nullopt;
+    return alts.size() == 1 ? alts[0] : "( " + join(alts, " | ") + " )";
+  }
+
+  // Any `left` digits that bring remainder rem to 0; a shared rule per (left, rem).
+  std::optional<std::string> free(size_t left, uint64_t rem) {
+    if (left == 0) return rem == 0 ? std::optional<std::string>("") : std::nullopt;
+    if (k_ == 1) return left == 1 ? std::string("[0-9]") : fmt::format("[0-9]{{{}}}", left);
+    const auto key = std::make_pair(left, rem);
+    if (const auto it = free_rules_.find(key); it != free_rules_.end()) return it->second;
+    std::map<uint64_t, std::string> by_next;
+    for (int d = 0; d <= 9; ++d) by_next[(rem * 10 + static_cast<uint64_t>(d)) % k_] += static_cast<char>('0' + d);
+    std::vector<std::string> alts;
+    for (const auto& [next_rem, digits] : by_next) {
+      if (const auto rest = free(left - 1, next_rem)) alts.push_back(step(digits, *rest));
+    }
+    std::optional<std::string> out;
+    if (!alts.empty()) out = left == 1 ? join(alts, " | ") : add_rule_(join(alts, " | "));
+    if (out && left == 1 && alts.size() > 1) out = "( " + *out + " )";
+    free_rules_[key] = out;
+    return out;
+  }
+
+  // A digit set (ascending), then what follows it.
+  static std::string step(const std::string& digits, const std::string& rest) {
+    std::string head;
+    if (digits.size() == 1) {
+      head = "\"" + digits + "\"";
+    } else if (digits.back() - digits.front() + 1 == static_cast<int>(digits.size())) {
+      head = fmt::format("[{}-{}]", digits.front(), digits.back());
+    } else {
+      head = "[" + digits + "]";
+    }
+    return rest.empty() ? head : head + " " + rest;
+  }
+
+  uint64_t k_;
+  std::function<std::string(const std::string&)> add_rule_;
+  std::string a_, b_;
+  std::map<std::pair<size_t, uint64_t>, std::optional<std::string>> free_rules_;
+};
+
+// Magnitudes from lo to hi (no hi: up to 16 digits), any value.
 std::string uint_range(int64_t lo, std::optional<int64_t> hi) {
-  std::vector<std::string> alts;
-  const int first = digit_count(lo);
-  const int last = hi ? digit_count(*hi) : first;
-  for (int k = first; k <= last; ++k) {
-    const int64_t a = k == first ? lo : power10(k - 1);
-    const int64_t b = hi && k == last ? *hi : power10(k) - 1;
-    alts.push_back(same_length_range(std::to_string(a), std::to_string(b)));
-  }
-  if (!hi && first < 16) alts.push_back(fmt::format("[1-9] [0-9]{{{},15}}", first));
-  return alternatives(alts);
-}
-
-std::string integer_range(std::optional<int64_t> lo, std::optional<int64_t> hi) {
-  std::vector<std::string> alts;
-  if (!hi || *hi >= 0) alts.push_back(uint_range(lo && *lo > 0 ? *lo : 0, hi));
-  if (!lo || *lo < 0) {
-    const int64_t magnitude_lo = hi && *hi < 0 ? -*hi : 1;
-    alts.push_back(seq({"\"-\"", uint_range(magnitude_lo, lo ? std::optional<int64_t>(-*lo) : std::nullopt)}));
-  }
-  return alternatives(alts);
+  DigitRanges ranges(1, nullptr);
+  return ranges.magnitudes(static_cast<uint64_t>(lo), hi ? static_cast<uint64_t>(*hi) : DigitRanges::kNoHigh).value();
 }
 
 // A bound of a number range: a whole value, inclusive or not.
@@ -247,6 +335,8 @@ std::string number_range(std::optional<Bound> lo, std::optional<Bound> hi) {
 // One add_schema call: walks a schema document and adds its rules to the builder.
 class SchemaConverter {
  public:
+  using StringText = JsonGrammarBuilder::StringText;
+
   SchemaConverter(JsonGrammarBuilder& b, const json& document, int id) : b_(b), document_(document), id_(id) {}
 
   // A rule body for the schema's values.
@@ -337,9 +427,10 @@ class SchemaConverter {
       types = {"object"};
     } else if (s.contains("items") || s.contains("prefixItems") || s.contains("minItems") || s.contains("maxItems")) {
       types = {"array"};
-    } else if (s.contains("minLength") || s.contains("maxLength") || s.contains("format")) {
+    } else if (s.contains("minLength") || s.contains("maxLength") || s.contains("format") || s.contains("pattern")) {
       types = {"string"};
-    } else if (s.contains("minimum") || s.contains("maximum") || s.contains("exclusiveMinimum") || s.contains("exclusiveMaximum")) {
+    } else if (s.contains("minimum") || s.contains("maximum") || s.contains("exclusiveMinimum") || s.contains("exclusiveMaximum") ||
+               s.contains("multipleOf")) {
       types = {"number"};
     }
     if (s.value("nullable", false) == true && !types.empty() && std::find(types.begin(), types.end(), "null") == types.end()) {
@@ -351,19 +442,22 @@ class SchemaConverter {
   std::string typed(const std::string& type, const json& s, const std::string& name) {
     if (type == "null") return b_.shared_rule("json-null");
     if (type == "boolean") return b_.shared_rule("json-boolean");
-    if (type == "integer") return integer(s);
-    if (type == "number") return number(s);
+    if (type == "integer") return integer(s, name);
+    if (type == "number") return number(s, name);
     if (type == "string") return string(s);
     if (type == "array") return array(s, name);
     return object(s, name);
   }
 
-  std::optional<double> read_number(const json& s, const char* key) {
+  // A numeric keyword's exact value (long double holds every int64 and double).
+  std::optional<long double> read_number(const json& s, const char* key) {
     if (!s.contains(key)) return std::nullopt;
     const json& v = s[key];
     if (!v.is_number()) error("'{}' must be a number", key);
-    const double d = v.get<double>();
-    if (!std::isfinite(d) || std::fabs(d) > kMaxBound) error("'{}' {} is beyond +-1e15", key, dump(v));
+    const long double d = v.is_number_unsigned() ? static_cast<long double>(v.get<uint64_t>())
+                          : v.is_number_integer() ? static_cast<long double>(v.get<int64_t>())
+                                                  : static_cast<long double>(v.get<double>());
+    if (!std::isfinite(d)) error("'{}' must be finite", key);
     return d;
   }
 
@@ -371,43 +465,104 @@ class SchemaConverter {
   bool exclusive_flag(const json& s, const char* key) {
     return s.contains(key) && s[key].is_boolean() && s[key].get<bool>();
   }
-  std::optional<double> exclusive_bound(const json& s, const char* key) {
+  std::optional<long double> exclusive_bound(const json& s, const char* key) {
     if (!s.contains(key) || s[key].is_boolean()) return std::nullopt;
     return read_number(s, key);
   }
 
-  std::string integer(const json& s) {
-    std::optional<int64_t> lo, hi;
-    auto raise = [&](int64_t v) { lo = lo ? std::max(*lo, v) : v; };
-    auto lower = [&](int64_t v) { hi = hi ? std::min(*hi, v) : v; };
-    if (const auto m = read_number(s, "minimum")) {
-      raise(static_cast<int64_t>(exclusive_flag(s, "exclusiveMinimum") ? std::floor(*m) + 1 : std::ceil(*m)));
-    }
-    if (const auto m = read_number(s, "maximum")) {
-      lower(static_cast<int64_t>(exclusive_flag(s, "exclusiveMaximum") ? std::ceil(*m) - 1 : std::floor(*m)));
-    }
-    if (const auto m = exclusive_bound(s, "exclusiveMinimum")) raise(static_cast<int64_t>(std::floor(*m) + 1));
-    if (const auto m = exclusive_bound(s, "exclusiveMaximum")) lower(static_cast<int64_t>(std::ceil(*m) - 1));
-    if (!lo && !hi) return b_.shared_rule("json-integer");
-    if (lo && hi && *lo > *hi) error("no integer lies between the minimum and the maximum");
-    return integer_range(lo, hi);
+  // A whole lower bound as written values go: below -16 digits it bounds nothing bmoe writes.
+  std::optional<int64_t> whole_low(long double v, const char* key) {
+    if (v < -static_cast<long double>(kMaxMagnitude)) return std::nullopt;
+    if (v > static_cast<long double>(kMaxMagnitude)) error("'{}' {} needs more than 16 digits", key, static_cast<double>(v));
+    return static_cast<int64_t>(v);
+  }
+  std::optional<int64_t> whole_high(long double v, const char* key) {
+    if (v > static_cast<long double>(kMaxMagnitude)) return std::nullopt;
+    if (v < -static_cast<long double>(kMaxMagnitude)) error("'{}' {} needs more than 16 digits", key, static_cast<double>(v));
+    return static_cast<int64_t>(v);
   }
 
-  // Whole bounds only (minimum, maximum, exclusiveMinimum, exclusiveMaximum; draft 4's flags).
-  std::string number(const json& s) {
-    auto whole = [&](const char* key) -> std::optional<int64_t> {
-      const auto m = key[0] == 'e' ? exclusive_bound(s, key) : read_number(s, key);
-      if (m && *m != std::floor(*m)) error("'{}' on a number must be a whole number (got {})", key, *m);
-      return m ? std::optional<int64_t>(static_cast<int64_t>(*m)) : std::nullopt;
+  // The whole values an integer may take: [lo, hi], each end optional.
+  std::pair<std::optional<int64_t>, std::optional<int64_t>> integer_bounds(const json& s) {
+    std::optional<int64_t> lo, hi;
+    auto raise = [&](long double v, const char* key) {
+      if (const auto w = whole_low(v, key)) lo = lo ? std::max(*lo, *w) : *w;
     };
+    auto lower = [&](long double v, const char* key) {
+      if (const auto w = whole_high(v, key)) hi = hi ? std::min(*hi, *w) : *w;
+    };
+    if (const auto m = read_number(s, "minimum")) raise(exclusive_flag(s, "exclusiveMinimum") ? std::floor(*m) + 1 : std::ceil(*m), "minimum");
+    if (const auto m = read_number(s, "maximum")) lower(exclusive_flag(s, "exclusiveMaximum") ? std::ceil(*m) - 1 : std::floor(*m), "maximum");
+    if (const auto m = exclusive_bound(s, "exclusiveMinimum")) raise(std::floor(*m) + 1, "exclusiveMinimum");
+    if (const auto m = exclusive_bound(s, "exclusiveMaximum")) lower(std::ceil(*m) - 1, "exclusiveMaximum");
+    if (lo && hi && *lo > *hi) error("no integer lies between the minimum and the maximum");
+    return {lo, hi};
+  }
+
+  // multipleOf as a whole number k >= 1 (1 when absent).
+  uint64_t whole_multiple(const json& s) {
+    const auto m = read_number(s, "multipleOf");
+    if (!m) return 1;
+    if (*m <= 0 || *m != std::floor(*m)) error("'multipleOf' {} is only supported as a whole number above 0", static_cast<double>(*m));
+    if (*m > static_cast<long double>(kMaxMagnitude)) error("'multipleOf' {} needs more than 16 digits", static_cast<double>(*m));
+    return static_cast<uint64_t>(*m);
+  }
+
+  std::string integer(const json& s, const std::string& name) {
+    const auto [lo, hi] = integer_bounds(s);
+    const uint64_t k = whole_multiple(s);
+    if (k > kMaxMultipleOf) return listed_multiples(lo, hi, k, name);
+    if (!lo && !hi && k == 1) return b_.shared_rule("json-integer");
+    DigitRanges ranges(k, [&](const std::string& body) { return add_rule(name + "-digits", body); });
+    std::vector<std::string> alts;
+    if (!hi || *hi >= 0) {
+      const uint64_t hi_mag = hi ? static_cast<uint64_t>(*hi) : DigitRanges::kNoHigh;
+      if (const auto m = ranges.magnitudes(lo && *lo > 0 ? static_cast<uint64_t>(*lo) : 0, hi_mag)) alts.push_back(*m);
+    }
+    if (!lo || *lo < 0) {
+      const uint64_t mag_lo = hi && *hi < 0 ? static_cast<uint64_t>(-*hi) : 1;
+      const uint64_t mag_hi = lo ? static_cast<uint64_t>(-*lo) : DigitRanges::kNoHigh;
+      if (const auto m = ranges.magnitudes(mag_lo, mag_hi)) alts.push_back(seq({"\"-\"", *m}));
+    }
+    if (alts.empty()) error("no multiple of {} lies between the minimum and the maximum", k);
+    return alternatives(alts);
+  }
+
+  // A large multipleOf: the multiples in a short bounded range, listed.
+  std::string listed_multiples(std::optional<int64_t> lo, std::optional<int64_t> hi, uint64_t k, const std::string& name) {
+    const auto step = static_cast<int64_t>(k);
+    if (!lo || !hi || (*hi - *lo) / step > kMaxListed) {
+      error("'multipleOf' {} above {} needs a minimum and a maximum with at most {} multiples between them", k, kMaxMultipleOf, kMaxListed);
+    }
+    std::vector<std::string> texts;
+    const int64_t first = *lo >= 0 ? (*lo + step - 1) / step * step : -((-*lo) / step * step);
+    for (int64_t v = first; v <= *hi; v += step) texts.push_back(std::to_string(v));
+    if (texts.empty()) error("no multiple of {} lies between the minimum and the maximum", k);
+    return literal_set(texts, name);
+  }
+
+  // Bounds on numbers are whole; a fractional bound is rounded inward (stricter, never wrong).
+  std::string number(const json& s, const std::string& name) {
+    if (s.contains("multipleOf")) return integer(s, name);  // whole multiples: integers are the valid subset
     std::optional<Bound> lo, hi;
-    if (const auto m = whole("minimum")) lo = Bound{*m, exclusive_flag(s, "exclusiveMinimum")};
-    if (const auto m = whole("maximum")) hi = Bound{*m, exclusive_flag(s, "exclusiveMaximum")};
-    if (const auto m = whole("exclusiveMinimum"); m && (!lo || *m >= lo->value)) lo = Bound{*m, true};
-    if (const auto m = whole("exclusiveMaximum"); m && (!hi || *m <= hi->value)) hi = Bound{*m, true};
+    auto low = [&](long double m, bool exclusive, const char* key) {
+      const bool whole = m == std::floor(m);
+      const auto w = whole_low(whole ? m : std::ceil(m), key);
+      if (w && (!lo || *w > lo->value || (*w == lo->value && exclusive && whole))) lo = Bound{*w, exclusive && whole};
+    };
+    auto high = [&](long double m, bool exclusive, const char* key) {
+      const bool whole = m == std::floor(m);
+      const auto w = whole_high(whole ? m : std::floor(m), key);
+      if (w && (!hi || *w < hi->value || (*w == hi->value && exclusive && whole))) hi = Bound{*w, exclusive && whole};
+    };
+    if (const auto m = read_number(s, "minimum")) low(*m, exclusive_flag(s, "exclusiveMinimum"), "minimum");
+    if (const auto m = read_number(s, "maximum")) high(*m, exclusive_flag(s, "exclusiveMaximum"), "maximum");
+    if (const auto m = exclusive_bound(s, "exclusiveMinimum")) low(*m, true, "exclusiveMinimum");
+    if (const auto m = exclusive_bound(s, "exclusiveMaximum")) high(*m, true, "exclusiveMaximum");
     if (!lo && !hi) return b_.shared_rule("json-number");
-    const std::string body = number_range(lo, hi);
-    if (body.empty()) error("no number lies between the minimum and the maximum");
+    const bool empty = lo && hi && (lo->value > hi->value || (lo->value == hi->value && (lo->exclusive || hi->exclusive)));
+    const std::string body = empty ? "" : number_range(lo, hi);
+    if (body.empty()) error("no number lies between the minimum and the maximum (fractional bounds are rounded inward to whole numbers)");
     return body;
   }
 
@@ -438,18 +593,83 @@ class SchemaConverter {
     return fmt::format("{{{},{}}}", min, *max);
   }
 
+  // The string formats bmoe writes, with the fewest and most characters each one's grammar writes.
+ public:
+  struct FormatInfo {
+    const char* format;
+    size_t min_chars;
+    std::optional<size_t> max_chars;
+  };
+  static const FormatInfo* format_info(const std::string& format) {
+    static const FormatInfo formats[] = {
+        {"date", 10, 10},  {"time", 9, 24},       {"date-time", 20, 35},      {"uuid", 36, 36},
+        {"ipv4", 7, 15},   {"ipv6", 2, 39},       {"hostname", 1, 183},       {"email", 6, std::nullopt},
+        {"duration", 3, std::nullopt}};
+    for (const auto& f : formats) {
+      if (format == f.format) return &f;
+    }
+    return nullptr;
+  }
+
+ private:
+  // minLength / maxLength beside a pattern or format: kept only when its grammar keeps to them.
+  void check_lengths_fit(const std::string& what, size_t min_chars, std::optional<size_t> max_chars, int64_t min,
+                         std::optional<int64_t> max) {
+    if (static_cast<int64_t>(min_chars) >= min && (!max || (max_chars && static_cast<int64_t>(*max_chars) <= *max))) return;
+    error("'minLength'/'maxLength' next to {} is not supported (its text has {} to {} characters)", what, min_chars,
+          max_chars ? std::to_string(*max_chars) : "any number of");
+  }
+
   std::string string(const json& s) {
     const std::string quote = "\"\\\"\"";
+    const std::string text = string_text(s, StringText::Json);
+    // A string with nothing to keep to: the shared rule (one rule for every such string).
+    if (text == b_.shared_rule("json-char") + "*") return b_.shared_rule("json-string");
+    return seq({quote, text, quote});
+  }
+
+ public:
+  // What lies between a string's quotes: its pattern, format, minLength and maxLength.
+  std::string string_text(const json& s, StringText mode) {
     const std::string format = s.contains("format") && s["format"].is_string() ? s["format"].get<std::string>() : "";
-    if (format == "date" || format == "time" || format == "date-time" || format == "uuid") {
-      if (s.contains("minLength") || s.contains("maxLength")) error("'format' {} with minLength/maxLength is not supported", format);
-      if (format == "date-time") return seq({quote, b_.shared_rule("json-fmt-date"), "\"T\"", b_.shared_rule("json-fmt-time"), quote});
-      return seq({quote, b_.shared_rule("json-fmt-" + format), quote});
-    }
     const auto [min, max] = counts(s, "minLength", "maxLength");
-    if (min == 0 && !max) return b_.shared_rule("json-string");
-    if (max && *max == 0) return "\"\\\"\\\"\"";
-    return seq({quote, b_.shared_rule("json-char") + repetition(min, max), quote});
+    const FormatInfo* known = format_info(format);
+    if (s.contains("pattern")) {
+      if (const auto body = pattern_string(s["pattern"], min, max, known != nullptr, mode)) return *body;
+    }
+    if (known) {  // format grammars write no character that needs escaping or ends raw text
+      check_lengths_fit("'format' " + format, known->min_chars, known->max_chars, min, max);
+      if (format == "date-time") return seq({b_.shared_rule("json-fmt-date"), "\"T\"", b_.shared_rule("json-fmt-time")});
+      return b_.shared_rule("json-fmt-" + format);
+    }
+    if (max && *max == 0) return "\"\"";
+    return (mode == StringText::Json ? b_.shared_rule("json-char") : std::string("[^<]")) + repetition(min, max);
+  }
+
+ private:
+  std::optional<std::string> pattern_string(const json& pattern, int64_t min, std::optional<int64_t> max, bool format_fallback,
+                                            StringText mode) {
+    if (!pattern.is_string()) error("'pattern' must be a string");
+    PatternGrammar g;
+    try {
+      g = pattern_to_gbnf(pattern.get<std::string>(), mode == StringText::Json ? PatternText::Json : PatternText::Raw);
+    } catch (const Error& e) {
+      if (format_fallback) return std::nullopt;
+      error("'pattern' {}: {}", dump(pattern), e.what());
+    }
+    if (!g.repeated_unit.empty() && (min > 0 || max)) {  // one repeated character: intersect the counts
+      const int64_t lo = std::max(min, static_cast<int64_t>(g.min_chars));
+      std::optional<int64_t> hi = max;
+      if (g.max_chars) hi = hi ? std::min(*hi, static_cast<int64_t>(*g.max_chars)) : static_cast<int64_t>(*g.max_chars);
+      if (hi && *hi < lo) error("no string matches 'pattern' {} within minLength/maxLength", dump(pattern));
+      if (hi && *hi == 0) return std::string("\"\"");
+      spend_repeats(hi ? *hi : lo);
+      return g.repeated_unit + repetition(lo, hi);
+    }
+    check_lengths_fit("'pattern'", g.min_chars, g.max_chars, min, max);
+    check_size(g.body.size());
+    spend_repeats(static_cast<int64_t>(g.weight));
+    return g.body;
   }
 
   std::string array(const json& s, const std::string& name) {
@@ -542,16 +762,35 @@ class SchemaConverter {
       required_kvs.push_back(seq({literal_json(json(key)), ws, "\":\"", ws, item(value, name + "-" + key)}));
     }
     std::string extra;
-    if (additional != json(false)) {
+    const bool no_names = s.contains("propertyNames") && s["propertyNames"] == json(false);
+    if (additional != json(false) && !no_names) {
+      const std::string key = extra_key(s, declared, name);
       PathGuard g(*this, "additionalProperties");
-      extra = seq({"\"\\\"\"", key_excluding(declared, name + "-extra-key"), "\"\\\"\"", ws, "\":\"", ws,
-                   item(additional, name + "-extra-value")});
+      extra = seq({key, ws, "\":\"", ws, item(additional, name + "-extra-value")});
     }
     --consumed_;
     if (optional_kvs.size() > kMaxOptional) error("more than {} optional properties in one object", kMaxOptional);
     const std::string members = object_members(required_kvs, optional_kvs, extra, sep, name);
     if (members.empty()) return seq({"\"{\"", ws, "\"}\""});
     return seq({"\"{\"", ws, "(", members, ws, ")" + std::string(required_kvs.empty() ? "?" : ""), "\"}\""});
+  }
+
+  // The key of a property beyond the declared ones, quotes included: any text but a declared
+  // key, or what propertyNames allows (then nothing may be declared beside it: the grammar
+  // cannot keep both apart; a key may repeat, which JSON parsers resolve to the last value).
+  std::string extra_key(const json& s, const std::vector<std::string>& declared, const std::string& name) {
+    const json names = s.contains("propertyNames") ? s["propertyNames"] : json(true);
+    if (names == json(true)) {
+      return seq({"\"\\\"\"", key_excluding(declared, name + "-extra-key"), "\"\\\"\""});
+    }
+    if (!declared.empty()) error("'propertyNames' next to 'properties' or 'required' is not supported (only with additionalProperties false)");
+    PathGuard g(*this, "propertyNames");
+    json key_schema = names;
+    if (key_schema.is_object() && !key_schema.contains("type") && !key_schema.contains("$ref") &&
+        !key_schema.contains("anyOf") && !key_schema.contains("oneOf") && !key_schema.contains("allOf")) {
+      key_schema["type"] = "string";  // keys are strings whatever the schema says
+    }
+    return item(key_schema, name + "-key");
   }
 
   // Required members in order, then each optional one or none, then extra keys. The optional
@@ -878,6 +1117,17 @@ std::string JsonGrammarBuilder::add_schema(const nlohmann::ordered_json& schema,
   }
   return rule;
 }
+
+std::string JsonGrammarBuilder::string_text(const nlohmann::ordered_json& schema, StringText mode) {
+  SchemaConverter converter(*this, schema, ++documents_);
+  try {
+    return converter.string_text(schema, mode);
+  } catch (const nlohmann::json::exception& e) {
+    fail("JSON schema: {}", e.what());
+  }
+}
+
+bool JsonGrammarBuilder::known_format(const std::string& format) { return SchemaConverter::format_info(format) != nullptr; }
 
 void JsonGrammarBuilder::add_rule(const std::string& name, const std::string& body) {
   const bool valid = !name.empty() && std::all_of(name.begin(), name.end(), [](char c) {

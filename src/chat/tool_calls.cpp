@@ -1105,11 +1105,14 @@ class CallGrammar {
       if (values.empty()) schema_error(where, "no string value of enum/const can be written in this format");
       return alternatives(values);
     }
+    // A pattern or a format: the JSON-schema string walker, writing raw text.
     const json* format = field(s, "format");
-    if (format && format->is_string()) {
-      const auto& f = format->get_ref<const std::string&>();
-      if (f == "date" || f == "time" || f == "uuid") return b_.shared_rule("json-fmt-" + f);
-      if (f == "date-time") return b_.shared_rule("json-fmt-date") + " \"T\" " + b_.shared_rule("json-fmt-time");
+    if (field(s, "pattern") || (format && format->is_string() && JsonGrammarBuilder::known_format(format->get<std::string>()))) {
+      try {
+        return b_.string_text(s, JsonGrammarBuilder::StringText::Raw);
+      } catch (const Error& e) {
+        schema_error(where, e.what());
+      }
     }
     const auto count = [&](const char* key) -> std::optional<int64_t> {
       const json* v = field(s, key);
@@ -1319,9 +1322,9 @@ class CallGrammar {
   }
 
   void check_gemma_keywords(const json& s, const std::string& where) const {
-    for (const char* k : {"pattern", "patternProperties", "propertyNames", "minProperties", "maxProperties",
+    for (const char* k : {"patternProperties", "propertyNames", "minProperties", "maxProperties",
                           "dependencies", "dependentRequired", "dependentSchemas", "if", "then", "else", "not",
-                          "contains", "minContains", "maxContains", "multipleOf", "unevaluatedProperties",
+                          "contains", "minContains", "maxContains", "unevaluatedProperties",
                           "unevaluatedItems", "prefixItems", "$dynamicRef", "$recursiveRef"}) {
       if (s.contains(k)) schema_error(where, fmt::format("\"{}\" is not supported for gemma4 tool calls", k));
     }
@@ -1374,14 +1377,14 @@ class CallGrammar {
       types.push_back("object");
     } else if (s.contains("items") || s.contains("minItems") || s.contains("maxItems")) {
       types.push_back("array");
-    } else if (s.contains("minLength") || s.contains("maxLength") || s.contains("format")) {
+    } else if (s.contains("minLength") || s.contains("maxLength") || s.contains("format") || s.contains("pattern")) {
       types.push_back("string");
     }
     return types;
   }
 
-  // Values of one type: strings between gemma4's quote tokens, objects and arrays in its own
-  // syntax, scalars as JSON writes them.
+  // Values of one type: strings between gemma4's quote tokens (their text from the JSON-schema
+  // string walker, raw), objects and arrays in its own syntax, scalars as JSON writes them.
   std::string gemma_typed(const std::string& t, const json& s, const std::string& where, int depth) {
     if (t == "string") {
       const std::string text = excluding("gemma-text", kGemmaQuote);
@@ -1392,7 +1395,7 @@ class CallGrammar {
     if (t == "integer" || t == "number" || t == "boolean" || t == "null") {
       json scalar = json::object();
       scalar["type"] = t;
-      for (const char* k : {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}) {
+      for (const char* k : {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"}) {
         if (const json* v = field(s, k)) scalar[k] = *v;
       }
       return json_value(scalar, where);

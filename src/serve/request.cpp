@@ -6,6 +6,7 @@
 #include <cctype>
 #include <charconv>
 #include <cmath>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <set>
@@ -396,7 +397,60 @@ std::shared_ptr<const Grammar> output_grammar(const json& body, const ToolChoice
   }
 }
 
-std::vector<int32_t> prompt_of(const json& body, bool chat, const RequestContext& o, const json& tools) {
+// Tools on a template with no tool syntax (tool_choice "required" or a named function): the
+// model is shown them in a system message and answers with one JSON call under a grammar, in
+// the Llama 3.1 JSON layout ({"name": ..., "parameters": {...}}) that the reply parser reads.
+constexpr ToolFormat kDescribedToolFormat = ToolFormat::Llama3Json;
+
+std::string tools_description(const json& tools) {
+  std::string out =
+      "You can call these functions. To call one, answer with only a JSON object "
+      "{\"name\": <function name>, \"parameters\": <its arguments as an object>}.\n\nFunctions:";
+  for (const auto& t : tools) out += "\n" + t["function"].dump();
+  return out;
+}
+
+// An assistant message's tool calls as the JSON text the model writes for them (after its content).
+std::string calls_as_text(const json& m, std::map<std::string, std::string>& call_names) {
+  std::string text = m["content"].is_string() ? m["content"].get<std::string>() : "";
+  for (const auto& c : m["tool_calls"]) {
+    const json f = c.is_object() && c.contains("function") && c["function"].is_object() ? c["function"] : json::object();
+    const std::string name = f.contains("name") && f["name"].is_string() ? f["name"].get<std::string>() : "";
+    if (c.is_object() && c.contains("id") && c["id"].is_string()) call_names[c["id"].get<std::string>()] = name;
+    json args = f.contains("arguments") ? f["arguments"] : json::object();
+    if (args.is_string()) {
+      json parsed = json::parse(args.get<std::string>(), nullptr, false);
+      if (!parsed.is_discarded()) args = std::move(parsed);
+    }
+    text += (text.empty() ? "" : "\n") + json{{"name", name}, {"parameters", args}}.dump();
+  }
+  return text;
+}
+
+// The conversation as a template without tool syntax can show it: the tools in the (first)
+// system message, earlier calls as the assistant's JSON text, tool results as user messages.
+json describe_tools(json messages, const json& tools) {
+  std::map<std::string, std::string> call_names;  // tool_call_id -> function name
+  for (auto& m : messages) {
+    const std::string role = m["role"].get<std::string>();
+    if (role == "tool" || role == "function") {
+      std::string who = m.contains("name") && m["name"].is_string() ? m["name"].get<std::string>() : "";
+      if (m.contains("tool_call_id") && m["tool_call_id"].is_string()) who = call_names[m["tool_call_id"].get<std::string>()];
+      m = json{{"role", "user"}, {"content", "Result of " + (who.empty() ? "the call" : who) + ": " + m["content"].get<std::string>()}};
+    } else if (m.contains("tool_calls") && m["tool_calls"].is_array()) {
+      m["content"] = calls_as_text(m, call_names);
+      m.erase("tool_calls");
+    }
+  }
+  if (!messages.empty() && messages[0]["role"] == "system" && messages[0]["content"].is_string()) {
+    messages[0]["content"] = messages[0]["content"].get<std::string>() + "\n\n" + tools_description(tools);
+  } else {
+    messages.insert(messages.begin(), json{{"role", "system"}, {"content", tools_description(tools)}});
+  }
+  return messages;
+}
+
+std::vector<int32_t> prompt_of(const json& body, bool chat, const RequestContext& o, const json& tools, bool described) {
   const Tokenizer& tok = *o.tokenizer;
   const bool add_bos = tok.vocab().add_bos;
   if (chat) {
@@ -412,8 +466,12 @@ std::vector<int32_t> prompt_of(const json& body, bool chat, const RequestContext
     static const ChatTemplate kChatML = ChatTemplate::builtin(ChatFormat::ChatML);
     const ChatTemplate& tmpl = o.chat_template ? *o.chat_template : kChatML;
     ChatInputs in;
-    in.messages = chat_messages(body, tmpl.is_jinja());
-    if (!tools.empty()) in.tools = tools;
+    in.messages = chat_messages(body, tmpl.is_jinja() || described);
+    if (described) {
+      in.messages = describe_tools(std::move(in.messages), tools);
+    } else if (!tools.empty()) {
+      in.tools = tools;
+    }
     in.enable_thinking = !no_think;
     if (body.contains("chat_template_kwargs")) in.kwargs = body["chat_template_kwargs"];
     if (body.contains("reasoning_effort") && body["reasoning_effort"].is_string()) {
@@ -460,11 +518,11 @@ void close_open_think_block(std::vector<int32_t>& prompt, const Tokenizer& tok) 
 
 // How the answer is split for the reply: reasoning, harmony channels, the tools' format, and the
 // prompt's last tokens (whether the answer starts inside a think block or a message).
-ReplyOptions reply_options(const RequestContext& o, const json& tools, const std::vector<int32_t>& prompt) {
+ReplyOptions reply_options(const RequestContext& o, const json& tools, ToolFormat format, const std::vector<int32_t>& prompt) {
   ReplyOptions r;
   r.split_reasoning = o.split_reasoning;
   r.harmony = o.chat_template && o.chat_template->format() == ChatFormat::Harmony;
-  r.tools = tools.empty() ? ToolFormat::None : o.tool_format;
+  r.tools = tools.empty() ? ToolFormat::None : format;
   r.tool_list = tools;
   r.prompt_tail = prompt_tail(prompt, *o.tokenizer);
   return r;
@@ -509,17 +567,21 @@ CompletionRequest parse_completion_request(const std::string& text, bool chat, c
   json tools = chat ? tools_field(body) : json::array();
   const ToolChoice choice = tool_choice_field(body, tools);
   if (choice.mode == ToolChoice::Mode::None) tools = json::array();  // not shown to the model either
-  if (!tools.empty() && context.tool_format == ToolFormat::None) {
-    bad_request(fmt::format("tools need a chat template that writes tool calls in a format bmoe reads (Hermes, Qwen "
-                            "XML, harmony, Gemma 4, LFM2, Mistral, Llama 3.1 JSON); this model's is {}",
+  ToolFormat tool_format = context.tool_format;
+  const bool described = !tools.empty() && tool_format == ToolFormat::None;
+  if (described && choice.mode != ToolChoice::Mode::Required) {
+    bad_request(fmt::format("tools with tool_choice \"auto\" need a chat template that writes tool calls in a format bmoe "
+                            "reads (Hermes, Qwen XML, harmony, Gemma 4, LFM2, Mistral, Llama 3.1 JSON); this model's is {}. "
+                            "tool_choice \"required\" or a named function works with any template",
                             context.chat_template && context.chat_template->is_jinja() ? "not one of them" : "a built-in format"),
                 "tools");
   }
-  r.params.grammar = output_grammar(body, choice, tools, context.tool_format);
-  r.prompt = prompt_of(body, chat, context, tools);
+  if (described) tool_format = kDescribedToolFormat;
+  r.params.grammar = output_grammar(body, choice, tools, tool_format);
+  r.prompt = prompt_of(body, chat, context, tools, described);
   if (chat && r.params.grammar) close_open_think_block(r.prompt, *context.tokenizer);
   if (chat) {
-    r.reply = reply_options(context, tools, r.prompt);
+    r.reply = reply_options(context, tools, tool_format, r.prompt);
     r.reply.parallel_calls = bool_field(body, "parallel_tool_calls", true);
   }
   if (r.prompt.empty()) bad_request("the prompt is empty", chat ? "messages" : "prompt");

@@ -403,7 +403,7 @@ describe("tools and structured output with the openai client", () => {
       assert.ok(value.tags.length <= 3 && value.tags.every((t) => t === "a" || t === "b"));
     }
     const err = await rejection(client.chat.completions.create({
-      ...chat("x"), response_format: { type: "json_schema", json_schema: { name: "p", schema: { type: "string", pattern: "a+" } } },
+      ...chat("x"), response_format: { type: "json_schema", json_schema: { name: "p", schema: { type: "string", pattern: "(?=a)a+" } } },
     }));
     assert.equal(err.status, 400);
     assert.equal(err.param, "response_format");

@@ -287,6 +287,45 @@ class ServerTest(unittest.TestCase):
         self.assert_error(status, json.loads(text), 400)
         self.assertEqual(s.get("/health")[0], 200)  # still alive
 
+    def test_forced_tool_calls_on_a_template_without_tool_syntax(self):
+        # The synthetic model's template writes no tool calls: "required" and a named function
+        # still work (the tools described in a system message, the call grammar-constrained JSON);
+        # "auto" is a 400 that says why.
+        weather = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
+            "city": {"type": "string", "maxLength": 10, "pattern": "^[A-Za-z ]+$"},
+            "days": {"type": "integer", "minimum": 1, "maximum": 14}}, "required": ["city", "days"],
+            "additionalProperties": False}}}
+        clock = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
+        base = {"messages": [{"role": "user", "content": "Weather in Paris?"}], "max_tokens": 120, "temperature": 1,
+                "tools": [weather, clock]}
+        for seed, choice in enumerate(("required", {"type": "function", "function": {"name": "get_weather"}})):
+            status, resp = self.server.post("/v1/chat/completions", {**base, "tool_choice": choice, "seed": seed})
+            self.assertEqual(status, 200, resp)
+            self.assertEqual(resp["choices"][0]["finish_reason"], "tool_calls", resp)
+            calls = resp["choices"][0]["message"]["tool_calls"]
+            self.assertEqual(len(calls), 1)
+            self.assertIn(calls[0]["function"]["name"], ("get_weather", "get_time"))
+            args = json.loads(calls[0]["function"]["arguments"])
+            if calls[0]["function"]["name"] == "get_weather":
+                self.assertRegex(args["city"], r"^[A-Za-z ]{1,10}$")
+                self.assertTrue(1 <= args["days"] <= 14)
+        self.assertEqual(calls[0]["function"]["name"], "get_weather")  # the named one
+        # The round trip: the call and its result go back; the model answers (here: called again).
+        turn = {**base, "tools": [weather], "tool_choice": "required", "seed": 3, "messages": base["messages"] + [
+            {"role": "assistant", "content": None, "tool_calls": calls},
+            {"role": "tool", "tool_call_id": calls[0]["id"], "content": "{\"temp\": 20}"}]}
+        status, resp = self.server.post("/v1/chat/completions", turn)
+        self.assertEqual(status, 200, resp)
+        self.assertEqual(resp["choices"][0]["finish_reason"], "tool_calls", resp)
+        # The description reaches the prompt.
+        _, plain = self.server.post("/v1/chat/completions", {**base, "tools": [], "max_tokens": 1})
+        _, described = self.server.post("/v1/chat/completions", {**base, "tool_choice": "required", "max_tokens": 1})
+        self.assertGreater(described["usage"]["prompt_tokens"], plain["usage"]["prompt_tokens"] + 40)
+        status, resp = self.server.post("/v1/chat/completions", {**base, "tool_choice": "auto"})
+        self.assert_error(status, resp, 400)
+        self.assertEqual(resp["error"]["param"], "tools")
+        self.assertIn("tool_choice \"required\" or a named function works with any template", resp["error"]["message"])
+
     def test_fields_clients_send_by_default_are_accepted(self):
         s = self.server
         base = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0}
@@ -752,7 +791,7 @@ class ServerToolsTest(unittest.TestCase):
                 ("tool_choice", {"tools": [self.WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}),
                 ("tool_choice", {"tools": [self.WEATHER], "tool_choice": "always"}),
                 ("response_format", {"response_format": {"type": "json_schema", "json_schema": {
-                    "name": "x", "schema": {"type": "string", "pattern": "^a+$"}}}}),
+                    "name": "x", "schema": {"type": "string", "pattern": "^(?=a)a+$"}}}}),
                 ("response_format", {"response_format": {"type": "yaml"}}),
                 ("grammar", {"grammar": "root ::= undefined-rule"}),
                 ("grammar", {"grammar": 'root ::= "a"', "response_format": {"type": "json_object"}})):
