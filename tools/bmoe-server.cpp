@@ -262,11 +262,12 @@ class Server {
     auto job = std::make_shared<Job>();
     job->params = std::move(request.params);
     job->prompt = std::move(request.prompt);
-    job->n = request.n;
+    job->n = request.n * request.prompts;
+    job->choice_prompts = std::move(request.choice_prompts);
     if (!worker_.submit(job)) return refuse(res);
     Completion c{chat, std::move(request.reply), request.include_usage, new_response_id(chat ? "chatcmpl" : "cmpl"),
-                 static_cast<int64_t>(std::time(nullptr)), model_name_, request.n, request.logprobs(),
-                 worker_.model().tokenizer.get()};
+                 static_cast<int64_t>(std::time(nullptr)), model_name_, job->n, request.logprobs(),
+                 worker_.model().tokenizer.get(), request.prompts, request.return_tokens};
     // Counted until the library is done with the response (it destroys the provider then).
     ++responding_;
     const auto responding = std::shared_ptr<void>(nullptr, [this](void*) { --responding_; });

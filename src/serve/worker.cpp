@@ -214,7 +214,8 @@ GenerateResult DecodeWorker::run_choice(Job& job, int index, std::string& error)
   GenerateParams params = job.params;
   params.sampler.seed += static_cast<uint64_t>(index);
   try {
-    result = generate(*session_, job.prompt, params, [this, &job, index](const std::string& piece) {
+    const std::vector<int32_t>& prompt = job.choice_prompts.empty() ? job.prompt : job.choice_prompts[static_cast<size_t>(index)];
+    result = generate(*session_, prompt, params, [this, &job, index](const std::string& piece) {
       publish_progress();
       job.push({index, piece, std::nullopt, {}});
       return true;

@@ -40,6 +40,7 @@ struct Job {
   std::vector<int32_t> prompt;
   GenerateParams params;
   int n = 1;  // choices, generated one after the other; choice i is seeded params.sampler.seed + i
+  std::vector<std::vector<int32_t>> choice_prompts;  // when set, choice i answers choice_prompts[i]
   std::atomic<bool> cancel{false};
 
   std::mutex mutex;
