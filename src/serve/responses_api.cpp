@@ -193,6 +193,7 @@ ResponsesRequest parse_responses_request(const std::string& text, const RequestC
       "prompt_cache_key", "safety_identifier", "truncation", "include", "background", "stream_options", "top_logprobs",
       "max_tool_calls"};
   reject_unknown_fields(body, kFields);
+  bool_field(body, "store", true);  // read again when the answer is kept
   if (bool_field(body, "background", false)) bad_request("'background' is not supported (only false)", "background");
   ResponsesRequest r;
   r.history = json::array();
