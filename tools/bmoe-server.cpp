@@ -33,6 +33,7 @@
 #include "llama_flags.h"
 #include "run_options.h"
 #include "serve/anthropic_messages.h"
+#include "serve/embeddings.h"
 #include "serve/request.h"
 #include "serve/responses_api.h"
 #include "serve/response.h"
@@ -59,6 +60,7 @@ struct ServerOptions {
   bool no_think = false;
   bool ignore_eos = false;
   std::string reasoning_format = "deepseek";  // chat: a <think> block goes to reasoning_content
+  std::string pooling;  // /v1/embeddings: mean, cls or last ("": the GGUF's, else mean)
   DraftConfig draft;  // resolved from run after load
 };
 
@@ -117,7 +119,7 @@ json api_error(ApiStyle style, int status, const std::string& type, const std::s
 
 // How one API writes a finished job: its answer, or its error body.
 struct Answer {
-  std::function<json(const std::vector<GenerateResult>&)> body;
+  std::function<json(const Job&)> body;
   std::function<json(const Job&)> error;
 };
 
@@ -127,6 +129,9 @@ class Server {
     model_name_ = utf8_sanitize(o.alias.empty() ? std::filesystem::path(o.run.config.model).filename().string() : o.alias);
     chat_template_ = chat_template_for(worker.run());
     tool_format_ = tool_format_of(chat_template_.source());
+    const GgufModel& gguf = *worker.model().gguf;
+    pooling_ = o.pooling == "cls" ? Pooling::Cls : o.pooling == "last" ? Pooling::Last : Pooling::Mean;
+    if (o.pooling.empty()) pooling_ = pooling_of(gguf.get_int_or(worker.model().arch + ".pooling_type", 0), Pooling::Mean);
   }
 
   const std::string& chat_template_description() const { return chat_template_.description(); }
@@ -147,6 +152,7 @@ class Server {
     }));
     install_anthropic(http);
     install_responses(http);
+    install_embeddings(http);
     install_error_handlers(http);
   }
 
@@ -230,6 +236,7 @@ class Server {
             {"chat_template", utf8_sanitize(worker_.model().tokenizer->vocab().chat_template)},
             {"architecture", cfg.arch},
             {"reasoning_format", o_.reasoning_format},
+            {"pooling", pooling_name(pooling_)},
             {"mode", {{"streaming", worker_.run().mode.stream}, {"reason", utf8_sanitize(worker_.run().mode.reason)}}},
             {"build_info", fmt::format("bmoe {}", BMOE_VERSION)}};
   }
@@ -300,6 +307,24 @@ class Server {
     else whole_response(req, res, job, answer, responding);
   }
 
+  // OpenAI's /v1/embeddings (serve/embeddings.h), on the same worker as the completions.
+  void install_embeddings(httplib::Server& http) {
+    http.Post("/v1/embeddings", guarded([this](const httplib::Request& req, httplib::Response& res) {
+      EmbeddingsRequest request = parse_embeddings_request(req.body, *worker_.model().tokenizer, worker_.n_ctx());
+      int tokens = 0;
+      for (const auto& input : request.inputs) tokens += static_cast<int>(input.size());
+      auto job = std::make_shared<Job>();
+      job->embed_inputs = std::move(request.inputs);
+      job->pooling = pooling_;
+      if (!worker_.submit(job)) return refuse(res, ApiStyle::OpenAI);
+      const bool base64 = request.base64;
+      const std::string model = model_name_;
+      const Answer answer{[base64, model, tokens](const Job& j) { return embeddings_response(j.embeddings, base64, model, tokens); },
+                          [](const Job& j) { return job_error(j); }};
+      respond(req, res, job, answer, nullptr);
+    }));
+  }
+
   // OpenAI's Responses API (serve/responses_api.h).
   void install_responses(httplib::Server& http) {
     http.Post("/v1/responses", guarded([this](const httplib::Request& req, httplib::Response& res) {
@@ -311,7 +336,7 @@ class Server {
                         std::move(request.history), std::move(request.echo), &responses_};
       const std::shared_ptr<Job> job = submit(request.chat, res, ApiStyle::OpenAI);
       if (!job) return;
-      const Answer answer{[a](const std::vector<GenerateResult>& rs) { return responses_response(a, rs.front()); },
+      const Answer answer{[a](const Job& j) { return responses_response(a, j.results.front()); },
                           [](const Job& j) { return job_error(j); }};
       respond(req, res, job, answer, stream ? responses_stream(a) : nullptr);
     }));
@@ -327,7 +352,7 @@ class Server {
                        worker_.model().tokenizer.get()};
       const std::shared_ptr<Job> job = submit(request.chat, res, ApiStyle::Anthropic);
       if (!job) return;
-      const Answer answer{[a](const std::vector<GenerateResult>& rs) { return messages_response(a, rs.front()); },
+      const Answer answer{[a](const Job& j) { return messages_response(a, j.results.front()); },
                           [](const Job& j) { return anthropic_error(j.error_status, j.error); }};
       respond(req, res, job, answer, stream ? messages_stream(a, input_tokens) : nullptr);
     }, ApiStyle::Anthropic));
@@ -344,7 +369,7 @@ class Server {
     Completion c{chat, std::move(request.reply), request.include_usage, new_response_id(chat ? "chatcmpl" : "cmpl"),
                  static_cast<int64_t>(std::time(nullptr)), model_name_, job->n, request.logprobs(),
                  worker_.model().tokenizer.get(), request.prompts, request.return_tokens};
-    const Answer answer{[c](const std::vector<GenerateResult>& rs) { return full_response(c, rs); },
+    const Answer answer{[c](const Job& j) { return full_response(c, j.results); },
                         [](const Job& j) { return job_error(j); }};
     respond(req, res, job, answer, request.stream ? std::make_shared<StreamWriter>(c) : nullptr);
   }
@@ -375,7 +400,7 @@ class Server {
       }
     }
     // A plain body (not a provider): the library writes it even once stopping at shutdown.
-    if (job->error.empty()) return send_json(res, 200, answer.body(job->results));
+    if (job->error.empty()) return send_json(res, 200, answer.body(*job));
     if (job->error_status == 503) res.set_header("Retry-After", "1");
     send_json(res, job->error_status, answer.error(*job));
   }
@@ -392,7 +417,7 @@ class Server {
         }
         return true;
       }
-      const std::string text = (job->error.empty() ? answer.body(job->results) : answer.error(*job)).dump();
+      const std::string text = (job->error.empty() ? answer.body(*job) : answer.error(*job)).dump();
       sink.write(text.data(), text.size());
       sink.done();
       return true;
@@ -434,6 +459,7 @@ class Server {
   ChatTemplate chat_template_;
   ToolFormat tool_format_ = ToolFormat::None;  // how the template writes tool calls
   ResponseStore responses_;  // earlier Responses API answers, for previous_response_id
+  Pooling pooling_ = Pooling::Mean;  // how /v1/embeddings pools
 };
 
 constexpr int kListenBacklog = 512;
@@ -512,6 +538,8 @@ int main(int argc, char** argv) {
                  "chat: deepseek puts an answer's leading <think> block in message.reasoning_content "
                  "(delta.reasoning_content when streaming); none leaves it in content")
       ->capture_default_str()->check(CLI::IsMember({"deepseek", "none"}));
+  app.add_option("--pooling", o.pooling, "/v1/embeddings: mean, cls or last (default: the model's pooling_type, else mean)")
+      ->check(CLI::IsMember({"mean", "cls", "last"}));
   if (const std::optional<int> status = parse_command_line(app, argc, argv)) return *status;
   if (!utf8_valid(o.alias)) {
     fmt::print(stderr, "error: --alias must be valid UTF-8\n");

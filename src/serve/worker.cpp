@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <exception>
 
+#include "core/timer.h"
 #include "telemetry/system.h"
 
 namespace bmoe {
@@ -161,7 +162,40 @@ std::shared_ptr<Job> DecodeWorker::next_job() {
   return job;
 }
 
+// Embeds each input in turn (cancelled between inputs); one result per input carries its
+// token count for usage and the counters.
+void DecodeWorker::run_embeddings(Job& job) {
+  std::vector<GenerateResult> results;
+  std::vector<std::vector<float>> vectors;
+  std::string error;
+  for (const std::vector<int32_t>& input : job.embed_inputs) {
+    if (job.cancel.load()) break;
+    GenerateResult r;
+    r.prompt_tokens = static_cast<int>(input.size());
+    r.finish_reason = "stop";
+    try {
+      Stopwatch timer;
+      vectors.push_back(session_->embed(input, job.pooling));
+      r.prefill_seconds = timer.seconds();
+    } catch (const std::exception& e) {
+      error = e.what();
+      session_->reset();
+      break;
+    }
+    results.push_back(r);
+  }
+  const bool cancelled = vectors.size() < job.embed_inputs.size() && error.empty();
+  if (cancelled) error = shutting_down() ? kShuttingDown : "cancelled";
+  record(results, !error.empty() && !cancelled, cancelled);
+  {
+    std::lock_guard<std::mutex> lock(job.mutex);
+    job.embeddings = std::move(vectors);
+  }
+  finish(job, std::move(results), error, cancelled && shutting_down() ? 503 : 500);
+}
+
 void DecodeWorker::run_job(Job& job) {
+  if (!job.embed_inputs.empty()) return run_embeddings(job);
   std::vector<GenerateResult> results;
   std::string error;
   // n choices one after the other: each re-evaluates only the prompt's last token (the KV

@@ -2,7 +2,8 @@
 // clients (npm "@anthropic-ai/sdk" and "openai"), as applications use them: plain and streamed
 // answers (a greedy stream equals the whole answer), tools with a result sent back, thinking /
 // reasoning parts where the template opens a think block, structured output, previous_response_id,
-// and errors surfacing as each client's APIError with its API's body.
+// and errors surfacing as each client's APIError with its API's body. /v1/embeddings through the
+// openai client (base64 by default) equals llama.cpp's last-token embedding of the same text.
 // Run: BMOE_BUILD=build node --test tests/server/api_clients.test.mjs (CTest: server.api_clients).
 import assert from "node:assert/strict";
 import { spawn, execFileSync } from "node:child_process";
@@ -12,6 +13,7 @@ import path from "node:path";
 import { after, before, describe, test } from "node:test";
 import { fileURLToPath } from "node:url";
 import Anthropic from "@anthropic-ai/sdk";
+import { getLlama } from "node-llama-cpp";
 import OpenAI from "openai";
 
 const repo = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..", "..");
@@ -271,5 +273,52 @@ describe("OpenAI Responses with the openai client", () => {
     const bad = await rejection(client.responses.create(ask({ temperature: 5 })));
     assert.equal(bad.status, 400);
     assert.equal(bad.param, "temperature");
+  });
+});
+
+describe("embeddings with the openai client", () => {
+  let server, client;
+  before(async () => {
+    server = await startServer(model, "-c", "512", "--pooling", "last");
+    client = server.openai();
+  });
+  after(async () => { assert.equal(await server.stop(), 0); });
+
+  const unit = (v) => {
+    const norm = Math.hypot(...v);
+    return v.map((x) => x / norm);
+  };
+
+  test("batched inputs, unit length, float and base64 alike, equal to llama.cpp's", async () => {
+    const texts = ["The capital of France is", "Mixture of experts", "The capital of France is"];
+    const r = await client.embeddings.create({ model: "tiny", input: texts });  // the client asks for base64
+    assert.equal(r.data.length, 3);
+    const vectors = r.data.map((d) => d.embedding);
+    for (const v of vectors) assert.ok(Math.abs(Math.hypot(...v) - 1) < 1e-4);
+    assert.deepEqual(vectors[0], vectors[2]);
+    assert.notDeepEqual(vectors[0], vectors[1]);
+    const floats = await client.embeddings.create({ model: "tiny", input: texts[1], encoding_format: "float" });
+    floats.data[0].embedding.forEach((x, i) => assert.ok(Math.abs(x - vectors[1][i]) < 1e-6));
+    assert.ok(r.usage.prompt_tokens > 0);
+    // llama.cpp: a model without pooling_type gives the last token's hidden state (after the
+    // output norm), which is --pooling last.
+    const llama = await getLlama({ gpu: false, build: "never", logLevel: "error" });
+    const reference = await llama.loadModel({ modelPath: model });
+    const context = await reference.createEmbeddingContext({ contextSize: 512, threads: 2 });
+    for (let i = 0; i < 2; ++i) {
+      const want = unit(Array.from((await context.getEmbeddingFor(texts[i])).vector));
+      const cosine = want.reduce((sum, x, k) => sum + x * vectors[i][k], 0);
+      assert.ok(cosine > 0.999, `cosine ${cosine} for "${texts[i]}"`);
+    }
+    await context.dispose();
+    await reference.dispose();
+  });
+
+  test("errors: an unknown encoding, an empty input", async () => {
+    const bad = await rejection(client.embeddings.create({ model: "tiny", input: "x", encoding_format: "int8" }));
+    assert.equal(bad.status, 400);
+    assert.equal(bad.param, "encoding_format");
+    const empty = await rejection(client.embeddings.create({ model: "tiny", input: [] }));
+    assert.equal(empty.status, 400);
   });
 });
