@@ -3,7 +3,8 @@
 llama-server's fields: every one at its default value is a 200, the samplers change the
 answer as they should (a `samplers` chain of top-k 1 is greedy at any temperature), n_predict
 limits like max_tokens, vLLM's repetition_penalty is the repeat penalty, /v1/completions
-answers one choice per prompt of a list.
+answers one choice per prompt of a list. The other APIs over plain HTTP: the API key as
+Anthropic's x-api-key, each API's error shape, count_tokens, store false.
 """
 import json
 import os
@@ -123,6 +124,48 @@ class LlamaFieldsTest(unittest.TestCase):
         self.assertLess(resp["usage"]["prompt_tokens"], fresh["usage"]["prompt_tokens"])
         status, resp = self.server.post("/v1/chat/completions", {"messages": messages[:1], "continue_final_message": True})
         self.assertEqual((status, resp["error"]["param"]), (400, "continue_final_message"))
+
+
+class OtherApisHttpTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.server = Server(synth("tiny-qwen3moe", "tiny-qwen3moe"), "-c", "512", "--api-key", "k")
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop()
+
+    def post(self, path, body, key="k", header="Authorization"):
+        value = f"Bearer {key}" if header == "Authorization" else key
+        return self.server.post(path, body, headers={header: value})
+
+    def test_api_key_and_error_shapes(self):
+        ask = {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]}
+        status, resp = self.post("/v1/messages", ask, header="x-api-key")
+        self.assertEqual((status, resp["type"]), (200, "message"), resp)
+        status, resp = self.post("/v1/messages", ask, key="wrong", header="x-api-key")
+        self.assertEqual(status, 401)
+        self.assertEqual(resp, {"type": "error", "error": {"type": "authentication_error", "message": resp["error"]["message"]}})
+        status, resp = self.post("/v1/messages", {**ask, "temperature": 1.5})  # Anthropic's range is 0..1
+        self.assertEqual((status, resp["error"]["type"]), (400, "invalid_request_error"))
+        status, resp = self.post("/v1/responses", {"model": "m", "input": "Hi", "bogus": 1})
+        self.assertEqual((status, resp["error"]["param"]), (400, "bogus"))  # OpenAI's shape
+
+    def test_count_tokens_equals_usage(self):
+        ask = {"model": "m", "system": "Be brief", "messages": [{"role": "user", "content": "Hi there"}]}
+        status, counted = self.post("/v1/messages/count_tokens", ask)
+        self.assertEqual(status, 200, counted)
+        _, resp = self.post("/v1/messages", {**ask, "max_tokens": 2})
+        self.assertEqual(counted["input_tokens"], resp["usage"]["input_tokens"])
+
+    def test_store_false_is_not_kept_and_embeddings_answer(self):
+        status, resp = self.post("/v1/responses", {"model": "m", "input": "Hi", "max_output_tokens": 2, "store": False})
+        self.assertEqual(status, 200, resp)
+        status, resp = self.post("/v1/responses", {"model": "m", "input": "More", "previous_response_id": resp["id"]})
+        self.assertEqual((status, resp["error"]["code"]), (404, "previous_response_not_found"))
+        status, resp = self.post("/v1/embeddings", {"input": ["a", "b"]})
+        self.assertEqual(status, 200, resp)
+        self.assertEqual([d["index"] for d in resp["data"]], [0, 1])
 
 
 if __name__ == "__main__":
