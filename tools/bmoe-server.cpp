@@ -292,6 +292,7 @@ class Server {
     job->prompt = std::move(request.prompt);
     job->n = request.n * request.prompts;
     job->choice_prompts = std::move(request.choice_prompts);
+    job->t_max_predict_ms = request.t_max_predict_ms;
     if (worker_.submit(job)) return job;
     refuse(res, style);
     return nullptr;

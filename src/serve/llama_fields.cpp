@@ -100,8 +100,6 @@ void check_llama_neutral_fields(const json& body) {
   if (bool_field(body, "timings_per_token", false)) {
     bad_request("'timings_per_token' is not supported: the last chunk carries the timings", "timings_per_token");
   }
-  const int64_t limit = int_field(body, "t_max_predict_ms", -1, INT64_MIN, INT64_MAX);
-  if (limit > 0) bad_request("'t_max_predict_ms' is not supported (only 0 or -1, no limit)", "t_max_predict_ms");
 }
 
 }  // namespace bmoe

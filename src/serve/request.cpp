@@ -562,6 +562,7 @@ CompletionRequest parse_completion_request(const std::string& text, bool chat, c
     r.include_usage = bool_field(so, "include_usage", false);
   }
   r.return_tokens = bool_field(body, "return_tokens", false);
+  r.t_max_predict_ms = std::max<int64_t>(0, int_field(body, "t_max_predict_ms", -1, -1, INT64_MAX / 2));
   r.params = sampling_params(body, context, context.n_predict > 0 ? context.n_predict : (chat ? context.n_ctx : 16));
   r.params.logprobs = logprobs_field(body, chat);
   r.n = static_cast<int>(int_field(body, "n", 1, 1, 128));  // OpenAI's limit

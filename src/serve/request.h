@@ -56,6 +56,7 @@ struct CompletionRequest {
   std::vector<std::vector<int32_t>> choice_prompts;
   int prompts = 1;
   bool return_tokens = false;  // llama-server's: each choice also lists its token ids
+  int64_t t_max_predict_ms = 0;  // llama-server's: > 0 ends an answer at a line break past it
   // Log-probabilities asked for (params.logprobs is the number of alternatives, -1 for none).
   bool logprobs() const { return params.logprobs >= 0; }
 };

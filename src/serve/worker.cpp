@@ -247,17 +247,28 @@ GenerateResult DecodeWorker::run_choice(Job& job, int index, std::string& error)
   }
   GenerateParams params = job.params;
   params.sampler.seed += static_cast<uint64_t>(index);
+  // llama-server's t_max_predict_ms: past the limit, the answer ends at its first line break
+  // (timed from the first piece, as llama.cpp times the generation phase).
+  std::optional<Stopwatch> since_first_piece;
+  bool line_break = false, timed_out = false;
+  const auto in_time = [&](const std::string& piece) {
+    if (!since_first_piece) since_first_piece.emplace();
+    line_break = line_break || piece.find('\n') != std::string::npos;
+    timed_out = job.t_max_predict_ms > 0 && line_break && since_first_piece->seconds() * 1e3 > static_cast<double>(job.t_max_predict_ms);
+    return !timed_out;
+  };
   try {
     const std::vector<int32_t>& prompt = job.choice_prompts.empty() ? job.prompt : job.choice_prompts[static_cast<size_t>(index)];
-    result = generate(*session_, prompt, params, [this, &job, index](const std::string& piece) {
+    result = generate(*session_, prompt, params, [this, &job, index, &in_time](const std::string& piece) {
       publish_progress();
       job.push({index, piece, std::nullopt, {}});
-      return true;
+      return in_time(piece);
     }, &job.cancel, [&job, index](const TokenLogprob& lp) { job.push({index, {}, lp, {}}); });
   } catch (const std::exception& e) {
     error = e.what();
     session_->reset();  // the KV cache may be half-written
   }
+  if (timed_out && result.finish_reason == "cancelled" && !job.cancel.load()) result.finish_reason = "stop";
   return result;
 }
 

@@ -41,6 +41,7 @@ struct Job {
   GenerateParams params;
   int n = 1;  // choices, generated one after the other; choice i is seeded params.sampler.seed + i
   std::vector<std::vector<int32_t>> choice_prompts;  // when set, choice i answers choice_prompts[i]
+  int64_t t_max_predict_ms = 0;  // > 0: past this, a choice ends at its first line break
   // An embeddings job (set instead of a prompt): each input's pooled vector goes to `embeddings`.
   std::vector<std::vector<int32_t>> embed_inputs;
   Pooling pooling = Pooling::Mean;

@@ -23,7 +23,7 @@ LLAMA_DEFAULTS = {
     "dry_penalty_last_n": -1, "dry_sequence_breakers": ["\n", ":", "\"", "*"], "min_keep": 0,
     "samplers": ["penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"],
     "reasoning_format": "deepseek", "reasoning_budget_tokens": -1, "continue_final_message": False,
-    "return_tokens": False, "post_sampling_probs": False, "timings_per_token": False, "t_max_predict_ms": 0,
+    "return_tokens": False, "post_sampling_probs": False, "timings_per_token": False, "t_max_predict_ms": -1,
     "repetition_penalty": 1.0, "repeat_penalty": 1.0, "repeat_last_n": 64, "top_k": 40, "top_p": 0.95, "min_p": 0.05,
     "temperature": 0.8, "ignore_eos": False, "cache_prompt": True,
 }
@@ -113,6 +113,20 @@ class LlamaFieldsTest(unittest.TestCase):
         for field, value in (("reasoning_budget_tokens", 5), ("post_sampling_probs", True), ("reasoning_format", "x")):
             status, resp = self.chat(**{field: value})
             self.assertEqual((status, resp["error"]["param"]), (400, field))
+
+    def test_t_max_predict_ms_ends_at_a_line_break_past_the_limit(self):
+        # A bias on the newline makes line breaks common; greedy, so both answers share a start.
+        fields = {"temperature": 0, "max_tokens": 64, "ignore_eos": True, "logit_bias": [["\n", 4]]}
+        _, free = self.complete(**fields)
+        text = free["choices"][0]["text"]
+        self.assertIn("\n", text[:-1])  # the check below needs a line break before the end
+        status, limited = self.complete(t_max_predict_ms=1, **fields)
+        self.assertEqual(status, 200, limited)
+        cut = limited["choices"][0]["text"]
+        self.assertTrue(text.startswith(cut))
+        self.assertIn("\n", cut)
+        self.assertLess(len(cut), len(text))
+        self.assertEqual(limited["choices"][0]["finish_reason"], "stop")
 
     def test_continue_final_message_goes_on_from_the_assistant_text(self):
         messages = [{"role": "user", "content": "Count"}, {"role": "assistant", "content": "One two"}]
