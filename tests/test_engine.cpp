@@ -252,5 +252,39 @@ TEST_F(GenerateTest, PromptLongerThanTheContextIsAnError) {
   EXPECT_THROW(generate(s, long_prompt, GenerateParams{}), Error);
 }
 
+
+// Embeddings: pooling picks the rows it says (mean, first, last), the batch size changes no
+// value, the vector has unit length, and a prompt after it reuses its rows and answers as a
+// fresh session does.
+TEST_F(GenerateTest, EmbeddingsPoolTheFinalHiddenStates) {
+  const auto tokens = ids("the quick brown fox jumps");
+  Session big(*model_, pool_, 256, 64, SamplerConfig{}), small(*model_, pool_, 256, 1, SamplerConfig{});
+  const std::vector<float> mean = big.embed(tokens, Pooling::Mean);
+  const std::vector<float> mean_small = small.embed(tokens, Pooling::Mean);
+  double norm = 0.0;
+  for (size_t e = 0; e < mean.size(); ++e) {
+    norm += static_cast<double>(mean[e]) * mean[e];
+    EXPECT_NEAR(mean[e], mean_small[e], 1e-4f) << e;
+  }
+  EXPECT_NEAR(norm, 1.0, 1e-5);
+  // cls is the first token's row alone: the mean over that one token (a causal model's first
+  // row does not see the rest).
+  const std::vector<float> last = big.embed(tokens, Pooling::Last);
+  const std::vector<float> first = big.embed(tokens, Pooling::Cls);
+  const std::vector<float> first_alone = big.embed({tokens.front()}, Pooling::Mean);
+  for (size_t e = 0; e < first.size(); ++e) EXPECT_NEAR(first[e], first_alone[e], 1e-5f) << e;
+  EXPECT_NE(last, first);
+  EXPECT_NE(last, mean);
+  GenerateParams p;
+  p.max_tokens = 8;
+  auto prompt = tokens;
+  prompt.push_back(tokens.back());
+  big.embed(tokens, Pooling::Last);
+  const GenerateResult after = generate(big, prompt, p);
+  EXPECT_EQ(after.reused_tokens, static_cast<int>(tokens.size()));
+  Session fresh(*model_, pool_, 256, 64, SamplerConfig{});
+  EXPECT_EQ(after.tokens, generate(fresh, prompt, p).tokens);
+}
+
 }  // namespace
 }  // namespace bmoe

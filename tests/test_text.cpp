@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <set>
 #include <unistd.h>
 
 #include "core/error.h"
@@ -379,6 +380,159 @@ TEST(Tokenizer, ToolCallMarkersArePrinted) {
   EXPECT_EQ(t.token_bytes(3), "[ARGS]");
   EXPECT_EQ(t.token_bytes(2), "");
   EXPECT_EQ((*t.token_texts())[1], "[TOOL_CALLS]");
+}
+
+
+// ---- llama.cpp's other samplers, against distributions worked out by hand
+
+namespace {
+// A candidate list whose probabilities (at temperature 1) are `p`, best first.
+CandidateList list_of(const std::vector<double>& p) {
+  CandidateList c;
+  for (size_t i = 0; i < p.size(); ++i) c.items.emplace_back(static_cast<float>(std::log(p[i])), static_cast<int32_t>(i));
+  return c;
+}
+std::vector<int32_t> ids_of(const CandidateList& c) {
+  std::vector<int32_t> ids;
+  for (const auto& item : c.items) ids.push_back(item.second);
+  return ids;
+}
+}  // namespace
+
+TEST(SamplerSteps, TypicalKeepsTheTokensNearestTheEntropy) {
+  // p = .5 .3 .2: entropy 1.0297 nats; surprises .693 1.204 1.609 are .337 .174 .580 away, so
+  // the order is 1, 0, 2 with running mass .3, .8, 1.
+  CandidateList c = list_of({0.5, 0.3, 0.2});
+  keep_typical(c, 0.5f, 0);
+  EXPECT_EQ(ids_of(c), (std::vector<int32_t>{0, 1}));  // .8 > .5 after two
+  c = list_of({0.5, 0.3, 0.2});
+  keep_typical(c, 0.25f, 0);
+  EXPECT_EQ(ids_of(c), (std::vector<int32_t>{1}));  // .3 > .25 at once: not the likeliest token
+  c = list_of({0.5, 0.3, 0.2});
+  keep_typical(c, 0.25f, 3);  // min_keep wins
+  EXPECT_EQ(c.items.size(), 3u);
+}
+
+TEST(SamplerSteps, TopNSigmaKeepsLogitsWithinNDeviations) {
+  // Logits 4 2 0 -2: mean 1, variance 5, sigma 2.236.
+  CandidateList c;
+  c.items = {{4.0f, 0}, {2.0f, 1}, {0.0f, 2}, {-2.0f, 3}};
+  CandidateList one = c, half = c, off = c;
+  keep_top_n_sigma(one, 1.0f);   // floor 1.76
+  keep_top_n_sigma(half, 0.5f);  // floor 2.88
+  keep_top_n_sigma(off, -1.0f);
+  EXPECT_EQ(ids_of(one), (std::vector<int32_t>{0, 1}));
+  EXPECT_EQ(ids_of(half), (std::vector<int32_t>{0}));
+  EXPECT_EQ(off.items.size(), 4u);
+}
+
+TEST(SamplerSteps, XtcDropsAllButTheLeastLikelyTopChoice) {
+  CandidateList c = list_of({0.4, 0.3, 0.2, 0.1});
+  exclude_top_choices(c, 0.25f, 0);  // .4 and .3 reach it: .4 goes
+  EXPECT_EQ(ids_of(c), (std::vector<int32_t>{1, 2, 3}));
+  c = list_of({0.4, 0.3, 0.2, 0.1});
+  exclude_top_choices(c, 0.35f, 0);  // only one reaches it: nothing goes
+  EXPECT_EQ(c.items.size(), 4u);
+  c = list_of({0.4, 0.3, 0.2, 0.1});
+  exclude_top_choices(c, 0.25f, 4);  // min_keep
+  EXPECT_EQ(c.items.size(), 4u);
+}
+
+TEST(SamplerSteps, DynamicTemperatureFollowsNormalisedEntropy) {
+  EXPECT_FLOAT_EQ(dynamic_temperature(list_of({0.25, 0.25, 0.25, 0.25}), 1.0f, 0.5f, 1.0f), 1.5f);  // uniform: t + range
+  // Two of four tokens equally likely: entropy ln 2 of ln 4 = 0.5; 0.5 + 1.0 * 0.5^2 = 0.75.
+  CandidateList c;
+  c.items = {{0.0f, 0}, {0.0f, 1}, {-INFINITY, 2}, {-INFINITY, 3}};
+  EXPECT_NEAR(dynamic_temperature(c, 1.0f, 0.5f, 2.0f), 0.75f, 1e-6f);
+  EXPECT_FLOAT_EQ(dynamic_temperature(c, 0.7f, 0.0f, 2.0f), 0.7f);  // no range: fixed
+}
+
+TEST(SamplerSteps, MirostatV2KeepsTokensBelowMuAndMovesIt) {
+  // Surprises 1 2 3 3 bits; mu 2 keeps tokens 0 and 1, renormalised to 2/3 and 1/3.
+  int picked[2] = {0, 0};
+  Rng rng(11);
+  for (int i = 0; i < 3000; ++i) {
+    CandidateList c = list_of({0.5, 0.25, 0.125, 0.125});
+    float mu = 2.0f;
+    const int32_t t = mirostat_v2(c, 1.0f, 0.1f, mu, rng);
+    ASSERT_TRUE(t == 0 || t == 1);
+    ++picked[t];
+    const double p = t == 0 ? 2.0 / 3.0 : 1.0 / 3.0;
+    EXPECT_NEAR(mu, 2.0 - 0.1 * (-std::log2(p) - 1.0), 1e-5);
+  }
+  EXPECT_NEAR(picked[0] / 3000.0, 2.0 / 3.0, 0.03);
+}
+
+TEST(SamplerSteps, MirostatV1EstimatesZipfsExponent) {
+  // p_i ~ 1/(i+1)^2 over 10 tokens: s = 2, so k = (2^mu / (1 - 1/10))^(1/2) = 2.108 at mu 2:
+  // tokens 0 and 1, renormalised to .8 and .2.
+  std::vector<double> p;
+  for (int i = 0; i < 10; ++i) p.push_back(1.0 / ((i + 1.0) * (i + 1.0)));
+  Rng rng(5);
+  for (int i = 0; i < 200; ++i) {
+    CandidateList c = list_of(p);
+    float mu = 2.0f;
+    const int32_t t = mirostat_v1(c, 1.0f, 0.1f, 100, 10, mu, rng);
+    ASSERT_TRUE(t == 0 || t == 1);
+    EXPECT_NEAR(mu, 2.0 - 0.1 * (-std::log2(t == 0 ? 0.8 : 0.2) - 1.0), 1e-4);
+  }
+}
+
+TEST(SamplerSteps, DryPenalisesTheTokenThatWouldRepeatASequence) {
+  // "1 2 3" ends the text and came before, followed by 4: a repeat of 3, penalty 1 * 2^(3-2).
+  const std::vector<int32_t> history = {1, 2, 3, 4, 9, 1, 2, 3};
+  std::vector<float> logits(10, 0.0f);
+  dry_penalize(history, {9}, 1.0f, 2.0f, 2, logits.data(), 10);
+  for (int t = 0; t < 10; ++t) EXPECT_FLOAT_EQ(logits[static_cast<size_t>(t)], t == 4 ? -2.0f : 0.0f) << t;
+  // A breaker inside the end cuts the repeat to "3": shorter than allowed, no penalty.
+  std::fill(logits.begin(), logits.end(), 0.0f);
+  dry_penalize(history, {2}, 1.0f, 2.0f, 2, logits.data(), 10);
+  for (float l : logits) EXPECT_FLOAT_EQ(l, 0.0f);
+}
+
+TEST(SamplerSteps, StepNamesFollowLlamaServer) {
+  SamplerStep s = SamplerStep::TopK;
+  std::string penalty;
+  EXPECT_TRUE(sampler_step_named("typ_p", &s, &penalty));
+  EXPECT_EQ(s, SamplerStep::Typical);
+  EXPECT_TRUE(sampler_step_named("Top-N-Sigma", &s, &penalty));
+  EXPECT_EQ(s, SamplerStep::TopNSigma);
+  EXPECT_TRUE(sampler_step_named("x", &s, &penalty));
+  EXPECT_EQ(s, SamplerStep::Xtc);
+  EXPECT_TRUE(sampler_step_named("dry", &s, &penalty));
+  EXPECT_EQ(penalty, "dry");
+  EXPECT_FALSE(sampler_step_named("beam", &s, &penalty));
+}
+
+TEST(Sampler, OrderDecidesWhatRuns) {
+  // Top-k 1 alone always gives the best token at any temperature; without it all three come.
+  const float logits[] = {1.0f, 0.9f, 0.8f};
+  SamplerConfig c;
+  c.temperature = 2.0f;
+  c.top_k = 1;
+  c.order = {SamplerStep::TopK};
+  Sampler only_k(c);
+  c.order = {SamplerStep::Temperature};
+  Sampler free(c);
+  std::set<int32_t> seen;
+  for (int i = 0; i < 200; ++i) {
+    EXPECT_EQ(only_k.sample(logits, 3), 0);
+    seen.insert(free.sample(logits, 3));
+  }
+  EXPECT_EQ(seen.size(), 3u);
+}
+
+TEST(Sampler, DryStopsAGreedyLoop) {
+  // Greedy would pick 1 after "1 2 1 2"; the end "1 2" came before, followed by 1: a repeat
+  // of 2 tokens, penalty 1 * 1.75^(2-1), which puts 1 below the others.
+  std::vector<float> logits = {0.0f, 0.5f, 0.0f};
+  SamplerConfig c;
+  c.dry_multiplier = 1.0f;
+  c.dry_allowed_length = 1;
+  Sampler s(c);
+  s.begin({1, 2, 1, 2});
+  EXPECT_TRUE(c.penalized());
+  EXPECT_EQ(s.sample(logits.data(), 3), 0);
 }
 
 }  // namespace bmoe

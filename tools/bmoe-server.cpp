@@ -32,7 +32,10 @@
 #include "engine/run.h"
 #include "llama_flags.h"
 #include "run_options.h"
+#include "serve/anthropic_messages.h"
+#include "serve/embeddings.h"
 #include "serve/request.h"
+#include "serve/responses_api.h"
 #include "serve/response.h"
 #include "serve/stream.h"
 #include "serve/worker.h"
@@ -57,6 +60,7 @@ struct ServerOptions {
   bool no_think = false;
   bool ignore_eos = false;
   std::string reasoning_format = "deepseek";  // chat: a <think> block goes to reasoning_content
+  std::string pooling;  // /v1/embeddings: mean, cls or last ("": the GGUF's, else mean)
   DraftConfig draft;  // resolved from run after load
 };
 
@@ -104,12 +108,30 @@ bool client_hung_up(int sock) {
 
 // ------------------------------------------------------------------ the server
 
+// Whose error shapes a route answers in.
+enum class ApiStyle { OpenAI, Anthropic };
+
+json api_error(ApiStyle style, int status, const std::string& type, const std::string& message,
+               const std::string& param = {}, const std::string& code = {}) {
+  if (style == ApiStyle::Anthropic) return anthropic_error(status, message);
+  return error_body(type, message, param, code);
+}
+
+// How one API writes a finished job: its answer, or its error body.
+struct Answer {
+  std::function<json(const Job&)> body;
+  std::function<json(const Job&)> error;
+};
+
 class Server {
  public:
   Server(DecodeWorker& worker, const ServerOptions& o) : worker_(worker), o_(o) {
     model_name_ = utf8_sanitize(o.alias.empty() ? std::filesystem::path(o.run.config.model).filename().string() : o.alias);
     chat_template_ = chat_template_for(worker.run());
     tool_format_ = tool_format_of(chat_template_.source());
+    const GgufModel& gguf = *worker.model().gguf;
+    pooling_ = o.pooling == "cls" ? Pooling::Cls : o.pooling == "last" ? Pooling::Last : Pooling::Mean;
+    if (o.pooling.empty()) pooling_ = pooling_of(gguf.get_int_or(worker.model().arch + ".pooling_type", 0), Pooling::Mean);
   }
 
   const std::string& chat_template_description() const { return chat_template_.description(); }
@@ -128,6 +150,9 @@ class Server {
     http.Post("/v1/completions", guarded([this](const httplib::Request& req, httplib::Response& res) {
       complete(req, res, false);
     }));
+    install_anthropic(http);
+    install_responses(http);
+    install_embeddings(http);
     install_error_handlers(http);
   }
 
@@ -211,6 +236,7 @@ class Server {
             {"chat_template", utf8_sanitize(worker_.model().tokenizer->vocab().chat_template)},
             {"architecture", cfg.arch},
             {"reasoning_format", o_.reasoning_format},
+            {"pooling", pooling_name(pooling_)},
             {"mode", {{"streaming", worker_.run().mode.stream}, {"reason", utf8_sanitize(worker_.run().mode.reason)}}},
             {"build_info", fmt::format("bmoe {}", BMOE_VERSION)}};
   }
@@ -237,49 +263,124 @@ class Server {
     });
   }
 
-  // API key check and RequestError -> OpenAI error body.
-  Handler guarded(Handler h) {
-    return [this, h](const httplib::Request& req, httplib::Response& res) {
-      if (!o_.api_key.empty() && req.get_header_value("Authorization") != "Bearer " + o_.api_key) {
+  // API key check (OpenAI's Authorization: Bearer, or Anthropic's x-api-key) and RequestError
+  // -> the API's error body.
+  Handler guarded(Handler h, ApiStyle style = ApiStyle::OpenAI) {
+    return [this, h, style](const httplib::Request& req, httplib::Response& res) {
+      if (!o_.api_key.empty() && req.get_header_value("Authorization") != "Bearer " + o_.api_key &&
+          req.get_header_value("x-api-key") != o_.api_key) {
         worker_.count(&Counters::unauthorized);
-        send_json(res, 401, error_body("authentication_error", "invalid or missing API key (Authorization: Bearer KEY)"));
+        send_json(res, 401, api_error(style, 401, "authentication_error", "invalid or missing API key (Authorization: Bearer KEY)"));
         return;
       }
       try {
         h(req, res);
       } catch (const RequestError& e) {
         if (e.status == 400) worker_.count(&Counters::bad_request);
-        send_json(res, e.status, error_body(e.type, e.what(), e.param, e.code));
+        send_json(res, e.status, api_error(style, e.status, e.type, e.what(), e.param, e.code));
       } catch (const Error& e) {
         worker_.count(&Counters::bad_request);
-        send_json(res, 400, error_body("invalid_request_error", e.what()));
+        send_json(res, 400, api_error(style, 400, "invalid_request_error", e.what()));
       }
     };
   }
 
-  void complete(const httplib::Request& req, httplib::Response& res, bool chat) {
-    CompletionRequest request = parse_completion_request(req.body, chat, request_context());
+  // A request's job, on the worker's queue; nullptr (after a 503) when it is full.
+  std::shared_ptr<Job> submit(CompletionRequest& request, httplib::Response& res, ApiStyle style) {
     auto job = std::make_shared<Job>();
     job->params = std::move(request.params);
     job->prompt = std::move(request.prompt);
-    job->n = request.n;
-    if (!worker_.submit(job)) return refuse(res);
-    Completion c{chat, std::move(request.reply), request.include_usage, new_response_id(chat ? "chatcmpl" : "cmpl"),
-                 static_cast<int64_t>(std::time(nullptr)), model_name_, request.n, request.logprobs(),
-                 worker_.model().tokenizer.get()};
+    job->n = request.n * request.prompts;
+    job->choice_prompts = std::move(request.choice_prompts);
+    job->t_max_predict_ms = request.t_max_predict_ms;
+    if (worker_.submit(job)) return job;
+    refuse(res, style);
+    return nullptr;
+  }
+
+  // The answer to a submitted job, streamed (`stream` set) or whole.
+  void respond(const httplib::Request& req, httplib::Response& res, const std::shared_ptr<Job>& job, const Answer& answer,
+               const std::shared_ptr<JobStream>& stream) {
     // Counted until the library is done with the response (it destroys the provider then).
     ++responding_;
     const auto responding = std::shared_ptr<void>(nullptr, [this](void*) { --responding_; });
-    if (request.stream) stream_response(res, job, c, responding);
-    else whole_response(req, res, job, c, responding);
+    if (stream) stream_response(res, job, stream, responding);
+    else whole_response(req, res, job, answer, responding);
+  }
+
+  // OpenAI's /v1/embeddings (serve/embeddings.h), on the same worker as the completions.
+  void install_embeddings(httplib::Server& http) {
+    http.Post("/v1/embeddings", guarded([this](const httplib::Request& req, httplib::Response& res) {
+      EmbeddingsRequest request = parse_embeddings_request(req.body, *worker_.model().tokenizer, worker_.n_ctx());
+      int tokens = 0;
+      for (const auto& input : request.inputs) tokens += static_cast<int>(input.size());
+      auto job = std::make_shared<Job>();
+      job->embed_inputs = std::move(request.inputs);
+      job->pooling = pooling_;
+      if (!worker_.submit(job)) return refuse(res, ApiStyle::OpenAI);
+      const bool base64 = request.base64;
+      const std::string model = model_name_;
+      const Answer answer{[base64, model, tokens](const Job& j) { return embeddings_response(j.embeddings, base64, model, tokens); },
+                          [](const Job& j) { return job_error(j); }};
+      respond(req, res, job, answer, nullptr);
+    }));
+  }
+
+  // OpenAI's Responses API (serve/responses_api.h).
+  void install_responses(httplib::Server& http) {
+    http.Post("/v1/responses", guarded([this](const httplib::Request& req, httplib::Response& res) {
+      ResponsesRequest request = parse_responses_request(req.body, request_context(), responses_);
+      const bool stream = request.chat.stream;
+      std::string id = new_response_id("resp");
+      id[4] = '_';
+      ResponsesAnswer a{id, static_cast<int64_t>(std::time(nullptr)), model_name_, request.chat.reply,
+                        std::move(request.history), std::move(request.echo), &responses_};
+      const std::shared_ptr<Job> job = submit(request.chat, res, ApiStyle::OpenAI);
+      if (!job) return;
+      const Answer answer{[a](const Job& j) { return responses_response(a, j.results.front()); },
+                          [](const Job& j) { return job_error(j); }};
+      respond(req, res, job, answer, stream ? responses_stream(a) : nullptr);
+    }));
+  }
+
+  // Anthropic's Messages API (serve/anthropic_messages.h).
+  void install_anthropic(httplib::Server& http) {
+    http.Post("/v1/messages", guarded([this](const httplib::Request& req, httplib::Response& res) {
+      MessagesRequest request = parse_messages_request(req.body, request_context(), false);
+      const int input_tokens = static_cast<int>(request.chat.prompt.size());
+      const bool stream = request.chat.stream;
+      MessagesAnswer a{new_response_id("msg").replace(3, 1, "_"), model_name_, request.chat.reply, request.stop_sequences,
+                       worker_.model().tokenizer.get()};
+      const std::shared_ptr<Job> job = submit(request.chat, res, ApiStyle::Anthropic);
+      if (!job) return;
+      const Answer answer{[a](const Job& j) { return messages_response(a, j.results.front()); },
+                          [](const Job& j) { return anthropic_error(j.error_status, j.error); }};
+      respond(req, res, job, answer, stream ? messages_stream(a, input_tokens) : nullptr);
+    }, ApiStyle::Anthropic));
+    http.Post("/v1/messages/count_tokens", guarded([this](const httplib::Request& req, httplib::Response& res) {
+      const MessagesRequest request = parse_messages_request(req.body, request_context(), true);
+      send_json(res, 200, {{"input_tokens", request.chat.prompt.size()}});
+    }, ApiStyle::Anthropic));
+  }
+
+  void complete(const httplib::Request& req, httplib::Response& res, bool chat) {
+    CompletionRequest request = parse_completion_request(req.body, chat, request_context());
+    const std::shared_ptr<Job> job = submit(request, res, ApiStyle::OpenAI);
+    if (!job) return;
+    Completion c{chat, std::move(request.reply), request.include_usage, new_response_id(chat ? "chatcmpl" : "cmpl"),
+                 static_cast<int64_t>(std::time(nullptr)), model_name_, job->n, request.logprobs(),
+                 worker_.model().tokenizer.get(), request.prompts, request.return_tokens};
+    const Answer answer{[c](const Job& j) { return full_response(c, j.results); },
+                        [](const Job& j) { return job_error(j); }};
+    respond(req, res, job, answer, request.stream ? std::make_shared<StreamWriter>(c) : nullptr);
   }
 
   // A job the worker did not take: 503, shutting down or busy.
-  void refuse(httplib::Response& res) {
+  void refuse(httplib::Response& res, ApiStyle style) {
     res.set_header("Retry-After", "1");
-    if (worker_.shutting_down()) return send_json(res, 503, error_body("server_shutting_down", kShuttingDown));
-    send_json(res, 503, error_body("server_busy", fmt::format("the server is busy: {} requests are already waiting; "
-                                                              "retry later", o_.queue)));
+    if (worker_.shutting_down()) return send_json(res, 503, api_error(style, 503, "server_shutting_down", kShuttingDown));
+    send_json(res, 503, api_error(style, 503, "server_busy", fmt::format("the server is busy: {} requests are already "
+                                                                         "waiting; retry later", o_.queue)));
   }
 
   // Non-streaming: the answer, or the error with its own HTTP status (500, 503 at shutdown),
@@ -289,9 +390,9 @@ class Server {
   // (JSON allows leading whitespace), whose failed write notices the client, at the price of
   // a 200 for a late error.
   void whole_response(const httplib::Request& req, httplib::Response& res, const std::shared_ptr<Job>& job,
-                      const Completion& c, const std::shared_ptr<void>& responding) {
+                      const Answer& answer, const std::shared_ptr<void>& responding) {
     const int sock = client_socket(req);
-    if (sock < 0) return whitespace_response(res, job, c, responding);
+    if (sock < 0) return whitespace_response(res, job, answer, responding);
     std::unique_lock<std::mutex> lock(job->mutex);
     while (!job->changed.wait_for(lock, std::chrono::milliseconds(250), [&] { return job->done; })) {
       if (client_hung_up(sock)) {
@@ -300,14 +401,14 @@ class Server {
       }
     }
     // A plain body (not a provider): the library writes it even once stopping at shutdown.
-    if (job->error.empty()) return send_json(res, 200, full_response(c, job->results));
+    if (job->error.empty()) return send_json(res, 200, answer.body(*job));
     if (job->error_status == 503) res.set_header("Retry-After", "1");
-    send_json(res, job->error_status, job_error(*job));
+    send_json(res, job->error_status, answer.error(*job));
   }
 
-  void whitespace_response(httplib::Response& res, const std::shared_ptr<Job>& job, const Completion& c,
+  void whitespace_response(httplib::Response& res, const std::shared_ptr<Job>& job, const Answer& answer,
                            const std::shared_ptr<void>& responding) {
-    res.set_chunked_content_provider("application/json", [job, c](size_t, httplib::DataSink& sink) {
+    res.set_chunked_content_provider("application/json", [job, answer](size_t, httplib::DataSink& sink) {
       std::unique_lock<std::mutex> lock(job->mutex);
       if (!job->changed.wait_for(lock, std::chrono::seconds(1), [&] { return job->done; })) {
         lock.unlock();
@@ -317,7 +418,7 @@ class Server {
         }
         return true;
       }
-      const std::string text = (job->error.empty() ? full_response(c, job->results) : job_error(*job)).dump();
+      const std::string text = (job->error.empty() ? answer.body(*job) : answer.error(*job)).dump();
       sink.write(text.data(), text.size());
       sink.done();
       return true;
@@ -325,10 +426,9 @@ class Server {
   }
 
   // Server-sent events (serve/stream.h), one provider call a step.
-  void stream_response(httplib::Response& res, const std::shared_ptr<Job>& job, const Completion& c,
+  void stream_response(httplib::Response& res, const std::shared_ptr<Job>& job, const std::shared_ptr<JobStream>& writer,
                        const std::shared_ptr<void>& responding) {
     res.set_header("Cache-Control", "no-cache");
-    auto writer = std::make_shared<StreamWriter>(c);
     res.set_chunked_content_provider("text/event-stream", [job, writer](size_t, httplib::DataSink& sink) {
       const StreamSink out{[&sink](const std::string& text) { return sink.write(text.data(), text.size()); },
                            [&sink] { sink.done(); }};
@@ -359,6 +459,8 @@ class Server {
   std::string model_name_;
   ChatTemplate chat_template_;
   ToolFormat tool_format_ = ToolFormat::None;  // how the template writes tool calls
+  ResponseStore responses_;  // earlier Responses API answers, for previous_response_id
+  Pooling pooling_ = Pooling::Mean;  // how /v1/embeddings pools
 };
 
 constexpr int kListenBacklog = 512;
@@ -437,6 +539,8 @@ int main(int argc, char** argv) {
                  "chat: deepseek puts an answer's leading <think> block in message.reasoning_content "
                  "(delta.reasoning_content when streaming); none leaves it in content")
       ->capture_default_str()->check(CLI::IsMember({"deepseek", "none"}));
+  app.add_option("--pooling", o.pooling, "/v1/embeddings: mean, cls or last (default: the model's pooling_type, else mean)")
+      ->check(CLI::IsMember({"mean", "cls", "last"}));
   if (const std::optional<int> status = parse_command_line(app, argc, argv)) return *status;
   if (!utf8_valid(o.alias)) {
     fmt::print(stderr, "error: --alias must be valid UTF-8\n");

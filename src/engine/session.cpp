@@ -1,6 +1,7 @@
 #include "engine/session.h"
 
 #include <algorithm>
+#include <cmath>
 #include <memory>
 
 #include "core/error.h"
@@ -151,6 +152,34 @@ void Session::record(int32_t token, double wall_seconds, const StepStart& start,
   r.involuntary_switches = part(process.involuntary_switches - start.process.involuntary_switches);
   r.buffer_allocations = part(after.buffer_allocations - before.buffer_allocations);
   records_.push_back(r);
+}
+
+std::vector<float> Session::embed(const std::vector<int32_t>& tokens, Pooling pooling) {
+  if (tokens.empty()) fail("the input is empty");
+  reset();
+  const int E = model_.transformer->config().n_embd;
+  std::vector<double> sum(static_cast<size_t>(E), 0.0);
+  for (size_t i = 0; i < tokens.size(); i += static_cast<size_t>(n_batch_)) {
+    const int n = static_cast<int>(std::min<size_t>(static_cast<size_t>(n_batch_), tokens.size() - i));
+    const std::vector<float>& rows = state_.eval_hidden(tokens.data() + i, n);
+    for (int r = 0; r < n; ++r) {
+      const size_t position = i + static_cast<size_t>(r);
+      const bool pooled = pooling == Pooling::Mean || (pooling == Pooling::Cls && position == 0) ||
+                          (pooling == Pooling::Last && position + 1 == tokens.size());
+      if (!pooled) continue;
+      for (int e = 0; e < E; ++e) sum[static_cast<size_t>(e)] += rows[static_cast<size_t>(r) * E + e];
+    }
+  }
+  history_ = tokens;
+  double norm = 0.0;
+  for (double& v : sum) {
+    if (pooling == Pooling::Mean) v /= static_cast<double>(tokens.size());
+    norm += v * v;
+  }
+  norm = std::sqrt(norm);
+  std::vector<float> out(sum.size());
+  for (size_t e = 0; e < sum.size(); ++e) out[e] = static_cast<float>(norm > 0.0 ? sum[e] / norm : 0.0);
+  return out;
 }
 
 void Session::reset() {

@@ -50,6 +50,10 @@ struct PrefillRecord {
 // out of `total`, and the seconds since the prompt started.
 using PrefillProgress = std::function<void(double done, int total, double seconds)>;
 
+// How an embedding pools a text's final hidden states (llama.cpp's pooling types and numbers:
+// 1 mean, 2 cls = the first token's, 3 last = the last token's).
+enum class Pooling { Mean = 1, Cls = 2, Last = 3 };
+
 class Session {
  public:
   Session(LoadedModel& model, ThreadPool& pool, int n_ctx, int n_batch, SamplerConfig sampler,
@@ -82,6 +86,10 @@ class Session {
   const std::vector<TokenRecord>& records() const { return records_; }
   LoadedModel& model() { return model_; }
   void reset();
+  // Embeds `tokens` from an empty context: their final hidden states pooled, then scaled to unit
+  // length (L2), as llama-server's /v1/embeddings. Afterwards the cache holds these tokens (a
+  // prompt that starts with them reuses their rows).
+  std::vector<float> embed(const std::vector<int32_t>& tokens, Pooling pooling);
 
  private:
   // The counters at the start of a decode step, for its record.

@@ -74,6 +74,17 @@ void InferenceState::replay(int start, int end) {
 }
 
 const std::vector<float>& InferenceState::eval(const int32_t* tokens, int n, bool all_logits) {
+  advance(tokens, n);
+  return output_head(all_logits ? 0 : n - 1, n);
+}
+
+const std::vector<float>& InferenceState::eval_hidden(const int32_t* tokens, int n) {
+  advance(tokens, n);
+  normalize_rows(0, n);
+  return h_;
+}
+
+void InferenceState::advance(const int32_t* tokens, int n) {
   if (n <= 0) fail("eval: no tokens");
   if (recurrent_dirty_) truncate(n_past_);  // first rebuild what a failed eval left half done
   if (n_past_ + n > n_ctx_) {
@@ -106,7 +117,6 @@ const std::vector<float>& InferenceState::eval(const int32_t* tokens, int n, boo
     throw;
   }
   n_past_ += n;
-  return output_head(all_logits ? 0 : n - 1, n);
 }
 
 // The residual stream starts as the tokens' embeddings, at positions from n_past.
@@ -138,15 +148,20 @@ void InferenceState::run_layers(int n) {
 }
 
 // Logits of residual rows [first, n).
-const std::vector<float>& InferenceState::output_head(int first, int n) {
+void InferenceState::normalize_rows(int first, int n) {
   const int E = cfg_.n_embd;
-  const ModelWeights& w = model_.weights_;
   const int rows = n - first;
   h_.resize(static_cast<size_t>(rows) * E);
   for (int i = 0; i < rows; ++i) {
-    ops::rms_norm(residual_.row(first + i), w.output_norm.data(), h_.data() + static_cast<size_t>(i) * E, E,
+    ops::rms_norm(residual_.row(first + i), model_.weights_.output_norm.data(), h_.data() + static_cast<size_t>(i) * E, E,
                   cfg_.norm_eps);
   }
+}
+
+const std::vector<float>& InferenceState::output_head(int first, int n) {
+  const ModelWeights& w = model_.weights_;
+  const int rows = n - first;
+  normalize_rows(first, n);
   logits_.resize(static_cast<size_t>(rows) * w.output.rows);
   matmul(pool_, w.output, h_.data(), rows, logits_.data(), head_act_);
   if (cfg_.final_softcap > 0.0f) {

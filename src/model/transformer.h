@@ -51,6 +51,9 @@ class InferenceState : private ResidualRouter {
   // Runs tokens at positions [n_past, n_past + n). Returns logits of the last token, or of
   // every token when all_logits (row i = token i).
   const std::vector<float>& eval(const int32_t* tokens, int n, bool all_logits = false);
+  // Runs tokens as eval() does but returns every row's final hidden state (after the output
+  // norm; n_embd floats per row) instead of logits: what embeddings pool.
+  const std::vector<float>& eval_hidden(const int32_t* tokens, int n);
 
   int n_past() const { return n_past_; }
   int n_ctx() const { return n_ctx_; }
@@ -79,7 +82,9 @@ class InferenceState : private ResidualRouter {
  private:
   void replay(int start, int end);
   void embed(const int32_t* tokens, int n);
+  void advance(const int32_t* tokens, int n);  // eval() up to the output norm
   void run_layers(int n);
+  void normalize_rows(int first, int n);  // rows [first, n) of the residual stream, normed, into h_
   const std::vector<float>& output_head(int first, int n);
   // ResidualRouter: the router hook scores later layers' routers on the residual stream.
   int layers() const override { return cfg_.n_layer; }

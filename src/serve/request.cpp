@@ -13,6 +13,8 @@
 
 #include "chat/jinja.h"
 #include "chat/json_schema.h"
+#include "serve/json_fields.h"
+#include "serve/llama_fields.h"
 #include "core/error.h"
 #include "text/grammar.h"
 #include "text/utf8.h"
@@ -20,67 +22,7 @@
 namespace bmoe {
 namespace {
 
-// Bodies keep their keys' order: a chat template's tojson shows the client's tools and
-// messages as sent.
-using json = nlohmann::ordered_json;
-
-constexpr int kMaxJsonDepth = 128;
-
-[[noreturn]] void bad_request(const std::string& message, const std::string& param = {}) {
-  throw RequestError(400, "invalid_request_error", message, param);
-}
-
-json parse_body(const std::string& text) {
-  // Checked up front: JSON text is UTF-8, and invalid bytes inside a string would otherwise
-  // surface later as a library error.
-  if (!utf8_valid(text)) bad_request("the request body is not valid UTF-8");
-  // Nesting is bounded: the parser, copies and the template's values all recurse per level.
-  const auto bounded = [](int depth, json::parse_event_t, json&) {
-    if (depth > kMaxJsonDepth) bad_request(fmt::format("the request body nests deeper than {} levels", kMaxJsonDepth));
-    return true;
-  };
-  try {
-    json j = json::parse(text, bounded);
-    if (!j.is_object()) bad_request("the request body must be a JSON object");
-    return j;
-  } catch (const json::exception& e) {  // syntax errors, and numbers that overflow (out_of_range)
-    bad_request(fmt::format("the request body is not valid JSON: {}", e.what()));
-  }
-}
-
-void reject_unknown_fields(const json& body, const std::set<std::string>& known) {
-  for (const auto& [key, value] : body.items()) {
-    if (!known.count(key)) bad_request(fmt::format("unrecognized request argument: '{}'", key), key);
-  }
-}
-
-double number_field(const json& body, const char* key, double fallback, double lo, double hi) {
-  if (!body.contains(key) || body[key].is_null()) return fallback;
-  if (!body[key].is_number()) bad_request(fmt::format("'{}' must be a number", key), key);
-  const double v = body[key].get<double>();
-  if (!(v >= lo && v <= hi)) bad_request(fmt::format("'{}' must be between {} and {}, got {}", key, lo, hi, v), key);
-  return v;
-}
-
-int64_t int_field(const json& body, const char* key, int64_t fallback, int64_t lo, int64_t hi) {
-  if (!body.contains(key) || body[key].is_null()) return fallback;
-  if (!body[key].is_number_integer()) bad_request(fmt::format("'{}' must be an integer", key), key);
-  const int64_t v = body[key].get<int64_t>();
-  if (v < lo || v > hi) bad_request(fmt::format("'{}' must be between {} and {}, got {}", key, lo, hi, v), key);
-  return v;
-}
-
-bool bool_field(const json& body, const char* key, bool fallback) {
-  if (!body.contains(key) || body[key].is_null()) return fallback;
-  if (!body[key].is_boolean()) bad_request(fmt::format("'{}' must be true or false", key), key);
-  return body[key].get<bool>();
-}
-
-// An object's string member, or "" when it is absent or not a string (json::value would throw).
-std::string string_member(const json& object, const char* key) {
-  const auto it = object.find(key);
-  return it != object.end() && it->is_string() ? it->get<std::string>() : std::string();
-}
+using namespace json_fields;
 
 std::vector<std::string> stop_field(const json& body) {
   if (!body.contains("stop") || body["stop"].is_null()) return {};
@@ -155,7 +97,9 @@ std::vector<std::pair<int32_t, float>> logit_bias_field(const json& body, const 
 
 GenerateParams sampling_params(const json& body, const RequestContext& o, int64_t default_max) {
   GenerateParams p;
-  const int64_t max_tokens = int_field(body, "max_tokens", default_max, 1, 1 << 24);
+  // llama-server's n_predict (-1: no limit of its own) under OpenAI's max_tokens.
+  const int64_t n_predict = int_field(body, "n_predict", -1, -1, 1 << 24);
+  const int64_t max_tokens = int_field(body, "max_tokens", n_predict > 0 ? n_predict : default_max, 1, 1 << 24);
   p.max_tokens = static_cast<int>(int_field(body, "max_completion_tokens", max_tokens, 1, 1 << 24));
   const SamplerConfig& d = o.sampling;
   p.sampler.temperature = static_cast<float>(number_field(body, "temperature", d.temperature, 0.0, 2.0));
@@ -170,10 +114,13 @@ GenerateParams sampling_params(const json& body, const RequestContext& o, int64_
   p.sampler.presence_penalty = static_cast<float>(number_field(body, "presence_penalty", d.presence_penalty, -2.0, 2.0));
   p.sampler.frequency_penalty = static_cast<float>(number_field(body, "frequency_penalty", d.frequency_penalty, -2.0, 2.0));
   // llama-server's repetition penalty (0 would divide by zero: its floor is 0.01).
-  p.sampler.repeat_penalty = static_cast<float>(number_field(body, "repeat_penalty", d.repeat_penalty, 0.01, 10.0));
+  // vLLM's repetition_penalty is the same penalty.
+  const double repetition = number_field(body, "repetition_penalty", d.repeat_penalty, 0.01, 10.0);
+  p.sampler.repeat_penalty = static_cast<float>(number_field(body, "repeat_penalty", repetition, 0.01, 10.0));
   p.sampler.repeat_last_n = static_cast<int>(int_field(body, "repeat_last_n", d.repeat_last_n, -1, 1 << 24));
   p.ignore_eos = bool_field(body, "ignore_eos", o.ignore_eos);  // llama-server's field
   p.sampler.logit_bias = logit_bias_field(body, o.tokenizer);
+  read_llama_sampling(body, o.tokenizer, p.sampler);
   return p;
 }
 
@@ -182,6 +129,9 @@ GenerateParams sampling_params(const json& body, const RequestContext& o, int64_
 // number of alternatives, or -1 when no log-probabilities are wanted.
 int logprobs_field(const json& body, bool chat) {
   constexpr int kMaxTop = 20;  // OpenAI's limit for top_logprobs
+  // llama-server's n_probs asks for that many alternatives per token (0: none asked).
+  const int n_probs = static_cast<int>(int_field(body, "n_probs", 0, 0, kMaxTop));
+  if (n_probs > 0 && !body.contains("logprobs")) return n_probs;
   if (!chat) return static_cast<int>(int_field(body, "logprobs", -1, 0, kMaxTop));
   const bool wanted = bool_field(body, "logprobs", false);
   const int top = static_cast<int>(int_field(body, "top_logprobs", 0, 0, kMaxTop));
@@ -450,44 +400,71 @@ json describe_tools(json messages, const json& tools) {
   return messages;
 }
 
-std::vector<int32_t> prompt_of(const json& body, bool chat, const RequestContext& o, const json& tools, bool described) {
-  const Tokenizer& tok = *o.tokenizer;
-  const bool add_bos = tok.vocab().add_bos;
-  if (chat) {
-    bool no_think = o.no_think;
-    if (body.contains("chat_template_kwargs")) {
-      const json& k = body["chat_template_kwargs"];
-      if (!k.is_object()) bad_request("'chat_template_kwargs' must be an object", "chat_template_kwargs");
-      if (k.contains("enable_thinking")) {
-        if (!k["enable_thinking"].is_boolean()) bad_request("'enable_thinking' must be true or false", "chat_template_kwargs");
-        no_think = !k["enable_thinking"].get<bool>();
-      }
-    }
-    static const ChatTemplate kChatML = ChatTemplate::builtin(ChatFormat::ChatML);
-    const ChatTemplate& tmpl = o.chat_template ? *o.chat_template : kChatML;
-    ChatInputs in;
-    in.messages = chat_messages(body, tmpl.is_jinja() || described);
-    if (described) {
-      in.messages = describe_tools(std::move(in.messages), tools);
-    } else if (!tools.empty()) {
-      in.tools = tools;
-    }
-    in.enable_thinking = !no_think;
-    if (body.contains("chat_template_kwargs")) in.kwargs = body["chat_template_kwargs"];
-    if (body.contains("reasoning_effort") && body["reasoning_effort"].is_string()) {
-      in.kwargs["reasoning_effort"] = body["reasoning_effort"];
-    }
-    try {
-      return tok.encode(tmpl.apply(in), true, add_bos);
-    } catch (const jinja::JinjaError& e) {
-      // The template refused the conversation (roles out of order, say): the client's to fix.
-      bad_request(fmt::format("the chat template cannot render these messages: {}", e.what()), "messages");
+// llama-server's reasoning_budget_tokens: -1 (no limit) or 0 (no reasoning, as thinking off).
+bool reasoning_budget_is_zero(const json& body) {
+  const int64_t budget = int_field(body, "reasoning_budget_tokens", -1, -1, 1 << 24);
+  if (budget > 0) bad_request("'reasoning_budget_tokens' must be -1 (no limit) or 0 (no reasoning)", "reasoning_budget_tokens");
+  return budget == 0;
+}
+
+// Whether the answer thinks: the server's default, chat_template_kwargs.enable_thinking, and a
+// reasoning budget of 0.
+bool thinking_off(const json& body, const RequestContext& o) {
+  bool no_think = o.no_think;
+  if (body.contains("chat_template_kwargs")) {
+    const json& k = body["chat_template_kwargs"];
+    if (!k.is_object()) bad_request("'chat_template_kwargs' must be an object", "chat_template_kwargs");
+    if (k.contains("enable_thinking")) {
+      if (!k["enable_thinking"].is_boolean()) bad_request("'enable_thinking' must be true or false", "chat_template_kwargs");
+      no_think = !k["enable_thinking"].get<bool>();
     }
   }
-  if (!body.contains("prompt")) bad_request("'prompt' is required", "prompt");
-  const json& p = body["prompt"];
-  if (p.is_string()) return tok.encode(p.get<std::string>(), true, add_bos);
-  if (p.is_array() && p.size() == 1 && p[0].is_string()) return tok.encode(p[0].get<std::string>(), true, add_bos);
+  return reasoning_budget_is_zero(body) || no_think;
+}
+
+// continue_final_message: the conversation rendered without a new turn, cut right after the
+// final assistant message's text, so the answer goes on from it (as vLLM and llama-server).
+std::string continued_text(const ChatTemplate& tmpl, ChatInputs in) {
+  const json& last = in.messages.back();
+  if (string_member(last, "role") != "assistant" || !last.contains("content") || !last["content"].is_string()) {
+    bad_request("'continue_final_message' needs the last message to be the assistant's, with text content", "continue_final_message");
+  }
+  const std::string tail = last["content"].get<std::string>();
+  in.add_generation_prompt = false;
+  const std::string text = tmpl.apply(in);
+  const size_t at = tail.empty() ? std::string::npos : text.rfind(tail);
+  if (at == std::string::npos) bad_request("'continue_final_message': the template does not show the final message's text", "continue_final_message");
+  return text.substr(0, at + tail.size());
+}
+
+std::vector<int32_t> chat_prompt(const json& body, const RequestContext& o, const json& tools, bool described) {
+  const Tokenizer& tok = *o.tokenizer;
+  static const ChatTemplate kChatML = ChatTemplate::builtin(ChatFormat::ChatML);
+  const ChatTemplate& tmpl = o.chat_template ? *o.chat_template : kChatML;
+  ChatInputs in;
+  in.enable_thinking = !thinking_off(body, o);
+  in.messages = chat_messages(body, tmpl.is_jinja() || described);
+  if (described) {
+    in.messages = describe_tools(std::move(in.messages), tools);
+  } else if (!tools.empty()) {
+    in.tools = tools;
+  }
+  if (body.contains("chat_template_kwargs")) in.kwargs = body["chat_template_kwargs"];
+  if (body.contains("reasoning_effort") && body["reasoning_effort"].is_string()) {
+    in.kwargs["reasoning_effort"] = body["reasoning_effort"];
+  }
+  try {
+    const bool go_on = bool_field(body, "continue_final_message", false) && !in.messages.empty();
+    return tok.encode(go_on ? continued_text(tmpl, in) : tmpl.apply(in), true, tok.vocab().add_bos);
+  } catch (const jinja::JinjaError& e) {
+    // The template refused the conversation (roles out of order, say): the client's to fix.
+    bad_request(fmt::format("the chat template cannot render these messages: {}", e.what()), "messages");
+  }
+}
+
+// One completions prompt: a string or token ids.
+std::vector<int32_t> one_prompt(const json& p, const Tokenizer& tok) {
+  if (p.is_string()) return tok.encode(p.get<std::string>(), true, tok.vocab().add_bos);
   if (p.is_array() && !p.empty() && p[0].is_number_integer()) {
     std::vector<int32_t> ids;
     for (const json& e : p) {
@@ -498,7 +475,23 @@ std::vector<int32_t> prompt_of(const json& body, bool chat, const RequestContext
     }
     return ids;
   }
-  bad_request("'prompt' must be a string, an array of one string, or an array of token ids", "prompt");
+  bad_request("'prompt' must be a string, token ids, or a list of either", "prompt");
+}
+
+// Completions' prompt: a string, token ids, or a list of strings or of token-id lists (one
+// answer per prompt).
+std::vector<std::vector<int32_t>> completion_prompts(const json& body, const Tokenizer& tok) {
+  if (!body.contains("prompt")) bad_request("'prompt' is required", "prompt");
+  const json& p = body["prompt"];
+  const bool several = p.is_array() && !p.empty() && (p[0].is_string() || p[0].is_array());
+  if (!several) return {one_prompt(p, tok)};
+  if (p.size() > 128) bad_request("'prompt' holds more than 128 prompts", "prompt");
+  std::vector<std::vector<int32_t>> out;
+  for (const json& e : p) {
+    if (!e.is_string() && !e.is_array()) bad_request("'prompt' as a list holds strings or lists of token ids", "prompt");
+    out.push_back(one_prompt(e, tok));
+  }
+  return out;
 }
 
 // The decoded end of a prompt, special tokens spelled out.
@@ -528,46 +521,67 @@ ReplyOptions reply_options(const RequestContext& o, const json& tools, ToolForma
   return r;
 }
 
-}  // namespace
-
-CompletionRequest parse_completion_request(const std::string& text, bool chat, const RequestContext& context) {
-  const json body = parse_body(text);
-  // OpenAI's documented fields, and llama-server's top_k, min_p, repeat_penalty, repeat_last_n,
-  // ignore_eos, grammar, json_schema and chat_template_kwargs. What bmoe does with each: README ("Request fields").
-  static const std::set<std::string> kChatFields = {
+// The fields a completion body may hold: OpenAI's documented ones, llama-server's top_k, min_p,
+// repeat_penalty, repeat_last_n, ignore_eos, grammar, json_schema, chat_template_kwargs and the
+// rest of its own (serve/llama_fields.h). What bmoe does with each: README ("Request fields").
+const std::set<std::string>& known_fields(bool chat) {
+  static const auto with_llama = [](std::set<std::string> fields) {
+    fields.insert(llama_server_fields().begin(), llama_server_fields().end());
+    return fields;
+  };
+  static const std::set<std::string> kChatFields = with_llama({
       "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "stop",
       "stream", "stream_options", "n", "presence_penalty", "frequency_penalty", "user", "chat_template_kwargs",
       "logprobs", "top_logprobs", "logit_bias", "response_format", "tools", "tool_choice", "parallel_tool_calls",
       "functions", "function_call", "store", "metadata", "reasoning_effort", "service_tier", "modalities", "audio",
       "prediction", "prompt_cache_key", "safety_identifier", "verbosity", "web_search_options", "cache_prompt",
-      "min_p", "repeat_penalty", "repeat_last_n", "ignore_eos", "grammar", "json_schema"};
-  static const std::set<std::string> kCompletionFields = {
+      "min_p", "repeat_penalty", "repeat_last_n", "ignore_eos", "grammar", "json_schema"});
+  static const std::set<std::string> kCompletionFields = with_llama({
       "model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream",
       "stream_options", "n", "presence_penalty", "frequency_penalty", "user", "echo", "logprobs", "best_of",
       "logit_bias", "suffix", "cache_prompt", "min_p", "repeat_penalty", "repeat_last_n", "ignore_eos", "grammar",
-      "json_schema"};
-  reject_unknown_fields(body, chat ? kChatFields : kCompletionFields);
+      "json_schema", "chat_template_kwargs"});
+  return chat ? kChatFields : kCompletionFields;
+}
+
+void check_fields(const json& body, bool chat) {
+  reject_unknown_fields(body, known_fields(chat));
   check_unused_fields(body, chat);
+  check_llama_neutral_fields(body);
   if (!chat) {
     only_default(body, "echo", false);
     only_default(body, "best_of", 1);
   }
   if (body.contains("model") && !body["model"].is_string()) bad_request("'model' must be a string", "model");
-  CompletionRequest r;
-  r.stream = bool_field(body, "stream", false);
-  if (body.contains("stream_options") && !body["stream_options"].is_null()) {
-    const json& so = body["stream_options"];
-    if (!so.is_object()) bad_request("'stream_options' must be an object", "stream_options");
-    r.include_usage = bool_field(so, "include_usage", false);
+}
+
+void check_prompt_fits(const std::vector<int32_t>& prompt, bool chat, int n_ctx) {
+  if (prompt.empty()) bad_request("the prompt is empty", chat ? "messages" : "prompt");
+  if (static_cast<int>(prompt.size()) >= n_ctx) {
+    throw RequestError(400, "invalid_request_error",
+                       fmt::format("the prompt has {} tokens; this server's context is {} tokens", prompt.size(), n_ctx),
+                       chat ? "messages" : "prompt", "context_length_exceeded");
   }
-  const int n_ctx = context.n_ctx;
-  r.params = sampling_params(body, context, context.n_predict > 0 ? context.n_predict : (chat ? n_ctx : 16));
-  r.params.logprobs = logprobs_field(body, chat);
-  r.n = static_cast<int>(int_field(body, "n", 1, 1, 128));  // OpenAI's limit
+}
+
+// llama-server's per-request reasoning_format: "none" leaves the reasoning in the content.
+bool split_reasoning_field(const json& body, bool fallback) {
+  if (!body.contains("reasoning_format") || body["reasoning_format"].is_null()) return fallback;
+  static const std::set<std::string> kFormats = {"none", "deepseek", "deepseek-legacy", "auto"};
+  const json& f = body["reasoning_format"];
+  if (!f.is_string() || !kFormats.count(f.get<std::string>())) {
+    bad_request("'reasoning_format' must be \"none\", \"deepseek\", \"deepseek-legacy\" or \"auto\"", "reasoning_format");
+  }
+  return f != "none";
+}
+
+// The tools the model is shown; tool_format is the template's, or the described JSON layout where
+// the template has no tool syntax and the choice forces a call.
+json offered_tools(const json& body, bool chat, const RequestContext& context, ToolChoice& choice, ToolFormat& tool_format) {
   json tools = chat ? tools_field(body) : json::array();
-  const ToolChoice choice = tool_choice_field(body, tools);
+  choice = tool_choice_field(body, tools);
   if (choice.mode == ToolChoice::Mode::None) tools = json::array();  // not shown to the model either
-  ToolFormat tool_format = context.tool_format;
+  tool_format = context.tool_format;
   const bool described = !tools.empty() && tool_format == ToolFormat::None;
   if (described && choice.mode != ToolChoice::Mode::Required) {
     bad_request(fmt::format("tools with tool_choice \"auto\" need a chat template that writes tool calls in a format bmoe "
@@ -577,19 +591,51 @@ CompletionRequest parse_completion_request(const std::string& text, bool chat, c
                 "tools");
   }
   if (described) tool_format = kDescribedToolFormat;
-  r.params.grammar = output_grammar(body, choice, tools, tool_format);
-  r.prompt = prompt_of(body, chat, context, tools, described);
-  if (chat && r.params.grammar) close_open_think_block(r.prompt, *context.tokenizer);
+  return tools;
+}
+
+// The prompt (chat: rendered; completions: each of the list) and how the reply is split.
+void read_prompts(const json& body, bool chat, const RequestContext& context, const json& tools, ToolFormat tool_format,
+                  CompletionRequest& r) {
   if (chat) {
+    r.prompt = chat_prompt(body, context, tools, tool_format != context.tool_format);
+    if (r.params.grammar) close_open_think_block(r.prompt, *context.tokenizer);
     r.reply = reply_options(context, tools, tool_format, r.prompt);
     r.reply.parallel_calls = bool_field(body, "parallel_tool_calls", true);
+    r.reply.split_reasoning = split_reasoning_field(body, r.reply.split_reasoning);
+    return check_prompt_fits(r.prompt, chat, context.n_ctx);
   }
-  if (r.prompt.empty()) bad_request("the prompt is empty", chat ? "messages" : "prompt");
-  if (static_cast<int>(r.prompt.size()) >= n_ctx) {
-    throw RequestError(400, "invalid_request_error",
-                       fmt::format("the prompt has {} tokens; this server's context is {} tokens", r.prompt.size(), n_ctx),
-                       chat ? "messages" : "prompt", "context_length_exceeded");
+  std::vector<std::vector<int32_t>> prompts = completion_prompts(body, *context.tokenizer);
+  for (const auto& p : prompts) check_prompt_fits(p, chat, context.n_ctx);
+  r.prompt = prompts.front();
+  if (prompts.size() == 1) return;
+  if (prompts.size() * static_cast<size_t>(r.n) > 128) bad_request("'prompt' times 'n' is more than 128 choices", "n");
+  for (const auto& p : prompts) r.choice_prompts.insert(r.choice_prompts.end(), static_cast<size_t>(r.n), p);
+  r.prompts = static_cast<int>(prompts.size());
+}
+
+}  // namespace
+
+CompletionRequest parse_completion_request(const std::string& text, bool chat, const RequestContext& context) {
+  const json body = parse_body(text);
+  check_fields(body, chat);
+  CompletionRequest r;
+  r.stream = bool_field(body, "stream", false);
+  if (body.contains("stream_options") && !body["stream_options"].is_null()) {
+    const json& so = body["stream_options"];
+    if (!so.is_object()) bad_request("'stream_options' must be an object", "stream_options");
+    r.include_usage = bool_field(so, "include_usage", false);
   }
+  r.return_tokens = bool_field(body, "return_tokens", false);
+  r.t_max_predict_ms = std::max<int64_t>(0, int_field(body, "t_max_predict_ms", -1, -1, INT64_MAX / 2));
+  r.params = sampling_params(body, context, context.n_predict > 0 ? context.n_predict : (chat ? context.n_ctx : 16));
+  r.params.logprobs = logprobs_field(body, chat);
+  r.n = static_cast<int>(int_field(body, "n", 1, 1, 128));  // OpenAI's limit
+  ToolChoice choice;
+  ToolFormat tool_format = ToolFormat::None;
+  const json tools = offered_tools(body, chat, context, choice, tool_format);
+  r.params.grammar = output_grammar(body, choice, tools, tool_format);
+  read_prompts(body, chat, context, tools, tool_format, r);
   return r;
 }
 

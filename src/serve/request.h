@@ -50,7 +50,13 @@ struct CompletionRequest {
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage: a last chunk with usage, no choices
   ReplyOptions reply;  // chat: how the answer splits into reasoning, content and tool calls
-  int n = 1;  // choices to generate, one after the other, choice i seeded params.sampler.seed + i
+  int n = 1;  // choices to generate per prompt, one after the other, choice i seeded params.sampler.seed + i
+  // Completions with a list of prompts: the prompt of every choice (n per prompt, in order),
+  // and how many prompts; empty and 1 otherwise (every choice answers `prompt`).
+  std::vector<std::vector<int32_t>> choice_prompts;
+  int prompts = 1;
+  bool return_tokens = false;  // llama-server's: each choice also lists its token ids
+  int64_t t_max_predict_ms = 0;  // llama-server's: > 0 ends an answer at a line break past it
   // Log-probabilities asked for (params.logprobs is the number of alternatives, -1 for none).
   bool logprobs() const { return params.logprobs >= 0; }
 };

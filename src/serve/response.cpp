@@ -82,6 +82,7 @@ json full_choice(const Completion& c, const GenerateResult& r, int index) {
   json choice = {{"index", index}, {"finish_reason", finish_reason(r.finish_reason)}};
   int64_t offset = 0;
   choice["logprobs"] = logprobs_of(c, r.logprobs, offset);
+  if (c.return_tokens) choice["tokens"] = r.tokens;
   if (c.chat) return chat_choice(c, r, std::move(choice));
   choice["text"] = utf8_sanitize(r.text);
   return choice;
@@ -106,11 +107,16 @@ json job_error(const Job& job) {
   return error_body(job.error_status == 503 ? "server_shutting_down" : "server_error", job.error);
 }
 
-json usage_of(const std::vector<GenerateResult>& rs) {
-  const int prompt = rs.empty() ? 0 : rs.front().prompt_tokens;
-  const int cached = rs.empty() ? 0 : rs.front().reused_tokens;
-  int completion = 0;
-  for (const GenerateResult& r : rs) completion += static_cast<int>(r.tokens.size());
+json usage_of(const std::vector<GenerateResult>& rs, int prompts) {
+  const size_t per_prompt = std::max<size_t>(1, rs.size() / static_cast<size_t>(std::max(prompts, 1)));
+  int prompt = 0, cached = 0, completion = 0;
+  for (size_t i = 0; i < rs.size(); ++i) {
+    if (i % per_prompt == 0) {
+      prompt += rs[i].prompt_tokens;
+      cached += rs[i].reused_tokens;
+    }
+    completion += static_cast<int>(rs[i].tokens.size());
+  }
   return {{"prompt_tokens", prompt}, {"completion_tokens", completion}, {"total_tokens", prompt + completion},
           {"prompt_tokens_details", {{"cached_tokens", cached}}}};
 }
@@ -164,7 +170,7 @@ json full_response(const Completion& c, const std::vector<GenerateResult>& rs) {
   json choices = json::array();
   for (size_t i = 0; i < rs.size(); ++i) choices.push_back(full_choice(c, rs[i], static_cast<int>(i)));
   return {{"id", c.id}, {"object", c.chat ? "chat.completion" : "text_completion"}, {"created", c.created},
-          {"model", c.model}, {"choices", choices}, {"usage", usage_of(rs)}, {"timings", timings_of(rs)}};
+          {"model", c.model}, {"choices", choices}, {"usage", usage_of(rs, c.prompts)}, {"timings", timings_of(rs)}};
 }
 
 std::string sse(const json& j) { return "data: " + j.dump() + "\n\n"; }

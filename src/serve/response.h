@@ -28,6 +28,8 @@ struct Completion {
   int n = 1;                           // choices
   bool logprobs = false;               // report log-probabilities
   const Tokenizer* tokenizer = nullptr;  // for the tokens' text in logprobs
+  int prompts = 1;             // completions with a list of prompts: n / prompts choices each
+  bool return_tokens = false;  // each whole choice lists its token ids (llama-server's "tokens")
 };
 
 // A new response id: "<prefix>-" and hex digits from the clock and a counter.
@@ -39,8 +41,9 @@ nlohmann::ordered_json error_body(const std::string& type, const std::string& me
 // The error object for a job that failed (type by status: 503 is the shutdown).
 nlohmann::ordered_json job_error(const Job& job);
 
-// Usage over all choices: the prompt once (as OpenAI), the completion tokens of every choice.
-nlohmann::ordered_json usage_of(const std::vector<GenerateResult>& rs);
+// Usage over all choices: each prompt once (as OpenAI; `prompts` of them, each answered by an
+// equal run of choices), the completion tokens of every choice.
+nlohmann::ordered_json usage_of(const std::vector<GenerateResult>& rs, int prompts = 1);
 // llama-server's "timings", summed over the choices.
 nlohmann::ordered_json timings_of(const std::vector<GenerateResult>& rs);
 // OpenAI's finish_reason for a GenerateResult's: "length", else "stop".

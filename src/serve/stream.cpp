@@ -106,7 +106,7 @@ bool StreamWriter::finish_stream(Job& job) {
   const int last = static_cast<int>(job.results.size()) - 1;
   if (last >= 0 && !write_piece(last, {}, {}, true)) return false;
   json end = finish_chunk(std::max(last, 0), last >= 0 ? job.results.back().finish_reason : "stop");
-  end["usage"] = usage_of(job.results);
+  end["usage"] = usage_of(job.results, c_.prompts);
   end["timings"] = timings_of(job.results);
   if (!send(sse(end))) return false;
   if (c_.include_usage && !write_usage_chunk(job.results)) return false;
@@ -117,7 +117,7 @@ bool StreamWriter::finish_stream(Job& job) {
 bool StreamWriter::write_usage_chunk(const std::vector<GenerateResult>& results) {
   json usage = chunk(c_, 0, nullptr, nullptr);
   usage["choices"] = json::array();
-  usage["usage"] = usage_of(results);
+  usage["usage"] = usage_of(results, c_.prompts);
   return send(sse(usage));
 }
 

@@ -23,14 +23,21 @@ struct StreamSink {
   std::function<void()> done;                     // the stream is complete
 };
 
+// A job's answer as a stream, written one provider call at a time.
+class JobStream {
+ public:
+  virtual ~JobStream() = default;
+  // One provider call: waits up to a second for output; false when the client is gone.
+  virtual bool step(Job& job, const StreamSink& sink) = 0;
+};
+
 // Writes a job's events as server-sent events, one provider call at a time. Consecutive events
 // of one choice go out as one chunk (text and the log-probabilities of its tokens).
-class StreamWriter {
+class StreamWriter : public JobStream {
  public:
   explicit StreamWriter(const Completion& c);
 
-  // One provider call: waits up to a second for output; false when the client is gone.
-  bool step(Job& job, const StreamSink& sink);
+  bool step(Job& job, const StreamSink& sink) override;
 
  private:
   bool send(const std::string& text) { return sink_->write(text); }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <exception>
 
+#include "core/timer.h"
 #include "telemetry/system.h"
 
 namespace bmoe {
@@ -161,7 +162,40 @@ std::shared_ptr<Job> DecodeWorker::next_job() {
   return job;
 }
 
+// Embeds each input in turn (cancelled between inputs); one result per input carries its
+// token count for usage and the counters.
+void DecodeWorker::run_embeddings(Job& job) {
+  std::vector<GenerateResult> results;
+  std::vector<std::vector<float>> vectors;
+  std::string error;
+  for (const std::vector<int32_t>& input : job.embed_inputs) {
+    if (job.cancel.load()) break;
+    GenerateResult r;
+    r.prompt_tokens = static_cast<int>(input.size());
+    r.finish_reason = "stop";
+    try {
+      Stopwatch timer;
+      vectors.push_back(session_->embed(input, job.pooling));
+      r.prefill_seconds = timer.seconds();
+    } catch (const std::exception& e) {
+      error = e.what();
+      session_->reset();
+      break;
+    }
+    results.push_back(r);
+  }
+  const bool cancelled = vectors.size() < job.embed_inputs.size() && error.empty();
+  if (cancelled) error = shutting_down() ? kShuttingDown : "cancelled";
+  record(results, !error.empty() && !cancelled, cancelled);
+  {
+    std::lock_guard<std::mutex> lock(job.mutex);
+    job.embeddings = std::move(vectors);
+  }
+  finish(job, std::move(results), error, cancelled && shutting_down() ? 503 : 500);
+}
+
 void DecodeWorker::run_job(Job& job) {
+  if (!job.embed_inputs.empty()) return run_embeddings(job);
   std::vector<GenerateResult> results;
   std::string error;
   // n choices one after the other: each re-evaluates only the prompt's last token (the KV
@@ -213,16 +247,28 @@ GenerateResult DecodeWorker::run_choice(Job& job, int index, std::string& error)
   }
   GenerateParams params = job.params;
   params.sampler.seed += static_cast<uint64_t>(index);
+  // llama-server's t_max_predict_ms: past the limit, the answer ends at its first line break
+  // (timed from the first piece, as llama.cpp times the generation phase).
+  std::optional<Stopwatch> since_first_piece;
+  bool line_break = false, timed_out = false;
+  const auto in_time = [&](const std::string& piece) {
+    if (!since_first_piece) since_first_piece.emplace();
+    line_break = line_break || piece.find('\n') != std::string::npos;
+    timed_out = job.t_max_predict_ms > 0 && line_break && since_first_piece->seconds() * 1e3 > static_cast<double>(job.t_max_predict_ms);
+    return !timed_out;
+  };
   try {
-    result = generate(*session_, job.prompt, params, [this, &job, index](const std::string& piece) {
+    const std::vector<int32_t>& prompt = job.choice_prompts.empty() ? job.prompt : job.choice_prompts[static_cast<size_t>(index)];
+    result = generate(*session_, prompt, params, [this, &job, index, &in_time](const std::string& piece) {
       publish_progress();
       job.push({index, piece, std::nullopt, {}});
-      return true;
+      return in_time(piece);
     }, &job.cancel, [&job, index](const TokenLogprob& lp) { job.push({index, {}, lp, {}}); });
   } catch (const std::exception& e) {
     error = e.what();
     session_->reset();  // the KV cache may be half-written
   }
+  if (timed_out && result.finish_reason == "cancelled" && !job.cancel.load()) result.finish_reason = "stop";
   return result;
 }
 

@@ -40,6 +40,12 @@ struct Job {
   std::vector<int32_t> prompt;
   GenerateParams params;
   int n = 1;  // choices, generated one after the other; choice i is seeded params.sampler.seed + i
+  std::vector<std::vector<int32_t>> choice_prompts;  // when set, choice i answers choice_prompts[i]
+  int64_t t_max_predict_ms = 0;  // > 0: past this, a choice ends at its first line break
+  // An embeddings job (set instead of a prompt): each input's pooled vector goes to `embeddings`.
+  std::vector<std::vector<int32_t>> embed_inputs;
+  Pooling pooling = Pooling::Mean;
+  std::vector<std::vector<float>> embeddings;
   std::atomic<bool> cancel{false};
 
   std::mutex mutex;
@@ -100,6 +106,7 @@ class DecodeWorker {
   void work();
   std::shared_ptr<Job> next_job();  // nullptr once stopping
   void run_job(Job& job);
+  void run_embeddings(Job& job);
   void record(const std::vector<GenerateResult>& results, bool failed, bool cancelled);
   GenerateResult run_choice(Job& job, int index, std::string& error);
   void publish_progress();

@@ -15,18 +15,36 @@ int32_t Sampler::argmax(const float* logits, int n_vocab) {
   return best;
 }
 
+const std::vector<SamplerStep> kDefaultSamplerOrder = {SamplerStep::TopNSigma, SamplerStep::TopK, SamplerStep::Typical,
+                                                       SamplerStep::MinP, SamplerStep::Xtc, SamplerStep::Temperature,
+                                                       SamplerStep::TopP};
+
+namespace {
+// The last `n` tokens of `sequence` (n < 0: all of it).
+std::vector<int32_t> tail_of(const std::vector<int32_t>& sequence, int n) {
+  const size_t k = n < 0 ? sequence.size() : std::min(sequence.size(), static_cast<size_t>(n));
+  return std::vector<int32_t>(sequence.end() - static_cast<std::ptrdiff_t>(k), sequence.end());
+}
+
+void push_bounded(std::vector<int32_t>& window, int32_t token, int limit) {
+  window.push_back(token);
+  if (limit > 0 && window.size() > static_cast<size_t>(limit)) window.erase(window.begin());
+}
+}  // namespace
+
 void Sampler::begin(const std::vector<int32_t>& sequence) {
   answer_counts_.clear();
-  const size_t n = config_.repeat_last_n < 0 ? sequence.size() : std::min(sequence.size(), static_cast<size_t>(config_.repeat_last_n));
-  recent_.assign(sequence.end() - static_cast<std::ptrdiff_t>(n), sequence.end());
+  recent_ = tail_of(sequence, config_.repeat_last_n);
+  if (config_.dry()) dry_window_ = tail_of(sequence, config_.dry_penalty_last_n);
+  mu_ = 2.0f * config_.mirostat_tau;
 }
 
 void Sampler::accept(int32_t token) {
   if (!config_.penalized()) return;  // nothing reads them: keep the plain paths free of bookkeeping
   ++answer_counts_[token];
+  if (config_.dry()) push_bounded(dry_window_, token, config_.dry_penalty_last_n);
   if (config_.repeat_last_n == 0) return;
-  recent_.push_back(token);
-  if (config_.repeat_last_n > 0 && recent_.size() > static_cast<size_t>(config_.repeat_last_n)) recent_.erase(recent_.begin());
+  push_bounded(recent_, token, config_.repeat_last_n);
 }
 
 const float* Sampler::penalize(const float* logits, int n_vocab) {
@@ -35,6 +53,11 @@ const float* Sampler::penalize(const float* logits, int n_vocab) {
   for (const auto& [t, bias] : config_.logit_bias) {
     if (in_vocab(t)) penalized_[static_cast<size_t>(t)] += bias;
   }
+  if (config_.dry()) {
+    dry_penalize(dry_window_, config_.dry_breakers, config_.dry_multiplier, config_.dry_base, config_.dry_allowed_length,
+                 penalized_.data(), n_vocab);
+  }
+  if (!config_.use_penalties) return penalized_.data();
   if (config_.repeat_penalty != 1.0f) {
     // Each token in the window once, however often it occurs (as llama.cpp).
     std::vector<int32_t> seen(recent_);
@@ -63,9 +86,12 @@ int32_t Sampler::sample(const float* logits, int n_vocab) {
   return draw(logits, n_vocab);
 }
 
+
 int32_t Sampler::sample(const float* logits, int n_vocab, const TokenFilter& filter) {
+  const float mu = mu_;  // a refused pick must not move Mirostat's target
   const int32_t first = sample(logits, n_vocab);
   if (filter.allows(first)) return first;
+  mu_ = mu;
   masked_.assign(logits, logits + n_vocab);
   filter.mask(masked_.data(), n_vocab);
   if (std::none_of(masked_.begin(), masked_.end(), [](float l) { return std::isfinite(l); })) {
@@ -74,52 +100,49 @@ int32_t Sampler::sample(const float* logits, int n_vocab, const TokenFilter& fil
   return sample(masked_.data(), n_vocab);
 }
 
-int32_t Sampler::draw(const float* logits, int n_vocab) {
-  candidates_.resize(static_cast<size_t>(n_vocab));
-  for (int32_t i = 0; i < n_vocab; ++i) candidates_[static_cast<size_t>(i)] = {logits[i], i};
-  const auto by_logit = [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); };
-  size_t keep = candidates_.size();
-  if (config_.top_k > 0 && static_cast<size_t>(config_.top_k) < keep) {
-    keep = static_cast<size_t>(config_.top_k);
-    std::partial_sort(candidates_.begin(), candidates_.begin() + static_cast<std::ptrdiff_t>(keep), candidates_.end(), by_logit);
-  } else {
-    std::sort(candidates_.begin(), candidates_.end(), by_logit);
-  }
-  candidates_.resize(keep);
-  const float max = candidates_[0].first;
-  if (config_.min_p > 0.0f) {
-    // p_i >= min_p * p_max  <=>  logit_i >= logit_max + ln(min_p); the best token always stays.
-    const float floor = max + std::log(config_.min_p);
-    size_t cut = 1;
-    while (cut < candidates_.size() && candidates_[cut].first >= floor) ++cut;
-    candidates_.resize(cut);
-  }
-  // Softmax at the temperature, then the top-p nucleus.
-  double total = 0.0;
-  for (auto& c : candidates_) {
-    c.first = std::exp((c.first - max) / config_.temperature);
-    total += c.first;
-  }
-  if (config_.top_p < 1.0f) {
-    double cumulative = 0.0;
-    size_t cut = candidates_.size();
-    for (size_t i = 0; i < candidates_.size(); ++i) {
-      cumulative += candidates_[i].first / total;
-      if (cumulative >= config_.top_p) {
-        cut = i + 1;
-        break;
+void Sampler::run_step(SamplerStep step) {
+  CandidateList& c = candidates_;
+  const SamplerConfig& k = config_;
+  switch (step) {
+    case SamplerStep::TopNSigma: return keep_top_n_sigma(c, k.top_n_sigma);
+    case SamplerStep::TopK: return keep_top_k(c, k.top_k);
+    case SamplerStep::Typical: return keep_typical(c, k.typical_p, k.min_keep);
+    case SamplerStep::TopP: return keep_top_p(c, k.top_p, k.min_keep);
+    case SamplerStep::MinP: return keep_min_p(c, k.min_p, k.min_keep);
+    case SamplerStep::Xtc:
+      // The coin is thrown only where XTC can act, so other settings keep their draws.
+      if (k.xtc_probability > 0.0f && k.xtc_threshold <= 0.5f && rng_.uniform() < k.xtc_probability) {
+        exclude_top_choices(c, k.xtc_threshold, k.min_keep);
       }
-    }
-    candidates_.resize(cut);
-    total = 0.0;
-    for (const auto& c : candidates_) total += c.first;
+      return;
+    case SamplerStep::Temperature:
+      c.temperature = dynamic_temperature(c, k.temperature, k.dynatemp_range, k.dynatemp_exponent);
+      // A dynamic temperature can reach 0: the best token then.
+      if (c.temperature <= 0.0f) {
+        c.keep_first(1);
+        c.temperature = 1.0f;
+      }
+      return;
   }
-  double r = rng_.uniform() * total;
-  for (const auto& c : candidates_) {
-    r -= c.first;
-    if (r <= 0.0) return c.second;
+}
+
+int32_t Sampler::draw(const float* logits, int n_vocab) {
+  const std::vector<SamplerStep>& order = config_.order.empty() ? kDefaultSamplerOrder : config_.order;
+  candidates_.temperature = 1.0f;
+  if (config_.mirostat != 0) {
+    fill_candidates(candidates_, logits, n_vocab, 0);
+    candidates_.temperature = config_.temperature;
+    return config_.mirostat == 1
+               ? mirostat_v1(candidates_, config_.mirostat_tau, config_.mirostat_eta, 100, n_vocab, mu_, rng_)
+               : mirostat_v2(candidates_, config_.mirostat_tau, config_.mirostat_eta, mu_, rng_);
   }
-  return candidates_.back().second;
+  // Top-k as the first step that acts needs only a partial sort (the default: top-n-sigma off).
+  const auto first = std::find_if(order.begin(), order.end(), [&](SamplerStep s) {
+    return s != SamplerStep::TopNSigma || config_.top_n_sigma > 0.0f;
+  });
+  fill_candidates(candidates_, logits, n_vocab, first != order.end() && *first == SamplerStep::TopK ? config_.top_k : 0);
+  for (SamplerStep step : order) run_step(step);
+  return draw_candidate(candidates_, rng_);
 }
 
 TokenLogprob token_logprob(const float* logits, int n_vocab, int32_t token, int top_n) {

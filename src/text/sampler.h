@@ -1,5 +1,7 @@
-// Token sampling: greedy by default; repetition penalties, then top-k, min-p, temperature and
-// top-p with a seeded generator. Also the log-probabilities that servers report per token.
+// Token sampling: greedy by default; repetition penalties and DRY, then a chain of steps
+// (text/sampler_steps.h; by default top-k, min-p, temperature and top-p, with top-n-sigma,
+// typical-p and XTC where asked) or Mirostat, with a seeded generator. Also the
+// log-probabilities that servers report per token.
 #pragma once
 
 #include <cstdint>
@@ -8,6 +10,7 @@
 #include <vector>
 
 #include "core/rng.h"
+#include "text/sampler_steps.h"
 
 namespace bmoe {
 
@@ -31,14 +34,43 @@ struct SamplerConfig {
   // Added to a token's logit before anything else (OpenAI's logit_bias; -infinity bans it).
   std::vector<std::pair<int32_t, float>> logit_bias;
 
+  // llama.cpp's other samplers, off at these values (text/sampler_steps.h says what each does).
+  float typical_p = 1.0f;        // >= 1: off
+  float top_n_sigma = -1.0f;     // <= 0: off
+  float xtc_probability = 0.0f;  // the chance that XTC acts on a step (0: off)
+  float xtc_threshold = 0.1f;    // > 0.5: off
+  float dynatemp_range = 0.0f;   // 0: the temperature is fixed
+  float dynatemp_exponent = 1.0f;
+  int min_keep = 0;              // the truncating steps keep at least this many tokens
+  int mirostat = 0;              // 1 or 2: Mirostat after the temperature, instead of the chain
+  float mirostat_tau = 5.0f;
+  float mirostat_eta = 0.1f;
+  // DRY over the last dry_penalty_last_n tokens of the sequence, prompt included (-1: all).
+  float dry_multiplier = 0.0f;   // 0: off
+  float dry_base = 1.75f;
+  int dry_allowed_length = 2;
+  int dry_penalty_last_n = -1;
+  std::vector<int32_t> dry_breakers;  // tokens a repeat does not run across
+  // The chain's order (llama-server's `samplers`); steps not listed do not run. Empty: the
+  // default, kDefaultSamplerOrder. use_penalties/use_dry false: left out of a `samplers` list.
+  std::vector<SamplerStep> order;
+  bool use_penalties = true;
+  bool use_dry = true;
+
+  bool dry() const { return use_dry && dry_multiplier != 0.0f && dry_penalty_last_n != 0; }
   // Whether anything changes the raw logits before the choice.
   bool penalized() const {
-    return presence_penalty != 0.0f || frequency_penalty != 0.0f || (repeat_penalty != 1.0f && repeat_last_n != 0) ||
-           !logit_bias.empty();
+    return (use_penalties && (presence_penalty != 0.0f || frequency_penalty != 0.0f ||
+                              (repeat_penalty != 1.0f && repeat_last_n != 0))) ||
+           !logit_bias.empty() || dry();
   }
 };
 
 // Restricts which tokens may be sampled (a grammar). allows() must agree with mask().
+// top-n-sigma, top-k, typical-p, min-p, XTC, temperature, top-p: the first is how bmoe sampled
+// before the others existed (top-p at the temperature), the others sit where llama.cpp has them.
+extern const std::vector<SamplerStep> kDefaultSamplerOrder;
+
 class TokenFilter {
  public:
   virtual ~TokenFilter() = default;
@@ -48,7 +80,7 @@ class TokenFilter {
 
 class Sampler {
  public:
-  explicit Sampler(SamplerConfig config) : config_(config), rng_(config.seed) {}
+  explicit Sampler(SamplerConfig config) : config_(std::move(config)), rng_(config_.seed), mu_(2.0f * config_.mirostat_tau) {}
   int32_t sample(const float* logits, int n_vocab);
   // Samples among the tokens `filter` allows. The unrestricted pick is tried first and the full
   // mask is built only when the filter refuses it (llama.cpp's order: most steps of a grammar
@@ -68,10 +100,13 @@ class Sampler {
   // The logits with the penalties applied (a copy; `logits` itself is left alone).
   const float* penalize(const float* logits, int n_vocab);
   int32_t draw(const float* logits, int n_vocab);
+  void run_step(SamplerStep step);
 
   SamplerConfig config_;
   Rng rng_;
-  std::vector<std::pair<float, int32_t>> candidates_;
+  float mu_;  // Mirostat's running target (2 tau at the start of an answer)
+  CandidateList candidates_;
+  std::vector<int32_t> dry_window_;  // DRY's window of the sequence, oldest first
   std::unordered_map<int32_t, int> answer_counts_;  // tokens of this answer -> occurrences
   std::vector<int32_t> recent_;                    // the repetition penalty's window, oldest first
   std::vector<float> penalized_;

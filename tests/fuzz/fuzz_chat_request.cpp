@@ -1,5 +1,6 @@
 // libFuzzer target: bmoe-server's request parsers (JSON body -> prompt tokens and sampling
-// parameters) for both completion endpoints, and /tokenize and /detokenize. Every input must
+// parameters) for both completion endpoints, Anthropic's /v1/messages, OpenAI's /v1/responses,
+// /v1/embeddings, and /tokenize and /detokenize. Every input must
 // parse or be refused with RequestError (an HTTP 4xx with an OpenAI-style body); anything else
 // is a bug.
 #include <cstdint>
@@ -7,7 +8,10 @@
 #include <string>
 
 #include "fuzz_common.h"
+#include "serve/anthropic_messages.h"
+#include "serve/embeddings.h"
 #include "serve/request.h"
+#include "serve/responses_api.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   bmoe::RequestContext context;
@@ -22,6 +26,29 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     } catch (const bmoe::RequestError& e) {
       if (e.status < 400 || e.status > 499) std::abort();
     }
+  }
+  // The other APIs' bodies, translated into chat requests.
+  for (bool count_only : {true, false}) {
+    try {
+      const bmoe::MessagesRequest r = bmoe::parse_messages_request(body, context, count_only);
+      if (r.chat.prompt.empty()) std::abort();
+    } catch (const bmoe::RequestError& e) {
+      if (e.status < 400 || e.status > 499) std::abort();
+    }
+  }
+  try {
+    static bmoe::ResponseStore store;
+    const bmoe::ResponsesRequest r = bmoe::parse_responses_request(body, context, store);
+    if (r.chat.prompt.empty() || !r.echo.is_object()) std::abort();
+  } catch (const bmoe::RequestError& e) {
+    if (e.status < 400 || e.status > 499) std::abort();
+  }
+  try {
+    for (const auto& input : bmoe::parse_embeddings_request(body, *context.tokenizer, context.n_ctx).inputs) {
+      if (input.empty() || static_cast<int>(input.size()) > context.n_ctx) std::abort();
+    }
+  } catch (const bmoe::RequestError& e) {
+    if (e.status < 400 || e.status > 499) std::abort();
   }
   // The tokenizer endpoints' bodies (/tokenize, /detokenize).
   try {

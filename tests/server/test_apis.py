@@ -1,0 +1,186 @@
+"""bmoe-server's other APIs and llama-server's own request fields, over HTTP.
+
+llama-server's fields: every one at its default value is a 200, the samplers change the
+answer as they should (a `samplers` chain of top-k 1 is greedy at any temperature), n_predict
+limits like max_tokens, vLLM's repetition_penalty is the repeat penalty, /v1/completions
+answers one choice per prompt of a list. The other APIs over plain HTTP: the API key as
+Anthropic's x-api-key, each API's error shape, count_tokens, store false.
+"""
+import json
+import os
+import sys
+import unittest
+
+sys.path.insert(0, os.path.dirname(__file__))
+from test_server import Server  # noqa: E402
+from common import synth  # noqa: E402
+
+# Every llama-server field at the value its server uses when the field is absent.
+LLAMA_DEFAULTS = {
+    "n_predict": -1, "n_probs": 0, "n_keep": 0, "typical_p": 1.0, "mirostat": 0, "mirostat_tau": 5.0,
+    "mirostat_eta": 0.1, "dynatemp_range": 0.0, "dynatemp_exponent": 1.0, "top_n_sigma": -1.0,
+    "xtc_probability": 0.0, "xtc_threshold": 0.1, "dry_multiplier": 0.0, "dry_base": 1.75, "dry_allowed_length": 2,
+    "dry_penalty_last_n": -1, "dry_sequence_breakers": ["\n", ":", "\"", "*"], "min_keep": 0,
+    "samplers": ["penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"],
+    "reasoning_format": "deepseek", "reasoning_budget_tokens": -1, "continue_final_message": False,
+    "return_tokens": False, "post_sampling_probs": False, "timings_per_token": False, "t_max_predict_ms": -1,
+    "repetition_penalty": 1.0, "repeat_penalty": 1.0, "repeat_last_n": 64, "top_k": 40, "top_p": 0.95, "min_p": 0.05,
+    "temperature": 0.8, "ignore_eos": False, "cache_prompt": True,
+}
+
+
+class LlamaFieldsTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.server = Server(synth("tiny-qwen3moe", "tiny-qwen3moe"), "-c", "512")
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop()
+
+    def chat(self, **fields):
+        body = {"messages": [{"role": "user", "content": "Count with me"}], "max_tokens": 12, **fields}
+        return self.server.post("/v1/chat/completions", body)
+
+    def complete(self, **fields):
+        return self.server.post("/v1/completions", {"prompt": "One two three", "max_tokens": 12, **fields})
+
+    def test_every_field_at_its_default_is_accepted(self):
+        for name, send in (("chat", self.chat), ("completions", self.complete)):
+            status, resp = send(seed=3, **LLAMA_DEFAULTS)
+            self.assertEqual(status, 200, (name, resp))
+
+    def test_samplers_chain_of_top_k_one_is_greedy(self):
+        _, greedy = self.complete(temperature=0)
+        for seed in (1, 2, 3):
+            status, resp = self.complete(temperature=1.5, top_k=1, samplers=["top_k", "temperature"], seed=seed)
+            self.assertEqual(status, 200, resp)
+            self.assertEqual(resp["choices"][0]["text"], greedy["choices"][0]["text"])
+            _, letters = self.complete(temperature=1.5, top_k=1, samplers="kt", seed=seed)
+            self.assertEqual(letters["choices"][0]["text"], greedy["choices"][0]["text"])
+
+    def test_new_samplers_are_seeded_and_change_draws(self):
+        settings = [{"mirostat": 1}, {"mirostat": 2, "mirostat_tau": 3}, {"typical_p": 0.5}, {"top_n_sigma": 1.0},
+                    {"xtc_probability": 1.0, "xtc_threshold": 0.01}, {"dynatemp_range": 0.5},
+                    {"dry_multiplier": 0.8, "dry_allowed_length": 1}]
+        for s in settings:
+            fields = {"temperature": 1.0, "seed": 9, "ignore_eos": True, **s}
+            first, second = self.complete(**fields), self.complete(**fields)
+            self.assertEqual(first[0], 200, (s, first[1]))
+            self.assertEqual(first[1]["choices"][0]["text"], second[1]["choices"][0]["text"], s)
+            self.assertEqual(first[1]["usage"]["completion_tokens"], 12, s)
+
+    def test_unknown_sampler_is_a_400_naming_the_field(self):
+        status, resp = self.complete(samplers=["beam"])
+        self.assertEqual(status, 400)
+        self.assertEqual(resp["error"]["param"], "samplers")
+
+    def test_n_predict_limits_and_repetition_penalty_is_the_repeat_penalty(self):
+        status, resp = self.server.post("/v1/completions", {"prompt": "One", "n_predict": 5, "ignore_eos": True})
+        self.assertEqual(status, 200, resp)
+        self.assertEqual(resp["usage"]["completion_tokens"], 5)
+        # Greedy over 48 tokens repeats some: a penalty of 10 over all of them changes the answer.
+        long = {"temperature": 0, "max_tokens": 48, "ignore_eos": True, "repeat_last_n": -1}
+        _, vllm = self.complete(repetition_penalty=10, **long)
+        _, llama = self.complete(repeat_penalty=10, **long)
+        _, plain = self.complete(**long)
+        self.assertEqual(vllm["choices"][0]["text"], llama["choices"][0]["text"])
+        self.assertNotEqual(vllm["choices"][0]["text"], plain["choices"][0]["text"])
+
+    def test_list_of_prompts_answers_one_choice_per_prompt(self):
+        prompts = ["One two three", "The sky is"]
+        singles = [self.server.post("/v1/completions", {"prompt": p, "max_tokens": 8, "temperature": 0})[1] for p in prompts]
+        status, resp = self.server.post("/v1/completions", {"prompt": prompts, "max_tokens": 8, "temperature": 0, "n": 2})
+        self.assertEqual(status, 200, resp)
+        self.assertEqual([c["index"] for c in resp["choices"]], [0, 1, 2, 3])
+        texts = [c["text"] for c in resp["choices"]]
+        self.assertEqual(texts, [singles[0]["choices"][0]["text"]] * 2 + [singles[1]["choices"][0]["text"]] * 2)
+        self.assertEqual(resp["usage"]["prompt_tokens"], sum(s["usage"]["prompt_tokens"] for s in singles))
+        events = self.server.stream("/v1/completions", {"prompt": prompts, "max_tokens": 8, "temperature": 0})
+        streamed = {}
+        for e in events[:-1]:
+            for c in e.get("choices", []):
+                streamed[c["index"]] = streamed.get(c["index"], "") + c["text"]
+        self.assertEqual(streamed, {0: texts[0], 1: texts[2]})
+
+    def test_return_tokens_n_probs_and_reasoning_fields(self):
+        status, resp = self.complete(temperature=0, return_tokens=True, n_probs=2)
+        self.assertEqual(status, 200, resp)
+        choice = resp["choices"][0]
+        self.assertEqual(len(choice["tokens"]), resp["usage"]["completion_tokens"])
+        self.assertEqual(len(choice["logprobs"]["top_logprobs"][0]), 2)
+        self.assertEqual(self.chat(reasoning_budget_tokens=0, reasoning_format="none")[0], 200)
+        for field, value in (("reasoning_budget_tokens", 5), ("post_sampling_probs", True), ("reasoning_format", "x")):
+            status, resp = self.chat(**{field: value})
+            self.assertEqual((status, resp["error"]["param"]), (400, field))
+
+    def test_t_max_predict_ms_ends_at_a_line_break_past_the_limit(self):
+        # A bias on the newline makes line breaks common; greedy, so both answers share a start.
+        fields = {"temperature": 0, "max_tokens": 64, "ignore_eos": True, "logit_bias": [["\n", 4]]}
+        _, free = self.complete(**fields)
+        text = free["choices"][0]["text"]
+        self.assertIn("\n", text[:-1])  # the check below needs a line break before the end
+        status, limited = self.complete(t_max_predict_ms=1, **fields)
+        self.assertEqual(status, 200, limited)
+        cut = limited["choices"][0]["text"]
+        self.assertTrue(text.startswith(cut))
+        self.assertIn("\n", cut)
+        self.assertLess(len(cut), len(text))
+        self.assertEqual(limited["choices"][0]["finish_reason"], "stop")
+
+    def test_continue_final_message_goes_on_from_the_assistant_text(self):
+        messages = [{"role": "user", "content": "Count"}, {"role": "assistant", "content": "One two"}]
+        status, resp = self.server.post("/v1/chat/completions", {"messages": messages, "max_tokens": 4,
+                                                                 "continue_final_message": True})
+        self.assertEqual(status, 200, resp)
+        _, fresh = self.server.post("/v1/chat/completions", {"messages": messages, "max_tokens": 4})
+        # No end of turn and no new assistant header: the prompt is shorter.
+        self.assertLess(resp["usage"]["prompt_tokens"], fresh["usage"]["prompt_tokens"])
+        status, resp = self.server.post("/v1/chat/completions", {"messages": messages[:1], "continue_final_message": True})
+        self.assertEqual((status, resp["error"]["param"]), (400, "continue_final_message"))
+
+
+class OtherApisHttpTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.server = Server(synth("tiny-qwen3moe", "tiny-qwen3moe"), "-c", "512", "--api-key", "k")
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop()
+
+    def post(self, path, body, key="k", header="Authorization"):
+        value = f"Bearer {key}" if header == "Authorization" else key
+        return self.server.post(path, body, headers={header: value})
+
+    def test_api_key_and_error_shapes(self):
+        ask = {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]}
+        status, resp = self.post("/v1/messages", ask, header="x-api-key")
+        self.assertEqual((status, resp["type"]), (200, "message"), resp)
+        status, resp = self.post("/v1/messages", ask, key="wrong", header="x-api-key")
+        self.assertEqual(status, 401)
+        self.assertEqual(resp, {"type": "error", "error": {"type": "authentication_error", "message": resp["error"]["message"]}})
+        status, resp = self.post("/v1/messages", {**ask, "temperature": 1.5})  # Anthropic's range is 0..1
+        self.assertEqual((status, resp["error"]["type"]), (400, "invalid_request_error"))
+        status, resp = self.post("/v1/responses", {"model": "m", "input": "Hi", "bogus": 1})
+        self.assertEqual((status, resp["error"]["param"]), (400, "bogus"))  # OpenAI's shape
+
+    def test_count_tokens_equals_usage(self):
+        ask = {"model": "m", "system": "Be brief", "messages": [{"role": "user", "content": "Hi there"}]}
+        status, counted = self.post("/v1/messages/count_tokens", ask)
+        self.assertEqual(status, 200, counted)
+        _, resp = self.post("/v1/messages", {**ask, "max_tokens": 2})
+        self.assertEqual(counted["input_tokens"], resp["usage"]["input_tokens"])
+
+    def test_store_false_is_not_kept_and_embeddings_answer(self):
+        status, resp = self.post("/v1/responses", {"model": "m", "input": "Hi", "max_output_tokens": 2, "store": False})
+        self.assertEqual(status, 200, resp)
+        status, resp = self.post("/v1/responses", {"model": "m", "input": "More", "previous_response_id": resp["id"]})
+        self.assertEqual((status, resp["error"]["code"]), (404, "previous_response_not_found"))
+        status, resp = self.post("/v1/embeddings", {"input": ["a", "b"]})
+        self.assertEqual(status, 200, resp)
+        self.assertEqual([d["index"] for d in resp["data"]], [0, 1])
+
+
+if __name__ == "__main__":
+    unittest.main()
