@@ -31,6 +31,10 @@ struct GenerateParams {
   // prefix of a sentence are sampled, and end-of-generation tokens only once it is a whole
   // one; turns drafting off. The answer then ends at the first end token even with ignore_eos.
   std::shared_ptr<const Grammar> grammar;
+  // Not empty: the grammar waits until the answer has written this text (the close tag of a
+  // think block the prompt opened), so the reasoning before it is free; the tokens from the one
+  // that completes it on are constrained.
+  std::string grammar_after;
   // Teacher forcing (bmoe-cli --teacher-force): for the first forced.size() steps the model is
   // fed forced[i] instead of its own pick. The picks are still the answer's `tokens` (and
   // GenerateResult::forced_equal counts those equal to the reference), but they emit no text and

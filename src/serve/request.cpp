@@ -450,12 +450,17 @@ std::string prompt_tail(const std::vector<int32_t>& prompt, const Tokenizer& tok
   return tok.decode(tail, true);
 }
 
-// A grammar constrains the whole answer, and could never close a think block the template
-// opened (Qwen3.5's "<think>\n"): the prompt closes it instead, as with thinking off.
-void close_open_think_block(std::vector<int32_t>& prompt, const Tokenizer& tok) {
-  if (!prompt_opens_think_block(prompt_tail(prompt, tok))) return;
-  const std::vector<int32_t> close = tok.encode("\n</think>\n\n", true, false);
-  prompt.insert(prompt.end(), close.begin(), close.end());
+// The reasoning tags of the request's template (Gemma 4's thought channel, else <think>).
+ReasoningTags template_reasoning_tags(const RequestContext& o) {
+  return reasoning_tags(o.chat_template ? o.chat_template->format() : ChatFormat::ChatML);
+}
+
+// A grammar constrains the answer, and could never close a think block the template opened
+// (Qwen3.5's "<think>\n"): as llama-server does, the reasoning stays free and the grammar
+// applies from the block's close tag on (thinking off, the template closes it itself).
+void defer_grammar_past_open_think_block(GenerateParams& params, const std::vector<int32_t>& prompt, const RequestContext& o) {
+  const ReasoningTags tags = template_reasoning_tags(o);
+  if (prompt_opens_think_block(prompt_tail(prompt, *o.tokenizer), tags.open)) params.grammar_after = tags.close;
 }
 
 // How the answer is split for the reply: reasoning, harmony channels, the tools' format, and the
@@ -464,6 +469,7 @@ ReplyOptions reply_options(const RequestContext& o, const json& tools, const std
   ReplyOptions r;
   r.split_reasoning = o.split_reasoning;
   r.harmony = o.chat_template && o.chat_template->format() == ChatFormat::Harmony;
+  r.reasoning_tags = template_reasoning_tags(o);
   r.tools = tools.empty() ? ToolFormat::None : o.tool_format;
   r.tool_list = tools;
   r.prompt_tail = prompt_tail(prompt, *o.tokenizer);
@@ -517,7 +523,7 @@ CompletionRequest parse_completion_request(const std::string& text, bool chat, c
   }
   r.params.grammar = output_grammar(body, choice, tools, context.tool_format);
   r.prompt = prompt_of(body, chat, context, tools);
-  if (chat && r.params.grammar) close_open_think_block(r.prompt, *context.tokenizer);
+  if (chat && r.params.grammar) defer_grammar_past_open_think_block(r.params, r.prompt, context);
   if (chat) {
     r.reply = reply_options(context, tools, r.prompt);
     r.reply.parallel_calls = bool_field(body, "parallel_tool_calls", true);

@@ -774,25 +774,40 @@ class ServerToolsTest(unittest.TestCase):
 
     def test_qwen35_xml_calls_and_json_after_its_open_think_block(self):
         s = self.servers["qwen3.5"]
+        _, close = s.post("/tokenize", {"content": "</think>"})
+        self.assertEqual(len(close["tokens"]), 1, close)
+        # The reasoning runs free before a grammar (below): a favoured "</think>" ends it at once.
         body = {"messages": [{"role": "user", "content": "Weather in Paris?"}], "max_tokens": 300, "temperature": 1,
-                "tools": [self.WEATHER], "tool_choice": "required", "parallel_tool_calls": False}
+                "tools": [self.WEATHER], "tool_choice": "required", "parallel_tool_calls": False,
+                "logit_bias": {str(close["tokens"][0]): 100}}
         for seed in range(2):
             status, resp = s.post("/v1/chat/completions", {**body, "seed": seed})
             self.assertEqual(status, 200, resp)
             choice = resp["choices"][0]
             self.assertEqual(choice["finish_reason"], "tool_calls", choice)
             self.check_weather_args(choice["message"]["tool_calls"][0]["function"]["arguments"])
-        # The template opens <think>; a grammar-constrained answer is content all the same.
+        # The template opens <think>; a grammar leaves the reasoning free and constrains what follows
+        # its "</think>" (as llama-server does): favoured, "</think>" comes first (no grammar would
+        # let it through), and the answer after it is the schema's JSON. The prompt is not changed.
         schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
                   "additionalProperties": False}
-        status, resp = s.post("/v1/chat/completions", {
-            "messages": body["messages"], "max_tokens": 100, "temperature": 1, "seed": 1,
-            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}})
+        constrained = {"messages": body["messages"], "max_tokens": 100, "temperature": 1, "seed": 1,
+                       "logit_bias": {str(close["tokens"][0]): 100},
+                       "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}
+        status, resp = s.post("/v1/chat/completions", constrained)
         self.assertEqual(status, 200, resp)
         self.assertIsInstance(json.loads(resp["choices"][0]["message"]["content"])["ok"], bool)
-        self.assertNotIn("reasoning_content", resp["choices"][0]["message"])
         _, free = s.post("/v1/chat/completions", {"messages": body["messages"], "max_tokens": 1})
-        self.assertGreater(resp["usage"]["prompt_tokens"], free["usage"]["prompt_tokens"])  # "</think>" added
+        self.assertEqual(resp["usage"]["prompt_tokens"], free["usage"]["prompt_tokens"])  # no "</think>" added
+        # Without the bias the reasoning runs free: text the JSON grammar would refuse is reasoning.
+        status, resp = s.post("/v1/chat/completions", {**constrained, "logit_bias": {}, "max_tokens": 8})
+        self.assertEqual(status, 200, resp)
+        self.assertTrue(resp["choices"][0]["message"].get("reasoning_content"), resp)
+        # Thinking off: the template closes the block and the whole answer follows the grammar.
+        status, resp = s.post("/v1/chat/completions", {**constrained, "logit_bias": {},
+                                                       "chat_template_kwargs": {"enable_thinking": False}})
+        self.assertEqual(status, 200, resp)
+        self.assertIsInstance(json.loads(resp["choices"][0]["message"]["content"])["ok"], bool)
 
     def test_each_template_names_its_call_format(self):
         for name, want in (("qwen3", "hermes"), ("gpt-oss", "harmony"), ("qwen3.5", "qwen-xml")):
