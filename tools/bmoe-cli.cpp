@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "core/progress.h"
 #include "core/timer.h"
+#include "core/version.h"
 #include "engine/generate.h"
 #include "engine/report.h"
 #include "engine/routing.h"
@@ -473,7 +474,7 @@ int run(const CliOptions& o) {
 
 int main(int argc, char** argv) {
   CLI::App app{"bmoe-cli: run Mixture-of-Experts GGUF models, streaming experts from flash"};
-  app.set_version_flag("--version", BMOE_VERSION);
+  app.set_version_flag("--version", bmoe::version_text());
   CliOptions options;
   add_flags(app, options);
   if (const std::optional<int> status = parse_command_line(app, argc, argv)) return *status;

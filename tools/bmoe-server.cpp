@@ -29,6 +29,7 @@
 
 #include "chat/chat.h"
 #include "core/error.h"
+#include "core/version.h"
 #include "engine/run.h"
 #include "llama_flags.h"
 #include "run_options.h"
@@ -420,7 +421,7 @@ int serve(const ServerOptions& o) {
 
 int main(int argc, char** argv) {
   CLI::App app{"bmoe-server: OpenAI-compatible HTTP server for a MoE GGUF model"};
-  app.set_version_flag("--version", BMOE_VERSION);
+  app.set_version_flag("--version", bmoe::version_text());
   ServerOptions o;
   add_run_flags(app, o.run);
   app.add_option("--host", o.host, "address to bind (default loopback only)")->capture_default_str();

@@ -197,7 +197,9 @@ class LlamaCppConventions(TinyModelCase):
         for name in ("bmoe-cli", "bmoe-server", "bmoe-synth", "bmoe-replay", "bmoe-tokenize", "bmoe-iobench"):
             p = subprocess.run([tool(name), "--version"], capture_output=True, text=True, timeout=30)
             self.assertEqual(p.returncode, 0, name)
-            self.assertRegex(p.stdout.strip(), r"^\d+\.\d+", name)
+            # What a bug report needs: release, commit, build type and the kernel path in use.
+            self.assertRegex(p.stdout.strip(),
+                             r"^bmoe \d+\.\d+\.\d+ \(commit ([0-9a-f]{12}(-dirty)?|unknown), \w+ build, isa [\w+-]+\)$", name)
 
     def test_random_seed_is_printed_and_repeatable(self):
         runs = [self.run_cli("-p", "hello", "--temp", "1.5") for _ in range(2)]
