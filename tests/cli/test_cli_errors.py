@@ -3,8 +3,10 @@ seconds, and one clear `error:` line on stderr that names the problem."""
 import json
 import os
 import re
+import signal
 import subprocess
 import tempfile
+import time
 import unittest
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -140,6 +142,11 @@ class LlamaCppConventions(TinyModelCase):
         self.assertEqual(p.returncode, 0, p.stderr[-800:])
         q = self.run_cli("--chat", "--system", "You are terse.", "-p", "hello", "--temp", "0", "--tokenize")
         self.assertEqual(p.stdout, q.stdout)  # -sys is --system
+        # -sys without --chat is not dropped: it wraps the prompt as --chat does, and says so.
+        r = self.run_cli("-sys", "You are terse.", "-p", "hello", "--temp", "0", "--tokenize")
+        self.assertEqual(r.returncode, 0, r.stderr[-800:])
+        self.assertEqual(r.stdout, p.stdout)
+        self.assertIn("--system wraps the prompt", r.stderr)
         # A value that looks like a llama.cpp flag stays a value.
         p = self.run_cli("-p", "-fa", "--temp", "0", "--tokenize")
         self.assertEqual(p.returncode, 0, p.stderr[-800:])
@@ -149,6 +156,7 @@ class LlamaCppConventions(TinyModelCase):
         self.refused(["-p", "x", "-ctk", "q8_0"], "-ctk q8_0", "--kv-type")
         self.refused(["-p", "x", "-ctk", "f16", "-ctv", "f32"], "--kv-type")
         self.refused(["-p", "x", "-r", "User:"], "reverse prompt")
+        self.refused(["--prompt-ids", "1,2", "-sys", "Be brief."], "--system", "--prompt-ids")
         self.refused(["-p", "x", "-tb", "2"], "-tb", "bundle")
         self.refused(["-p", "x", "--temp", "nan"], "--temp")
         self.refused(["-p", "x", "--top-p", "nan"], "--top-p")
@@ -161,6 +169,26 @@ class LlamaCppConventions(TinyModelCase):
         self.refused(["-p", "x", "--metrics", self.tmp.name], "--metrics", "not a regular file")
         self.refused(["-p", "x", "--dump-logits", os.path.join(self.tmp.name, "nodir", "l.bin")], "--dump-logits")
         self.refused(["-p", "x", "--moe-stream", "--cache-file", os.path.join(self.tmp.name, "none", "c.bin")], "--cache-file")
+
+    def test_ctrl_c_at_an_idle_chat_prompt_quits(self):
+        p = subprocess.Popen([tool("bmoe-cli"), "-m", self.model, "-i"], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            banner = ""
+            while "interactive chat" not in banner:  # the model is loaded, the prompt is waiting
+                line = p.stderr.readline()
+                self.assertTrue(line, "bmoe-cli -i exited before its prompt")
+                banner += line
+            time.sleep(0.3)  # into the blocking read
+            p.send_signal(signal.SIGINT)
+            self.assertEqual(p.wait(timeout=20), 0)  # stdin is still open: only Ctrl-C ended it
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+            p.stdin.close()
+            p.stdout.close()
+            p.stderr.close()
 
     def test_penalties_change_a_greedy_answer(self):
         def text(*flags):
