@@ -111,6 +111,7 @@ class Server {
     model_name_ = utf8_sanitize(o.alias.empty() ? std::filesystem::path(o.run.config.model).filename().string() : o.alias);
     chat_template_ = chat_template_for(worker.run());
     tool_format_ = tool_format_of(chat_template_.source());
+    max_token_bytes_ = longest_token_bytes(*worker.model().tokenizer);
   }
 
   const std::string& chat_template_description() const { return chat_template_.description(); }
@@ -129,7 +130,18 @@ class Server {
     http.Post("/v1/completions", guarded([this](const httplib::Request& req, httplib::Response& res) {
       complete(req, res, false);
     }));
+    // A GET on a POST route is 405 with Allow, not 404 (the route exists).
+    for (const char* path : {"/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize"}) {
+      http.Get(path, [](const httplib::Request& req, httplib::Response& res) {
+        res.set_header("Allow", "POST");
+        send_json(res, 405, error_body("invalid_request_error", fmt::format("{} takes POST, not GET", req.path)));
+      });
+    }
     install_error_handlers(http);
+    // One line per request on stderr, as llama-server logs them.
+    http.set_logger([](const httplib::Request& req, const httplib::Response& res) {
+      fmt::print(stderr, "request: {} {} {} {}\n", req.method, utf8_sanitize(req.path), req.remote_addr, res.status);
+    });
   }
 
   // Waits (up to `limit`) until every accepted completion has been answered: at shutdown the
@@ -349,6 +361,7 @@ class Server {
     c.no_think = o_.no_think;
     c.split_reasoning = o_.reasoning_format == "deepseek";
     c.tool_format = tool_format_;
+    c.max_token_bytes = max_token_bytes_;
     c.ignore_eos = o_.ignore_eos;
     c.draft = o_.draft;
     return c;
@@ -360,6 +373,7 @@ class Server {
   std::string model_name_;
   ChatTemplate chat_template_;
   ToolFormat tool_format_ = ToolFormat::None;  // how the template writes tool calls
+  size_t max_token_bytes_ = 0;  // the longest token's text (prompts surely too long are refused untokenized)
 };
 
 constexpr int kListenBacklog = 512;

@@ -64,6 +64,10 @@ double number_field(const json& body, const char* key, double fallback, double l
 int64_t int_field(const json& body, const char* key, int64_t fallback, int64_t lo, int64_t hi) {
   if (!body.contains(key) || body[key].is_null()) return fallback;
   if (!body[key].is_number_integer()) bad_request(fmt::format("'{}' must be an integer", key), key);
+  if (body[key].is_number_unsigned() && body[key].get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
+    // Above int64's range (2^63 and up): read as int64 it would be reported negative.
+    bad_request(fmt::format("'{}' must be between {} and {}, got {}", key, lo, hi, body[key].get<uint64_t>()), key);
+  }
   const int64_t v = body[key].get<int64_t>();
   if (v < lo || v > hi) bad_request(fmt::format("'{}' must be between {} and {}, got {}", key, lo, hi, v), key);
   return v;
@@ -396,9 +400,24 @@ std::shared_ptr<const Grammar> output_grammar(const json& body, const ToolChoice
   }
 }
 
+// A prompt too long for the context whatever its tokens: refused before tokenizing it (a 12 MB
+// prompt would take a gigabyte to tokenize only to be refused after).
+void refuse_surely_too_long(size_t bytes, const RequestContext& o, bool chat) {
+  if (o.max_token_bytes == 0 || bytes <= static_cast<size_t>(o.n_ctx) * o.max_token_bytes) return;
+  throw RequestError(400, "invalid_request_error",
+                     fmt::format("the prompt has {} bytes, more than this server's context of {} tokens can hold (a token "
+                                 "is at most {} bytes)", bytes, o.n_ctx, o.max_token_bytes),
+                     chat ? "messages" : "prompt", "context_length_exceeded");
+}
+
+// The prompt's text tokenized, once it is known it could fit.
+std::vector<int32_t> encode_prompt(const std::string& text, bool chat, const RequestContext& o) {
+  refuse_surely_too_long(text.size(), o, chat);
+  return o.tokenizer->encode(text, true, o.tokenizer->vocab().add_bos);
+}
+
 std::vector<int32_t> prompt_of(const json& body, bool chat, const RequestContext& o, const json& tools) {
   const Tokenizer& tok = *o.tokenizer;
-  const bool add_bos = tok.vocab().add_bos;
   if (chat) {
     bool no_think = o.no_think;
     if (body.contains("chat_template_kwargs")) {
@@ -420,7 +439,7 @@ std::vector<int32_t> prompt_of(const json& body, bool chat, const RequestContext
       in.kwargs["reasoning_effort"] = body["reasoning_effort"];
     }
     try {
-      return tok.encode(tmpl.apply(in), true, add_bos);
+      return encode_prompt(tmpl.apply(in), true, o);
     } catch (const jinja::JinjaError& e) {
       // The template refused the conversation (roles out of order, say): the client's to fix.
       bad_request(fmt::format("the chat template cannot render these messages: {}", e.what()), "messages");
@@ -428,8 +447,8 @@ std::vector<int32_t> prompt_of(const json& body, bool chat, const RequestContext
   }
   if (!body.contains("prompt")) bad_request("'prompt' is required", "prompt");
   const json& p = body["prompt"];
-  if (p.is_string()) return tok.encode(p.get<std::string>(), true, add_bos);
-  if (p.is_array() && p.size() == 1 && p[0].is_string()) return tok.encode(p[0].get<std::string>(), true, add_bos);
+  if (p.is_string()) return encode_prompt(p.get<std::string>(), false, o);
+  if (p.is_array() && p.size() == 1 && p[0].is_string()) return encode_prompt(p[0].get<std::string>(), false, o);
   if (p.is_array() && !p.empty() && p[0].is_number_integer()) {
     std::vector<int32_t> ids;
     for (const json& e : p) {
@@ -477,6 +496,12 @@ ReplyOptions reply_options(const RequestContext& o, const json& tools, const std
 }
 
 }  // namespace
+
+size_t longest_token_bytes(const Tokenizer& tok) {
+  size_t longest = 1;
+  for (const std::string& text : tok.vocab().tokens) longest = std::max(longest, text.size());
+  return longest;
+}
 
 CompletionRequest parse_completion_request(const std::string& text, bool chat, const RequestContext& context) {
   const json body = parse_body(text);

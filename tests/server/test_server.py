@@ -358,6 +358,50 @@ class ServerTest(unittest.TestCase):
         self.assertFalse(props["mode"]["streaming"])
         self.assertIn("<=", props["mode"]["reason"])
 
+    def test_habits_405_request_log_huge_numbers_and_prompts(self):
+        # A GET on a POST route: 405 naming the method it takes, not 404.
+        for path in ("/v1/chat/completions", "/v1/completions", "/tokenize"):
+            conn = http.client.HTTPConnection("127.0.0.1", self.server.port, timeout=30)
+            conn.request("GET", path)
+            resp = conn.getresponse()
+            body = json.loads(resp.read())
+            conn.close()
+            self.assertEqual(resp.status, 405, path)
+            self.assertEqual(resp.getheader("Allow"), "POST")
+            self.assertIn("POST", body["error"]["message"])
+        self.assertEqual(self.server.get("/v1/nowhere")[0], 404)
+        # max_tokens 2^63 is reported as itself, not wrapped to a negative number.
+        status, resp = self.server.post("/v1/completions", {"prompt": "x", "max_tokens": 2 ** 63})
+        self.assertEqual(status, 400, resp)
+        self.assertIn(str(2 ** 63), resp["error"]["message"])
+        self.assertNotIn("-9223372036854775808", resp["error"]["message"])
+        # A 12 MB prompt is refused before it is tokenized: the server's peak memory barely moves
+        # (tokenized whole, it took about 1 GB).
+        def peak_kib():
+            with open(f"/proc/{self.server.proc.pid}/status") as f:
+                return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+        before = peak_kib()
+        started = time.time()
+        for endpoint, body in (("/v1/completions", {"prompt": "hello " * (2 << 20)}),
+                               ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hello " * (2 << 20)}]})):
+            status, resp = self.server.post(endpoint, {**body, "max_tokens": 1})
+            self.assertEqual(status, 400, endpoint)
+            self.assertEqual(resp["error"]["code"], "context_length_exceeded")
+            self.assertIn("bytes", resp["error"]["message"])
+        self.assertLess(time.time() - started, 30)
+        self.assertLess(peak_kib() - before, 300 * 1024)
+        # One log line per request: method, path, client, status.
+        deadline = time.time() + 5
+        while time.time() < deadline:
+            self.server.log.seek(0)
+            log = self.server.log.read()
+            if "request: GET /v1/nowhere" in log:
+                break
+            time.sleep(0.1)
+        self.assertRegex(log, r"request: GET /v1/chat/completions 127\.0\.0\.1 405\n")
+        self.assertRegex(log, r"request: POST /v1/completions 127\.0\.0\.1 400\n")
+        self.assertRegex(log, r"request: GET /v1/nowhere 127\.0\.0\.1 404\n")
+
     def test_disconnect_cancels_the_generation(self):
         before = self.server.metric_labelled("bmoe_requests_total", 'outcome="cancelled"')
         conn = socket.create_connection(("127.0.0.1", self.server.port))
