@@ -8,6 +8,10 @@
 //   node tests/oracle/oracle.mjs probs    MODEL PROMPT            -> {prompt, probs} (diagnostics)
 //   node tests/oracle/oracle.mjs prefill  MODEL IDS.json _ T      -> {tokens, seconds} (prompt of token ids
 //                                                                   to its first generated token)
+//   node tests/oracle/oracle.mjs nll      MODEL IDS.json CTX T    -> {count, nll, nll2, running_ppl}: llama-perplexity's
+//                                                                   sums over chunks of CTX of the given ids (each chunk
+//                                                                   from an empty context, its first token BOS where the
+//                                                                   model adds one, its second half scored)
 //   node tests/oracle/oracle.mjs jobs     MODEL JOBS.json _ T     -> [answer, ...], one per job, one model load:
 //     {"op": "tokenize", "texts": [...]}                             -> [[ids], ...]
 //     {"op": "greedy", "texts": [...], "n": 32, "kv": "f16"|"f32", "flash": true|false,
@@ -23,7 +27,7 @@ import {getLlama} from "node-llama-cpp";
 
 const [mode, modelPath, arg, nStr, threadsStr] = process.argv.slice(2);
 if (!mode || !modelPath) {
-  console.error("usage: oracle.mjs tokenize|greedy|bench|probs|prefill|jobs MODEL ...");
+  console.error("usage: oracle.mjs tokenize|greedy|bench|probs|prefill|nll|jobs MODEL ...");
   process.exit(2);
 }
 // Synchronous, complete write: process.exit() right after console.log can cut a piped stdout
@@ -144,6 +148,41 @@ if (mode === "jobs") {
     process.exit(2);
   }
   emit(JSON.stringify(answers));
+  process.exit(0);
+}
+
+// llama-perplexity's sums, from llama.cpp's probabilities of each next token (bmoe-perplexity's
+// method, engine/perplexity.h): the peer evaluates exactly the ids it is given.
+async function perplexitySums(ids, nCtx) {
+  const ctx = await model.createContext(contextOptions(nCtx, {kv, flash, batchSize: nCtx}));
+  const seq = ctx.getSequence();
+  const first = Math.floor(nCtx / 2);
+  const bos = model.tokens.bos;
+  const addBos = model.tokens.shouldPrependBosToken && bos != null;
+  let count = 0, nll = 0, nll2 = 0;
+  const runningPpl = [];
+  for (let start = 0; start + nCtx <= ids.length; start += nCtx) {
+    const chunk = ids.slice(start, start + nCtx);
+    if (addBos) chunk[0] = bos;
+    await seq.clearHistory();
+    const input = chunk.map((t, j) => (j >= first && j + 1 < nCtx ? [t, {generateNext: {probabilities: true}}] : t));
+    const out = await seq.controlledEvaluate(input);
+    for (let j = first; j + 1 < nCtx; ++j) {
+      const p = out[j].next.probabilities.get(chunk[j + 1]);
+      const x = -Math.log(p);
+      nll += x;
+      nll2 += x * x;
+      ++count;
+    }
+    runningPpl.push(Math.exp(nll / count));
+  }
+  seq.dispose();
+  await ctx.dispose();
+  return {count, nll, nll2, running_ppl: runningPpl};
+}
+
+if (mode === "nll") {
+  emit(JSON.stringify(await perplexitySums(JSON.parse(fs.readFileSync(arg, "utf8")), n)));
   process.exit(0);
 }
 

@@ -1,0 +1,93 @@
+"""bmoe-perplexity against llama.cpp: the same model and the same token ids scored by
+llama-perplexity's method (chunks of -c from an empty context, BOS first where the model adds
+one, the second half of each chunk scored). The peer's sums come from llama.cpp's own
+next-token probabilities through node-llama-cpp (tests/oracle/oracle.mjs, mode "nll"): its
+library evaluates the ids, the oracle adds -log p as llama-perplexity does. Random weights give
+a perplexity near the vocabulary size; it still must agree."""
+import json
+import math
+import os
+import re
+import subprocess
+import tempfile
+import unittest
+
+from common import oracle, run, synth, tool, THREADS
+
+TEXT = ("The quick brown fox jumps over the lazy dog. " * 3 + "Perplexity weighs a lossy knob against what it saves; "
+        "a model that predicts the next token well has a low one. 0123456789 ") * 6
+
+
+class PerplexityTinyQwen3Moe(unittest.TestCase):
+    N_CTX = 64
+
+    @classmethod
+    def setUpClass(cls):
+        cls.model = synth("tiny-qwen3moe", "tiny-qwen3moe")
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.text = os.path.join(cls.tmp.name, "text.txt")
+        with open(cls.text, "w") as f:
+            f.write(TEXT)
+        texts = os.path.join(cls.tmp.name, "texts.json")
+        with open(texts, "w") as f:
+            json.dump([TEXT], f)
+        cls.ids = json.loads(run([tool("bmoe-tokenize"), "-m", cls.model, "--json", texts]))[0]
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def bmoe(self, *flags):
+        out = run([tool("bmoe-perplexity"), "-m", self.model, "-f", self.text, "-c", str(self.N_CTX), "-t", THREADS,
+                   *flags], stdin=subprocess.DEVNULL)
+        running = [float(x) for x in re.findall(r"\[\d+\]([0-9.]+),", out)]
+        final = re.search(r"Final estimate: PPL = ([0-9.]+) \+/- ([0-9.]+)", out)
+        self.assertIsNotNone(final, out)
+        return running, float(final.group(1)), float(final.group(2))
+
+    def test_perplexity_equals_llama_cpp(self):
+        chunks = len(self.ids) // self.N_CTX
+        self.assertGreaterEqual(chunks, 3, "the text must make several chunks")
+        peer = oracle("nll", self.model, self.ids, n=self.N_CTX)
+        self.assertEqual(peer["count"], chunks * (self.N_CTX - self.N_CTX // 2 - 1))
+        running, ppl, err = self.bmoe()
+        self.assertEqual(len(running), chunks)
+        peer_ppl = math.exp(peer["nll"] / peer["count"])
+        self.assertGreater(peer_ppl, 10)  # random weights: far from a trained model's
+        # The mean NLL (log PPL) within 1e-3 of itself, overall and after each chunk. Random
+        # weights give logits far larger than a trained model's (mean NLL ~24 nats here), and the
+        # two engines' rounding differs in proportion (measured: at most 4e-4 relative).
+        self.assertAlmostEqual(math.log(ppl), math.log(peer_ppl), delta=1e-3 * math.log(peer_ppl), msg=(ppl, peer_ppl))
+        for ours, theirs in zip(running, peer["running_ppl"]):
+            self.assertAlmostEqual(math.log(ours), math.log(theirs), delta=1e-3 * math.log(theirs))
+        print(f"\nperplexity: bmoe {ppl:.6g}, llama.cpp {peer_ppl:.6g}; mean NLL {math.log(ppl):.5f} vs "
+              f"{math.log(peer_ppl):.5f}; per chunk bmoe {running} llama.cpp {peer['running_ppl']}")
+        mean = peer["nll"] / peer["count"]
+        sd = math.sqrt(max(peer["nll2"] / peer["count"] - mean * mean, 0) / (peer["count"] - 1))
+        self.assertAlmostEqual(err, peer_ppl * sd, delta=0.05 * peer_ppl * sd + 1e-4)
+        # --chunks limits the chunks scored; streamed gives the same numbers and reports its reads.
+        running2, _, _ = self.bmoe("--chunks", "2")
+        self.assertEqual(running2, running[:2])
+        p = run_with_stderr([tool("bmoe-perplexity"), "-m", self.model, "-f", self.text, "-c", str(self.N_CTX),
+                             "-t", THREADS, "--moe-stream"])
+        self.assertIn(f"Final estimate: PPL = {ppl:.4f}", p.stdout)
+        self.assertRegex(p.stderr, r"experts: \d+ lookups, .* MiB read \([0-9.]+ MiB per token\)")
+
+    def test_too_short_a_text_is_one_error(self):
+        short = os.path.join(self.tmp.name, "short.txt")
+        with open(short, "w") as f:
+            f.write("too short")
+        p = run_with_stderr([tool("bmoe-perplexity"), "-m", self.model, "-f", short, "-c", "64"], check=False)
+        self.assertEqual(p.returncode, 1)
+        self.assertRegex(p.stderr, r"error: the text has \d+ tokens; perplexity with a context of 64 needs at least 128")
+
+
+def run_with_stderr(args, check=True):
+    p = subprocess.run(args, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300)
+    if check and p.returncode != 0:
+        raise RuntimeError(f"{' '.join(args)} failed ({p.returncode}):\n{p.stderr[-3000:]}")
+    return p
+
+
+if __name__ == "__main__":
+    unittest.main()
