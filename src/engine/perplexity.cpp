@@ -38,7 +38,9 @@ void score_chunk(InferenceState& state, std::vector<int32_t> chunk, const Perple
     const std::vector<float>& logits = state.eval(chunk.data() + start, n, /*all_logits=*/true);
     // Row i predicts token start+i+1; scored from `first` to the chunk's second-last token.
     for (int i = std::max(0, first - start); i < n && start + i + 1 < o.n_ctx; ++i) {
-      const double nll = token_nll(logits.data() + static_cast<size_t>(i) * n_vocab, n_vocab, chunk[start + i + 1]);
+      const float* row = logits.data() + static_cast<size_t>(i) * n_vocab;
+      if (o.on_row) o.on_row(row, chunk[start + i + 1]);
+      const double nll = token_nll(row, n_vocab, chunk[start + i + 1]);
       result.nll += nll;
       result.nll2 += nll * nll;
       ++result.count;

@@ -18,6 +18,9 @@ struct PerplexityOptions {
   int n_batch = 512;     // tokens per forward pass
   int max_chunks = -1;   // --chunks: at most this many (-1: all that fit)
   int32_t bos = -1;      // >= 0: each chunk's first token is replaced by it
+  // Optional: sees each scored row's logits (n_vocab floats) and the token that follows, in
+  // order (saving base logits, KL divergence).
+  std::function<void(const float* logits, int32_t next)> on_row;
 };
 
 struct PerplexityResult {

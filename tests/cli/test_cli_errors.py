@@ -222,7 +222,8 @@ class LlamaCppConventions(TinyModelCase):
         self.assertTrue(0 <= value["n"] <= 99)
 
     def test_version_on_every_tool(self):
-        for name in ("bmoe-cli", "bmoe-server", "bmoe-synth", "bmoe-replay", "bmoe-tokenize", "bmoe-iobench"):
+        for name in ("bmoe-cli", "bmoe-server", "bmoe-synth", "bmoe-replay", "bmoe-tokenize", "bmoe-iobench",
+                     "bmoe-perplexity"):
             p = subprocess.run([tool(name), "--version"], capture_output=True, text=True, timeout=30)
             self.assertEqual(p.returncode, 0, name)
             # What a bug report needs: release, commit, build type and the kernel path in use.

@@ -8,6 +8,7 @@ import json
 import math
 import os
 import re
+import struct
 import subprocess
 import tempfile
 import unittest
@@ -72,6 +73,47 @@ class PerplexityTinyQwen3Moe(unittest.TestCase):
                              "-t", THREADS, "--moe-stream"])
         self.assertIn(f"Final estimate: PPL = {ppl:.4f}", p.stdout)
         self.assertRegex(p.stderr, r"experts: \d+ lookups, .* MiB read \([0-9.]+ MiB per token\)")
+
+    def test_kl_divergence_against_saved_base_logits(self):
+        base = os.path.join(self.tmp.name, "base.logits")
+        common = [tool("bmoe-perplexity"), "-m", self.model, "-c", str(self.N_CTX), "-t", THREADS]
+        p = run_with_stderr([*common, "-f", self.text, "--kl-divergence-base", base])
+        _, ppl, _ = self.bmoe()
+        self.assertIn(f"Final estimate: PPL = {ppl:.4f}", p.stdout)  # saving changes nothing
+        # llama-perplexity's layout: header, the chunks' tokens, then per scored row
+        # 2 * ((n_vocab + 1) / 2) + 4 u16.
+        with open(base, "rb") as f:
+            data = f.read()
+        self.assertEqual(data[:8], b"_logits_")
+        n_ctx, n_vocab, n_chunk = struct.unpack("<Iii", data[8:20])
+        self.assertEqual((n_ctx, n_chunk), (self.N_CTX, len(self.ids) // self.N_CTX))
+        self.assertEqual(list(struct.unpack(f"<{n_ctx * n_chunk}i", data[20:20 + 4 * n_ctx * n_chunk])),
+                         self.ids[:n_ctx * n_chunk])
+        rows = n_chunk * (n_ctx - n_ctx // 2 - 1)
+        self.assertEqual(len(data), 20 + 4 * n_ctx * n_chunk + rows * (2 * ((n_vocab + 1) // 2) + 4) * 2)
+
+        def kld(*flags):
+            out = run_with_stderr([*common, "--kl-divergence-base", base, "--kl-divergence", *flags]).stdout
+            mean = float(re.search(r"Mean    KLD: +([0-9.]+)", out).group(1))
+            top = float(re.search(r"Same top p: +([0-9.]+)", out).group(1))
+            self.assertEqual(len(re.findall(r"^ +\d+ +[0-9.]+ ± ", out, re.M)), n_chunk)  # a line per chunk
+            return mean, top
+        # The same model against itself: nothing lost (only the saved log-probs' rounding).
+        same, top = kld()
+        self.assertLess(same, 1e-4)
+        self.assertEqual(top, 100.0)
+        # One expert instead of two: a lossy knob, and the divergence says so.
+        lossy, top = kld("--n-expert-used", "1")
+        self.assertGreater(lossy, 100 * max(same, 1e-6))
+        self.assertLess(top, 100.0)
+        # A file that is not one: one error line.
+        junk = os.path.join(self.tmp.name, "junk.logits")
+        with open(junk, "wb") as f:
+            f.write(b"not logits at all")
+        p = run_with_stderr([*common, "--kl-divergence-base", junk, "--kl-divergence"], check=False)
+        self.assertEqual(p.returncode, 1)
+        self.assertEqual(len([l for l in p.stderr.splitlines() if l.startswith("error:")]), 1, p.stderr)
+        self.assertIn("not a file of saved logits", p.stderr)
 
     def test_too_short_a_text_is_one_error(self):
         short = os.path.join(self.tmp.name, "short.txt")
