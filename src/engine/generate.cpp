@@ -218,7 +218,7 @@ GenerateResult decode_tokens(Session& session, int limit, const GenerateParams& 
 
 GenerateResult generate(Session& session, const std::vector<int32_t>& prompt, const GenerateParams& params,
                         const PieceCallback& on_piece, const std::atomic<bool>* cancel,
-                        const LogprobCallback& on_logprob) {
+                        const LogprobCallback& on_logprob, const PrefillProgress& on_prefill) {
   const int n_ctx = session.state().n_ctx();
   if (prompt.empty()) fail("the prompt is empty");
   if (static_cast<int>(prompt.size()) >= n_ctx) {
@@ -226,7 +226,7 @@ GenerateResult generate(Session& session, const std::vector<int32_t>& prompt, co
   }
   session.set_sampler(params.sampler);
   PrefillRecord pre;
-  const int reused = session.prefill_reusing(prompt, &pre);
+  const int reused = session.prefill_reusing(prompt, &pre, on_prefill);
   const int limit = std::min(params.max_tokens, n_ctx - static_cast<int>(prompt.size()));
   GenerateResult result = decode_tokens(session, limit, params, {on_piece, on_logprob, {}, cancel});
   result.prompt_tokens = static_cast<int>(prompt.size());

@@ -78,9 +78,10 @@ struct DecodeHooks {
 // Feeds `prompt` (keeping the KV rows of the prefix the session already holds), then runs the
 // decode loop for up to min(max_tokens, room left in the context) tokens with params.sampler.
 // Fails (bmoe::Error) on an empty prompt or one that fills the context.
+// `on_prefill` (optional) sees the prompt's progress while it is read (Session::prefill_reusing).
 GenerateResult generate(Session& session, const std::vector<int32_t>& prompt, const GenerateParams& params,
                         const PieceCallback& on_piece = {}, const std::atomic<bool>* cancel = nullptr,
-                        const LogprobCallback& on_logprob = {});
+                        const LogprobCallback& on_logprob = {}, const PrefillProgress& on_prefill = {});
 
 // The decode loop on a session whose prompt was fed (Session::prefill or prefill_reusing):
 // up to `limit` tokens, sampled with the session's sampler (params.sampler only decides whether

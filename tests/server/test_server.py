@@ -390,6 +390,9 @@ class ServerTest(unittest.TestCase):
             self.assertIn("bytes", resp["error"]["message"])
         self.assertLess(time.time() - started, 30)
         self.assertLess(peak_kib() - before, 300 * 1024)
+        # /stats names the prompt being read (none now).
+        _, stats = self.server.get("/stats")
+        self.assertEqual(json.loads(stats)["prompt"], {"done": 0, "total": 0})
         # One log line per request: method, path, client, status.
         deadline = time.time() + 5
         while time.time() < deadline:
