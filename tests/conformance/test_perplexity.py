@@ -13,7 +13,7 @@ import subprocess
 import tempfile
 import unittest
 
-from common import oracle, run, synth, tool, THREADS
+from common import REPO, THREADS, oracle, oracle_command, run, synth, tool
 
 TEXT = ("The quick brown fox jumps over the lazy dog. " * 3 + "Perplexity weighs a lossy knob against what it saves; "
         "a model that predicts the next token well has a low one. 0123456789 ") * 6
@@ -98,6 +98,16 @@ class PerplexityTinyQwen3Moe(unittest.TestCase):
             top = float(re.search(r"Same top p: +([0-9.]+)", out).group(1))
             self.assertEqual(len(re.findall(r"^ +\d+ +[0-9.]+ ± ", out, re.M)), n_chunk)  # a line per chunk
             return mean, top
+        # llama.cpp's own distributions against the file bmoe saved: the format reads as
+        # llama-perplexity's, and the two engines' distributions agree (measured: KLD 5e-4,
+        # same top 99.6 %; the random model's huge logits magnify rounding; one expert instead
+        # of two gives ~1).
+        peer = oracle_kld(self.model, base)
+        self.assertEqual(peer["count"], rows)
+        self.assertLess(peer["kld"], 2e-3, peer)
+        self.assertGreater(peer["same_top"], 0.97, peer)
+        print(f"\nkl-divergence: llama.cpp against bmoe's base file: mean KLD {peer['kld']:.2e}, "
+              f"same top {100 * peer['same_top']:.1f} %")
         # The same model against itself: nothing lost (only the saved log-probs' rounding).
         same, top = kld()
         self.assertLess(same, 1e-4)
@@ -122,6 +132,11 @@ class PerplexityTinyQwen3Moe(unittest.TestCase):
         p = run_with_stderr([tool("bmoe-perplexity"), "-m", self.model, "-f", short, "-c", "64"], check=False)
         self.assertEqual(p.returncode, 1)
         self.assertRegex(p.stderr, r"error: the text has \d+ tokens; perplexity with a context of 64 needs at least 128")
+
+
+def oracle_kld(model, base):
+    """llama.cpp's mean KLD against a base-logits file (tests/oracle/oracle.mjs, mode "kld")."""
+    return json.loads(run([*oracle_command(), "kld", model, base, "0", THREADS], cwd=REPO))
 
 
 def run_with_stderr(args, check=True):
