@@ -449,6 +449,12 @@ int run(const CliOptions& o) {
   attach_route_tools(o, loaded, session, route_tools);
 
   const Tokenizer& tok = *loaded.model->tokenizer;
+  // A prompt too long for the context whatever its tokens is refused before tokenizing it (a
+  // 12 MB prompt took a gigabyte to tokenize only to be refused after).
+  if (o.prompt_ids.empty() && !o.tokenize_only && text.size() > static_cast<size_t>(config.ctx_size) * tok.longest_token_bytes()) {
+    fail("the prompt has {} bytes, more than a context of {} tokens can hold (a token is at most {} bytes; raise -c)",
+         text.size(), config.ctx_size, tok.longest_token_bytes());
+  }
   const std::vector<int32_t> prompt_ids = o.prompt_ids.empty() ? session.tokenize(text, true) : parse_ids(o.prompt_ids, tok.vocab_size());
   if (o.tokenize_only) {
     fmt::print("{}\n", nlohmann::json(prompt_ids).dump());

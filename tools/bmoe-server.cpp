@@ -111,7 +111,7 @@ class Server {
     model_name_ = utf8_sanitize(o.alias.empty() ? std::filesystem::path(o.run.config.model).filename().string() : o.alias);
     chat_template_ = chat_template_for(worker.run());
     tool_format_ = tool_format_of(chat_template_.source());
-    max_token_bytes_ = longest_token_bytes(*worker.model().tokenizer);
+    max_token_bytes_ = worker.model().tokenizer->longest_token_bytes();
   }
 
   const std::string& chat_template_description() const { return chat_template_.description(); }

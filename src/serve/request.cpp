@@ -497,12 +497,6 @@ ReplyOptions reply_options(const RequestContext& o, const json& tools, const std
 
 }  // namespace
 
-size_t longest_token_bytes(const Tokenizer& tok) {
-  size_t longest = 1;
-  for (const std::string& text : tok.vocab().tokens) longest = std::max(longest, text.size());
-  return longest;
-}
-
 CompletionRequest parse_completion_request(const std::string& text, bool chat, const RequestContext& context) {
   const json body = parse_body(text);
   // OpenAI's documented fields, and llama-server's top_k, min_p, repeat_penalty, repeat_last_n,

@@ -42,15 +42,11 @@ struct RequestContext {
   bool split_reasoning = true;  // --reasoning-format deepseek
   ToolFormat tool_format = ToolFormat::None;  // how the chat template writes tool calls
   DraftConfig draft;
-  // The longest token's text in bytes (longest_token_bytes): a prompt longer than n_ctx such
-  // tokens cannot fit and is refused before it is tokenized (bounded memory). 0: no such check.
+  // The longest token's text in bytes (Tokenizer::longest_token_bytes): a prompt longer than
+  // n_ctx such tokens cannot fit and is refused before it is tokenized (bounded memory). 0: no
+  // such check.
   size_t max_token_bytes = 0;
 };
-
-// The longest token's text in bytes. A token never stands for more input bytes than its text
-// holds (byte-level BPE and SentencePiece write each input byte as one or more), so a text of
-// more than n * this many bytes has more than n tokens.
-size_t longest_token_bytes(const Tokenizer& tok);
 
 struct CompletionRequest {
   std::vector<int32_t> prompt;

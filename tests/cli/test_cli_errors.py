@@ -8,6 +8,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -76,6 +77,18 @@ class BadInputGetsOneClearError(unittest.TestCase):
         self.check([tool("bmoe-cli"), "-m", m, "-p", "x", "-j", "{}", "--grammar", 'root ::= "a"'], "cannot be combined")
         self.check([tool("bmoe-cli"), "-m", m, "-p", "x", "--grammar-file", os.path.join(self.tmp.name, "none.gbnf")],
                    "none.gbnf")
+
+    def test_huge_prompt_is_refused_before_tokenizing(self):
+        big = os.path.join(self.tmp.name, "big.txt")
+        with open(big, "w") as f:
+            f.write("hello " * (2 << 20))  # 12 MB
+        self.check([tool("bmoe-cli"), "-m", self.model, "-f", big, "-c", "512"], "12582912 bytes", "-c")
+        # Bounded memory: the child's peak stays far below what tokenizing it whole took (~1 GB).
+        peak_kib = subprocess.run(
+            [sys.executable, "-c", "import resource, subprocess, sys; subprocess.run(sys.argv[1:], capture_output=True);"
+             " print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)",
+             tool("bmoe-cli"), "-m", self.model, "-f", big, "-c", "512"], capture_output=True, text=True, timeout=60)
+        self.assertLess(int(peak_kib.stdout), 300 * 1024)
 
     def test_cli_bad_model_files(self):
         self.check([tool("bmoe-cli"), "-m", self.missing, "-p", "x"], "missing.gguf")
