@@ -186,6 +186,28 @@ TEST(Reply, ThinkBlockOpenedByThePrompt) {
   EXPECT_EQ(s.content, "The answer.");
 }
 
+TEST(Reply, Gemma4ThoughtChannelIsReasoning) {
+  ReplyOptions o;
+  o.reasoning_tags = reasoning_tags(ChatFormat::Gemma4);
+  o.prompt_tail = "<|turn>model\n";
+  Split s = split_both_ways(o, "<|channel>thought\nI'm\nthinking<channel|>Hello, world!");
+  EXPECT_EQ(s.reasoning, "I'm\nthinking");
+  EXPECT_EQ(s.content, "Hello, world!");
+  s = split_both_ways(o, "<|channel>thought<channel|>No thoughts.");
+  EXPECT_EQ(s.reasoning, "");
+  EXPECT_EQ(s.content, "No thoughts.");
+  s = split_both_ways(o, "Straight answer, <think>not a tag here</think>");
+  EXPECT_EQ(s.content, "Straight answer, <think>not a tag here</think>");
+  s = split_both_ways(o, "<|channel>thought\nall reasoning");  // cut before the channel closed
+  EXPECT_EQ(s.reasoning, "all reasoning");
+  EXPECT_EQ(s.content, "");
+  // Reasoning kept as content where the split is off (--reasoning-format none).
+  o.split_reasoning = false;
+  s = split_both_ways(o, "<|channel>thought\nx<channel|>y");
+  EXPECT_EQ(s.content, "<|channel>thought\nx<channel|>y");
+  EXPECT_EQ(reasoning_tags(ChatFormat::ChatML).open, "<think>");
+}
+
 TEST(Reply, ToolCallsAreHeldAndParsedWhenTheAnswerEnds) {
   ReplyOptions o;
   o.tools = ToolFormat::Hermes;

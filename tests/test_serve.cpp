@@ -109,6 +109,31 @@ TEST(ServeResponse, ChatAnswerSplitsReasoningAndToolCalls) {
   EXPECT_FALSE(r["choices"][0]["message"].contains("tool_calls"));
 }
 
+// Gemma 4 thinks in its thought channel: reasoning_content, whole and streamed (issue 33).
+TEST(ServeResponse, Gemma4ThoughtChannelIsReasoning) {
+  Completion c = chat_completion();
+  c.reply.reasoning_tags = reasoning_tags(ChatFormat::Gemma4);
+  const std::string answer = "<|channel>thought\nweigh it<channel|>The answer.";
+  const json r = full_response(c, {result_of(answer, 6, "stop")});
+  EXPECT_EQ(r["choices"][0]["message"]["reasoning_content"], "weigh it");
+  EXPECT_EQ(r["choices"][0]["message"]["content"], "The answer.");
+  Job job;
+  for (const char* piece : {"<|chan", "nel>thought\nwei", "gh it<chan", "nel|>The ", "answer."}) job.push({0, piece, std::nullopt, {}});
+  job.results = {result_of(answer, 6, "stop")};
+  job.done = true;
+  std::string reasoning, content;
+  for (const std::string& e : stream_events(c, job)) {
+    if (e == "[DONE]") continue;
+    const json chunk = json::parse(e);
+    if (chunk["choices"].empty()) continue;
+    const json& delta = chunk["choices"][0]["delta"];
+    if (delta.contains("reasoning_content")) reasoning += delta["reasoning_content"].get<std::string>();
+    if (delta.contains("content") && delta["content"].is_string()) content += delta["content"].get<std::string>();
+  }
+  EXPECT_EQ(reasoning, "weigh it");
+  EXPECT_EQ(content, "The answer.");
+}
+
 TEST(ServeStream, ChatStreamIsRoleContentFinishThenDone) {
   Completion c = chat_completion();
   c.include_usage = true;

@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "core/progress.h"
 #include "core/timer.h"
+#include "core/version.h"
 #include "engine/generate.h"
 #include "engine/report.h"
 #include "engine/routing.h"
@@ -75,7 +76,7 @@ void add_flags(CLI::App& app, CliOptions& o) {
   add_grammar_flags(app, o.grammar);
   app.add_flag("--chatml", o.chatml, "wrap the prompt in the ChatML template (<|im_start|>user ...)");
   app.add_flag("--chat", o.chat, "wrap the prompt in the model's own chat format (ChatML, harmony, Gemma)");
-  app.add_option("--system", o.system, "system message for --chat/--chatml");
+  app.add_option("--system", o.system, "system message (implies --chat unless --chatml or -i)");
   app.add_flag("--no-think", o.no_think,
                "answer without reasoning: Qwen3 gets an empty think block; gpt-oss is primed into its final "
                "channel (faster, but costs quality on multi-step tasks such as arithmetic)");
@@ -173,7 +174,8 @@ void catch_interrupts() {
   sigaction(SIGINT, &sa, nullptr);
 }
 
-// Reads one line from stdin; false at end of input. An interrupted read gives an empty line.
+// Reads one line from stdin; false at end of input, or when Ctrl-C interrupts the read: at an
+// idle prompt Ctrl-C quits, as in llama-cli (during an answer it only stops the answer).
 bool read_line(std::string& line) {
   line.clear();
   for (;;) {
@@ -182,7 +184,7 @@ bool read_line(std::string& line) {
       if (g_interrupted.exchange(false)) {
         std::clearerr(stdin);
         line.clear();
-        return true;
+        return false;
       }
       return !line.empty();
     }
@@ -246,7 +248,7 @@ int interactive(const CliOptions& o) {
   params.grammar = o.constraint;
   catch_interrupts();
   fmt::print(stderr, "interactive chat ({}): /reset clears the conversation, Ctrl-C stops an answer, "
-                     "Ctrl-D or /exit quits\n", chat.description());
+                     "Ctrl-C at the prompt, Ctrl-D or /exit quits\n", chat.description());
   std::string line;
   for (;;) {
     fmt::print("> ");
@@ -447,6 +449,12 @@ int run(const CliOptions& o) {
   attach_route_tools(o, loaded, session, route_tools);
 
   const Tokenizer& tok = *loaded.model->tokenizer;
+  // A prompt too long for the context whatever its tokens is refused before tokenizing it (a
+  // 12 MB prompt took a gigabyte to tokenize only to be refused after).
+  if (o.prompt_ids.empty() && !o.tokenize_only && text.size() > static_cast<size_t>(config.ctx_size) * tok.longest_token_bytes()) {
+    fail("the prompt has {} bytes, more than a context of {} tokens can hold (a token is at most {} bytes; raise -c)",
+         text.size(), config.ctx_size, tok.longest_token_bytes());
+  }
   const std::vector<int32_t> prompt_ids = o.prompt_ids.empty() ? session.tokenize(text, true) : parse_ids(o.prompt_ids, tok.vocab_size());
   if (o.tokenize_only) {
     fmt::print("{}\n", nlohmann::json(prompt_ids).dump());
@@ -471,12 +479,27 @@ int run(const CliOptions& o) {
 
 }  // namespace
 
+// -sys / --system without --chat would be dropped unseen (only the chat formats have a system
+// turn): as llama-cli's -sys starts a conversation, it wraps the prompt in the model's chat
+// format, and says so. Token ids cannot be wrapped: refused. False: the error was printed.
+static bool apply_system_prompt(CliOptions& o) {
+  if (o.system.empty() || o.chat || o.chatml || o.interactive) return true;
+  if (!o.prompt_ids.empty()) {
+    fmt::print(stderr, "error: --system needs a text prompt (-p or -f): --prompt-ids are not wrapped in a chat format\n");
+    return false;
+  }
+  o.chat = true;
+  fmt::print(stderr, "note: --system wraps the prompt in the model's chat format (as --chat)\n");
+  return true;
+}
+
 int main(int argc, char** argv) {
   CLI::App app{"bmoe-cli: run Mixture-of-Experts GGUF models, streaming experts from flash"};
-  app.set_version_flag("--version", BMOE_VERSION);
+  app.set_version_flag("--version", bmoe::version_text());
   CliOptions options;
   add_flags(app, options);
   if (const std::optional<int> status = parse_command_line(app, argc, argv)) return *status;
+  if (!apply_system_prompt(options)) return 2;
   options.seed = options.seed_option >= 0 ? static_cast<uint64_t>(options.seed_option) : random_seed();
   if (options.sampling.temperature > 0 && options.seed_option < 0) fmt::print(stderr, "seed: {} (-s {} repeats this run)\n", options.seed, options.seed);
   try {

@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "core/version.h"
 #include "io/direct_io.h"
 
 using namespace bmoe;
@@ -103,7 +104,7 @@ Result measure(const DirectFile& file, int lanes, uint64_t size, double seconds,
 
 int main(int argc, char** argv) {
   CLI::App app{"bmoe-iobench: random-read bandwidth and latency of the model file (the streaming ceiling)"};
-  app.set_version_flag("--version", BMOE_VERSION);
+  app.set_version_flag("--version", bmoe::version_text());
   std::string path, lanes = "1,2,4,8", sizes = "1M,3M";
   double seconds = 5.0;
   bool buffered = false;

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/version.h"
 #include "moe/route_trace.h"
 
 using namespace bmoe;
@@ -26,7 +27,7 @@ std::vector<std::string> split(const std::string& s) {
 
 int main(int argc, char** argv) {
   CLI::App app{"bmoe-replay: expert cache hit rates of each policy on a routing trace"};
-  app.set_version_flag("--version", BMOE_VERSION);
+  app.set_version_flag("--version", bmoe::version_text());
   std::string trace_path, budgets = "1000,2000,3000,4000", policies;
   bool bytes = false;
   ReplayOptions options;

@@ -29,6 +29,7 @@
 
 #include "chat/chat.h"
 #include "core/error.h"
+#include "core/version.h"
 #include "engine/run.h"
 #include "llama_flags.h"
 #include "run_options.h"
@@ -132,6 +133,7 @@ class Server {
     const GgufModel& gguf = *worker.model().gguf;
     pooling_ = o.pooling == "cls" ? Pooling::Cls : o.pooling == "last" ? Pooling::Last : Pooling::Mean;
     if (o.pooling.empty()) pooling_ = pooling_of(gguf.get_int_or(worker.model().arch + ".pooling_type", 0), Pooling::Mean);
+    max_token_bytes_ = worker.model().tokenizer->longest_token_bytes();
   }
 
   const std::string& chat_template_description() const { return chat_template_.description(); }
@@ -153,7 +155,19 @@ class Server {
     install_anthropic(http);
     install_responses(http);
     install_embeddings(http);
+    // A GET on a POST route is 405 with Allow, not 404 (the route exists).
+    for (const char* path : {"/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize", "/v1/messages",
+                             "/v1/messages/count_tokens", "/v1/responses", "/v1/embeddings"}) {
+      http.Get(path, [](const httplib::Request& req, httplib::Response& res) {
+        res.set_header("Allow", "POST");
+        send_json(res, 405, error_body("invalid_request_error", fmt::format("{} takes POST, not GET", req.path)));
+      });
+    }
     install_error_handlers(http);
+    // One line per request on stderr, as llama-server logs them.
+    http.set_logger([](const httplib::Request& req, const httplib::Response& res) {
+      fmt::print(stderr, "request: {} {} {} {}\n", req.method, utf8_sanitize(req.path), req.remote_addr, res.status);
+    });
   }
 
   // Waits (up to `limit`) until every accepted completion has been answered: at shutdown the
@@ -448,6 +462,7 @@ class Server {
     c.no_think = o_.no_think;
     c.split_reasoning = o_.reasoning_format == "deepseek";
     c.tool_format = tool_format_;
+    c.max_token_bytes = max_token_bytes_;
     c.ignore_eos = o_.ignore_eos;
     c.draft = o_.draft;
     return c;
@@ -461,6 +476,7 @@ class Server {
   ToolFormat tool_format_ = ToolFormat::None;  // how the template writes tool calls
   ResponseStore responses_;  // earlier Responses API answers, for previous_response_id
   Pooling pooling_ = Pooling::Mean;  // how /v1/embeddings pools
+  size_t max_token_bytes_ = 0;  // the longest token's text (prompts surely too long are refused untokenized)
 };
 
 constexpr int kListenBacklog = 512;
@@ -522,7 +538,7 @@ int serve(const ServerOptions& o) {
 
 int main(int argc, char** argv) {
   CLI::App app{"bmoe-server: OpenAI-compatible HTTP server for a MoE GGUF model"};
-  app.set_version_flag("--version", BMOE_VERSION);
+  app.set_version_flag("--version", bmoe::version_text());
   ServerOptions o;
   add_run_flags(app, o.run);
   app.add_option("--host", o.host, "address to bind (default loopback only)")->capture_default_str();

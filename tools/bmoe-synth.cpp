@@ -7,13 +7,14 @@
 
 #include "core/error.h"
 #include "core/progress.h"
+#include "core/version.h"
 #include "synth/synth.h"
 
 using namespace bmoe;
 
 int main(int argc, char** argv) {
   CLI::App app{"bmoe-synth: write a synthetic MoE GGUF model with real shapes and random weights"};
-  app.set_version_flag("--version", BMOE_VERSION);
+  app.set_version_flag("--version", bmoe::version_text());
   std::string preset, output, vocab, vocab_file;
   std::vector<std::string> type_overrides;
   int layers = 0, shards = 1, swa_period = 0, attention_interval = 0;

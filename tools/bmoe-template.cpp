@@ -10,6 +10,7 @@
 
 #include "chat/jinja.h"
 #include "core/error.h"
+#include "core/version.h"
 #include "gguf/gguf.h"
 #include "io/mapped_file.h"
 
@@ -17,7 +18,7 @@ using namespace bmoe;
 
 int main(int argc, char** argv) {
   CLI::App app{"bmoe-template: render a chat template with bmoe's Jinja engine"};
-  app.set_version_flag("--version", BMOE_VERSION);
+  app.set_version_flag("--version", bmoe::version_text());
   std::string template_file, model_path, json_file;
   app.add_option("-t,--template", template_file, "Jinja template file");
   app.add_option("-m,--model", model_path, "GGUF model whose tokenizer.chat_template to render");

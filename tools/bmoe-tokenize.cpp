@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/version.h"
 #include "engine/gguf_vocabulary.h"
 #include "gguf/gguf.h"
 #include "text/tokenizer.h"
@@ -16,7 +17,7 @@ using namespace bmoe;
 
 int main(int argc, char** argv) {
   CLI::App app{"bmoe-tokenize: tokenize text with a GGUF model's vocabulary"};
-  app.set_version_flag("--version", BMOE_VERSION);
+  app.set_version_flag("--version", bmoe::version_text());
   std::string model_path, prompt, json_file;
   bool no_special = false;
   app.add_option("-m,--model", model_path, "GGUF model")->required();

@@ -50,6 +50,12 @@ TranslatedArgs translate_llama_flags(const CLI::App& app, int argc, const char* 
     } else if (a == "-sys" || a == "--system-prompt") {
       const std::string text = next();
       t.args.insert(t.args.end(), {"--system", text});
+    } else if (a == "-hf" || a == "-hfr") {
+      const std::string repo = next();
+      t.args.insert(t.args.end(), {"--hf-repo", repo});
+    } else if (a == "-hff") {
+      const std::string file = next();
+      t.args.insert(t.args.end(), {"--hf-file", file});
     } else if (a == "-cnv" || a == "--conversation") {
       t.args.push_back("-i");
     } else if (a == "-no-cnv" || a == "--no-conversation") {

@@ -9,6 +9,7 @@
 #include <random>
 
 #include "core/error.h"
+#include "hf_download.h"
 #include "io/mapped_file.h"
 #include "moe/cache_policy.h"
 #include "moe/overlap_chooser.h"
@@ -103,6 +104,8 @@ std::shared_ptr<const Grammar> grammar_from_flags(const GrammarOptions& o) {
 
 void add_run_flags(CLI::App& app, RunOptions& o) {
   app.add_option("-m,--model", o.config.model, "GGUF model file (any shard of a split model)");
+  app.add_option("--hf-repo", o.hf_repo, "-hf: download user/model[:quant] from Hugging Face into llama.cpp's cache and run it");
+  app.add_option("--hf-file", o.hf_file, "with --hf-repo: the repository's file to use (default: by the quant tag)");
   app.add_option("-t,--threads", o.config.threads, "compute threads (default: all cores)")->check(CLI::Range(0, 512));
   app.add_option("-c,--ctx-size", o.config.ctx_size, "context size in tokens")->capture_default_str()->check(CLI::Range(16, 1 << 20));
   app.add_option("-b,--batch-size", o.config.batch_size, "prompt tokens per forward pass (default 512; 2048 streamed)")
@@ -215,8 +218,20 @@ Predictor predictor_named(const std::string& name) {
 
 }  // namespace
 
+// -hf / --hf-repo / --hf-file: the model's local path, downloaded when missing.
+std::string hf_model(const RunOptions& o) {
+  if (!o.hf_file.empty() && o.hf_repo.empty()) fail("--hf-file needs --hf-repo (or -hf) to name the repository");
+  if (!o.config.model.empty()) fail("-m and -hf both name a model: give one");
+#ifdef BMOE_HAVE_HTTPLIB
+  return hf_fetch_model({o.hf_repo, o.hf_file});
+#else
+  fail("-hf: this build has no HTTP client (cpp-httplib was missing); download the file and pass -m");
+#endif
+}
+
 RunConfig run_config(const RunOptions& o) {
   RunConfig c = o.config;
+  if (!o.hf_repo.empty() || !o.hf_file.empty()) c.model = hf_model(o);
   c.moe_mode = o.moe_stream ? MoeMode::Stream : o.no_moe_stream ? MoeMode::Resident : MoeMode::Auto;
   check_combinations(c);
   if (o.cache_mb != "auto") c.cache_bytes = parse_mib(o.cache_mb, "--cache-mb");

@@ -30,9 +30,12 @@ struct RunOptions {
   std::string predictor = "both";  // router, affinity or both
   bool moe_stream = false;     // --moe-stream
   bool no_moe_stream = false;  // --no-moe-stream (neither: the mode chooses itself)
+  std::string hf_repo;  // --hf-repo / -hf user/model[:quant] (instead of -m; hf_download.h)
+  std::string hf_file;  // --hf-file: that file of the repository
 };
 
-// The RunConfig the flags ask for. Fails (bmoe::Error naming the flags) without a model, on a
+// The RunConfig the flags ask for (-hf: the model downloaded first). Fails (bmoe::Error naming
+// the flags) without a model, on a
 // combination that needs --moe-stream or --prefetch, and on a --cache-mb that is neither a
 // number of MiB nor auto.
 RunConfig run_config(const RunOptions& o);

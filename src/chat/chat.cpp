@@ -227,11 +227,10 @@ std::string ChatTemplate::apply(const std::vector<ChatMessage>& messages, bool n
   return apply(in);
 }
 
-namespace {
-constexpr std::string_view kThinkOpen = "<think>";
-constexpr std::string_view kThinkClose = "</think>";
-const std::vector<std::string> kThinkCloseTag = {std::string(kThinkClose)};
-}  // namespace
+ReasoningTags reasoning_tags(ChatFormat format) {
+  if (format == ChatFormat::Gemma4) return {"<|channel>thought", "<channel|>"};
+  return {};
+}
 
 ReasoningSplitter::Delta ReasoningSplitter::feed(std::string_view piece) {
   Delta d;
@@ -243,12 +242,13 @@ ReasoningSplitter::Delta ReasoningSplitter::feed(std::string_view piece) {
         const size_t first = held_.find_first_not_of(" \t\r\n");
         if (first == std::string::npos) return d;  // only whitespace so far
         const std::string_view rest = std::string_view(held_).substr(first);
-        if (rest.substr(0, kThinkOpen.size()) == kThinkOpen) {
-          held_.erase(0, first + kThinkOpen.size());
+        const std::string_view open = tags_.open;
+        if (rest.substr(0, open.size()) == open) {
+          held_.erase(0, first + open.size());
           state_ = State::ReasoningStart;
           progress = true;
-        } else if (kThinkOpen.substr(0, rest.size()) == rest) {
-          return d;  // could still become <think>
+        } else if (open.substr(0, rest.size()) == rest) {
+          return d;  // could still become the open tag
         } else {
           state_ = State::Content;
           progress = true;
@@ -256,14 +256,14 @@ ReasoningSplitter::Delta ReasoningSplitter::feed(std::string_view piece) {
         break;
       }
       case State::Reasoning: {
-        const size_t close = held_.find(kThinkClose);
+        const size_t close = held_.find(tags_.close);
         if (close != std::string::npos) {
           d.reasoning += held_.substr(0, close);
-          held_.erase(0, close + kThinkClose.size());
+          held_.erase(0, close + tags_.close.size());
           state_ = State::ContentStart;
           progress = true;
         } else {
-          const size_t keep = partial_tag_length(held_, kThinkCloseTag);
+          const size_t keep = partial_tag_length(held_, {tags_.close});
           d.reasoning += held_.substr(0, held_.size() - keep);
           held_.erase(0, held_.size() - keep);
         }

@@ -81,15 +81,24 @@ std::string chat_template_choice_error(const std::string& choice);  // for Inval
 // A built-in format by name ("chatml", "harmony", ...), or None.
 ChatFormat chat_format_by_name(std::string_view name);
 
+// The tags around a model's reasoning: <think> ... </think> for most, Gemma 4's thought channel
+// <|channel>thought ... <channel|> for Gemma 4.
+struct ReasoningTags {
+  std::string open = "<think>";
+  std::string close = "</think>";
+};
+ReasoningTags reasoning_tags(ChatFormat format);
+
 // Splits an answer into reasoning and content as llama-server's "deepseek" reasoning format
-// does: an answer that opens with <think> (leading whitespace aside) is reasoning up to
-// </think>, and what follows is content (each without its leading newlines); any other answer is all
+// does: an answer that opens with the open tag (leading whitespace aside) is reasoning up to
+// the close tag, and what follows is content (each without its leading newlines); any other answer is all
 // content. Fed piece by piece (a streamed answer), it holds back only what could still be the
 // start of a tag, so concatenating the deltas gives the same split as feeding the whole text.
 class ReasoningSplitter {
  public:
   // `opened`: the prompt already opened the think block (the answer starts as reasoning).
-  explicit ReasoningSplitter(bool opened = false) : state_(opened ? State::ReasoningStart : State::Start) {}
+  explicit ReasoningSplitter(bool opened = false, ReasoningTags tags = {})
+      : state_(opened ? State::ReasoningStart : State::Start), tags_(std::move(tags)) {}
   struct Delta {
     std::string reasoning;
     std::string content;
@@ -100,6 +109,7 @@ class ReasoningSplitter {
  private:
   enum class State { Start, ReasoningStart, Reasoning, ContentStart, Content };
   State state_;
+  ReasoningTags tags_;
   std::string held_;
 };
 

@@ -201,16 +201,17 @@ class ReplyParser::ToolText {
   bool in_calls_ = false;
 };
 
-bool prompt_opens_think_block(std::string_view prompt_tail) {
+bool prompt_opens_think_block(std::string_view prompt_tail, std::string_view open_tag) {
   const size_t end = prompt_tail.find_last_not_of(" \t\r\n");
   if (end == std::string_view::npos) return false;
   const std::string_view text = prompt_tail.substr(0, end + 1);
-  constexpr std::string_view kOpen = "<think>";
-  return text.size() >= kOpen.size() && text.substr(text.size() - kOpen.size()) == kOpen;
+  return !open_tag.empty() && text.ends_with(open_tag);
 }
 
 ReplyParser::ReplyParser(ReplyOptions options)
-    : options_(std::move(options)), think_(options_.split_reasoning && prompt_opens_think_block(options_.prompt_tail)) {
+    : options_(std::move(options)),
+      think_(options_.split_reasoning && prompt_opens_think_block(options_.prompt_tail, options_.reasoning_tags.open),
+             options_.reasoning_tags) {
   if (options_.harmony) {
     harmony_ = std::make_unique<Harmony>(options_.split_reasoning, options_.prompt_tail, &calls_);
   } else if (options_.tools != ToolFormat::None) {

@@ -2,7 +2,7 @@
 //
 // The answer arrives piece by piece (a streamed reply). Reasoning is either a <think> block
 // (llama-server's "deepseek" reasoning format; the block may have been opened by the prompt, as
-// Qwen3.5's template does) or, for the harmony format (gpt-oss), the analysis channel; harmony's
+// Qwen3.5's template does), Gemma 4's thought channel (<|channel>thought ... <channel|>), or, for the harmony format (gpt-oss), the analysis channel; harmony's
 // final and commentary channels are content and a `to=functions.NAME` message is a tool call.
 // In the other formats tool calls are found in the content by their format's markers
 // (chat/tool_calls.h): from the first marker on, the text is held back and parsed when the
@@ -26,6 +26,7 @@ namespace bmoe {
 struct ReplyOptions {
   bool split_reasoning = true;  // reasoning goes to its own field (false: it stays in content)
   bool harmony = false;         // the answer is in the harmony format
+  ReasoningTags reasoning_tags;  // the tags around reasoning (chat/chat.h: reasoning_tags)
   ToolFormat tools = ToolFormat::None;  // None: no tool calls are looked for
   nlohmann::ordered_json tool_list = nlohmann::ordered_json::array();  // the request's tools
   // The end of the rendered prompt (a few tokens, special ones spelled out): whether the answer
@@ -35,8 +36,8 @@ struct ReplyOptions {
 };
 
 // Whether a prompt ending in `prompt_tail` leaves the answer inside a think block it opened
-// (Qwen3.5's generation prompt ends with "<think>\n").
-bool prompt_opens_think_block(std::string_view prompt_tail);
+// (Qwen3.5's generation prompt ends with "<think>\n"); `open_tag` is the block's opening tag.
+bool prompt_opens_think_block(std::string_view prompt_tail, std::string_view open_tag = "<think>");
 
 struct ReplyDelta {
   std::string reasoning;

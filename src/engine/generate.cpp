@@ -78,6 +78,7 @@ class DecodeLoop {
   DecodeLoop(Session& session, const GenerateParams& params, const DecodeHooks& hooks)
       : session_(session), params_(params), hooks_(hooks), tok_(*session.model().tokenizer), stop_(params.stop) {
     if (params.grammar) grammar_ = std::make_unique<GrammarFilter>(params.grammar, tok_);
+    grammar_waits_ = grammar_ && !params.grammar_after.empty();
     // No session offers an MTP head yet (speculative.h): make_drafter refuses params.draft.mtp.
     if (drafts_with(params)) {
       drafting_ = std::make_unique<Drafting>(DraftController(params.draft), make_drafter(params.draft));
@@ -91,19 +92,22 @@ class DecodeLoop {
   // The next token; `fed` says whether the model has seen it already (a kept draft token).
   int32_t next(bool& fed) {
     fed = next_known_ < known_.size();
-    return fed ? known_[next_known_++] : session_.sample(grammar_.get());
+    return fed ? known_[next_known_++] : session_.sample(grammar_waits_ ? nullptr : grammar_.get());
   }
   void feed(int32_t token, int budget, bool forced);
   bool take(int32_t token);
   int32_t force(int step, int32_t pick);
   void emit(const std::string& text);
   bool stopped() const { return (hooks_.cancel && hooks_.cancel->load()) || !keep_going_; }
+  void watch_for_grammar_start(int32_t token);
 
   Session& session_;
   const GenerateParams& params_;
   const DecodeHooks& hooks_;
   const Tokenizer& tok_;
   std::unique_ptr<GrammarFilter> grammar_;
+  bool grammar_waits_ = false;    // params.grammar_after not written yet: the grammar is off
+  std::string before_grammar_;    // the answer's last bytes while the grammar waits
   std::unique_ptr<Drafting> drafting_;
   std::vector<int32_t> known_;  // the kept draft tokens still to emit
   size_t next_known_ = 0;
@@ -155,7 +159,8 @@ bool DecodeLoop::take(int32_t token) {
     result_.finish_reason = "stop";
     return false;
   }
-  if (grammar_) grammar_->accept(token);
+  if (grammar_waits_) watch_for_grammar_start(token);
+  else if (grammar_) grammar_->accept(token);
   result_.tokens.push_back(token);
   if (params_.logprobs >= 0) {  // the logits it was sampled from are still the session's
     const int n_vocab = session_.model().transformer->config().n_vocab;
@@ -168,6 +173,18 @@ bool DecodeLoop::take(int32_t token) {
     return false;
   }
   return true;
+}
+
+// Switches the grammar on once the answer has written params.grammar_after; only the tag's
+// length less one byte is kept between tokens (enough to find a tag split across tokens).
+void DecodeLoop::watch_for_grammar_start(int32_t token) {
+  const std::string& tag = params_.grammar_after;
+  before_grammar_ += tok_.token_bytes(token, true);
+  if (before_grammar_.find(tag) != std::string::npos) {
+    grammar_waits_ = false;
+    return;
+  }
+  if (before_grammar_.size() >= tag.size()) before_grammar_.erase(0, before_grammar_.size() - (tag.size() - 1));
 }
 
 // A teacher-forced step: the model's pick is what the answer reports, the reference token is
@@ -201,7 +218,7 @@ GenerateResult decode_tokens(Session& session, int limit, const GenerateParams& 
 
 GenerateResult generate(Session& session, const std::vector<int32_t>& prompt, const GenerateParams& params,
                         const PieceCallback& on_piece, const std::atomic<bool>* cancel,
-                        const LogprobCallback& on_logprob) {
+                        const LogprobCallback& on_logprob, const PrefillProgress& on_prefill) {
   const int n_ctx = session.state().n_ctx();
   if (prompt.empty()) fail("the prompt is empty");
   if (static_cast<int>(prompt.size()) >= n_ctx) {
@@ -209,7 +226,7 @@ GenerateResult generate(Session& session, const std::vector<int32_t>& prompt, co
   }
   session.set_sampler(params.sampler);
   PrefillRecord pre;
-  const int reused = session.prefill_reusing(prompt, &pre);
+  const int reused = session.prefill_reusing(prompt, &pre, on_prefill);
   const int limit = std::min(params.max_tokens, n_ctx - static_cast<int>(prompt.size()));
   GenerateResult result = decode_tokens(session, limit, params, {on_piece, on_logprob, {}, cancel});
   result.prompt_tokens = static_cast<int>(prompt.size());

@@ -31,6 +31,10 @@ struct GenerateParams {
   // prefix of a sentence are sampled, and end-of-generation tokens only once it is a whole
   // one; turns drafting off. The answer then ends at the first end token even with ignore_eos.
   std::shared_ptr<const Grammar> grammar;
+  // Not empty: the grammar waits until the answer has written this text (the close tag of a
+  // think block the prompt opened), so the reasoning before it is free; the tokens from the one
+  // that completes it on are constrained.
+  std::string grammar_after;
   // Teacher forcing (bmoe-cli --teacher-force): for the first forced.size() steps the model is
   // fed forced[i] instead of its own pick. The picks are still the answer's `tokens` (and
   // GenerateResult::forced_equal counts those equal to the reference), but they emit no text and
@@ -74,9 +78,10 @@ struct DecodeHooks {
 // Feeds `prompt` (keeping the KV rows of the prefix the session already holds), then runs the
 // decode loop for up to min(max_tokens, room left in the context) tokens with params.sampler.
 // Fails (bmoe::Error) on an empty prompt or one that fills the context.
+// `on_prefill` (optional) sees the prompt's progress while it is read (Session::prefill_reusing).
 GenerateResult generate(Session& session, const std::vector<int32_t>& prompt, const GenerateParams& params,
                         const PieceCallback& on_piece = {}, const std::atomic<bool>* cancel = nullptr,
-                        const LogprobCallback& on_logprob = {});
+                        const LogprobCallback& on_logprob = {}, const PrefillProgress& on_prefill = {});
 
 // The decode loop on a session whose prompt was fed (Session::prefill or prefill_reusing):
 // up to `limit` tokens, sampled with the session's sampler (params.sampler only decides whether

@@ -49,7 +49,7 @@ PrefillRecord Session::prefill(const std::vector<int32_t>& tokens, const Prefill
   return {static_cast<int>(tokens.size()), timer.seconds()};
 }
 
-int Session::prefill_reusing(const std::vector<int32_t>& prompt, PrefillRecord* record) {
+int Session::prefill_reusing(const std::vector<int32_t>& prompt, PrefillRecord* record, const PrefillProgress& progress) {
   if (prompt.empty()) fail("the prompt is empty");
   size_t keep = 0;
   while (keep < history_.size() && keep < prompt.size() && history_[keep] == prompt[keep]) ++keep;
@@ -61,7 +61,13 @@ int Session::prefill_reusing(const std::vector<int32_t>& prompt, PrefillRecord* 
     throw;
   }
   history_.resize(keep);
-  const PrefillRecord r = prefill(std::vector<int32_t>(prompt.begin() + static_cast<std::ptrdiff_t>(keep), prompt.end()));
+  PrefillProgress whole;  // the progress over the whole prompt, the kept prefix included
+  if (progress) {
+    whole = [&progress, keep, total = static_cast<int>(prompt.size())](double done, int, double seconds) {
+      progress(static_cast<double>(keep) + done, total, seconds);
+    };
+  }
+  const PrefillRecord r = prefill(std::vector<int32_t>(prompt.begin() + static_cast<std::ptrdiff_t>(keep), prompt.end()), whole);
   if (record) *record = r;
   return static_cast<int>(keep);
 }

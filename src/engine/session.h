@@ -65,7 +65,8 @@ class Session {
   // Makes the sequence equal `prompt`, keeping the longest common prefix of what the KV cache
   // already holds (at least the last prompt token is evaluated, for fresh logits). Returns how
   // many tokens were reused.
-  int prefill_reusing(const std::vector<int32_t>& prompt, PrefillRecord* record = nullptr);
+  int prefill_reusing(const std::vector<int32_t>& prompt, PrefillRecord* record = nullptr,
+                      const PrefillProgress& progress = {});  // progress counts the kept prefix as done
   void set_sampler(const SamplerConfig& config) { sampler_ = Sampler(config); }
   // The tokens whose keys and values the cache holds, in order.
   const std::vector<int32_t>& history() const { return history_; }

@@ -59,6 +59,10 @@ inline double number_field(const json& body, const char* key, double fallback, d
 inline int64_t int_field(const json& body, const char* key, int64_t fallback, int64_t lo, int64_t hi) {
   if (!body.contains(key) || body[key].is_null()) return fallback;
   if (!body[key].is_number_integer()) bad_request(fmt::format("'{}' must be an integer", key), key);
+  if (body[key].is_number_unsigned() && body[key].get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
+    // Above int64's range (2^63 and up): read as int64 it would be reported negative.
+    bad_request(fmt::format("'{}' must be between {} and {}, got {}", key, lo, hi, body[key].get<uint64_t>()), key);
+  }
   const int64_t v = body[key].get<int64_t>();
   if (v < lo || v > hi) bad_request(fmt::format("'{}' must be between {} and {}, got {}", key, lo, hi, v), key);
   return v;

@@ -347,6 +347,22 @@ std::shared_ptr<const Grammar> output_grammar(const json& body, const ToolChoice
   }
 }
 
+// A prompt too long for the context whatever its tokens: refused before tokenizing it (a 12 MB
+// prompt would take a gigabyte to tokenize only to be refused after).
+void refuse_surely_too_long(size_t bytes, const RequestContext& o, bool chat) {
+  if (o.max_token_bytes == 0 || bytes <= static_cast<size_t>(o.n_ctx) * o.max_token_bytes) return;
+  throw RequestError(400, "invalid_request_error",
+                     fmt::format("the prompt has {} bytes, more than this server's context of {} tokens can hold (a token "
+                                 "is at most {} bytes)", bytes, o.n_ctx, o.max_token_bytes),
+                     chat ? "messages" : "prompt", "context_length_exceeded");
+}
+
+// The prompt's text tokenized, once it is known it could fit.
+std::vector<int32_t> encode_prompt(const std::string& text, bool chat, const RequestContext& o) {
+  refuse_surely_too_long(text.size(), o, chat);
+  return o.tokenizer->encode(text, true, o.tokenizer->vocab().add_bos);
+}
+
 // Tools on a template with no tool syntax (tool_choice "required" or a named function): the
 // model is shown them in a system message and answers with one JSON call under a grammar, in
 // the Llama 3.1 JSON layout ({"name": ..., "parameters": {...}}) that the reply parser reads.
@@ -455,7 +471,7 @@ std::vector<int32_t> chat_prompt(const json& body, const RequestContext& o, cons
   }
   try {
     const bool go_on = bool_field(body, "continue_final_message", false) && !in.messages.empty();
-    return tok.encode(go_on ? continued_text(tmpl, in) : tmpl.apply(in), true, tok.vocab().add_bos);
+    return encode_prompt(go_on ? continued_text(tmpl, in) : tmpl.apply(in), true, o);
   } catch (const jinja::JinjaError& e) {
     // The template refused the conversation (roles out of order, say): the client's to fix.
     bad_request(fmt::format("the chat template cannot render these messages: {}", e.what()), "messages");
@@ -463,8 +479,9 @@ std::vector<int32_t> chat_prompt(const json& body, const RequestContext& o, cons
 }
 
 // One completions prompt: a string or token ids.
-std::vector<int32_t> one_prompt(const json& p, const Tokenizer& tok) {
-  if (p.is_string()) return tok.encode(p.get<std::string>(), true, tok.vocab().add_bos);
+std::vector<int32_t> one_prompt(const json& p, const RequestContext& o) {
+  const Tokenizer& tok = *o.tokenizer;
+  if (p.is_string()) return encode_prompt(p.get<std::string>(), false, o);
   if (p.is_array() && !p.empty() && p[0].is_number_integer()) {
     std::vector<int32_t> ids;
     for (const json& e : p) {
@@ -480,16 +497,16 @@ std::vector<int32_t> one_prompt(const json& p, const Tokenizer& tok) {
 
 // Completions' prompt: a string, token ids, or a list of strings or of token-id lists (one
 // answer per prompt).
-std::vector<std::vector<int32_t>> completion_prompts(const json& body, const Tokenizer& tok) {
+std::vector<std::vector<int32_t>> completion_prompts(const json& body, const RequestContext& o) {
   if (!body.contains("prompt")) bad_request("'prompt' is required", "prompt");
   const json& p = body["prompt"];
   const bool several = p.is_array() && !p.empty() && (p[0].is_string() || p[0].is_array());
-  if (!several) return {one_prompt(p, tok)};
+  if (!several) return {one_prompt(p, o)};
   if (p.size() > 128) bad_request("'prompt' holds more than 128 prompts", "prompt");
   std::vector<std::vector<int32_t>> out;
   for (const json& e : p) {
     if (!e.is_string() && !e.is_array()) bad_request("'prompt' as a list holds strings or lists of token ids", "prompt");
-    out.push_back(one_prompt(e, tok));
+    out.push_back(one_prompt(e, o));
   }
   return out;
 }
@@ -501,12 +518,17 @@ std::string prompt_tail(const std::vector<int32_t>& prompt, const Tokenizer& tok
   return tok.decode(tail, true);
 }
 
-// A grammar constrains the whole answer, and could never close a think block the template
-// opened (Qwen3.5's "<think>\n"): the prompt closes it instead, as with thinking off.
-void close_open_think_block(std::vector<int32_t>& prompt, const Tokenizer& tok) {
-  if (!prompt_opens_think_block(prompt_tail(prompt, tok))) return;
-  const std::vector<int32_t> close = tok.encode("\n</think>\n\n", true, false);
-  prompt.insert(prompt.end(), close.begin(), close.end());
+// The reasoning tags of the request's template (Gemma 4's thought channel, else <think>).
+ReasoningTags template_reasoning_tags(const RequestContext& o) {
+  return reasoning_tags(o.chat_template ? o.chat_template->format() : ChatFormat::ChatML);
+}
+
+// A grammar constrains the answer, and could never close a think block the template opened
+// (Qwen3.5's "<think>\n"): as llama-server does, the reasoning stays free and the grammar
+// applies from the block's close tag on (thinking off, the template closes it itself).
+void defer_grammar_past_open_think_block(GenerateParams& params, const std::vector<int32_t>& prompt, const RequestContext& o) {
+  const ReasoningTags tags = template_reasoning_tags(o);
+  if (prompt_opens_think_block(prompt_tail(prompt, *o.tokenizer), tags.open)) params.grammar_after = tags.close;
 }
 
 // How the answer is split for the reply: reasoning, harmony channels, the tools' format, and the
@@ -516,6 +538,7 @@ ReplyOptions reply_options(const RequestContext& o, const json& tools, ToolForma
   r.split_reasoning = o.split_reasoning;
   r.harmony = o.chat_template && o.chat_template->format() == ChatFormat::Harmony;
   r.tools = tools.empty() ? ToolFormat::None : format;
+  r.reasoning_tags = template_reasoning_tags(o);
   r.tool_list = tools;
   r.prompt_tail = prompt_tail(prompt, *o.tokenizer);
   return r;
@@ -599,13 +622,13 @@ void read_prompts(const json& body, bool chat, const RequestContext& context, co
                   CompletionRequest& r) {
   if (chat) {
     r.prompt = chat_prompt(body, context, tools, tool_format != context.tool_format);
-    if (r.params.grammar) close_open_think_block(r.prompt, *context.tokenizer);
+    if (r.params.grammar) defer_grammar_past_open_think_block(r.params, r.prompt, context);
     r.reply = reply_options(context, tools, tool_format, r.prompt);
     r.reply.parallel_calls = bool_field(body, "parallel_tool_calls", true);
     r.reply.split_reasoning = split_reasoning_field(body, r.reply.split_reasoning);
     return check_prompt_fits(r.prompt, chat, context.n_ctx);
   }
-  std::vector<std::vector<int32_t>> prompts = completion_prompts(body, *context.tokenizer);
+  std::vector<std::vector<int32_t>> prompts = completion_prompts(body, context);
   for (const auto& p : prompts) check_prompt_fits(p, chat, context.n_ctx);
   r.prompt = prompts.front();
   if (prompts.size() == 1) return;

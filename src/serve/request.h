@@ -42,6 +42,10 @@ struct RequestContext {
   bool split_reasoning = true;  // --reasoning-format deepseek
   ToolFormat tool_format = ToolFormat::None;  // how the chat template writes tool calls
   DraftConfig draft;
+  // The longest token's text in bytes (Tokenizer::longest_token_bytes): a prompt longer than
+  // n_ctx such tokens cannot fit and is refused before it is tokenized (bounded memory). 0: no
+  // such check.
+  size_t max_token_bytes = 0;
 };
 
 struct CompletionRequest {

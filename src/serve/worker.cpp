@@ -129,6 +129,7 @@ nlohmann::ordered_json DecodeWorker::stats() {
   if (const std::optional<uint64_t> available = m.available()) memory["available_bytes"] = *available;
   return {{"busy", busy_},
           {"queue_depth", queue_.size()},
+          {"prompt", {{"done", prompt_done_}, {"total", prompt_total_}}},
           {"prompt_tokens", c.prompt_tokens},
           {"generated_tokens", c.generated_tokens + c.live_pieces},
           {"last_decode_tokens_per_second", c.last_decode_tps},
@@ -263,12 +264,19 @@ GenerateResult DecodeWorker::run_choice(Job& job, int index, std::string& error)
       publish_progress();
       job.push({index, piece, std::nullopt, {}});
       return in_time(piece);
-    }, &job.cancel, [&job, index](const TokenLogprob& lp) { job.push({index, {}, lp, {}}); });
+    }, &job.cancel, [&job, index](const TokenLogprob& lp) { job.push({index, {}, lp, {}}); },
+    [this](double done, int total, double) {  // "reading prompt n/N" in the web chat's status
+      std::lock_guard<std::mutex> lock(mutex_);
+      prompt_done_ = static_cast<int>(done);
+      prompt_total_ = total;
+    });
   } catch (const std::exception& e) {
     error = e.what();
     session_->reset();  // the KV cache may be half-written
   }
   if (timed_out && result.finish_reason == "cancelled" && !job.cancel.load()) result.finish_reason = "stop";
+  std::lock_guard<std::mutex> lock(mutex_);
+  prompt_done_ = prompt_total_ = 0;
   return result;
 }
 

@@ -123,6 +123,7 @@ class DecodeWorker {
   std::deque<std::shared_ptr<Job>> queue_;
   bool busy_ = false;
   bool stopping_ = false;
+  int prompt_done_ = 0, prompt_total_ = 0;  // the prompt being read (total 0: none), for /stats
   Counters counters_;
   std::thread worker_;
 };

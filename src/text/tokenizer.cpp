@@ -258,6 +258,12 @@ std::shared_ptr<const std::vector<std::string>> Tokenizer::token_texts() const {
   return token_texts_;
 }
 
+size_t Tokenizer::longest_token_bytes() const {
+  size_t longest = 1;
+  for (const std::string& text : vocab_.tokens) longest = std::max(longest, text.size());
+  return longest;
+}
+
 bool Tokenizer::is_end_of_generation(int32_t id) const {
   return std::find(end_of_generation_.begin(), end_of_generation_.end(), id) != end_of_generation_.end();
 }

@@ -75,6 +75,11 @@ class Tokenizer {
   // once and shared: what a grammar constraint matches tokens by.
   std::shared_ptr<const std::vector<std::string>> token_texts() const;
   int32_t find_token(std::string_view text) const;  // -1 when absent
+  // The longest token's text in bytes. A token never stands for more input bytes than its text
+  // holds (byte-level BPE and SentencePiece write each input byte as one or more), so a text of
+  // more than n * this many bytes has more than n tokens: a prompt that cannot fit a context is
+  // known before it is tokenized.
+  size_t longest_token_bytes() const;
   int32_t vocab_size() const { return static_cast<int32_t>(vocab_.tokens.size()); }
   const Vocabulary& vocab() const { return vocab_; }
 

@@ -1,10 +1,17 @@
 """Bad input to the tools: every case must end with a non-zero exit (not a signal), within a few
 seconds, and one clear `error:` line on stderr that names the problem."""
+import hashlib
+import http.server
 import json
 import os
 import re
+import signal
+import socket
 import subprocess
+import sys
 import tempfile
+import threading
+import time
 import unittest
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -70,6 +77,18 @@ class BadInputGetsOneClearError(unittest.TestCase):
         self.check([tool("bmoe-cli"), "-m", m, "-p", "x", "-j", "{}", "--grammar", 'root ::= "a"'], "cannot be combined")
         self.check([tool("bmoe-cli"), "-m", m, "-p", "x", "--grammar-file", os.path.join(self.tmp.name, "none.gbnf")],
                    "none.gbnf")
+
+    def test_huge_prompt_is_refused_before_tokenizing(self):
+        big = os.path.join(self.tmp.name, "big.txt")
+        with open(big, "w") as f:
+            f.write("hello " * (2 << 20))  # 12 MB
+        self.check([tool("bmoe-cli"), "-m", self.model, "-f", big, "-c", "512"], "12582912 bytes", "-c")
+        # Bounded memory: the child's peak stays far below what tokenizing it whole took (~1 GB).
+        peak_kib = subprocess.run(
+            [sys.executable, "-c", "import resource, subprocess, sys; subprocess.run(sys.argv[1:], capture_output=True);"
+             " print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)",
+             tool("bmoe-cli"), "-m", self.model, "-f", big, "-c", "512"], capture_output=True, text=True, timeout=60)
+        self.assertLess(int(peak_kib.stdout), 300 * 1024)
 
     def test_cli_bad_model_files(self):
         self.check([tool("bmoe-cli"), "-m", self.missing, "-p", "x"], "missing.gguf")
@@ -140,6 +159,11 @@ class LlamaCppConventions(TinyModelCase):
         self.assertEqual(p.returncode, 0, p.stderr[-800:])
         q = self.run_cli("--chat", "--system", "You are terse.", "-p", "hello", "--temp", "0", "--tokenize")
         self.assertEqual(p.stdout, q.stdout)  # -sys is --system
+        # -sys without --chat is not dropped: it wraps the prompt as --chat does, and says so.
+        r = self.run_cli("-sys", "You are terse.", "-p", "hello", "--temp", "0", "--tokenize")
+        self.assertEqual(r.returncode, 0, r.stderr[-800:])
+        self.assertEqual(r.stdout, p.stdout)
+        self.assertIn("--system wraps the prompt", r.stderr)
         # A value that looks like a llama.cpp flag stays a value.
         p = self.run_cli("-p", "-fa", "--temp", "0", "--tokenize")
         self.assertEqual(p.returncode, 0, p.stderr[-800:])
@@ -149,6 +173,7 @@ class LlamaCppConventions(TinyModelCase):
         self.refused(["-p", "x", "-ctk", "q8_0"], "-ctk q8_0", "--kv-type")
         self.refused(["-p", "x", "-ctk", "f16", "-ctv", "f32"], "--kv-type")
         self.refused(["-p", "x", "-r", "User:"], "reverse prompt")
+        self.refused(["--prompt-ids", "1,2", "-sys", "Be brief."], "--system", "--prompt-ids")
         self.refused(["-p", "x", "-tb", "2"], "-tb", "bundle")
         self.refused(["-p", "x", "--temp", "nan"], "--temp")
         self.refused(["-p", "x", "--top-p", "nan"], "--top-p")
@@ -161,6 +186,26 @@ class LlamaCppConventions(TinyModelCase):
         self.refused(["-p", "x", "--metrics", self.tmp.name], "--metrics", "not a regular file")
         self.refused(["-p", "x", "--dump-logits", os.path.join(self.tmp.name, "nodir", "l.bin")], "--dump-logits")
         self.refused(["-p", "x", "--moe-stream", "--cache-file", os.path.join(self.tmp.name, "none", "c.bin")], "--cache-file")
+
+    def test_ctrl_c_at_an_idle_chat_prompt_quits(self):
+        p = subprocess.Popen([tool("bmoe-cli"), "-m", self.model, "-i"], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            banner = ""
+            while "interactive chat" not in banner:  # the model is loaded, the prompt is waiting
+                line = p.stderr.readline()
+                self.assertTrue(line, "bmoe-cli -i exited before its prompt")
+                banner += line
+            time.sleep(0.3)  # into the blocking read
+            p.send_signal(signal.SIGINT)
+            self.assertEqual(p.wait(timeout=20), 0)  # stdin is still open: only Ctrl-C ended it
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+            p.stdin.close()
+            p.stdout.close()
+            p.stderr.close()
 
     def test_penalties_change_a_greedy_answer(self):
         def text(*flags):
@@ -194,10 +239,13 @@ class LlamaCppConventions(TinyModelCase):
         self.assertTrue(0 <= value["n"] <= 99)
 
     def test_version_on_every_tool(self):
-        for name in ("bmoe-cli", "bmoe-server", "bmoe-synth", "bmoe-replay", "bmoe-tokenize", "bmoe-iobench"):
+        for name in ("bmoe-cli", "bmoe-server", "bmoe-synth", "bmoe-replay", "bmoe-tokenize", "bmoe-iobench",
+                     "bmoe-perplexity"):
             p = subprocess.run([tool(name), "--version"], capture_output=True, text=True, timeout=30)
             self.assertEqual(p.returncode, 0, name)
-            self.assertRegex(p.stdout.strip(), r"^\d+\.\d+", name)
+            # What a bug report needs: release, commit, build type and the kernel path in use.
+            self.assertRegex(p.stdout.strip(),
+                             r"^bmoe \d+\.\d+\.\d+ \(commit ([0-9a-f]{12}(-dirty)?|unknown), \w+ build, isa [\w+-]+\)$", name)
 
     def test_random_seed_is_printed_and_repeatable(self):
         runs = [self.run_cli("-p", "hello", "--temp", "1.5") for _ in range(2)]
@@ -253,6 +301,149 @@ class TheModeChoosesItself(TinyModelCase):
         _, _, streamed = self.mode_lines(700)
         _, _, resident = self.mode_lines(64 << 10)
         self.assertEqual(streamed["tokens"], resident["tokens"])
+
+
+class HubHandler(http.server.BaseHTTPRequestHandler):
+    """Answers the Hugging Face paths -hf reads (api/models/REPO/refs, .../tree/COMMIT, REPO/resolve/
+    COMMIT/PATH with byte ranges) from `files`; the first transfer of `cut` breaks off halfway."""
+    files, commit, token, cut, log = {}, "c0ffee" * 6 + "c0ff", "secret", None, []
+
+    def log_message(self, *args):
+        pass
+
+    def send(self, status, body, headers=()):
+        self.send_response(status)
+        for k, v in headers:
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):
+        cls = type(self)
+        cls.log.append((self.path, self.headers.get("Range")))
+        if self.headers.get("Authorization") != f"Bearer {cls.token}":
+            return self.send(401, b'{"error": "unauthorized"}')
+        if self.path == "/api/models/test/tiny/refs":
+            return self.send(200, json.dumps({"branches": [{"name": "main", "targetCommit": cls.commit}]}).encode())
+        if self.path == f"/api/models/test/tiny/tree/{cls.commit}?recursive=true":
+            tree = [{"type": "file", "path": name, "oid": "0" * 40, "lfs": {"oid": hashlib.sha256(data).hexdigest()}}
+                    for name, data in cls.files.items()]
+            return self.send(200, json.dumps(tree).encode())
+        prefix = f"/test/tiny/resolve/{cls.commit}/"
+        name = self.path[len(prefix):] if self.path.startswith(prefix) else None
+        if name not in cls.files:
+            return self.send(404, b"{}")
+        data = cls.files[name]
+        start = int(re.match(r"bytes=(\d+)-", self.headers["Range"]).group(1)) if self.headers.get("Range") else 0
+        self.send_response(206 if start else 200)
+        self.send_header("Content-Length", str(len(data) - start))
+        self.end_headers()
+        if name == cls.cut:  # the connection drops halfway through
+            cls.cut = None
+            self.wfile.write(data[start:len(data) // 2])
+            self.wfile.flush()
+            self.close_connection = True
+            return
+        self.wfile.write(data[start:])
+
+
+class HfDownload(unittest.TestCase):
+    """-hf against a local server answering the hub's paths: a two-shard model downloaded,
+    interrupted and resumed into llama.cpp's cache layout, then run; offline, the cache serves."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        d = cls.tmp.name
+        subprocess.run([tool("bmoe-synth"), "--preset", "tiny-qwen3moe", "--shards", "2", "-o",
+                        os.path.join(d, "tiny-Q8_0.gguf")], check=True, capture_output=True)
+        cls.shards = [f"tiny-Q8_0-0000{i}-of-00002.gguf" for i in (1, 2)]
+        HubHandler.files = {}
+        for name in cls.shards:
+            with open(os.path.join(d, name), "rb") as f:
+                HubHandler.files[name] = f.read()
+        HubHandler.files["tiny-F16.gguf"] = b"not this one"
+        HubHandler.files["README.md"] = b"# tiny"
+        cls.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), HubHandler)
+        threading.Thread(target=cls.server.serve_forever, daemon=True).start()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.shutdown()
+        cls.server.server_close()
+        cls.tmp.cleanup()
+
+    def cli(self, cache, *args, port=None):
+        env = {**os.environ, "MODEL_ENDPOINT": f"http://127.0.0.1:{port or self.server.server_port}/",
+               "LLAMA_CACHE": cache, "HF_TOKEN": "secret"}
+        return subprocess.run([tool("bmoe-cli"), *args, "-n", "4", "--temp", "0", "--json"], capture_output=True,
+                              text=True, timeout=120, env=env, stdin=subprocess.DEVNULL)
+
+    def test_download_interrupted_resumed_then_run(self):
+        cache = os.path.join(self.tmp.name, "cache")
+        HubHandler.cut = self.shards[1]
+        HubHandler.log.clear()
+        p = self.cli(cache, "-hf", "test/tiny:Q8_0", "-p", "hello")
+        self.assertEqual(p.returncode, 1, p.stderr[-800:])
+        errors = [line for line in p.stderr.splitlines() if line.startswith("error:")]
+        self.assertEqual(len(errors), 1, p.stderr[-800:])
+        self.assertIn("run again to resume", errors[0])
+        p = self.cli(cache, "-hf", "test/tiny:Q8_0", "-p", "hello")
+        self.assertEqual(p.returncode, 0, p.stderr[-800:])
+        self.assertIn("resuming", p.stderr)
+        size = len(HubHandler.files[self.shards[1]])
+        self.assertIn((f"/test/tiny/resolve/{HubHandler.commit}/{self.shards[1]}", f"bytes={size // 2}-"), HubHandler.log)
+        local = subprocess.run([tool("bmoe-cli"), "-m", os.path.join(self.tmp.name, self.shards[0]), "-p", "hello",
+                                "-n", "4", "--temp", "0", "--json"], capture_output=True, text=True, timeout=120)
+        self.assertEqual(json.loads(p.stdout)["tokens"], json.loads(local.stdout)["tokens"])
+        # llama.cpp's cache layout: refs/main, blobs by sha256, snapshot links to them.
+        repo = os.path.join(cache, "models--test--tiny")
+        with open(os.path.join(repo, "refs", "main")) as f:
+            self.assertEqual(f.read().strip(), HubHandler.commit)
+        for name in self.shards:
+            link = os.path.join(repo, "snapshots", HubHandler.commit, name)
+            self.assertTrue(os.path.islink(link))
+            blob = os.path.realpath(link)
+            self.assertEqual(os.path.basename(blob), hashlib.sha256(HubHandler.files[name]).hexdigest())
+            with open(blob, "rb") as f:
+                self.assertEqual(f.read(), HubHandler.files[name])
+        # --hf-file names the file; a second run downloads nothing.
+        HubHandler.log.clear()
+        p = self.cli(cache, "--hf-repo", "test/tiny", "--hf-file", self.shards[0], "-p", "hello")
+        self.assertEqual(p.returncode, 0, p.stderr[-800:])
+        self.assertFalse([path for path, _ in HubHandler.log if "/resolve/" in path])
+        # Offline: the cached copy runs, with a note; an empty cache is one clear error.
+        closed = socket.socket()
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+        closed.close()
+        p = self.cli(cache, "-hf", "test/tiny:Q8_0", "-p", "hello", port=port)
+        self.assertEqual(p.returncode, 0, p.stderr[-800:])
+        self.assertIn("using the cached", p.stderr)
+        p = self.cli(os.path.join(self.tmp.name, "empty"), "-hf", "test/tiny:Q8_0", "-p", "hello", port=port)
+        self.assertEqual(p.returncode, 1)
+        errors = [line for line in p.stderr.splitlines() if line.startswith("error:")]
+        self.assertEqual(len(errors), 1, p.stderr[-800:])
+        self.assertIn("cannot reach", errors[0])
+
+    def test_bad_names_and_tokens_are_one_error(self):
+        cache = os.path.join(self.tmp.name, "cache-bad")
+        for args, needle in ((["-hf", "not-a-repo"], "user/model"), (["-hf", "test/tiny:Q2_K"], "no Q2_K GGUF"),
+                             (["--hf-file", "x.gguf"], "--hf-repo"), (["-hf", "test/tiny", "-m", "x.gguf"], "both")):
+            p = self.cli(cache, *args, "-p", "hello")
+            self.assertEqual(p.returncode, 1, (args, p.stderr[-800:]))
+            errors = [line for line in p.stderr.splitlines() if line.startswith("error:")]
+            self.assertEqual(len(errors), 1, (args, p.stderr[-800:]))
+            self.assertIn(needle, errors[0], args)
+        env_token = HubHandler.token
+        HubHandler.token = "other"
+        try:
+            p = self.cli(cache, "-hf", "test/tiny", "-p", "hello")
+        finally:
+            HubHandler.token = env_token
+        self.assertEqual(p.returncode, 1)
+        self.assertIn("HF_TOKEN", p.stderr)
 
 
 if __name__ == "__main__":

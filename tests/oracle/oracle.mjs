@@ -8,6 +8,13 @@
 //   node tests/oracle/oracle.mjs probs    MODEL PROMPT            -> {prompt, probs} (diagnostics)
 //   node tests/oracle/oracle.mjs prefill  MODEL IDS.json _ T      -> {tokens, seconds} (prompt of token ids
 //                                                                   to its first generated token)
+//   node tests/oracle/oracle.mjs nll      MODEL IDS.json CTX T    -> {count, nll, nll2, running_ppl}: llama-perplexity's
+//                                                                   sums over chunks of CTX of the given ids (each chunk
+//                                                                   from an empty context, its first token BOS where the
+//                                                                   model adds one, its second half scored)
+//   node tests/oracle/oracle.mjs kld      MODEL BASE.logits _ T   -> {count, kld, same_top}: llama.cpp's distributions
+//                                                                   against a base-logits file (llama-perplexity's format,
+//                                                                   as bmoe-perplexity --kl-divergence-base writes it)
 //   node tests/oracle/oracle.mjs jobs     MODEL JOBS.json _ T     -> [answer, ...], one per job, one model load:
 //     {"op": "tokenize", "texts": [...]}                             -> [[ids], ...]
 //     {"op": "greedy", "texts": [...], "n": 32, "kv": "f16"|"f32", "flash": true|false,
@@ -23,7 +30,7 @@ import {getLlama} from "node-llama-cpp";
 
 const [mode, modelPath, arg, nStr, threadsStr] = process.argv.slice(2);
 if (!mode || !modelPath) {
-  console.error("usage: oracle.mjs tokenize|greedy|bench|probs|prefill|jobs MODEL ...");
+  console.error("usage: oracle.mjs tokenize|greedy|bench|probs|prefill|nll|jobs MODEL ...");
   process.exit(2);
 }
 // Synchronous, complete write: process.exit() right after console.log can cut a piped stdout
@@ -144,6 +151,100 @@ if (mode === "jobs") {
     process.exit(2);
   }
   emit(JSON.stringify(answers));
+  process.exit(0);
+}
+
+// llama-perplexity's sums, from llama.cpp's probabilities of each next token (bmoe-perplexity's
+// method, engine/perplexity.h): the peer evaluates exactly the ids it is given.
+async function perplexitySums(ids, nCtx) {
+  const ctx = await model.createContext(contextOptions(nCtx, {kv, flash, batchSize: nCtx}));
+  const seq = ctx.getSequence();
+  const first = Math.floor(nCtx / 2);
+  const bos = model.tokens.bos;
+  const addBos = model.tokens.shouldPrependBosToken && bos != null;
+  let count = 0, nll = 0, nll2 = 0;
+  const runningPpl = [];
+  for (let start = 0; start + nCtx <= ids.length; start += nCtx) {
+    const chunk = ids.slice(start, start + nCtx);
+    if (addBos) chunk[0] = bos;
+    await seq.clearHistory();
+    const input = chunk.map((t, j) => (j >= first && j + 1 < nCtx ? [t, {generateNext: {probabilities: true}}] : t));
+    const out = await seq.controlledEvaluate(input);
+    for (let j = first; j + 1 < nCtx; ++j) {
+      const p = out[j].next.probabilities.get(chunk[j + 1]);
+      const x = -Math.log(p);
+      nll += x;
+      nll2 += x * x;
+      ++count;
+    }
+    runningPpl.push(Math.exp(nll / count));
+  }
+  seq.dispose();
+  await ctx.dispose();
+  return {count, nll, nll2, running_ppl: runningPpl};
+}
+
+if (mode === "nll") {
+  emit(JSON.stringify(await perplexitySums(JSON.parse(fs.readFileSync(arg, "utf8")), n)));
+  process.exit(0);
+}
+
+// A base-logits file: header, tokens, then per scored row a float scale, a float floor (the
+// first 4 u16) and one u16 per token; log p = scale * q + floor.
+function readBaseLogits(path) {
+  const buf = fs.readFileSync(path);
+  if (buf.toString("latin1", 0, 8) !== "_logits_") throw new Error(`${path}: not a base-logits file`);
+  const nCtx = buf.readUInt32LE(8), nVocab = buf.readInt32LE(12), nChunk = buf.readInt32LE(16);
+  const tokens = [];
+  for (let i = 0; i < nCtx * nChunk; ++i) tokens.push(buf.readInt32LE(20 + 4 * i));
+  const rowBytes = 2 * (2 * Math.floor((nVocab + 1) / 2) + 4);
+  const rowsAt = 20 + 4 * nCtx * nChunk;
+  const row = (r) => {
+    const at = rowsAt + r * rowBytes;
+    const scale = buf.readFloatLE(at), floor = buf.readFloatLE(at + 4);
+    return (i) => scale * buf.readUInt16LE(at + 8 + 2 * i) + floor;
+  };
+  return {nCtx, nVocab, nChunk, tokens, row};
+}
+
+// llama-perplexity's KLD sum for each scored row: sum over tokens with log p_base > -16 of
+// p_base * (log p_base - log q), q being llama.cpp's probability.
+async function kldAgainstBase(path) {
+  const base = readBaseLogits(path);
+  const ctx = await model.createContext(contextOptions(base.nCtx, {kv, flash, batchSize: base.nCtx}));
+  const seq = ctx.getSequence();
+  const first = Math.floor(base.nCtx / 2);
+  const bos = model.tokens.bos;
+  const addBos = model.tokens.shouldPrependBosToken && bos != null;
+  let count = 0, kld = 0, sameTop = 0, r = 0;
+  for (let c = 0; c < base.nChunk; ++c) {
+    const chunk = base.tokens.slice(c * base.nCtx, (c + 1) * base.nCtx);
+    if (addBos) chunk[0] = bos;
+    await seq.clearHistory();
+    const out = await seq.controlledEvaluate(chunk.map((t, j) => (j >= first && j + 1 < base.nCtx ? [t, {generateNext: {probabilities: true}}] : t)));
+    for (let j = first; j + 1 < base.nCtx; ++j, ++r) {
+      const q = out[j].next.probabilities;
+      const logBase = base.row(r);
+      let sum = 0, topBase = 0, topQ = -1, bestQ = -1;
+      for (let i = 0; i < base.nVocab; ++i) {
+        const lb = logBase(i);
+        if (lb > logBase(topBase)) topBase = i;
+        const qi = q.get(i) ?? 0;
+        if (qi > bestQ) { bestQ = qi; topQ = i; }
+        if (lb > -16) sum += Math.exp(lb) * (lb - Math.log(Math.max(qi, 1e-45)));
+      }
+      kld += sum;
+      sameTop += topBase === topQ;
+      ++count;
+    }
+  }
+  seq.dispose();
+  await ctx.dispose();
+  return {count, kld: kld / count, same_top: sameTop / count};
+}
+
+if (mode === "kld") {
+  emit(JSON.stringify(await kldAgainstBase(arg)));
   process.exit(0);
 }
 

@@ -397,6 +397,53 @@ class ServerTest(unittest.TestCase):
         self.assertFalse(props["mode"]["streaming"])
         self.assertIn("<=", props["mode"]["reason"])
 
+    def test_habits_405_request_log_huge_numbers_and_prompts(self):
+        # A GET on a POST route: 405 naming the method it takes, not 404.
+        for path in ("/v1/chat/completions", "/v1/completions", "/tokenize"):
+            conn = http.client.HTTPConnection("127.0.0.1", self.server.port, timeout=30)
+            conn.request("GET", path)
+            resp = conn.getresponse()
+            body = json.loads(resp.read())
+            conn.close()
+            self.assertEqual(resp.status, 405, path)
+            self.assertEqual(resp.getheader("Allow"), "POST")
+            self.assertIn("POST", body["error"]["message"])
+        self.assertEqual(self.server.get("/v1/nowhere")[0], 404)
+        # max_tokens 2^63 is reported as itself, not wrapped to a negative number.
+        status, resp = self.server.post("/v1/completions", {"prompt": "x", "max_tokens": 2 ** 63})
+        self.assertEqual(status, 400, resp)
+        self.assertIn(str(2 ** 63), resp["error"]["message"])
+        self.assertNotIn("-9223372036854775808", resp["error"]["message"])
+        # A 12 MB prompt is refused before it is tokenized: the server's peak memory barely moves
+        # (tokenized whole, it took about 1 GB).
+        def peak_kib():
+            with open(f"/proc/{self.server.proc.pid}/status") as f:
+                return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+        before = peak_kib()
+        started = time.time()
+        for endpoint, body in (("/v1/completions", {"prompt": "hello " * (2 << 20)}),
+                               ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hello " * (2 << 20)}]})):
+            status, resp = self.server.post(endpoint, {**body, "max_tokens": 1})
+            self.assertEqual(status, 400, endpoint)
+            self.assertEqual(resp["error"]["code"], "context_length_exceeded")
+            self.assertIn("bytes", resp["error"]["message"])
+        self.assertLess(time.time() - started, 30)
+        self.assertLess(peak_kib() - before, 300 * 1024)
+        # /stats names the prompt being read (none now).
+        _, stats = self.server.get("/stats")
+        self.assertEqual(json.loads(stats)["prompt"], {"done": 0, "total": 0})
+        # One log line per request: method, path, client, status.
+        deadline = time.time() + 5
+        while time.time() < deadline:
+            self.server.log.seek(0)
+            log = self.server.log.read()
+            if "request: GET /v1/nowhere" in log:
+                break
+            time.sleep(0.1)
+        self.assertRegex(log, r"request: GET /v1/chat/completions 127\.0\.0\.1 405\n")
+        self.assertRegex(log, r"request: POST /v1/completions 127\.0\.0\.1 400\n")
+        self.assertRegex(log, r"request: GET /v1/nowhere 127\.0\.0\.1 404\n")
+
     def test_disconnect_cancels_the_generation(self):
         before = self.server.metric_labelled("bmoe_requests_total", 'outcome="cancelled"')
         conn = socket.create_connection(("127.0.0.1", self.server.port))
@@ -813,25 +860,40 @@ class ServerToolsTest(unittest.TestCase):
 
     def test_qwen35_xml_calls_and_json_after_its_open_think_block(self):
         s = self.servers["qwen3.5"]
+        _, close = s.post("/tokenize", {"content": "</think>"})
+        self.assertEqual(len(close["tokens"]), 1, close)
+        # The reasoning runs free before a grammar (below): a favoured "</think>" ends it at once.
         body = {"messages": [{"role": "user", "content": "Weather in Paris?"}], "max_tokens": 300, "temperature": 1,
-                "tools": [self.WEATHER], "tool_choice": "required", "parallel_tool_calls": False}
+                "tools": [self.WEATHER], "tool_choice": "required", "parallel_tool_calls": False,
+                "logit_bias": {str(close["tokens"][0]): 100}}
         for seed in range(2):
             status, resp = s.post("/v1/chat/completions", {**body, "seed": seed})
             self.assertEqual(status, 200, resp)
             choice = resp["choices"][0]
             self.assertEqual(choice["finish_reason"], "tool_calls", choice)
             self.check_weather_args(choice["message"]["tool_calls"][0]["function"]["arguments"])
-        # The template opens <think>; a grammar-constrained answer is content all the same.
+        # The template opens <think>; a grammar leaves the reasoning free and constrains what follows
+        # its "</think>" (as llama-server does): favoured, "</think>" comes first (no grammar would
+        # let it through), and the answer after it is the schema's JSON. The prompt is not changed.
         schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
                   "additionalProperties": False}
-        status, resp = s.post("/v1/chat/completions", {
-            "messages": body["messages"], "max_tokens": 100, "temperature": 1, "seed": 1,
-            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}})
+        constrained = {"messages": body["messages"], "max_tokens": 100, "temperature": 1, "seed": 1,
+                       "logit_bias": {str(close["tokens"][0]): 100},
+                       "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}
+        status, resp = s.post("/v1/chat/completions", constrained)
         self.assertEqual(status, 200, resp)
         self.assertIsInstance(json.loads(resp["choices"][0]["message"]["content"])["ok"], bool)
-        self.assertNotIn("reasoning_content", resp["choices"][0]["message"])
         _, free = s.post("/v1/chat/completions", {"messages": body["messages"], "max_tokens": 1})
-        self.assertGreater(resp["usage"]["prompt_tokens"], free["usage"]["prompt_tokens"])  # "</think>" added
+        self.assertEqual(resp["usage"]["prompt_tokens"], free["usage"]["prompt_tokens"])  # no "</think>" added
+        # Without the bias the reasoning runs free: text the JSON grammar would refuse is reasoning.
+        status, resp = s.post("/v1/chat/completions", {**constrained, "logit_bias": {}, "max_tokens": 8})
+        self.assertEqual(status, 200, resp)
+        self.assertTrue(resp["choices"][0]["message"].get("reasoning_content"), resp)
+        # Thinking off: the template closes the block and the whole answer follows the grammar.
+        status, resp = s.post("/v1/chat/completions", {**constrained, "logit_bias": {},
+                                                       "chat_template_kwargs": {"enable_thinking": False}})
+        self.assertEqual(status, 200, resp)
+        self.assertIsInstance(json.loads(resp["choices"][0]["message"]["content"])["ok"], bool)
 
     def test_each_template_names_its_call_format(self):
         for name, want in (("qwen3", "hermes"), ("gpt-oss", "harmony"), ("qwen3.5", "qwen-xml")):

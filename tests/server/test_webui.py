@@ -23,7 +23,9 @@ import unittest
 sys.path.insert(0, os.path.dirname(__file__))
 from test_server import Server, synth  # noqa: E402
 
-PAGE = os.path.join(os.path.dirname(__file__), "..", "..", "tools", "web", "index.html")
+# The page as served: tools/web/index.html with marked and DOMPurify put inline at build time.
+PAGE = os.path.join(os.environ.get("BMOE_BUILD", os.path.join(os.path.dirname(__file__), "..", "..", "build")),
+                    "tools", "generated", "index.html")
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 WIDTH, HEIGHT = 360, 740  # a small phone
 
@@ -166,6 +168,10 @@ class PageServedTest(unittest.TestCase):
             self.assertEqual(status, 200)
             with open(PAGE, encoding="utf-8") as f:
                 self.assertEqual(body, f.read())
+            # The Markdown renderer and the sanitiser are inline, not fetched.
+            self.assertIn("marked v", body)
+            self.assertIn("DOMPurify", body)
+            self.assertNotIn("<!--vendor:", body)
             conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
             conn.request("GET", "/")
             resp = conn.getresponse()
@@ -332,6 +338,9 @@ class FakeApi(http.server.BaseHTTPRequestHandler):
     """Serves the page and a scripted stream with reasoning (no tiny model produces <think>)."""
 
     requests = []
+    # (delay before the first event, reasoning pieces, content pieces) of the next answer.
+    script = (0, ["Two plus ", "two is four."], ["The answer", " is 4."])
+    reading = False  # /stats says a prompt is being read (3 of 7 tokens)
 
     def log_message(self, *args):
         pass
@@ -354,7 +363,9 @@ class FakeApi(http.server.BaseHTTPRequestHandler):
             self.reply(200, json.dumps({"default_generation_settings": {"n_ctx": 64}}))
         elif self.path == "/stats":
             n = len(FakeApi.requests)
-            self.reply(200, json.dumps({"busy": False, "queue_depth": 0, "generated_tokens": 10 * n,
+            prompt = {"done": 3, "total": 7} if FakeApi.reading else {"done": 0, "total": 0}
+            self.reply(200, json.dumps({"busy": FakeApi.reading, "queue_depth": 0, "prompt": prompt,
+                                        "generated_tokens": 10 * n,
                                         "experts": {"lookups": 100 * n, "hits": 75 * n, "flash_read_bytes": 0},
                                         "memory": {"rss_bytes": 123 << 20}}))
         else:
@@ -374,10 +385,14 @@ class FakeApi(http.server.BaseHTTPRequestHandler):
             self.wfile.flush()
             time.sleep(0.05)
 
+        delay, reasoning, content = FakeApi.script
+        FakeApi.reading = delay > 0
+        time.sleep(delay)
+        FakeApi.reading = False
         event({"role": "assistant", "content": ""})
-        for piece in ["Two plus ", "two is four."]:
+        for piece in reasoning:
             event({"reasoning_content": piece})
-        for piece in ["The answer", " is 4."]:
+        for piece in content:
             event({"content": piece})
         usage = {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12}
         event({}, "stop", usage=usage, timings={"predicted_per_second": 42.0})
@@ -412,6 +427,62 @@ class WebChatReasoningTest(unittest.TestCase):
             self.assertEqual(sent["stream_options"], {"include_usage": True})
             self.assertEqual(sent["messages"], [{"role": "user", "content": "What is 2+2?"}])
         finally:
+            browser.close()
+            httpd.shutdown()
+            httpd.server_close()
+
+
+MARKDOWN = ("Use **bold** and a list:\n\n- one\n- two\n\n```python\nprint('hi')\n```\n\n"
+            "<img src=x onerror=\"window.pwned=1\"><script>window.pwned=2</script>end")
+
+
+@unittest.skipUnless(CHROMIUM, "chromium is not installed (Debian: apt-get install chromium)")
+class WebChatMarkdownTest(unittest.TestCase):
+    """Answers render as sanitised Markdown with a Copy button on code; the status reads the
+    prompt's progress; an answer that is all reasoning is shown (issue 33)."""
+
+    def ask(self, browser, text):
+        browser.type("#input", text)
+        browser.click("#send")
+
+    def test_markdown_code_copy_prompt_progress_and_reasoning_only(self):
+        httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeApi)
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        browser = Chromium()
+        try:
+            browser.open(f"http://127.0.0.1:{httpd.server_address[1]}/")
+            browser.wait("document.querySelector('#model').textContent === 'fake-model'", "the model name shows")
+            # The prompt is read for a while before the first token: the status says so.
+            FakeApi.script = (3, [], [MARKDOWN[:20], MARKDOWN[20:]])
+            self.ask(browser, "Show me markdown")
+            browser.wait("document.querySelector('#state').textContent.includes('reading prompt 3/7')",
+                         "the status reads the prompt's progress")
+            browser.wait("document.querySelectorAll('.msg').length === 2 && "
+                         "!!document.querySelector('#send').getClientRects().length", "the answer ends")
+            answer = ".msg.assistant:last-of-type .content"
+            self.assertEqual(browser.text(answer + " strong"), "bold")
+            self.assertEqual(browser.js(f"document.querySelectorAll('{answer} li').length"), 2)
+            self.assertEqual(browser.text(answer + " pre code"), "print('hi')\n")
+            # Sanitised: no script ran, no handler survived, the text after them is kept.
+            self.assertIsNone(browser.js("window.pwned === undefined ? null : window.pwned"))
+            self.assertEqual(browser.js(f"document.querySelectorAll('{answer} script, {answer} [onerror]').length"), 0)
+            self.assertIn("end", browser.text(answer))
+            # A code block has a Copy button that answers the click.
+            self.assertEqual(browser.text(answer + " pre button.copy"), "Copy")
+            browser.click(answer + " pre button.copy")
+            browser.wait(f"document.querySelector('{answer} pre button.copy').textContent !== 'Copy'", "the copy is done")
+            self.assertEqual(browser.text(answer + " pre button.copy"), "Copied")
+            self.assertEqual(browser.text("#state b"), "idle")
+            # All reasoning, no answer: the reasoning shows open, not a "…" bubble.
+            FakeApi.script = (0, ["Only thinking, ", "no answer."], [])
+            self.ask(browser, "Think only")
+            browser.wait("document.querySelectorAll('.msg').length === 4 && "
+                         "!!document.querySelector('#send').getClientRects().length", "the answer ends")
+            self.assertTrue(browser.js("document.querySelector('.msg.assistant:last-of-type .reasoning').open"))
+            self.assertEqual(browser.text(".msg.assistant:last-of-type .reasoning div"), "Only thinking, no answer.")
+            self.assertFalse(browser.visible(".msg.assistant:last-of-type .content"))
+        finally:
+            FakeApi.script = (0, ["Two plus ", "two is four."], ["The answer", " is 4."])
             browser.close()
             httpd.shutdown()
             httpd.server_close()
