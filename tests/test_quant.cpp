@@ -419,34 +419,6 @@ TEST(Dispatch, EightRowQ8_0KernelEqualsOneRowOnEveryVendor) {
   EXPECT_EQ(k.dot_rows != nullptr, !cpu_features().amd);
 }
 
-// The AVX-512 f16 kernels of decode attention (score dot, f16 running sums) return exactly what
-// the AVX2 ones return, for lengths with and without 16- and 8-element tails.
-TEST(Dispatch, Avx512F16AttentionKernelsEqualAvx2BitForBit) {
-  if (!cpu_features().avx512bw) GTEST_SKIP() << "no AVX-512 BW on this CPU (or BMOE_ISA narrowed it)";
-  Rng rng(82);
-  for (int64_t n : {8, 16, 24, 31, 64, 80, 128, 200, 256}) {
-    std::vector<float> xf(static_cast<size_t>(n)), yf(static_cast<size_t>(n));
-    for (float& v : xf) v = static_cast<float>(rng.normal() * 3.0);
-    for (float& v : yf) v = static_cast<float>(rng.normal());
-    std::vector<uint16_t> x(static_cast<size_t>(n)), y(static_cast<size_t>(n));
-    quantize_activations(TensorType::F16, xf.data(), x.data(), n);
-    quantize_activations(TensorType::F16, yf.data(), y.data(), n);
-    EXPECT_EQ(float_bits(avx512::dot_f16(x.data(), y.data(), n)), float_bits(avx2::dot_f16(x.data(), y.data(), n)))
-        << "n=" << n;
-    std::vector<uint16_t> a = x, b = x;
-    for (int step = 0; step < 50; ++step) {
-      const float s = static_cast<float>(rng.uniform());
-      avx2::f16_fma_into(a.data(), y.data(), s, n);
-      avx512::f16_fma_into(b.data(), y.data(), s, n);
-      if (step % 7 == 0) {
-        avx2::f16_scale(a.data(), 0.75f * s, n);
-        avx512::f16_scale(b.data(), 0.75f * s, n);
-      }
-    }
-    EXPECT_EQ(a, b) << "n=" << n;
-  }
-}
-
 // The AVX-512 Q4_K, Q6_K and MXFP4 eight-row kernels return exactly what the AVX2 ones return (dispatch installs
 // them in the AVX2 table), on random blocks, several row lengths, small and large activations.
 TEST(Dispatch, Avx512KernelsEqualAvx2BitForBit) {

@@ -184,23 +184,21 @@ size_t activation_bytes(TensorType format, int64_t n) { return row_bytes(format,
 
 void f16_scale(uint16_t* acc, float s, int64_t n) {
 #if defined(__x86_64__)
-  if (active_isa() == Isa::Avx2) return cpu_features().avx512bw ? avx512::f16_scale(acc, s, n) : avx2::f16_scale(acc, s, n);
+  if (active_isa() == Isa::Avx2) return avx2::f16_scale(acc, s, n);
 #endif
   for (int64_t i = 0; i < n; ++i) acc[i] = fp32_to_fp16(fp16_to_fp32(acc[i]) * s);
 }
 
 void f16_fma_into(uint16_t* acc, const uint16_t* v, float s, int64_t n) {
 #if defined(__x86_64__)
-  if (active_isa() == Isa::Avx2) {
-    return cpu_features().avx512bw ? avx512::f16_fma_into(acc, v, s, n) : avx2::f16_fma_into(acc, v, s, n);
-  }
+  if (active_isa() == Isa::Avx2) return avx2::f16_fma_into(acc, v, s, n);
 #endif
   for (int64_t i = 0; i < n; ++i) acc[i] = fp32_to_fp16(std::fma(fp16_to_fp32(v[i]), s, fp16_to_fp32(acc[i])));
 }
 
 float dot_f16_pair(const uint16_t* x, const uint16_t* y, int64_t n) {
 #if defined(__x86_64__)
-  if (active_isa() == Isa::Avx2) return cpu_features().avx512bw ? avx512::dot_f16(x, y, n) : avx2::dot_f16(x, y, n);
+  if (active_isa() == Isa::Avx2) return avx2::dot_f16(x, y, n);
 #endif
 #if defined(__aarch64__)
   if (active_isa() == Isa::Neon) return neon::dot_f16(x, y, n);

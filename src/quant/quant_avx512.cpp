@@ -445,48 +445,6 @@ void dot_tile_q6_K(const void* w, size_t stride, int64_t rows, const void* const
   tile<Q8KGroup, q6_K_row<kActs>, q6_K_row<kActs / 2>>(w, stride, rows, acts, n_act, n, out, out_stride, dot_q6_K, kQK_K, false);
 }
 
-// The f16 kernels of decode attention (scores and the f16 running V sum), 16 lanes at a time.
-// avx2::dot_f16 keeps two 8-lane accumulators over elements i..i+7 and i+8..i+15; one 16-lane
-// accumulator holds the same two in its halves, so every lane sees the same fused multiply-adds
-// and the halves are added and reduced as there. The running sums are elementwise.
-inline __m512 load_f16x16(const uint16_t* p) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
-
-float dot_f16(const void* w, const void* a, int64_t n) {
-  const auto* x = static_cast<const uint16_t*>(w);
-  const auto* y = static_cast<const uint16_t*>(a);
-  __m512 acc = _mm512_setzero_ps();
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) acc = _mm512_fmadd_ps(load_f16x16(x + i), load_f16x16(y + i), acc);
-  __m256 acc0 = _mm512_castps512_ps256(acc);
-  const __m256 acc1 = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1));
-  for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(load_f16x8(x + i), load_f16x8(y + i), acc0);
-  float sum = hsum(_mm256_add_ps(acc0, acc1));
-  for (; i < n; ++i) sum += f16(x[i]) * f16(y[i]);
-  return sum;
-}
-
-void f16_scale(uint16_t* acc, float s, int64_t n) {
-  const __m512 vs = _mm512_set1_ps(s);
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const __m512 r = _mm512_mul_ps(load_f16x16(acc + i), vs);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc + i), _mm512_cvtps_ph(r, _MM_FROUND_TO_NEAREST_INT));
-  }
-  if (i < n) avx2::f16_scale(acc + i, s, n - i);
-}
-
-void f16_fma_into(uint16_t* acc, const uint16_t* v, float s, int64_t n) {
-  const __m512 vs = _mm512_set1_ps(s);
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const __m512 r = _mm512_fmadd_ps(load_f16x16(v + i), vs, load_f16x16(acc + i));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc + i), _mm512_cvtps_ph(r, _MM_FROUND_TO_NEAREST_INT));
-  }
-  if (i < n) avx2::f16_fma_into(acc + i, v + i, s, n - i);
-}
-
 }  // namespace bmoe::avx512
 
 #if defined(__clang__)

@@ -63,9 +63,6 @@ BMOE_DOT_TILE(dot_tile_q4_0);
 BMOE_DOT_TILE(dot_tile_mxfp4);
 void gemm_f32(float* c, int64_t ldc, const float* a, int64_t lda, const float* b, int64_t ldb, int64_t m,
               int64_t k, int64_t n);
-float dot_f16(const void* w, const void* a, int64_t n);
-void f16_scale(uint16_t* acc, float s, int64_t n);
-void f16_fma_into(uint16_t* acc, const uint16_t* v, float s, int64_t n);
 }  // namespace bmoe::avx512
 
 namespace bmoe::neon {
