@@ -53,165 +53,244 @@ float dot_f16_f16(const void* k, const void* q, int64_t n) {
 // Queries in a batch of at least this many rows use f32 accumulation (ggml's tiled path).
 constexpr int kTiledBatch = kAttentionBatchRows;
 
-// Running state of one query's online softmax: sum of weights, max score, and the weighted V
-// sum, kept in f16 (ggml's decode path on an f16 cache) or in f32.
-class OnlineSoftmax {
- public:
-  OnlineSoftmax(int dv, bool f16) : dv_(dv), f16_(f16) {
-    acc32_.assign(static_cast<size_t>(dv), 0.0f);
-    if (f16_) acc16_.assign(static_cast<size_t>(dv), 0);
-  }
+// Decode rows (batches of fewer than kAttentionBatchRows rows) attend one KV group at a time:
+// the query heads that share a KV head are computed together over one pass of its keys and
+// values, so each K and V row comes from memory once per row and group and the group's other
+// heads find it in L1. Per head the arithmetic is that of one head alone, key by key in
+// position order, so grouping changes no bit.
 
-  // Adds value row v (f16 or f32 per `v_f16`) with score s.
-  void add(float s, const void* v, bool v_f16) {
-    float ms = 1.0f, vs = 1.0f;
-    if (s > max_) {
-      const float old = max_;
-      max_ = s;
-      ms = std::exp(old - max_);
-      scale_accumulator(ms);
-    } else {
-      vs = std::exp(s - max_);
-    }
-    if (f16_) {
-      f16_fma_into(acc16_.data(), static_cast<const uint16_t*>(v), vs, dv_);
-    } else if (v_f16) {
-      const auto* v16 = static_cast<const uint16_t*>(v);
-      for (int d = 0; d < dv_; ++d) acc32_[d] += fp16_to_fp32(v16[d]) * vs;
-    } else {
-      const auto* v32 = static_cast<const float*>(v);
-      for (int d = 0; d < dv_; ++d) acc32_[d] += v32[d] * vs;
-    }
-    sum_ = sum_ * ms + vs;
-  }
-
-  // Attention sinks (gpt-oss): an extra logit that takes weight but has no value.
-  void add_sink(float s) {
-    to_f32();
-    float ms = 1.0f, vs = 1.0f;
-    if (s > max_) {
-      ms = std::exp(max_ - s);
-      max_ = s;
-      for (float& a : acc32_) a *= ms;
-    } else {
-      vs = std::exp(s - max_);
-    }
-    sum_ = sum_ * ms + vs;
-  }
-
-  void finish(float* out) {
-    to_f32();
-    const float inv = sum_ == 0.0f ? 0.0f : 1.0f / sum_;
-    for (int d = 0; d < dv_; ++d) out[d] = acc32_[d] * inv;
-  }
-
- private:
-  void scale_accumulator(float ms) {
-    if (f16_) {
-      f16_scale(acc16_.data(), ms, dv_);
-    } else {
-      for (float& a : acc32_) a *= ms;
-    }
-  }
-  void to_f32() {
-    if (!f16_) return;
-    for (int d = 0; d < dv_; ++d) acc32_[d] = fp16_to_fp32(acc16_[d]);
-    f16_ = false;
-  }
-
-  int dv_;
-  bool f16_;
-  float sum_ = 0.0f;
-  float max_ = -INFINITY;
-  std::vector<float> acc32_;
-  std::vector<uint16_t> acc16_;
-};
-
-// One query row of one head, ggml's flash-attention way: online softmax, V summed in f16
-// for small batches on an f16 cache.
-void attend_online(const KvCache& cache, int layer, const AttentionParams& p, int kv_head, const void* qd, int pos,
-                   bool small_batch, DotFn dot, int head, float* out) {
-  const int dk = p.head_dim_k, dv = p.head_dim_v;
-  const bool f16_cache = cache.type() == KvType::F16;
-  const size_t el = cache.element_bytes();
-  OnlineSoftmax softmax(dv, f16_cache && small_batch);
-  float scale = p.scale;
-  if (p.softcap != 0.0f) scale /= p.softcap;
-  const int first = p.sliding_window > 0 ? std::max(0, pos - p.sliding_window + 1) : 0;
-  for (int j = first; j <= pos; ++j) {
-    const auto* k = static_cast<const uint8_t*>(cache.k_row(layer, j)) + static_cast<size_t>(kv_head) * dk * el;
-    const auto* v = static_cast<const uint8_t*>(cache.v_row(layer, j)) + static_cast<size_t>(kv_head) * dv * el;
-    float s = dot(k, qd, dk) * scale;
-    if (p.softcap != 0.0f) s = p.softcap * std::tanh(s);
-    softmax.add(s, v, f16_cache);
-  }
-  if (p.sinks != nullptr) softmax.add_sink(p.sinks[head]);
-  softmax.finish(out);
+int first_visible(const AttentionParams& p, int pos) {
+  return p.sliding_window > 0 ? std::max(0, pos - p.sliding_window + 1) : 0;
 }
 
-// One query row of one head, ggml's classic (non-flash) way: all scores, a softmax in f32
-// (sum in double), the weights rounded to the cache type, then V summed in f32.
-void attend_classic(const KvCache& cache, int layer, const AttentionParams& p, int kv_head, const void* qd, int pos,
-                    DotFn dot, int head, float* out) {
-  const int dk = p.head_dim_k, dv = p.head_dim_v;
-  const bool f16_cache = cache.type() == KvType::F16;
-  const size_t el = cache.element_bytes();
-  const int first = p.sliding_window > 0 ? std::max(0, pos - p.sliding_window + 1) : 0;
-  const int n = pos - first + 1;
-  thread_local std::vector<float> w;
-  w.resize(static_cast<size_t>(n));
-  float max = -INFINITY;
-  for (int j = 0; j < n; ++j) {
-    const auto* k = static_cast<const uint8_t*>(cache.k_row(layer, first + j)) + static_cast<size_t>(kv_head) * dk * el;
-    float s = dot(k, qd, dk);
-    if (p.softcap != 0.0f) s = p.softcap * std::tanh(s / p.softcap);
-    w[static_cast<size_t>(j)] = s * p.scale;
-    max = std::max(max, w[static_cast<size_t>(j)]);
+// Start of head `kv_head`'s K (or V) row of position `pos`.
+const uint8_t* head_row(const KvCache& cache, bool keys, int layer, int pos, int kv_head, int width) {
+  const void* stored = keys ? cache.k_row(layer, pos) : cache.v_row(layer, pos);
+  return static_cast<const uint8_t*>(stored) + static_cast<size_t>(kv_head) * width * cache.element_bytes();
+}
+
+// The group's queries of one row in the format the cache's dot takes (f16 for an f16 cache,
+// as ggml converts the query once), head_dim_k elements apart.
+const void* group_queries(const KvCache& cache, const AttentionParams& p, const float* q_row, int kv_head,
+                          std::vector<uint16_t>& q16) {
+  const int group = p.n_head / p.n_head_kv, dk = p.head_dim_k;
+  const float* q = q_row + static_cast<size_t>(kv_head) * group * dk;
+  if (cache.type() != KvType::F16) return q;
+  q16.resize(static_cast<size_t>(group) * dk);
+  for (int h = 0; h < group; ++h) {
+    quantize_activations(TensorType::F16, q + static_cast<size_t>(h) * dk, q16.data() + static_cast<size_t>(h) * dk, dk);
   }
+  return q16.data();
+}
+
+DotFn cache_dot(const KvCache& cache) {
+  return cache.type() == KvType::F16 ? &dot_f16_f16 : kernels(TensorType::F32).dot;
+}
+
+// Flash numerics: the visible positions are cut into blocks of kAttentionDecodeBlock positions
+// at multiples of it (so the cut depends neither on the thread count nor on the batch), each
+// block runs ggml's online softmax on its own, and the blocks' partial results are merged in
+// position order the way ggml's split-KV decode path merges its chunks. A partial is the
+// running max, the sum of weights, then the dv weighted V sums in f32.
+constexpr size_t kPartialHeader = 2;
+
+// ggml's online softmax for the heads of `kv_head` over positions [j0, j1] of one row. Per head
+// and key: the score from the dot, times the scale (then the softcap); a new maximum rescales
+// the V sum by exp(old - new) and the key weighs 1, otherwise it weighs exp(s - max); the V sum
+// takes v * weight, rounded to f16 after every step on an f16 cache (ggml's f16 running sum).
+// Head h's partial goes to partials + h * head_stride.
+void flash_block(const KvCache& cache, int layer, const AttentionParams& p, int kv_head, const void* queries,
+                 int j0, int j1, float* partials, size_t head_stride) {
+  const int group = p.n_head / p.n_head_kv, dk = p.head_dim_k, dv = p.head_dim_v;
+  const bool f16 = cache.type() == KvType::F16;
+  const DotFn dot = cache_dot(cache);
+  const size_t q_bytes = static_cast<size_t>(dk) * cache.element_bytes();
+  const float scale = p.softcap != 0.0f ? p.scale / p.softcap : p.scale;
+  thread_local std::vector<uint16_t> acc16;
+  if (f16) acc16.assign(static_cast<size_t>(group) * dv, 0);
+  for (int h = 0; h < group; ++h) {
+    float* part = partials + static_cast<size_t>(h) * head_stride;
+    part[0] = -INFINITY;
+    part[1] = 0.0f;
+    std::fill(part + kPartialHeader, part + kPartialHeader + dv, 0.0f);
+  }
+  for (int j = j0; j <= j1; ++j) {
+    const uint8_t* k = head_row(cache, true, layer, j, kv_head, dk);
+    const uint8_t* v = head_row(cache, false, layer, j, kv_head, dv);
+    for (int h = 0; h < group; ++h) {
+      float* part = partials + static_cast<size_t>(h) * head_stride;
+      float* acc32 = part + kPartialHeader;
+      uint16_t* acc = f16 ? acc16.data() + static_cast<size_t>(h) * dv : nullptr;
+      float s = dot(k, static_cast<const uint8_t*>(queries) + h * q_bytes, dk) * scale;
+      if (p.softcap != 0.0f) s = p.softcap * std::tanh(s);
+      float ms = 1.0f, vs = 1.0f;
+      if (s > part[0]) {
+        ms = std::exp(part[0] - s);
+        part[0] = s;
+        if (f16) f16_scale(acc, ms, dv);
+        else ops::scale(acc32, ms, dv);
+      } else {
+        vs = std::exp(s - part[0]);
+      }
+      if (f16) {
+        f16_fma_into(acc, reinterpret_cast<const uint16_t*>(v), vs, dv);
+      } else {
+        const auto* v32 = reinterpret_cast<const float*>(v);
+        for (int d = 0; d < dv; ++d) acc32[d] += v32[d] * vs;
+      }
+      part[1] = part[1] * ms + vs;
+    }
+  }
+  if (!f16) return;
+  for (int h = 0; h < group; ++h) {
+    float* acc32 = partials + static_cast<size_t>(h) * head_stride + kPartialHeader;
+    const uint16_t* acc = acc16.data() + static_cast<size_t>(h) * dv;
+    for (int d = 0; d < dv; ++d) acc32[d] = fp16_to_fp32(acc[d]);
+  }
+}
+
+// Attention sinks (gpt-oss): an extra logit with weight and no value, taken into the row's
+// first block as ggml takes it into its first chunk.
+void add_sink(float* part, int dv, float sink) {
+  float ms = 1.0f, vs = 1.0f;
+  if (sink > part[0]) {
+    ms = std::exp(part[0] - sink);
+    part[0] = sink;
+    ops::scale(part + kPartialHeader, ms, dv);
+  } else {
+    vs = std::exp(sink - part[0]);
+  }
+  part[1] = part[1] * ms + vs;
+}
+
+// Merges one head's block partials in position order and writes the normalised result. A step
+// is ggml's: m = max(m, m_b), acc = acc * exp(m_old - m) + acc_b * exp(m_b - m) (the first
+// product fused, as GCC contracts ggml's line), likewise the sum. The first block is taken as
+// it is, which is what that step gives from the empty start (exp(-inf) = 0).
+void merge_blocks(const float* first, int n_blocks, size_t block_stride, int dv, float* out) {
+  thread_local std::vector<float> acc;
+  acc.assign(first + kPartialHeader, first + kPartialHeader + dv);
+  float max = first[0], sum = first[1];
+  for (int b = 1; b < n_blocks; ++b) {
+    const float* part = first + static_cast<size_t>(b) * block_stride;
+    if (part[1] == 0.0f) continue;
+    const float merged = std::max(max, part[0]);
+    const float old_scale = std::exp(max - merged), new_scale = std::exp(part[0] - merged);
+    for (int d = 0; d < dv; ++d) acc[d] = std::fma(acc[d], old_scale, part[kPartialHeader + d] * new_scale);
+    sum = std::fma(sum, old_scale, part[1] * new_scale);
+    max = merged;
+  }
+  const float inv = sum == 0.0f ? 0.0f : 1.0f / sum;
+  for (int d = 0; d < dv; ++d) out[d] = acc[d] * inv;
+}
+
+// Tasks: (row, KV group, block); rows whose visible positions fit one block are finished in
+// their task, the others merged in a second pass. The split lets threads share a group when
+// there are fewer groups than threads, and keeps each task's V sums in L1.
+void attention_decode_flash(ThreadPool& pool, const KvCache& cache, int layer, const AttentionParams& p,
+                            const float* q, const int* pos, int n, float* out) {
+  const int group = p.n_head / p.n_head_kv, dv = p.head_dim_v, B = kAttentionDecodeBlock;
+  const int n_blocks = *std::max_element(pos, pos + n) / B + 1;
+  const size_t block_stride = kPartialHeader + static_cast<size_t>(dv);
+  const size_t head_stride = block_stride * n_blocks;
+  thread_local std::vector<float> partials;
+  partials.resize(static_cast<size_t>(n) * p.n_head * head_stride);
+  float* const base = partials.data();
+  auto one_block = [&](int row) { return first_visible(p, pos[row]) / B == pos[row] / B; };
+  pool.run(static_cast<int64_t>(n) * p.n_head_kv * n_blocks, [&](int64_t t, int) {
+    const int b = static_cast<int>(t % n_blocks), kv_head = static_cast<int>(t / n_blocks % p.n_head_kv);
+    const int row = static_cast<int>(t / n_blocks / p.n_head_kv);
+    const int first = first_visible(p, pos[row]);
+    if (b > pos[row] / B || b < first / B) return;
+    thread_local std::vector<uint16_t> q16;
+    const void* queries = group_queries(cache, p, q + static_cast<size_t>(row) * p.n_head * p.head_dim_k, kv_head, q16);
+    const int head0 = kv_head * group;
+    float* parts = base + (static_cast<size_t>(row) * p.n_head + head0) * head_stride + b * block_stride;
+    flash_block(cache, layer, p, kv_head, queries, std::max(first, b * B), std::min(pos[row], b * B + B - 1), parts,
+                head_stride);
+    for (int h = 0; h < group; ++h) {
+      float* part = parts + static_cast<size_t>(h) * head_stride;
+      if (p.sinks != nullptr && b == first / B) add_sink(part, dv, p.sinks[head0 + h]);
+      if (one_block(row)) merge_blocks(part, 1, block_stride, dv, out + (static_cast<size_t>(row) * p.n_head + head0 + h) * dv);
+    }
+  });
+  bool any_split = false;
+  for (int row = 0; row < n; ++row) any_split = any_split || !one_block(row);
+  if (!any_split) return;
+  pool.run(static_cast<int64_t>(n) * p.n_head, [&](int64_t t, int) {
+    const int row = static_cast<int>(t / p.n_head), head = static_cast<int>(t % p.n_head);
+    if (one_block(row)) return;
+    const int b0 = first_visible(p, pos[row]) / B, b1 = pos[row] / B;
+    merge_blocks(base + (static_cast<size_t>(row) * p.n_head + head) * head_stride + b0 * block_stride, b1 - b0 + 1,
+                 block_stride, dv, out + static_cast<size_t>(t) * dv);
+  });
+}
+
+// Classic numerics for one row and KV group: the scores of all the group's heads from one pass
+// over the keys, then per head ggml's softmax (f32, the sum in double, the weights rounded to
+// the cache type), then one pass over the values adding v * weight per head in f32.
+void classic_softmax(const AttentionParams& p, bool f16_cache, int head, float* w, int n) {
+  float max = -INFINITY;
+  for (int j = 0; j < n; ++j) max = std::max(max, w[j]);
   if (p.sinks != nullptr) max = std::max(max, p.sinks[head]);
   double sum = 0.0;
-  for (float& x : w) {
-    x = std::exp(x - max);
-    sum += static_cast<double>(x);
+  for (int j = 0; j < n; ++j) {
+    w[j] = std::exp(w[j] - max);
+    sum += static_cast<double>(w[j]);
   }
   if (p.sinks != nullptr) sum += static_cast<double>(std::exp(p.sinks[head] - max));
   const float inv = static_cast<float>(1.0 / sum);
-  for (float& x : w) {
-    x *= inv;
-    if (f16_cache) x = fp16_to_fp32(fp32_to_fp16(x));  // the weights meet V in its type
-  }
-  for (int d = 0; d < dv; ++d) out[d] = 0.0f;
   for (int j = 0; j < n; ++j) {
-    const auto* v = static_cast<const uint8_t*>(cache.v_row(layer, first + j)) + static_cast<size_t>(kv_head) * dv * el;
-    const float wj = w[static_cast<size_t>(j)];
-    if (f16_cache) {
-      const auto* v16 = reinterpret_cast<const uint16_t*>(v);
-      for (int d = 0; d < dv; ++d) out[d] += fp16_to_fp32(v16[d]) * wj;
-    } else {
-      const auto* v32 = reinterpret_cast<const float*>(v);
-      for (int d = 0; d < dv; ++d) out[d] += v32[d] * wj;
+    w[j] *= inv;
+    if (f16_cache) w[j] = fp16_to_fp32(fp32_to_fp16(w[j]));  // the weights meet V in its type
+  }
+}
+
+void classic_group(const KvCache& cache, int layer, const AttentionParams& p, int kv_head, const void* queries,
+                   int pos, float* out_row) {
+  const int group = p.n_head / p.n_head_kv, dk = p.head_dim_k, dv = p.head_dim_v;
+  const bool f16_cache = cache.type() == KvType::F16;
+  const DotFn dot = cache_dot(cache);
+  const size_t q_bytes = static_cast<size_t>(dk) * cache.element_bytes();
+  const int first = first_visible(p, pos), n = pos - first + 1;
+  thread_local std::vector<float> w;  // group x n weights
+  w.resize(static_cast<size_t>(group) * n);
+  for (int j = 0; j < n; ++j) {
+    const uint8_t* k = head_row(cache, true, layer, first + j, kv_head, dk);
+    for (int h = 0; h < group; ++h) {
+      float s = dot(k, static_cast<const uint8_t*>(queries) + h * q_bytes, dk);
+      if (p.softcap != 0.0f) s = p.softcap * std::tanh(s / p.softcap);
+      w[static_cast<size_t>(h) * n + j] = s * p.scale;
+    }
+  }
+  const int head0 = kv_head * group;
+  for (int h = 0; h < group; ++h) classic_softmax(p, f16_cache, head0 + h, w.data() + static_cast<size_t>(h) * n, n);
+  float* out = out_row + static_cast<size_t>(head0) * dv;
+  std::fill(out, out + static_cast<size_t>(group) * dv, 0.0f);
+  for (int j = 0; j < n; ++j) {
+    const uint8_t* v = head_row(cache, false, layer, first + j, kv_head, dv);
+    for (int h = 0; h < group; ++h) {
+      const float wj = w[static_cast<size_t>(h) * n + j];
+      float* o = out + static_cast<size_t>(h) * dv;
+      if (f16_cache) {
+        const auto* v16 = reinterpret_cast<const uint16_t*>(v);
+        for (int d = 0; d < dv; ++d) o[d] += fp16_to_fp32(v16[d]) * wj;
+      } else {
+        const auto* v32 = reinterpret_cast<const float*>(v);
+        for (int d = 0; d < dv; ++d) o[d] += v32[d] * wj;
+      }
     }
   }
 }
 
-void attend_one(const KvCache& cache, int layer, const AttentionParams& p, int head, const float* q, int pos,
-                bool small_batch, float* out) {
-  const int kv_head = head / (p.n_head / p.n_head_kv);
-  const bool f16_cache = cache.type() == KvType::F16;
-  // The query is converted to the cache's dot format once (f16 for an f16 cache).
-  thread_local std::vector<uint16_t> q16;
-  const DotFn dot = f16_cache ? &dot_f16_f16 : kernels(TensorType::F32).dot;
-  const void* qd = q;
-  if (f16_cache) {
-    q16.resize(static_cast<size_t>(p.head_dim_k));
-    quantize_activations(TensorType::F16, q, q16.data(), p.head_dim_k);
-    qd = q16.data();
-  }
-  if (p.numerics == AttentionNumerics::Flash) {
-    attend_online(cache, layer, p, kv_head, qd, pos, small_batch, dot, head, out);
-  } else {
-    attend_classic(cache, layer, p, kv_head, qd, pos, dot, head, out);
-  }
+void attention_decode_classic(ThreadPool& pool, const KvCache& cache, int layer, const AttentionParams& p,
+                              const float* q, const int* pos, int n, float* out) {
+  pool.run(static_cast<int64_t>(n) * p.n_head_kv, [&](int64_t t, int) {
+    const int row = static_cast<int>(t / p.n_head_kv), kv_head = static_cast<int>(t % p.n_head_kv);
+    thread_local std::vector<uint16_t> q16;
+    const void* queries = group_queries(cache, p, q + static_cast<size_t>(row) * p.n_head * p.head_dim_k, kv_head, q16);
+    classic_group(cache, layer, p, kv_head, queries, pos[row], out + static_cast<size_t>(row) * p.n_head * p.head_dim_v);
+  });
 }
 
 // Prompt batches: ggml's tiled flash-attention path, with several query rows at once. The
@@ -355,16 +434,11 @@ void attention(ThreadPool& pool, const KvCache& cache, int layer, const Attentio
     attention_tiled(pool, cache, layer, p, q, pos, n, out);
     return;
   }
-  const bool small_batch = !batch_path;
-  const int64_t tasks = static_cast<int64_t>(n) * p.n_head;
-  pool.run(tasks, [&](int64_t t, int) {
-    const int row = static_cast<int>(t / p.n_head);
-    const int head = static_cast<int>(t % p.n_head);
-    attend_one(cache, layer, p, head,
-               q + static_cast<size_t>(row) * p.n_head * p.head_dim_k + static_cast<size_t>(head) * p.head_dim_k,
-               pos[row], small_batch,
-               out + static_cast<size_t>(row) * p.n_head * p.head_dim_v + static_cast<size_t>(head) * p.head_dim_v);
-  });
+  if (p.numerics == AttentionNumerics::Flash) {
+    attention_decode_flash(pool, cache, layer, p, q, pos, n, out);
+  } else {
+    attention_decode_classic(pool, cache, layer, p, q, pos, n, out);
+  }
 }
 
 }  // namespace bmoe

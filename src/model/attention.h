@@ -6,7 +6,10 @@
 //  - Flash (llama.cpp's flash attention): online softmax; on an f16 cache and for small query
 //    batches (< 64 rows, i.e. decode) the weighted V sum is accumulated in f16. That running
 //    f16 sum turns float noise into ulp-sized steps, so it agrees less well with any other
-//    implementation (llama.cpp's own two paths included). Batches of 64 rows or more take
+//    implementation (llama.cpp's own two paths included). Decode cuts the positions into
+//    blocks of kAttentionDecodeBlock, each its own online softmax, merged in position order
+//    as ggml's split-KV decode merges its chunks (ggml cuts where its thread count says; bmoe
+//    at fixed multiples, so its bits do not depend on threads). Batches of 64 rows or more take
 //    ggml's tiled path: f32 queries, keys and values converted a 64-position tile at a time,
 //    scores and the V sum by f32 GEMM (quant/float_kernels.h), the softmax updated per tile.
 //    Its tiles start at multiples of 64 positions, so a row's result there does not depend on
@@ -68,8 +71,15 @@ struct AttentionParams {
 // not depend on its batch within a path, but the paths round differently.
 constexpr int kAttentionBatchRows = 64;
 
+// Smaller batches (decode) with flash numerics cut the visible positions into blocks of this
+// many, at multiples of it; each block is softmaxed on its own and the blocks are merged in
+// position order (ggml's split-KV decode), so threads can share a KV group's positions.
+constexpr int kAttentionDecodeBlock = 256;
+
 // Attention for queries q[i] (n_head * head_dim_k floats each) at positions pos[i], over the
 // cache of `layer` (positions <= pos[i] must be stored). Writes n_head * head_dim_v per row.
+// Decode rows compute the query heads of a KV group together over one pass of its keys and
+// values (each K/V row read once per row and group); threads split rows, groups and blocks.
 void attention(ThreadPool& pool, const KvCache& cache, int layer, const AttentionParams& p,
                const float* q, const int* pos, int n, float* out);
 

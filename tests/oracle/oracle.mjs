@@ -15,10 +15,13 @@
 //   node tests/oracle/oracle.mjs kld      MODEL BASE.logits _ T   -> {count, kld, same_top}: llama.cpp's distributions
 //                                                                   against a base-logits file (llama-perplexity's format,
 //                                                                   as bmoe-perplexity --kl-divergence-base writes it)
+//   node tests/oracle/oracle.mjs decode   MODEL IDS.json N T      -> {tokens, seconds, tok_s, depth} (N tokens
+//                                                                   generated after a prompt of token ids)
 //   node tests/oracle/oracle.mjs jobs     MODEL JOBS.json _ T     -> [answer, ...], one per job, one model load:
 //     {"op": "tokenize", "texts": [...]}                             -> [[ids], ...]
 //     {"op": "greedy", "texts": [...], "n": 32, "kv": "f16"|"f32", "flash": true|false,
-//      "batch": 1 (token by token; default: whole prompt), "top2": true|false}
+//      "batch": 1 (token by token; default: whole prompt), "top2": true|false,
+//      "ctx": context size (default 2048)}
 //                                                                   -> [{prompt, tokens, top2}, ...]
 //   (the greedy job's settings replace the ORACLE_* variables, which apply to the other modes)
 //
@@ -30,7 +33,7 @@ import {getLlama} from "node-llama-cpp";
 
 const [mode, modelPath, arg, nStr, threadsStr] = process.argv.slice(2);
 if (!mode || !modelPath) {
-  console.error("usage: oracle.mjs tokenize|greedy|bench|probs|prefill|nll|jobs MODEL ...");
+  console.error("usage: oracle.mjs tokenize|greedy|bench|probs|prefill|nll|kld|decode|jobs MODEL ...");
   process.exit(2);
 }
 // Synchronous, complete write: process.exit() right after console.log can cut a piped stdout
@@ -116,10 +119,10 @@ async function greedy(ctx, text, withTop2, count = n, progress = false) {
 // the top-2 probabilities (tokens only): node-llama-cpp sorts and hands over the whole
 // vocabulary's distribution at every step for them, 115 ms a step on a 151k vocabulary against
 // 25 ms for the step itself.
-async function greedyAll(prompts, withTop2, count = n, numerics = undefined) {
+async function greedyAll(prompts, withTop2, count = n, numerics = undefined, contextSize = 2048) {
   const results = [];
   for (const p of prompts) {
-    const ctx = await model.createContext(contextOptions(2048, numerics));
+    const ctx = await model.createContext(contextOptions(contextSize, numerics));
     results.push(await greedy(ctx, p, withTop2, count));
     await ctx.dispose();
   }
@@ -138,7 +141,7 @@ async function runJob(job) {
   if (job.op !== "greedy") throw new Error(`unknown job op ${JSON.stringify(job.op)}`);
   const numerics = {kv: (job.kv ?? "f16").toUpperCase(), flash: job.flash === false ? false : "auto",
                     batchSize: job.batch ?? undefined};
-  return greedyAll(job.texts, job.top2 !== false, job.n ?? 32, numerics);
+  return greedyAll(job.texts, job.top2 !== false, job.n ?? 32, numerics, job.ctx ?? 2048);
 }
 
 if (mode === "jobs") {
@@ -279,6 +282,20 @@ if (mode === "prefill") {
   for await (const _ of seq.evaluate(ids, {temperature: 0})) break;
   const seconds = Number(process.hrtime.bigint() - t0) / 1e9;
   emit(JSON.stringify({tokens: ids.length, seconds, tok_s: ids.length / seconds}));
+  process.exit(0);
+}
+if (mode === "decode") {
+  // Decode at depth: the rate from the first generated token to the last, after the ids.
+  const ids = JSON.parse(fs.readFileSync(arg, "utf8"));
+  const ctx = await model.createContext(contextOptions(Math.max(4096, ids.length + n + 64)));
+  const seq = ctx.getSequence();
+  let count = 0, tFirst = null;
+  for await (const _ of seq.evaluate(ids, {temperature: 0})) {
+    if (tFirst === null) tFirst = process.hrtime.bigint();
+    if (++count > n) break;
+  }
+  const seconds = Number(process.hrtime.bigint() - tFirst) / 1e9;
+  emit(JSON.stringify({tokens: count - 1, seconds, tok_s: (count - 1) / seconds, depth: ids.length}));
   process.exit(0);
 }
 console.error(`unknown mode ${mode}`);
