@@ -370,5 +370,14 @@ class Lfm2_8B_Cut3(Conformance, unittest.TestCase):
     chat = "llama3"
 
 
+class TinyGlm4Moe(Conformance, unittest.TestCase):
+    """GLM-4.5's layer kinds: q/k/v biases and per-head q/k norms, half of each head rotated
+    (NeoX), a leading dense layer, sigmoid-routed experts with a selection bias, renormalised
+    and scaled by 2.5, an ungated shared expert; one nextn (MTP) block after the trunk that
+    neither engine runs."""
+    name = "tiny-glm4moe"
+    preset = "tiny-glm4moe"
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)
