@@ -10,6 +10,117 @@ namespace bmoe {
 
 namespace {
 
+// GLM-4.6's chat template (models/templates/GLM-4.6.jinja in llama.cpp's tree; templates are data):
+// synthetic GLM files carry the real one, so chat, the thinking switch and tool calls (glm-xml,
+// which tool_format_of finds by its <arg_key>) work on them as on the real models.
+const char* const kGlm46Template = R"glm([gMASK]<sop>
+{%- if tools -%}
+<|system|>
+# Tools
+
+You may call one or more functions to assist with the user query.
+
+You are provided with function signatures within <tools></tools> XML tags:
+<tools>
+{% for tool in tools %}
+{{ tool | tojson(ensure_ascii=False) }}
+{% endfor %}
+</tools>
+
+For each function call, output the function name and arguments within the following XML format:
+<tool_call>{function-name}
+<arg_key>{arg-key-1}</arg_key>
+<arg_value>{arg-value-1}</arg_value>
+<arg_key>{arg-key-2}</arg_key>
+<arg_value>{arg-value-2}</arg_value>
+...
+</tool_call>{%- endif -%}
+{%- macro visible_text(content) -%}
+    {%- if content is string -%}
+        {{- content }}
+    {%- elif content is iterable and content is not mapping -%}
+        {%- for item in content -%}
+            {%- if item is mapping and item.type == 'text' -%}
+                {{- item.text }}
+            {%- elif item is string -%}
+                {{- item }}
+            {%- endif -%}
+        {%- endfor -%}
+    {%- else -%}
+        {{- content }}
+    {%- endif -%}
+{%- endmacro -%}
+{%- set ns = namespace(last_user_index=-1) %}
+{%- for m in messages %}
+    {%- if m.role == 'user' %}
+        {% set ns.last_user_index = loop.index0 -%}
+    {%- endif %}
+{%- endfor %}
+{% for m in messages %}
+{%- if m.role == 'user' -%}<|user|>
+{{ visible_text(m.content) }}
+{{- '/nothink' if (enable_thinking is defined and not enable_thinking and not visible_text(m.content).endswith("/nothink")) else '' -}}
+{%- elif m.role == 'assistant' -%}
+<|assistant|>
+{%- set reasoning_content = '' %}
+{%- set content = visible_text(m.content) %}
+{%- if m.reasoning_content is string %}
+    {%- set reasoning_content = m.reasoning_content %}
+{%- else %}
+    {%- if '</think>' in content %}
+        {%- set reasoning_content = content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') %}
+        {%- set content = content.split('</think>')[-1].lstrip('\n') %}
+    {%- endif %}
+{%- endif %}
+{%- if loop.index0 > ns.last_user_index and reasoning_content -%}
+{{ '\n<think>' + reasoning_content.strip() +  '</think>'}}
+{%- else -%}
+{{ '\n<think></think>' }}
+{%- endif -%}
+{%- if content.strip() -%}
+{{ '\n' + content.strip() }}
+{%- endif -%}
+{% if m.tool_calls %}
+{% for tc in m.tool_calls %}
+{%- if tc.function %}
+    {%- set tc = tc.function %}
+{%- endif %}
+{{ '\n<tool_call>' + tc.name }}
+{% set _args = tc.arguments or {} %}
+{% if _args is not mapping %}
+    {{ raise_exception("Invalid tool call arguments passed: " + _args | string) }}
+{% endif %}
+{% for k, v in _args.items() %}
+<arg_key>{{ k }}</arg_key>
+<arg_value>{{ v | tojson(ensure_ascii=False) if v is not string else v }}</arg_value>
+{% endfor %}
+</tool_call>{% endfor %}
+{% endif %}
+{%- elif m.role == 'tool' -%}
+{%- if m.content is string -%}
+{%- if loop.first or (messages[loop.index0 - 1].role != "tool") %}
+    {{- '<|observation|>' }}
+{%- endif %}
+{{- '\n<tool_response>\n' }}
+{{- m.content }}
+{{- '\n</tool_response>' }}
+{%- else -%}
+<|observation|>{% for tr in m.content %}
+
+<tool_response>
+{{ tr.output if tr.output is defined else tr }}
+</tool_response>{% endfor -%}
+{% endif -%}
+{%- elif m.role == 'system' -%}
+<|system|>
+{{ visible_text(m.content) }}
+{%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    <|assistant|>{{- '\n<think></think>' if (enable_thinking is defined and not enable_thinking) else '' -}}
+{%- endif -%}
+)glm";
+
 // Half of each head rotated, leading dense layers, one MTP block after the trunk; `air`: no q/k
 // norms (GLM-4.5-Air's files have none).
 void glm4moe_shape(SynthSpec& s, int dense_layers, int dense_ff, float scale, bool air) {
@@ -77,7 +188,33 @@ void validate(const SynthSpec& s) {
   if (s.n_dense_layers > 0 && s.n_ff_dense <= 0) fail("bmoe-synth: glm4moe dense layers need a width");
 }
 
+int32_t add_token_once(Vocabulary& v, const std::string& text, TokenType type) {
+  const auto it = std::find(v.tokens.begin(), v.tokens.end(), text);
+  if (it != v.tokens.end()) return static_cast<int32_t>(it - v.tokens.begin());
+  v.tokens.push_back(text);
+  v.types.push_back(type);
+  return static_cast<int32_t>(v.tokens.size()) - 1;
+}
+
 }  // namespace
+
+void glm4_vocab(Vocabulary& v) {
+  v.pre = "glm4";
+  v.add_bos = false;  // the template writes [gMASK]<sop> itself
+  for (const char* t : {"[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>"}) {
+    add_token_once(v, t, TokenType::Control);
+  }
+  for (const char* t : {"<think>", "</think>", "<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>",
+                        "</arg_value>", "<tool_response>", "</tool_response>"}) {
+    add_token_once(v, t, TokenType::UserDefined);
+  }
+  v.bos = add_token_once(v, "[gMASK]", TokenType::Control);
+  v.eos = add_token_once(v, "<|endoftext|>", TokenType::Control);
+  v.pad = v.eos;
+  v.eot = add_token_once(v, "<|user|>", TokenType::Control);
+  v.eom = add_token_once(v, "<|observation|>", TokenType::Control);
+  v.chat_template = kGlm46Template;
+}
 
 const SynthFamily& glm4moe_synth() {
   static const SynthFamily family{"glm4moe", {"tiny-glm4moe", "tiny-glm4moe-air", "glm-4.5-air", "glm-4.5"}, preset,

@@ -535,6 +535,7 @@ Vocabulary make_vocab(const SynthSpec& spec) {
       v.eos = static_cast<int32_t>(v.tokens.size()) - 2;  // <|return|>
       v.chat_template = kHarmonyTemplate;
     }
+    if (spec.arch == "glm4moe") glm4_vocab(v);
     return v;
   }
   Vocabulary v = real_vocab(spec.vocab, spec.vocab_file, spec.vocab_size);
@@ -543,6 +544,7 @@ Vocabulary make_vocab(const SynthSpec& spec) {
     v.pre = "lfm2";
     v.add_bos = true;
   }
+  if (spec.arch == "glm4moe") glm4_vocab(v);
   return v;
 }
 
@@ -693,6 +695,8 @@ void set_metadata(GgufWriter& w, const SynthSpec& s, const Vocabulary& v) {
   w.set("tokenizer.ggml.bos_token_id", GgufValue::u32(static_cast<uint32_t>(v.bos)));
   w.set("tokenizer.ggml.eos_token_id", GgufValue::u32(static_cast<uint32_t>(v.eos)));
   w.set("tokenizer.ggml.padding_token_id", GgufValue::u32(static_cast<uint32_t>(v.pad)));
+  if (v.eot >= 0) w.set("tokenizer.ggml.eot_token_id", GgufValue::u32(static_cast<uint32_t>(v.eot)));
+  if (v.eom >= 0) w.set("tokenizer.ggml.eom_token_id", GgufValue::u32(static_cast<uint32_t>(v.eom)));
   w.set("tokenizer.ggml.add_bos_token", GgufValue::boolean(v.add_bos));
   if (v.model == "gemma4") {
     w.set("tokenizer.ggml.unknown_token_id", GgufValue::u32(static_cast<uint32_t>(token_id(v, "<unk>"))));
