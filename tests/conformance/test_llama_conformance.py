@@ -381,5 +381,12 @@ class TinyGlm4Moe(Conformance, unittest.TestCase):
     chat = "glm4"
 
 
+class TinyGlm4MoeAir(Conformance, unittest.TestCase):
+    """GLM-4.5-Air's form: no q/k norms (the reader finds none in the file), weights not scaled."""
+    name = "tiny-glm4moe-air"
+    preset = "tiny-glm4moe-air"
+    chat = "glm4"
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)
