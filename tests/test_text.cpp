@@ -174,6 +174,30 @@ TEST(Tokenizer, UnsupportedModelsAreRejected) {
   EXPECT_THROW(Tokenizer{v}, Error);
 }
 
+// GLM's pre-tokenizer is llama3's split without llama3's whole-word lookups or implied BOS
+// (llama.cpp's glm4 / chatglm-bpe); its end-of-message token (<|observation|>) ends generation.
+TEST(Tokenizer, Glm4PreTokenizerAndEndOfMessage) {
+  for (const char* pre : {"glm4", "chatglm-bpe", "llama3"}) {
+    Vocabulary v;
+    v.pre = pre;
+    settle_vocabulary(v, std::nullopt);
+    EXPECT_EQ(v.add_bos, std::string(pre) == "llama3") << pre;
+  }
+  Vocabulary v;
+  v.pre = "glm4";
+  v.tokens = {"a", "b", "<|user|>", "<|observation|>"};
+  v.types = {TokenType::Normal, TokenType::Normal, TokenType::Control, TokenType::Control};
+  v.eos = 1;
+  v.eot = 2;
+  const Tokenizer without_eom(v);
+  EXPECT_FALSE(without_eom.is_end_of_generation(3));
+  v.eom = 3;
+  const Tokenizer glm(v);
+  EXPECT_TRUE(glm.is_end_of_generation(3));
+  EXPECT_TRUE(glm.is_end_of_generation(2));
+  EXPECT_FALSE(glm.is_end_of_generation(0));
+}
+
 // A harmony vocabulary's channel markers are printed (a reply parser reads them) and <|end|>
 // closes a message, not the turn, once <|return|> and <|call|> end generation (as llama.cpp).
 TEST(Tokenizer, HarmonyMarkersArePrintedAndEndClosesOnlyAMessage) {

@@ -118,7 +118,8 @@ const std::map<std::string, std::string>& real_templates() {
                              "LFM2.5-8B-A1B", "meta-llama-Llama-3.1-8B-Instruct", "meta-llama-Llama-3.3-70B-Instruct",
                              "Mistral-Small-3.2-24B-Instruct-2506", "mistralai-Mistral-Nemo-Instruct-2407",
                              "mistralai-Ministral-3-14B-Reasoning-2512", "Qwen-Qwen2.5-7B-Instruct", "Qwen-Qwen3-0.6B",
-                             "NousResearch-Hermes-3-Llama-3.1-8B-tool_use", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B"}) {
+                             "NousResearch-Hermes-3-Llama-3.1-8B-tool_use", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B",
+                             "GLM-4.6", "GLM-4.7-Flash"}) {
       std::string text = run(std::string("git -C '") + dir + "/src' show HEAD:models/templates/" + name + ".jinja 2>/dev/null");
       if (!text.empty()) out[name] = std::move(text);
     }
@@ -283,7 +284,8 @@ bool random_walk(const std::shared_ptr<const Grammar>& g, const std::vector<std:
 }
 
 const ToolFormat kFormats[] = {ToolFormat::Hermes, ToolFormat::QwenXml, ToolFormat::Harmony, ToolFormat::Gemma4,
-                               ToolFormat::Lfm2, ToolFormat::MistralList, ToolFormat::MistralArgs, ToolFormat::Llama3Json};
+                               ToolFormat::Lfm2, ToolFormat::MistralList, ToolFormat::MistralArgs, ToolFormat::Llama3Json,
+                               ToolFormat::GlmXml};
 
 // Checks that every text the grammar produces parses back into calls of `tools` (or of
 // only_function) whose arguments validate.
@@ -357,6 +359,8 @@ TEST(ToolCalls, DetectsSnippets) {
   EXPECT_EQ(tool_format_of("{{- '\\n<tool_call>\\n<function=' + tool_call.name + '>\\n' }}{{- '<parameter=' + args_name + '>\\n' }}"),
             ToolFormat::QwenXml);
   EXPECT_EQ(tool_format_of("{{- '\\n<tool_call>\\n{\"name\": \"' }}"), ToolFormat::Hermes);
+  EXPECT_EQ(tool_format_of("{{ '\\n<tool_call>' + tc.name }}{% for k, v in _args.items() %}<arg_key>{{ k }}</arg_key>"),
+            ToolFormat::GlmXml);
   EXPECT_EQ(tool_format_of("\"List of tools: <|tool_list_start|>[\""), ToolFormat::Lfm2);
   EXPECT_EQ(tool_format_of("{{- \"<|tool_call_start|>[\" + calls + \"]<|tool_call_end|>\" -}}"), ToolFormat::Lfm2);
   EXPECT_EQ(tool_format_of("{{- '[TOOL_CALLS]' + tool_call.function.name }}{{- '[CALL_ID]' + tool_call.id }}{{- '[ARGS]' }}"),
@@ -391,6 +395,8 @@ TEST(ToolCalls, DetectsRealTemplates) {
       {"Qwen-Qwen3-0.6B", ToolFormat::Hermes},
       {"NousResearch-Hermes-3-Llama-3.1-8B-tool_use", ToolFormat::Hermes},
       {"deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", ToolFormat::None},  // its own format is not supported
+      {"GLM-4.6", ToolFormat::GlmXml},  // its <tool_call> would read as Hermes without the <arg_key> rule
+      {"GLM-4.7-Flash", ToolFormat::GlmXml},
   };
   if (t.empty()) GTEST_SKIP() << "no templates installed (node_modules)";
   int checked = 0;
@@ -413,11 +419,13 @@ TEST(ToolCalls, NamesAndMarkers) {
   EXPECT_STREQ(tool_format_name(ToolFormat::MistralList), "mistral");
   EXPECT_STREQ(tool_format_name(ToolFormat::MistralArgs), "mistral-args");
   EXPECT_STREQ(tool_format_name(ToolFormat::Llama3Json), "llama3-json");
+  EXPECT_STREQ(tool_format_name(ToolFormat::GlmXml), "glm-xml");
   EXPECT_STREQ(tool_format_name(ToolFormat::None), "none");
   using V = std::vector<std::string>;
   EXPECT_EQ(tool_call_markers(ToolFormat::Hermes), V{"<tool_call>"});
   EXPECT_EQ(tool_call_markers(ToolFormat::QwenXml), (V{"<tool_call>", "<function="}));
   EXPECT_EQ(tool_call_markers(ToolFormat::Gemma4), V{"<|tool_call>"});
+  EXPECT_EQ(tool_call_markers(ToolFormat::GlmXml), V{"<tool_call>"});
   EXPECT_EQ(tool_call_markers(ToolFormat::Lfm2), V{"<|tool_call_start|>"});
   EXPECT_EQ(tool_call_markers(ToolFormat::MistralList), V{"[TOOL_CALLS]"});
   EXPECT_EQ(tool_call_markers(ToolFormat::MistralArgs), V{"[TOOL_CALLS]"});
@@ -500,6 +508,39 @@ TEST(ToolCalls, Hermes) {
     r = parse(ToolFormat::Hermes, bad);
     EXPECT_FALSE(r.ok) << bad;
     EXPECT_TRUE(r.calls.empty());
+  }
+}
+
+// GLM-4.5 / 4.6 write a newline after the name and after each tag pair, GLM-4.7 none; string
+// values are raw text (kept exactly), the others JSON.
+TEST(ToolCalls, GlmXml) {
+  const std::string paris =
+      "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n<arg_key>days</arg_key>\n"
+      "<arg_value>2</arg_value>\n</tool_call>";
+  auto r = parse(ToolFormat::GlmXml, paris);
+  ASSERT_TRUE(r.ok);
+  ASSERT_EQ(r.calls.size(), 1u);
+  expect_call(r.calls[0], "get_weather", kParis);
+  r = parse(ToolFormat::GlmXml, "\n" + paris + "\n<tool_call>get_weather<arg_key>city</arg_key><arg_value>Oslo</arg_value>"
+                                "<arg_key>days</arg_key><arg_value>2</arg_value></tool_call>\nDone.");
+  ASSERT_EQ(r.calls.size(), 2u);
+  expect_call(r.calls[1], "get_weather", kOslo);
+  EXPECT_EQ(r.rest, "\nDone.");
+  // Raw strings keep quotes, '<', newlines and digits; the closing tag may be missing at the end.
+  r = parse(ToolFormat::GlmXml, "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>São \"Paulo\" <b>\nline 2"
+                                "</arg_value>\n<arg_key>days</arg_key>\n<arg_value> 3 </arg_value>\n");
+  ASSERT_TRUE(r.ok);
+  expect_call(r.calls[0], "get_weather", R"({"city":"São \"Paulo\" <b>\nline 2","days":3})");
+  r = parse(ToolFormat::GlmXml, "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>2</arg_value>\n</tool_call>");
+  expect_call(r.calls[0], "get_weather", R"({"city":"2"})");
+  r = parse(ToolFormat::GlmXml, "<tool_call>get_time\n</tool_call>");
+  ASSERT_TRUE(r.ok);
+  expect_call(r.calls[0], "get_time", "{}");
+  // Not calls: no name, a name of two words, a key without its value, text after the last tag.
+  for (const char* bad : {"<tool_call>\n<arg_key>a</arg_key>\n<arg_value>1</arg_value>\n</tool_call>",
+                          "<tool_call>get weather\n</tool_call>",
+                          "<tool_call>f\n<arg_key>a</arg_key>\n</tool_call>", "<tool_call>f\n<arg_key>a</arg_key>"}) {
+    EXPECT_FALSE(parse(ToolFormat::GlmXml, bad).ok) << bad;
   }
 }
 
@@ -769,6 +810,8 @@ TEST(ToolCalls, GrammarsAcceptTheTrainedLayouts) {
       {ToolFormat::MistralList, "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 2}, \"id\": \"abcDEF123\"}]"},
       {ToolFormat::MistralArgs, "[TOOL_CALLS]get_weather[CALL_ID]abcDEF123[ARGS]{\"city\": \"Paris\", \"days\": 2}"},
       {ToolFormat::Llama3Json, "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\", \"days\": 2}}"},
+      {ToolFormat::GlmXml, "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n<arg_key>days</arg_key>\n"
+                           "<arg_value>2</arg_value>\n</tool_call>"},
   };
   for (const auto& [f, text] : texts) {
     SCOPED_TRACE(tool_format_name(f));
@@ -778,7 +821,7 @@ TEST(ToolCalls, GrammarsAcceptTheTrainedLayouts) {
     if (f == ToolFormat::Harmony || f == ToolFormat::Llama3Json) continue;
     // Parallel: the trained separators.
     std::string two = text;
-    if (f == ToolFormat::Hermes || f == ToolFormat::QwenXml) two = text + "\n" + text;
+    if (f == ToolFormat::Hermes || f == ToolFormat::QwenXml || f == ToolFormat::GlmXml) two = text + "\n" + text;
     if (f == ToolFormat::Gemma4 || f == ToolFormat::MistralArgs) two = text + text;
     if (f == ToolFormat::Lfm2) two = "<|tool_call_start|>[get_weather(city=\"Paris\", days=2), get_time()]<|tool_call_end|>";
     if (f == ToolFormat::MistralList) two = text.substr(0, text.size() - 1) + ", " + text.substr(13);

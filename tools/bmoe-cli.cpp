@@ -78,8 +78,9 @@ void add_flags(CLI::App& app, CliOptions& o) {
   app.add_flag("--chat", o.chat, "wrap the prompt in the model's own chat format (ChatML, harmony, Gemma)");
   app.add_option("--system", o.system, "system message (implies --chat unless --chatml or -i)");
   app.add_flag("--no-think", o.no_think,
-               "answer without reasoning: Qwen3 gets an empty think block; gpt-oss is primed into its final "
-               "channel (faster, but costs quality on multi-step tasks such as arithmetic)");
+               "answer without reasoning: Qwen3 gets an empty think block, GLM /nothink and a closed one; "
+               "gpt-oss is primed into its final channel (faster, but costs quality on multi-step tasks such "
+               "as arithmetic)");
   app.add_flag("--ignore-eos", o.ignore_eos, "keep generating past end-of-text tokens");
   app.add_flag("--special", o.show_special, "print special/control tokens in the output");
   app.add_flag("--json", o.json, "print a JSON result (prompt ids, generated ids, text) instead of streaming text");

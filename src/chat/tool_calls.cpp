@@ -388,17 +388,36 @@ json xml_value(std::string_view raw, const json* schema) {
   return v ? *v : json(std::string(raw));
 }
 
-// Where the value starting at `from` ends: the first </parameter> that the next parameter or
-// </function> follows, else the first </parameter> (npos if none).
-size_t find_param_close(std::string_view s, size_t from) {
+// Where the value starting at `from` ends: the first `close` tag that `next` or `last` (the next
+// argument's opener, the call's closer) follows, else the first `close` (npos if none).
+size_t find_value_close(std::string_view s, size_t from, std::string_view close, std::string_view next,
+                        std::string_view last) {
   size_t first = npos;
   int looked = 0;
-  for (size_t e = s.find("</parameter>", from); e != npos && looked < 64; e = s.find("</parameter>", e + 1), ++looked) {
+  for (size_t e = s.find(close, from); e != npos && looked < 64; e = s.find(close, e + 1), ++looked) {
     if (first == npos) first = e;
-    const size_t n = skip_ws(s, e + 12);
-    if (at(s, n, "<parameter=") || at(s, n, "</function>")) return e;
+    const size_t n = skip_ws(s, e + close.size());
+    if (at(s, n, next) || at(s, n, last)) return e;
   }
   return first;
+}
+
+size_t find_param_close(std::string_view s, size_t from) {
+  return find_value_close(s, from, "</parameter>", "<parameter=", "</function>");
+}
+
+// Where a value of `schema` starting at `q` ends: a JSON value decides its own end where
+// `close` follows it; raw text (and text that is not JSON) ends as find_value_close says.
+size_t xml_value_end(std::string_view s, size_t q, const json* schema, std::string_view close, std::string_view next,
+                     std::string_view last) {
+  if (xml_kind(schema) != XmlKind::Raw) {
+    size_t e = skip_ws(s, q);
+    if (json_at(s, e)) {
+      e = skip_ws(s, e);
+      if (at(s, e, close)) return e;
+    }
+  }
+  return find_value_close(s, q, close, next, last);
 }
 
 // A tag's value up to '>': trimmed, one line, no '<'.
@@ -435,15 +454,7 @@ ParsedToolCalls parse_qwen_xml(std::string_view s, const json& tools) {
       const auto key = tag_value(s, q);
       if (!key) break;
       const json* schema = param_schema(tools, *name, *key);
-      size_t close = npos;
-      if (xml_kind(schema) != XmlKind::Raw) {  // a JSON value decides its own end
-        size_t e = skip_ws(s, q);
-        if (json_at(s, e)) {
-          e = skip_ws(s, e);
-          if (at(s, e, "</parameter>")) close = e;
-        }
-      }
-      if (close == npos) close = find_param_close(s, q);
+      const size_t close = xml_value_end(s, q, schema, "</parameter>", "<parameter=", "</function>");
       if (close == npos) break;
       std::string_view raw = s.substr(q, close - q);
       if (!raw.empty() && raw.front() == '\n') raw.remove_prefix(1);
@@ -454,6 +465,62 @@ ParsedToolCalls parse_qwen_xml(std::string_view s, const json& tools) {
     if (!closed) break;
     const size_t q = skip_ws(s, p);
     if (at(s, q, "</tool_call>")) p = q + 12;
+    calls.push_back({"", std::string(*name), compact(args)});
+    pos = p;
+  }
+  return finish(std::move(calls), s, pos);
+}
+
+// ---------------------------------------------------------------------------------------------
+// GLM-4.5 / 4.6: <tool_call>NAME\n<arg_key>K</arg_key>\n<arg_value>V</arg_value>\n</tool_call>;
+// GLM-4.7 writes the same tags with no newlines, so whitespace between tags is optional. Values
+// as qwen-xml's: raw text for string schemas (kept exactly), JSON for the others.
+
+// The function name after <tool_call>: up to the first '<' or newline, trimmed, one word.
+std::optional<std::string_view> glm_name(std::string_view s, size_t& p) {
+  size_t e = p;
+  while (e < s.size() && s[e] != '<' && s[e] != '\n') ++e;
+  const std::string_view v = trim(s.substr(p, e - p));
+  if (v.empty() || std::any_of(v.begin(), v.end(), is_space)) return std::nullopt;
+  p = e;
+  return v;
+}
+
+// One <arg_key>K</arg_key><arg_value>V</arg_value> pair at `p` (after whitespace) into `args`.
+bool glm_argument(std::string_view s, size_t& p, std::string_view name, const json& tools, json& args) {
+  size_t q = skip_ws(s, p);
+  if (!at(s, q, "<arg_key>")) return false;
+  q += 9;
+  const size_t key_end = s.find("</arg_key>", q);
+  if (key_end == npos) return false;
+  const std::string_view key = trim(s.substr(q, key_end - q));
+  if (key.empty() || has(key, "<") || has(key, "\n")) return false;
+  q = skip_ws(s, key_end + 10);
+  if (!at(s, q, "<arg_value>")) return false;
+  q += 11;
+  const json* schema = param_schema(tools, name, key);
+  const size_t close = xml_value_end(s, q, schema, "</arg_value>", "<arg_key>", "</tool_call>");
+  if (close == npos) return false;
+  args[std::string(key)] = xml_value(s.substr(q, close - q), schema);
+  p = close + 12;
+  return true;
+}
+
+ParsedToolCalls parse_glm_xml(std::string_view s, const json& tools) {
+  std::vector<ToolCall> calls;
+  size_t pos = 0;
+  for (;;) {
+    size_t p = skip_ws(s, pos);
+    if (!at(s, p, "<tool_call>")) break;
+    p += 11;
+    const auto name = glm_name(s, p);
+    if (!name) break;
+    json args = json::object();
+    while (glm_argument(s, p, *name, tools, args)) {
+    }
+    p = skip_ws(s, p);
+    if (at(s, p, "</tool_call>")) p += 12;
+    else if (p < s.size()) break;  // only the end of the answer may stand for the closing tag
     calls.push_back({"", std::string(*name), compact(args)});
     pos = p;
   }
@@ -943,7 +1010,11 @@ class CallGrammar {
     return lit("<|channel|>commentary to=functions." + t.name + " <|constrain|>json<|message|>") + " " + json_args(t);
   }
   std::string qwen_xml_call(const Tool& t) {
-    return lit("<tool_call>\n<function=" + t.name + ">\n") + " " + xml_params(t) + " " + lit("</function>\n</tool_call>");
+    return lit("<tool_call>\n<function=" + t.name + ">\n") + " " + xml_params(t, kQwenXmlItem) + " " +
+           lit("</function>\n</tool_call>");
+  }
+  std::string glm_xml_call(const Tool& t) {
+    return lit("<tool_call>" + t.name + "\n") + " " + xml_params(t, kGlmXmlItem) + " " + lit("</tool_call>");
   }
   std::string gemma4_call(const Tool& t) {
     return lit("<|tool_call>call:" + t.name + "{") + " " + gemma_params(t) + " " + lit("}<tool_call|>");
@@ -1133,7 +1204,19 @@ class CallGrammar {
 
   // --- qwen-xml
 
-  std::string xml_params(const Tool& t) {
+  // How an XML-like format writes one argument: open + key + middle, the value, then close + after.
+  struct XmlItem {
+    const char* format;  // its name, for errors
+    const char* open;
+    const char* middle;
+    const char* close;  // ends the value (raw text must not hold it)
+    const char* before_close;
+    const char* after;
+  };
+  static constexpr XmlItem kQwenXmlItem = {"qwen-xml", "<parameter=", ">\n", "</parameter>", "\n", "\n"};
+  static constexpr XmlItem kGlmXmlItem = {"glm-xml", "<arg_key>", "</arg_key>\n<arg_value>", "</arg_value>", "", "\n"};
+
+  std::string xml_params(const Tool& t, const XmlItem& layout) {
     const auto props = properties(t);
     std::string out;
     for (const bool pass_required : {true, false}) {
@@ -1141,15 +1224,17 @@ class CallGrammar {
         if (p.required != pass_required) continue;
         const std::string where = ".properties." + p.key;
         if (p.key.empty() || p.key.find_first_of("<>\n") != std::string::npos || trim(p.key) != p.key) {
-          schema_error(where, "a qwen-xml parameter name cannot be empty, hold '<', '>' or a newline, or start or end with spaces");
+          schema_error(where, std::string("a ") + layout.format +
+                                  " parameter name cannot be empty, hold '<', '>' or a newline, or start or end with spaces");
         }
         std::string value;
         if (xml_kind(p.schema) == XmlKind::Raw) {
-          value = raw_string(*p.schema, where, "</parameter>", excluding("xml-text", "</parameter>"));
+          value = raw_string(*p.schema, where, layout.close, excluding("xml-text", layout.close));
         } else {
           value = json_value(*p.schema, where);
         }
-        const std::string item = lit("<parameter=" + p.key + ">\n") + " " + value + " " + lit("\n</parameter>\n");
+        const std::string item = lit(layout.open + p.key + layout.middle) + " " + value + " " +
+                                 lit(std::string(layout.before_close) + layout.close + layout.after);
         out += (out.empty() ? "" : " ") + (p.required ? item : "( " + item + " )?");
       }
     }
@@ -1506,7 +1591,7 @@ struct FormatSpec {
 };
 
 // The rows in detection order: tool_format_of takes the first whose detect accepts the source,
-// so a format whose markers include another's comes first (qwen-xml before hermes).
+// so a format whose markers include another's comes first (qwen-xml and glm-xml before hermes).
 const std::vector<FormatSpec>& format_table() {
   static const std::vector<FormatSpec> table = {
       {ToolFormat::Harmony, "harmony", [](std::string_view t) { return has(t, "<|channel|>"); }, {},
@@ -1522,6 +1607,8 @@ const std::vector<FormatSpec>& format_table() {
       {ToolFormat::QwenXml, "qwen-xml",
        [](std::string_view t) { return has(t, "<tool_call>") && has(t, "<function=") && has(t, "<parameter="); },
        {"<tool_call>", "<function="}, parse_qwen_xml, &CallGrammar::qwen_xml_call, {"", "\n", "", false}, false},
+      {ToolFormat::GlmXml, "glm-xml", [](std::string_view t) { return has(t, "<tool_call>") && has(t, "<arg_key>"); },
+       {"<tool_call>"}, parse_glm_xml, &CallGrammar::glm_xml_call, {"", "\n", "", false}, false},
       {ToolFormat::Hermes, "hermes", [](std::string_view t) { return has(t, "<tool_call>"); }, {"<tool_call>"},
        [](std::string_view s, const json&) { return parse_hermes(s); }, &CallGrammar::hermes_call,
        {"", "\n", "", false}, false},

@@ -9,6 +9,8 @@
 //                 </function>\n</tool_call>                                                  ("\n")
 //   harmony       <|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{...}
 //                 (then the <|call|> end token; one call per turn)
+//   glm-xml       <tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n
+//                 </tool_call>   (GLM-4.7: no newlines between tags)                        ("\n")
 //   gemma4        <|tool_call>call:get_weather{city:<|"|>Paris<|"|>,days:2}<tool_call|>       ("")
 //   lfm2          <|tool_call_start|>[get_weather(city="Paris", days=2)]<|tool_call_end|>   (", " inside [])
 //   mistral       [TOOL_CALLS][{"name": "get_weather", "arguments": {...}, "id": "abcDEF123"}] (", " inside [])
@@ -30,16 +32,17 @@
 
 namespace bmoe {
 
-enum class ToolFormat { None, Hermes, QwenXml, Harmony, Gemma4, Lfm2, MistralList, MistralArgs, Llama3Json };
+enum class ToolFormat { None, Hermes, QwenXml, Harmony, Gemma4, Lfm2, MistralList, MistralArgs, Llama3Json, GlmXml };
 
 // The format a chat template's source writes tool calls in, from substrings of the source (as
 // llama.cpp detects them): <|channel|> -> Harmony; <|tool_list_start|> or <|tool_call_start|> ->
 // Lfm2; '<|tool_call>call:' or <|tool_call> -> Gemma4; <tool_call> with <function= and
-// <parameter= -> QwenXml; <tool_call> -> Hermes; [TOOL_CALLS] with [ARGS] -> MistralArgs;
-// [TOOL_CALLS] -> MistralList; Llama 3.1's `Respond in the format {"name": function name` ->
-// Llama3Json; anything else -> None.
+// <parameter= -> QwenXml; <tool_call> with <arg_key> -> GlmXml; <tool_call> -> Hermes;
+// [TOOL_CALLS] with [ARGS] -> MistralArgs; [TOOL_CALLS] -> MistralList; Llama 3.1's `Respond in
+// the format {"name": function name` -> Llama3Json; anything else -> None.
 ToolFormat tool_format_of(std::string_view chat_template_source);
-// "hermes", "qwen-xml", "harmony", "gemma4", "lfm2", "mistral", "mistral-args", "llama3-json", "none".
+// "hermes", "qwen-xml", "glm-xml", "harmony", "gemma4", "lfm2", "mistral", "mistral-args", "llama3-json",
+// "none".
 const char* tool_format_name(ToolFormat format);
 
 struct ToolCall {
@@ -48,8 +51,8 @@ struct ToolCall {
   std::string arguments;  // compact JSON object text
 };
 
-// Texts that open tool calls in an answer's content: Hermes "<tool_call>"; QwenXml "<tool_call>"
-// and "<function=" (Qwen3-Coder may leave the opener out); Gemma4 "<|tool_call>"; Lfm2
+// Texts that open tool calls in an answer's content: Hermes and GlmXml "<tool_call>"; QwenXml
+// "<tool_call>" and "<function=" (Qwen3-Coder may leave the opener out); Gemma4 "<|tool_call>"; Lfm2
 // "<|tool_call_start|>"; both Mistral formats "[TOOL_CALLS]"; Llama3Json "{\"name\"" and
 // "{\"type\"". Harmony and None: none (harmony's calls are message headers: parse_harmony_call).
 std::vector<std::string> tool_call_markers(ToolFormat format);
@@ -63,9 +66,9 @@ struct ParsedToolCalls {
 // Parses content text that starts at a marker (leading whitespace allowed) and runs to the end of
 // the answer. Calls are read while they are well formed; the first text that is not a call ends
 // them and becomes `rest`. `tools` is the request's tools array (OpenAI form
-// [{"type":"function","function":{"name","description","parameters"}}], or null): for QwenXml a
-// parameter whose schema type is "string" keeps its raw text, others are read as JSON (Python's
-// True/False/None too) and fall back to the raw string. Calls to names not in `tools` are still
+// [{"type":"function","function":{"name","description","parameters"}}], or null): for QwenXml and
+// GlmXml a parameter whose schema type is "string" keeps its raw text, others are read as JSON
+// (Python's True/False/None too) and fall back to the raw string. Calls to names not in `tools` are still
 // returned (the server decides). Harmony accepts the text after "<|start|>assistant" (a header
 // with " to=functions.NAME" and its <|message|> body); the reply parser usually calls
 // parse_harmony_call instead.

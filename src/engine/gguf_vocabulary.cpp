@@ -38,6 +38,7 @@ Vocabulary read_vocabulary(const GgufModel& model) {
   v.bos = special_id(model, "tokenizer.ggml.bos_token_id", n);
   v.eos = special_id(model, "tokenizer.ggml.eos_token_id", n);
   v.eot = special_id(model, "tokenizer.ggml.eot_token_id", n);
+  v.eom = special_id(model, "tokenizer.ggml.eom_token_id", n);
   v.pad = special_id(model, "tokenizer.ggml.padding_token_id", n);
   std::optional<bool> add_bos;
   if (model.find("tokenizer.ggml.add_bos_token")) add_bos = model.get_bool_or("tokenizer.ggml.add_bos_token", false);

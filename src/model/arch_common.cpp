@@ -17,12 +17,14 @@ const Architecture& gpt_oss_architecture();
 const Architecture& gemma4_architecture();
 const Architecture& qwen35moe_architecture();
 const Architecture& lfm2moe_architecture();
+const Architecture& glm4moe_architecture();
 
 const std::vector<Architecture>& architectures() {
   static const std::vector<Architecture> archs = {
       qwen3moe_architecture(), qwen2moe_architecture(), olmoe_architecture(),
       llama_moe_architecture(), gpt_oss_architecture(), gemma4_architecture(), qwen35moe_architecture(),
       lfm2moe_architecture(),
+      glm4moe_architecture(),
   };
   return archs;
 }
@@ -50,6 +52,7 @@ void load_architecture(const Architecture& arch, ArchLoader& loader, ModelConfig
     fail("internal: {} declares a plan for {} of its {} layers", arch.name, config.plan.size(), config.n_layer);
   }
   bind_tensors(arch.tensors, loader, config, weights);
+  if (config.n_nextn_layer > 0) check_nextn_tensors(arch.tensors, loader, config);
   if (arch.finish) arch.finish(config, weights);
 }
 

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "model/arch.h"
 
@@ -33,12 +35,14 @@ const char* dim_name(Dim d) {
     case Dim::DeltaHeadDim: return "ssm.state_size";
     case Dim::Embd3: return "3*n_embd";
     case Dim::ShortConvKernel: return "shortconv.l_cache";
+    case Dim::Embd2: return "2*n_embd";
   }
   return "?";
 }
 
 int64_t dim_value(Dim d, const ModelConfig& c, int layer) {
-  const int l = layer < 0 ? 0 : layer;
+  // An MTP block after the trunk has the shapes of the last trunk layer.
+  const int l = layer < 0 ? 0 : std::min(layer, c.n_layer - 1);
   switch (d) {
     case Dim::None: return 0;
     case Dim::One: return 1;
@@ -64,6 +68,7 @@ int64_t dim_value(Dim d, const ModelConfig& c, int layer) {
     case Dim::DeltaHeadDim: return c.delta_net.head_dim;
     case Dim::Embd3: return 3 * int64_t{c.n_embd};
     case Dim::ShortConvKernel: return c.short_conv.kernel;
+    case Dim::Embd2: return 2 * int64_t{c.n_embd};
   }
   return 0;
 }
@@ -79,12 +84,18 @@ const char* layers_name(Layers l) {
     case Layers::Recurrent: return "Gated DeltaNet layers";
     case Layers::ShortConv: return "short-convolution layers";
     case Layers::Dense: return "dense-FFN layers";
+    case Layers::Shared: return "shared-expert layers";
+    case Layers::NextN: return "nextn (MTP) blocks";
     case Layers::Never: return "never";
   }
   return "?";
 }
 
 bool layer_in(Layers set, const ModelConfig& c, int layer) {
+  if (layer >= c.n_layer) {  // an MTP block: a decoder block like the last trunk layer, plus its own rows
+    if (layer >= c.n_layer + c.n_nextn_layer || set == Layers::Global || set == Layers::Never) return false;
+    return set == Layers::NextN || layer_in(set, c, c.n_layer - 1);
+  }
   switch (set) {
     case Layers::Global: return layer < 0;
     case Layers::All: return layer >= 0;
@@ -95,6 +106,9 @@ bool layer_in(Layers set, const ModelConfig& c, int layer) {
     case Layers::Recurrent: return layer >= 0 && c.mixer_at(layer) == MixerKind::GatedDeltaNet;
     case Layers::ShortConv: return layer >= 0 && c.mixer_at(layer) == MixerKind::ShortConv;
     case Layers::Dense: return layer >= 0 && !c.has_experts_at(layer);
+    case Layers::Shared:
+      return layer >= 0 && (c.ffn_at(layer) == FfnKind::MoeShared || c.ffn_at(layer) == FfnKind::MoeUngatedShared);
+    case Layers::NextN: return false;
     case Layers::Never: return false;
   }
   return false;
@@ -141,7 +155,7 @@ std::vector<TableTensor> synth_tensors(std::span<const TensorSpec> table, const 
     }
     size_t end = i;
     while (end < table.size() && table[end].per_layer()) ++end;
-    for (int l = 0; l < c.n_layer; ++l) {
+    for (int l = 0; l < c.n_layer + c.n_nextn_layer; ++l) {
       for (size_t j = i; j < end; ++j) emit(table[j], l);
     }
     i = end;
@@ -196,6 +210,7 @@ LayerWeights layer_weights_for(const LayerPlan& plan) {
     case FfnKind::Dense: L.dense.emplace(); break;
     case FfnKind::Moe: L.experts.emplace(); break;
     case FfnKind::MoeShared:
+    case FfnKind::MoeUngatedShared:
       L.experts.emplace();
       L.shared.emplace();
       break;
@@ -223,6 +238,40 @@ void bind_tensors(std::span<const TensorSpec> table, ArchLoader& a, const ModelC
     }
   }
   if (!w.output.present()) w.output = w.tok_embd;  // tied embeddings
+}
+
+namespace {
+
+void check_nextn_block(std::span<const TensorSpec> table, ArchLoader& a, const ModelConfig& c, int layer) {
+  for (const TensorSpec& t : table) {
+    if (!t.per_layer() || t.alternative == Alternative::Fallback || !layer_in(t.layers, c, layer)) continue;
+    const std::string name = t.tensor_name(layer);
+    if (!a.has_tensor(name)) {
+      if (t.optional) continue;
+      fail("missing tensor '{}' (the file declares {} nextn layers after {} trunk layers)", name, c.n_nextn_layer,
+           c.n_layer);
+    }
+    const std::vector<int64_t> dims = t.shape(c, layer);
+    for (size_t d = 0; d < dims.size(); ++d) {
+      const int64_t got = a.tensor_dim(name, static_cast<int>(d));
+      if (got != dims[d]) fail("tensor '{}': dimension {} is {}, expected {}", name, d, got, dims[d]);
+    }
+  }
+}
+
+}  // namespace
+
+void check_nextn_tensors(std::span<const TensorSpec> table, ArchLoader& a, const ModelConfig& c) {
+  const TensorSpec* marker = nullptr;
+  for (const TensorSpec& t : table) {
+    if (t.layers == Layers::NextN && !t.optional) {
+      marker = &t;
+      break;
+    }
+  }
+  for (int l = c.n_layer; marker != nullptr && l < c.n_layer + c.n_nextn_layer; ++l) {
+    if (a.has_tensor(marker->tensor_name(l))) check_nextn_block(table, a, c, l);
+  }
 }
 
 TensorSpec global_matrix(const char* name, std::array<Dim, 3> dims, Weight ModelWeights::* to, TensorClass cls,

@@ -49,6 +49,7 @@ enum class Dim : uint8_t {
   DeltaHeadDim,   // delta_net.head_dim
   Embd3,          // 3 * n_embd: the short convolution's b | c | x
   ShortConvKernel,  // short_conv_kernel
+  Embd2,            // 2 * n_embd: the MTP block's input, embedding | hidden state (glm4moe)
 };
 const char* dim_name(Dim d);
 int64_t dim_value(Dim d, const ModelConfig& c, int layer);
@@ -64,6 +65,8 @@ enum class Layers : uint8_t {
   Recurrent,  // Gated DeltaNet layers
   ShortConv,  // short-convolution layers (lfm2moe)
   Dense,      // layers with a dense FFN instead of routed experts
+  Shared,     // layers with a shared expert beside the routed ones
+  NextN,      // only the MTP blocks after the trunk (n_layer .. n_layer + n_nextn_layer - 1)
   Never,    // only as synth_layers: the synthesizer does not write it
 };
 const char* layers_name(Layers l);
@@ -150,6 +153,12 @@ std::vector<TableTensor> synth_tensors(std::span<const TensorSpec> table, const 
 // Binds every row the file holds; throws naming the tensor when a required one is missing or
 // mis-shaped. Ties a missing output head to the embeddings.
 void bind_tensors(std::span<const TensorSpec> table, ArchLoader& loader, const ModelConfig& c, ModelWeights& w);
+
+// The MTP blocks after the trunk (ModelConfig::n_nextn_layer) are never bound: the forward pass
+// does not run them. Where the file holds them, each of their rows must be there with the
+// table's shape (a nextn block is in a layer set when the last trunk layer is, and in NextN);
+// a file without the block's first NextN row is trunk-only and accepted, as llama.cpp does.
+void check_nextn_tensors(std::span<const TensorSpec> table, ArchLoader& loader, const ModelConfig& c);
 
 // Row builders, so a family's table reads as a list of tensors.
 TensorSpec global_matrix(const char* name, std::array<Dim, 3> dims, Weight ModelWeights::* to, TensorClass cls,

@@ -31,6 +31,7 @@ enum class FfnKind : uint8_t {
   Dense,             // one dense FFN
   Moe,               // routed experts
   MoeShared,         // routed experts plus a gated shared expert (qwen2moe, qwen35moe)
+  MoeUngatedShared,  // routed experts plus a shared expert added as it is (glm4moe)
   ParallelDenseMoe,  // a dense FFN and routed experts side by side, each with its norms (gemma4)
 };
 
@@ -57,7 +58,8 @@ struct RopeConfig {
 struct ModelConfig {
   std::string arch;
   std::string name;
-  int n_layer = 0;
+  int n_layer = 0;       // the trunk: the blocks the forward pass runs
+  int n_nextn_layer = 0;  // MTP (nextn) blocks stored after the trunk (glm4moe): checked, never run
   int n_embd = 0;
   int n_head = 0;
   int n_head_kv = 0;

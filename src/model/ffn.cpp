@@ -100,6 +100,20 @@ class MoeSharedFfn final : public PreNormFfn {
   ActivationBuffer gate_act_;
 };
 
+// The routed experts plus the shared expert as it is, no gate (glm4moe): routed + shared.
+class MoeUngatedSharedFfn final : public PreNormFfn {
+  void body(const LayerWeights& L, int layer, const LayerPass& pass, const FfnContext& ctx) override {
+    const size_t total = static_cast<size_t>(pass.n) * pass.cfg.n_embd;
+    const SharedExpertWeights& S = *L.shared;
+    ctx.experts.run(layer, pass.n, h_.data(), h_.data(), pass.positions, ctx.source, out_.data());
+    float* shared = scratch(shared_, total);
+    mlp_.run(pass, S.shexp_gate, S.shexp_up, S.shexp_down, h_.data(), shared);
+    ops::add(out_.data(), shared, static_cast<int64_t>(total));
+  }
+  DenseMlp mlp_;
+  std::vector<float> shared_;
+};
+
 // Gemma 4: dense FFN and routed experts on the same residual, each normalised before and
 // after, summed, normalised again and added back; then the layer's output scale.
 class ParallelDenseMoeFfn final : public Ffn {
@@ -146,6 +160,7 @@ std::unique_ptr<Ffn> make_unit(FfnKind kind) {
     case FfnKind::Dense: return std::make_unique<DenseFfn>();
     case FfnKind::Moe: return std::make_unique<MoeFfn>();
     case FfnKind::MoeShared: return std::make_unique<MoeSharedFfn>();
+    case FfnKind::MoeUngatedShared: return std::make_unique<MoeUngatedSharedFfn>();
     case FfnKind::ParallelDenseMoe: return std::make_unique<ParallelDenseMoeFfn>();
   }
   return nullptr;
@@ -154,7 +169,7 @@ std::unique_ptr<Ffn> make_unit(FfnKind kind) {
 }  // namespace
 
 Ffns::Ffns(const ModelConfig& c) {
-  constexpr int kKinds = 4;
+  constexpr int kKinds = 5;
   Ffn* made[kKinds] = {};
   for (int l = 0; l < c.n_layer; ++l) {
     Ffn*& f = made[static_cast<int>(c.ffn_at(l))];

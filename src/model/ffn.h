@@ -1,5 +1,5 @@
 // The FFN kinds (what runs on each token after the mixer) as units: dense, routed MoE, MoE plus
-// a gated shared expert, and a dense FFN beside the experts (gemma4). A unit reads the residual
+// a gated or an ungated shared expert, and a dense FFN beside the experts (gemma4). A unit reads the residual
 // stream, adds its output to it and owns its scratch; the kinds with experts route and compute
 // them through the sequence's RoutedExperts. A sequence holds one unit per kind its plan uses.
 #pragma once

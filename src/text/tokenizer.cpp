@@ -49,6 +49,7 @@ constexpr PreTokenizerKind kPreTokenizers[] = {
     {"lfm2", kLlama3, true},    {"gpt-4o", kGpt4o, false},           {"default", kGpt2, false},
     {"gpt2", kGpt2, false},     {"olmo", kGpt2, false},              {"mpt", kGpt2, false},
     {"gemma4", kLines, false},
+    {"glm4", kLlama3, false},   {"chatglm-bpe", kLlama3, false},
 };
 
 const PreTokenizerKind* pre_tokenizer_kind(std::string_view pre) {
@@ -165,12 +166,13 @@ bool is_end_marker(const std::string& text) {
                           "<|endoftext|>", "<|end_of_text|>", "<turn|>"});
 }
 
-// Control tokens that write a tool call (Mistral's, LFM2's, Gemma 4's): printed like text, as
+// Control tokens that write a tool call (Mistral's, LFM2's, Gemma 4's, GLM's): printed like text, as
 // llama-server keeps a format's markers, so the reply parser sees the call and a grammar can
 // use the token.
 bool is_tool_call_marker(const std::string& text) {
   return is_one_of(text, {"[TOOL_CALLS]", "[ARGS]", "[CALL_ID]", "<|tool_call_start|>", "<|tool_call_end|>",
-                          "<|tool_call>", "<tool_call|>", "<|\"|>", "<tool_call>", "</tool_call>"});
+                          "<|tool_call>", "<tool_call|>", "<|\"|>", "<tool_call>", "</tool_call>", "<arg_key>",
+                          "</arg_key>", "<arg_value>", "</arg_value>"});
 }
 
 bool has_control_token(const Vocabulary& vocab, std::string_view text) {
@@ -236,7 +238,7 @@ Tokenizer::Tokenizer(Vocabulary vocab) : vocab_(std::move(vocab)) {
   std::stable_sort(special_tokens_.begin(), special_tokens_.end(), [&](int32_t a, int32_t b) {
     return vocab_.tokens[static_cast<size_t>(a)].size() > vocab_.tokens[static_cast<size_t>(b)].size();
   });
-  for (int32_t id : {vocab_.eos, vocab_.eot}) {
+  for (int32_t id : {vocab_.eos, vocab_.eot, vocab_.eom}) {
     if (id >= 0) end_of_generation_.push_back(id);
   }
 }

@@ -38,6 +38,7 @@ struct Vocabulary {
   int32_t bos = -1;
   int32_t eos = -1;
   int32_t eot = -1;
+  int32_t eom = -1;  // end of message: the turn waits for a tool's answer (GLM's <|observation|>)
   int32_t pad = -1;
   bool add_bos = false;
   std::string chat_template;
@@ -68,7 +69,7 @@ class Tokenizer {
   std::string token_bytes(int32_t id, bool with_special = false) const;
   std::string decode(const std::vector<int32_t>& ids, bool with_special = false) const;
 
-  // End-of-generation tokens: eos, eot, and control tokens named like an end marker.
+  // End-of-generation tokens: eos, eot, eom, and control tokens named like an end marker.
   bool is_end_of_generation(int32_t id) const;
   const std::vector<int32_t>& end_of_generation_tokens() const { return end_of_generation_; }
   // Every token's printed bytes (token_bytes without specials; "" for control tokens), built

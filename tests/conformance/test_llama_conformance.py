@@ -82,6 +82,7 @@ CHAT_FORMATS = {
     "llama3": lambda p: f"<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\n{p}<|eot_id|>"
                         "<|start_header_id|>assistant<|end_header_id|>\n\n",
     "gemma4": lambda p: f"<|turn>user\n{p}<turn|>\n<|turn>model\n",
+    "glm4": lambda p: f"[gMASK]<sop><|user|>\n{p}<|assistant|>",
 }
 
 
@@ -463,6 +464,23 @@ class TinyGptOssLong(LongContext, unittest.TestCase):
     block left llama.cpp's path after 2 tokens."""
     name = "tiny-gpt-oss"
     preset = "tiny-gpt-oss"
+
+class TinyGlm4Moe(Conformance, unittest.TestCase):
+    """GLM-4.5's layer kinds: q/k/v biases and per-head q/k norms, half of each head rotated
+    (NeoX), a leading dense layer, sigmoid-routed experts with a selection bias, renormalised
+    and scaled by 2.5, an ungated shared expert; one nextn (MTP) block after the trunk that
+    neither engine runs. GLM's pre-tokenizer and special tokens on the tiny vocabulary."""
+    name = "tiny-glm4moe"
+    preset = "tiny-glm4moe"
+    chat = "glm4"
+
+
+class TinyGlm4MoeAir(Conformance, unittest.TestCase):
+    """GLM-4.5-Air's form: no q/k norms (the reader finds none in the file), weights not scaled."""
+    name = "tiny-glm4moe-air"
+    preset = "tiny-glm4moe-air"
+    chat = "glm4"
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)

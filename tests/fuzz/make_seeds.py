@@ -70,11 +70,23 @@ LFM2_KVS = [("general.architecture", STR, "lfm2moe"), ("lfm2moe.block_count", U3
             ("lfm2moe.feed_forward_length", U32, 64), ("lfm2moe.leading_dense_block_count", U32, 1),
             ("lfm2moe.expert_gating_func", U32, 2), ("lfm2moe.shortconv.l_cache", U32, 3),
             ("tokenizer.ggml.tokens", ARR, (STR, ["a", "b"]))]
+# glm4moe: block_count counts the nextn block after the one trunk layer.
+GLM4_KVS = [("general.architecture", STR, "glm4moe"), ("glm4moe.block_count", U32, 2),
+            ("glm4moe.nextn_predict_layers", U32, 1), ("glm4moe.embedding_length", U32, 32),
+            ("glm4moe.attention.head_count", U32, 2), ("glm4moe.attention.head_count_kv", U32, 1),
+            ("glm4moe.attention.key_length", U32, 16), ("glm4moe.attention.value_length", U32, 16),
+            ("glm4moe.attention.layer_norm_rms_epsilon", F32, 1e-5), ("glm4moe.rope.dimension_count", U32, 8),
+            ("glm4moe.expert_count", U32, 2), ("glm4moe.expert_used_count", U32, 1),
+            ("glm4moe.expert_feed_forward_length", U32, 32), ("glm4moe.expert_shared_count", U32, 1),
+            ("glm4moe.leading_dense_block_count", U32, 0), ("glm4moe.expert_weights_scale", F32, 2.5),
+            ("glm4moe.expert_weights_norm", BOOL, True), ("glm4moe.expert_gating_func", U32, 2),
+            ("tokenizer.ggml.tokens", ARR, (STR, ["a", "b"]))]
 QWEN35_EMBD = ("token_embd.weight", [32, 2], 0, bytes(256))
 
 seeds = {
     "qwen35moe-keys.bin": gguf(3, QWEN35_KVS, [QWEN35_EMBD]),
     "lfm2moe-keys.bin": gguf(3, LFM2_KVS, [QWEN35_EMBD]),
+    "glm4moe-keys.bin": gguf(3, GLM4_KVS, [QWEN35_EMBD]),
     "metadata-v3.bin": gguf(3, KVS, []),
     "metadata-v2.bin": gguf(2, KVS[:8], []),
     "tensors-v3.bin": gguf(3, KVS, [F32_TENSOR, Q8_0_TENSOR]),

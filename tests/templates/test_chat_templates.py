@@ -68,6 +68,11 @@ class ChatTemplateTest(unittest.TestCase):
         self.assertIn("<tool_response>", qwen["tool-call"])
         self.assertNotIn("Easy one", qwen["reasoning-content"])  # history's reasoning is dropped
         self.assertIn("<|channel|>commentary", self.expected["gpt-oss"][labels.index("tool-call")])
+        # GLM-4.6: the thinking switch (/nothink and a closed think block) and its XML tool calls.
+        glm = dict(zip(labels, self.expected["glm-4.6"]))
+        self.assertTrue(glm["thinking-off"].endswith("/nothink<|assistant|>\n<think></think>"))
+        self.assertTrue(glm["user"].endswith("<|assistant|>"))
+        self.assertIn("<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>", glm["tool-call"])
 
 
 class RenderedPromptTokensTest(unittest.TestCase):
@@ -77,7 +82,8 @@ class RenderedPromptTokensTest(unittest.TestCase):
 
     PAIRS = [("qwen3", "qwen3", "tiny-qwen3moe"), ("qwen3.5", "qwen3", "tiny-qwen3moe"),
              ("gpt-oss", "gptoss", "tiny-gpt-oss"), ("llama3_1", "llama3", "tiny-mixtral"),
-             ("llama3.1-tools", "llama3", "tiny-mixtral")]
+             ("llama3.1-tools", "llama3", "tiny-mixtral"), ("glm-4.6", "tiny", "tiny-glm4moe"),
+             ("glm-4.7-flash", "tiny", "tiny-glm4moe")]
 
     def test_rendered_prompts_tokenize_like_llama_cpp(self):
         templates = load_templates()
