@@ -17,12 +17,13 @@ const Architecture& gpt_oss_architecture();
 const Architecture& gemma4_architecture();
 const Architecture& qwen35moe_architecture();
 const Architecture& lfm2moe_architecture();
+const Architecture& bailingmoe3_architecture();
 
 const std::vector<Architecture>& architectures() {
   static const std::vector<Architecture> archs = {
       qwen3moe_architecture(), qwen2moe_architecture(), olmoe_architecture(),
       llama_moe_architecture(), gpt_oss_architecture(), gemma4_architecture(), qwen35moe_architecture(),
-      lfm2moe_architecture(),
+      lfm2moe_architecture(), bailingmoe3_architecture(),
   };
   return archs;
 }

@@ -49,6 +49,16 @@ enum class Dim : uint8_t {
   DeltaHeadDim,   // delta_net.head_dim
   Embd3,          // 3 * n_embd: the short convolution's b | c | x
   ShortConvKernel,  // short_conv_kernel
+  KdaKernel,      // kda conv_kernel
+  KdaInner,       // n_head * kda head_dim
+  KdaHeadDim,     // kda head_dim
+  MlaQRank,       // q_lora_rank
+  MlaQWidth,      // n_head * (qk_nope + qk_rope)
+  MlaKvA,         // kv_lora_rank + qk_rope: the latent and the rope key
+  MlaKvRank,      // kv_lora_rank
+  MlaNope,        // qk_nope
+  MlaValueDim,    // v_head_dim
+  MlaOutWidth,    // n_head * v_head_dim
 };
 const char* dim_name(Dim d);
 int64_t dim_value(Dim d, const ModelConfig& c, int layer);
@@ -63,6 +73,10 @@ enum class Layers : uint8_t {
   Attention,  // layers that attend (not recurrent)
   Recurrent,  // Gated DeltaNet layers
   ShortConv,  // short-convolution layers (lfm2moe)
+  KimiDelta,  // Kimi Delta Attention layers
+  Latent,     // multi-head latent attention layers
+  LatentLowRankQ,  // latent attention layers with a low-rank query
+  LatentPlainQ,    // latent attention layers with a plain query
   Dense,      // layers with a dense FFN instead of routed experts
   Never,    // only as synth_layers: the synthesizer does not write it
 };
@@ -85,6 +99,8 @@ Part* layer_part(LayerWeights& L) {
   else if constexpr (std::is_same_v<Part, AttentionWeights>) return L.attention ? &*L.attention : nullptr;
   else if constexpr (std::is_same_v<Part, DeltaNetWeights>) return L.delta_net ? &*L.delta_net : nullptr;
   else if constexpr (std::is_same_v<Part, ShortConvWeights>) return L.short_conv ? &*L.short_conv : nullptr;
+  else if constexpr (std::is_same_v<Part, KimiDeltaWeights>) return L.kimi_delta ? &*L.kimi_delta : nullptr;
+  else if constexpr (std::is_same_v<Part, LatentAttentionWeights>) return L.latent ? &*L.latent : nullptr;
   else if constexpr (std::is_same_v<Part, DenseFfnWeights>) return L.dense ? &*L.dense : nullptr;
   else if constexpr (std::is_same_v<Part, RoutedExpertWeights>) return L.experts ? &*L.experts : nullptr;
   else if constexpr (std::is_same_v<Part, SharedExpertWeights>) return L.shared ? &*L.shared : nullptr;
@@ -106,7 +122,7 @@ struct Binding {
 };
 
 // Contents of a synthetic tensor.
-enum class Fixed : uint8_t { None, RopeQuarter, LayerOutputScale, ExpertScales, DecayRates };
+enum class Fixed : uint8_t { None, RopeQuarter, LayerOutputScale, ExpertScales, DecayRates, DecayStrengths };
 struct SynthInit {
   float scale = 0.0f;   // 0: all ones (norm weights)
   bool fan_in = false;  // stddev = scale / sqrt(dims[0]) instead of scale

@@ -76,7 +76,7 @@ class MoeFfn final : public PreNormFfn {
   }
 };
 
-// The routed experts plus the shared expert times its gate.
+// The routed experts plus the shared expert times its gate (or as is, where it has none).
 class MoeSharedFfn final : public PreNormFfn {
   void body(const LayerWeights& L, int layer, const LayerPass& pass, const FfnContext& ctx) override {
     const int n = pass.n, E = pass.cfg.n_embd;
@@ -84,6 +84,10 @@ class MoeSharedFfn final : public PreNormFfn {
     ctx.experts.run(layer, n, h_.data(), h_.data(), pass.positions, ctx.source, out_.data());
     float* shared = scratch(shared_, static_cast<size_t>(n) * E);
     mlp_.run(pass, S.shexp_gate, S.shexp_up, S.shexp_down, h_.data(), shared);
+    if (pass.cfg.shared_expert.ungated) {
+      for (size_t i = 0; i < static_cast<size_t>(n) * E; ++i) out_[i] += shared[i];
+      return;
+    }
     float* gate = scratch(gate_, static_cast<size_t>(n) * S.shexp_router.rows);
     matmul(pass.pool, S.shexp_router, h_.data(), n, gate, gate_act_);
     for (int i = 0; i < n; ++i) {

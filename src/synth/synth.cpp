@@ -104,11 +104,12 @@ const SynthFamily& gpt_oss_synth();
 const SynthFamily& gemma4_synth();
 const SynthFamily& qwen35moe_synth();
 const SynthFamily& lfm2moe_synth();
+const SynthFamily& bailingmoe3_synth();
 
 const std::vector<SynthFamily>& synth_families() {
   static const std::vector<SynthFamily> families = {qwen3moe_synth(), qwen2moe_synth(), olmoe_synth(),
                                                     llama_moe_synth(), gpt_oss_synth(), gemma4_synth(),
-                                                    qwen35moe_synth(), lfm2moe_synth()};
+                                                    qwen35moe_synth(), lfm2moe_synth(), bailingmoe3_synth()};
   return families;
 }
 
@@ -621,6 +622,10 @@ std::vector<float> fixed_values(Fixed f, const TableTensor& t) {
       break;
     case Fixed::DecayRates:  // -exp(A_log): negative, so each step's decay exp(g) stays in (0, 1)
       for (size_t h = 0; h < v.size(); ++h) v[h] = -(0.1f + 0.1f * static_cast<float>(h % 8));
+      break;
+    case Fixed::DecayStrengths:  // exp(A_log) per head, stored [1, n_head]: positive, varied
+      v.resize(static_cast<size_t>(t.dims.back()));
+      for (size_t h = 0; h < v.size(); ++h) v[h] = 0.5f + 0.25f * static_cast<float>(h % 8);
       break;
     case Fixed::None: break;
   }

