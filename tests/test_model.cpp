@@ -31,7 +31,7 @@ std::vector<float> logits_after(LoadedModel& model, int threads, int batch, cons
 
 // Attention layers and qwen35moe's recurrent ones alike.
 TEST(Model, BatchSizeAndThreadsDoNotChangeLogits) {
-  for (const char* preset : {"tiny-qwen3moe", "tiny-qwen35moe", "tiny-lfm2moe"}) {
+  for (const char* preset : {"tiny-qwen3moe", "tiny-qwen35moe", "tiny-lfm2moe", "tiny-bailingmoe3"}) {
     auto model = load_model(test_model_path(preset), LoadOptions{});
     const auto prompt = model->tokenizer->encode("the quick brown fox jumps over the lazy dog again and again", false, false);
     ASSERT_GT(prompt.size(), 8u);
@@ -94,7 +94,7 @@ TEST(Model, MixedActivationFormatsInOneBatch) {
 // multi-token eval (here: the start of " something else", which is <= the prefix) or, when
 // that lies past the cut, to the empty state; both must give the fresh run's logits.
 TEST(Model, TruncateThenReplayMatchesFreshRun) {
-  for (const char* preset : {"tiny-qwen3moe", "tiny-qwen35moe", "tiny-lfm2moe"}) {
+  for (const char* preset : {"tiny-qwen3moe", "tiny-qwen35moe", "tiny-lfm2moe", "tiny-bailingmoe3"}) {
     auto model = load_model(test_model_path(preset), LoadOptions{});
     ThreadPool pool(2);
     const auto a = model->tokenizer->encode("hello world this is", false, false);
@@ -222,7 +222,7 @@ std::vector<int32_t> some_tokens(int n, int salt) {
 // Rows decoded one at a time after a long prompt are replayed on the decode path, the prompt's
 // rows on the batch path: a rewind into the decoded part gives the state of the first run.
 TEST(RecurrentRewind, ReplayKeepsEachRowsAttentionPath) {
-  for (const char* preset : {"tiny-qwen35moe", "tiny-lfm2moe"}) {
+  for (const char* preset : {"tiny-qwen35moe", "tiny-lfm2moe", "tiny-bailingmoe3"}) {
     auto model = load_model(test_model_path(preset), LoadOptions{});
     ThreadPool pool(2);
     const auto prompt = some_tokens(100, 1), decoded = some_tokens(10, 2);
@@ -239,7 +239,7 @@ TEST(RecurrentRewind, ReplayKeepsEachRowsAttentionPath) {
 // A cut before the saved state clears it and drops the saved copy, which holds tokens that are
 // gone: a later rewind must not restore it.
 TEST(RecurrentRewind, AClearedStateForgetsItsSavedCopy) {
-  for (const char* preset : {"tiny-qwen35moe", "tiny-lfm2moe"}) {
+  for (const char* preset : {"tiny-qwen35moe", "tiny-lfm2moe", "tiny-bailingmoe3"}) {
     auto model = load_model(test_model_path(preset), LoadOptions{});
     ThreadPool pool(2);
     const auto first = some_tokens(20, 3), second = some_tokens(16, 4);
@@ -257,7 +257,7 @@ TEST(RecurrentRewind, AClearedStateForgetsItsSavedCopy) {
 // An eval that fails part-way (here: a layer hook throws) leaves the state as if it had not
 // run, with and without a saved copy to go back to.
 TEST(RecurrentRewind, AFailedEvalLeavesNoTrace) {
-  for (const char* preset : {"tiny-qwen35moe", "tiny-lfm2moe"}) {
+  for (const char* preset : {"tiny-qwen35moe", "tiny-lfm2moe", "tiny-bailingmoe3"}) {
     auto model = load_model(test_model_path(preset), LoadOptions{});
     ThreadPool pool(2);
     const auto t = some_tokens(8, 5);
@@ -343,7 +343,7 @@ TEST(DeltaNet, ConvolutionCarriesItsStateAcrossCalls) {
 // loader binds exists in that file.
 TEST(ArchTable, SynthesizedFilesHoldExactlyTheTablesTensors) {
   for (const char* preset : {"tiny-qwen3moe", "tiny-qwen2moe", "tiny-olmoe", "tiny-mixtral", "tiny-gpt-oss", "tiny-gemma4",
-                             "tiny-qwen35moe", "tiny-lfm2moe"}) {
+                             "tiny-qwen35moe", "tiny-lfm2moe", "tiny-bailingmoe3"}) {
     const std::string path = test_model_path(preset);
     const auto model = load_model(path, LoadOptions{});
     const Architecture* arch = find_architecture(model->arch);
@@ -362,7 +362,7 @@ TEST(ArchTable, SynthesizedFilesHoldExactlyTheTablesTensors) {
 
 // The budget's estimate of a sequence's recurrent state is what the state holds.
 TEST(ArchTable, RecurrentStateBytesMatchTheState) {
-  for (const char* preset : {"tiny-qwen35moe", "tiny-lfm2moe", "tiny-qwen3moe"}) {
+  for (const char* preset : {"tiny-qwen35moe", "tiny-lfm2moe", "tiny-bailingmoe3", "tiny-qwen3moe"}) {
     auto model = load_model(test_model_path(preset), LoadOptions{});
     ThreadPool pool(1);
     InferenceState state(*model->transformer, pool, 64);
