@@ -145,8 +145,9 @@ TEST(Model, ContextOverflowIsAnError) {
 
 // Rewrites the tiny model with one change, to check the loader's errors.
 std::string rewrite_model(const std::string& name, const std::function<void(GgufWriter&, const GgufModel&)>& edit,
-                          const std::string& drop_tensor = "", const std::string& reshape_tensor = "") {
-  const std::string src = test_model_path("tiny-qwen3moe");
+                          const std::string& drop_tensor = "", const std::string& reshape_tensor = "",
+                          const std::string& preset = "tiny-qwen3moe") {
+  const std::string src = test_model_path(preset);
   const auto model = GgufModel::open(src);
   const auto bytes = read_file_bytes(src);
   GgufWriter w;
@@ -211,6 +212,36 @@ TEST(Loader, MissingRequiredKeyIsNamed) {
     w.set("qwen3moe.block_count", GgufValue::string("two"));
   });
   EXPECT_NE(load_error(path).find("qwen3moe.block_count"), std::string::npos) << load_error(path);
+}
+
+// bailingmoe3's shape keys: misshapen latent ranks, a Kimi Delta head size the kernels cannot
+// take, a decay bound that is not negative, a layer that is neither kind, expert groups that do
+// not split the experts and clamped SwiGLU limits each give a one-line error naming the problem.
+TEST(Loader, BailingMoe3BadShapesAreOneLineErrors) {
+  const std::string a = "bailingmoe3.";
+  const std::vector<std::pair<std::function<void(GgufWriter&)>, std::string>> cases = {
+      {[&](GgufWriter& w) { w.set(a + "attention.key_length", GgufValue::u32(81)); }, "invalid latent attention shape"},
+      {[&](GgufWriter& w) { w.set(a + "attention.key_length_mla", GgufValue::u32(8)); }, "invalid latent attention shape"},
+      {[&](GgufWriter& w) { w.set(a + "attention.kv_lora_rank", GgufValue::u32(0)); }, "invalid latent attention shape"},
+      {[&](GgufWriter& w) { w.set(a + "kda.head_dim", GgufValue::u32(60)); }, "kda.head_dim 60"},
+      {[&](GgufWriter& w) { w.set(a + "kda.gate_lower_bound", GgufValue::f32(0.5f)); }, "must be negative"},
+      {[&](GgufWriter& w) { w.set(a + "kda.safe_gate", GgufValue::boolean(false)); }, "safe_gate"},
+      {[&](GgufWriter& w) { w.set(a + "attention.head_count_kv", GgufValue::i32_array({0, 2, 0, 1})); }, "2 kv heads"},
+      {[&](GgufWriter& w) { w.set(a + "expert_group_count", GgufValue::u32(3)); }, "expert groups"},
+      {[&](GgufWriter& w) { w.set(a + "expert_group_used_count", GgufValue::u32(4)); }, "expert groups"},
+      {[&](GgufWriter& w) { w.set(a + "swiglu_clamp_exp", GgufValue::f32(7.0f)); }, "clamped SwiGLU"},
+      {[&](GgufWriter& w) { w.set(a + "leading_dense_block_count", GgufValue::u32(9)); }, "leading dense layers"},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const auto path = rewrite_model("bailingmoe3-" + std::to_string(i) + ".gguf",
+                                    [&](GgufWriter& w, const GgufModel&) { cases[i].first(w); }, "", "",
+                                    "tiny-bailingmoe3");
+    const std::string err = load_error(path);
+    EXPECT_NE(err.find(cases[i].second), std::string::npos) << i << ": " << err;
+    EXPECT_EQ(err.find('\n'), std::string::npos) << i << ": " << err;
+  }
+  EXPECT_EQ(load_error(rewrite_model("bailingmoe3-ok.gguf", [](GgufWriter&, const GgufModel&) {}, "", "",
+                                     "tiny-bailingmoe3")), "");
 }
 
 std::vector<int32_t> some_tokens(int n, int salt) {
