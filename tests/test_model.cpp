@@ -216,7 +216,7 @@ TEST(Loader, MissingRequiredKeyIsNamed) {
 
 // bailingmoe3's shape keys: misshapen latent ranks, a Kimi Delta head size the kernels cannot
 // take, a decay bound that is not negative, a layer that is neither kind, expert groups that do
-// not split the experts and clamped SwiGLU limits each give a one-line error naming the problem.
+// not split the experts and malformed SwiGLU limits each give a one-line error naming the problem.
 TEST(Loader, BailingMoe3BadShapesAreOneLineErrors) {
   const std::string a = "bailingmoe3.";
   const std::vector<std::pair<std::function<void(GgufWriter&)>, std::string>> cases = {
@@ -229,7 +229,9 @@ TEST(Loader, BailingMoe3BadShapesAreOneLineErrors) {
       {[&](GgufWriter& w) { w.set(a + "attention.head_count_kv", GgufValue::i32_array({0, 2, 0, 1})); }, "2 kv heads"},
       {[&](GgufWriter& w) { w.set(a + "expert_group_count", GgufValue::u32(3)); }, "expert groups"},
       {[&](GgufWriter& w) { w.set(a + "expert_group_used_count", GgufValue::u32(4)); }, "expert groups"},
-      {[&](GgufWriter& w) { w.set(a + "swiglu_clamp_exp", GgufValue::f32(7.0f)); }, "clamped SwiGLU"},
+      {[&](GgufWriter& w) { w.set(a + "swiglu_clamp_exp", GgufValue::f32(7.0f)); }, "swiglu_clamp_exp"},
+      {[&](GgufWriter& w) { w.set(a + "swiglu_clamp_shexp", GgufValue::f32_array({1.0f})); }, "1 entries for 4 blocks"},
+      {[&](GgufWriter& w) { w.set(a + "swiglu_clamp_exp", GgufValue::f32_array({0, 0, -1, 0})); }, "not a limit"},
       {[&](GgufWriter& w) { w.set(a + "leading_dense_block_count", GgufValue::u32(9)); }, "leading dense layers"},
   };
   for (size_t i = 0; i < cases.size(); ++i) {

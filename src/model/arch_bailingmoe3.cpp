@@ -3,7 +3,8 @@
 // multi-head latent attention layers (model/mixer_latent.cpp). The first
 // leading_dense_block_count layers run a dense SwiGLU FFN; the others route by sigmoid scores
 // with a selection bias and group-limited top-k, weights renormalised and scaled, beside an
-// ungated shared expert. Multi-token-prediction blocks (nextn_predict_layers) are not bound.
+// ungated shared expert; SwiGLU limited per layer where the file sets limits. Multi-token-prediction
+// blocks (nextn_predict_layers) are not bound.
 #include <fmt/format.h>
 
 #include "core/error.h"
@@ -66,12 +67,19 @@ void read_routing(ArchLoader& a, ModelConfig& c) {
   c.shared_expert.ungated = true;
 }
 
-// Clamped SwiGLU is not implemented: a file with limits (per-layer float arrays, written only
-// where the checkpoint sets them) is refused rather than run wrong.
-void refuse_swiglu_clamps(ArchLoader& a) {
-  for (const char* key : {".swiglu_clamp_exp", ".swiglu_clamp_shexp"}) {
-    if (a.has_key(key)) fail("bailingmoe3: {} (clamped SwiGLU) is not supported", key + 1);
+// Per-layer SwiGLU limits (float arrays, written only where the checkpoint sets them; 0: none).
+std::vector<float> read_swiglu_limits(ArchLoader& a, const char* key, int n_layer_all) {
+  if (!a.has_key(key)) return {};
+  const std::vector<double> values = a.get_float_array(key);
+  if (values.size() != static_cast<size_t>(n_layer_all)) {
+    fail("bailingmoe3: {} has {} entries for {} blocks", key + 1, values.size(), n_layer_all);
   }
+  std::vector<float> out;
+  for (double v : values) {
+    if (!(v >= 0.0) || v > 1e30) fail("bailingmoe3: {} holds {}, not a limit", key + 1, v);
+    out.push_back(static_cast<float>(v));
+  }
+  return out;
 }
 
 void read_bailingmoe3(ArchLoader& a, ModelConfig& c) {
@@ -85,7 +93,8 @@ void read_bailingmoe3(ArchLoader& a, ModelConfig& c) {
   read_vocab_and_expert_width(a, c);
   read_routing(a, c);
   c.activation = ExpertActivation::SwiGLU;
-  refuse_swiglu_clamps(a);
+  c.swiglu_clamp_exp = read_swiglu_limits(a, ".swiglu_clamp_exp", n_layer_all);
+  c.swiglu_clamp_shexp = read_swiglu_limits(a, ".swiglu_clamp_shexp", n_layer_all);
   const auto kv_heads = a.get_per_layer_int(".attention.head_count_kv", n_layer_all, c.n_head);
   const int64_t dense = a.get_int(".leading_dense_block_count");
   const int64_t dense_ff = a.get_int_or(".feed_forward_length", 0);

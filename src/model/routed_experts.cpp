@@ -264,7 +264,7 @@ void RoutedExperts::compute_group(int layer, int n, const float* h, const Expert
     group.members.push_back(std::move(member));
   }
   expert_gate_up(L, n, h, group);
-  expert_activation(L, uses, group);
+  expert_activation(L, layer, uses, group);
   expert_down(L, uses, group, slot_out);
 }
 
@@ -303,8 +303,9 @@ void RoutedExperts::expert_gate_up(const RoutedExpertWeights& L, int n, const fl
 }
 
 // Per-expert biases (gpt-oss), then the activation into group.act.
-void RoutedExperts::expert_activation(const RoutedExpertWeights& L, const ExpertUses& uses, ExpertGroup& group) {
+void RoutedExperts::expert_activation(const RoutedExpertWeights& L, int layer, const ExpertUses& uses, ExpertGroup& group) {
   const int64_t F = group.width;
+  const float limit = cfg_.clamp_exp_at(layer);
   for (const ExpertGroup::Member& mb : group.members) {
     const int32_t expert = uses.experts[static_cast<size_t>(mb.index)];
     for (size_t j = 0; j < mb.rows.size(); ++j) {
@@ -314,7 +315,7 @@ void RoutedExperts::expert_activation(const RoutedExpertWeights& L, const Expert
       if (!L.exp_up_bias.empty()) ops::add(u, L.exp_up_bias.data() + static_cast<size_t>(expert) * F, F);
       float* a = group.act + (mb.offset + j) * F;
       switch (cfg_.activation) {
-        case ExpertActivation::SwiGLU: ops::swiglu(g, u, a, F); break;
+        case ExpertActivation::SwiGLU: ops::swiglu_limited(g, u, a, F, limit); break;
         case ExpertActivation::SwiGLU_OAI: ops::swiglu_oai(g, u, a, F, 1.702f, 7.0f); break;
         case ExpertActivation::GeGLU: ops::geglu(g, u, a, F); break;
       }

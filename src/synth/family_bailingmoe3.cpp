@@ -63,16 +63,27 @@ void set_bailingmoe3_metadata(GgufWriter& w, const SynthSpec& s) {
   w.set(a + "expert_gating_func", u32(2));
   w.set(a + "expert_group_count", u32(s.expert_groups));
   w.set(a + "expert_group_used_count", u32(s.expert_groups_used));
+  auto limits = [&](const std::string& key, const std::vector<float>& v) {
+    if (v.empty()) return;
+    std::vector<float> per_layer(v.begin(), v.begin() + std::min<size_t>(v.size(), static_cast<size_t>(s.n_layer)));
+    per_layer.resize(static_cast<size_t>(s.n_layer), 0.0f);
+    w.set(a + key, GgufValue::f32_array(per_layer));
+  };
+  limits("swiglu_clamp_exp", s.swiglu_clamp_exp);
+  limits("swiglu_clamp_shexp", s.swiglu_clamp_shexp);
 }
 
 SynthSpec preset(const std::string& name) {
   SynthSpec s;
   if (name == "tiny-bailingmoe3" || name == "tiny-bailingmoe3-plain-q") {
     // Layers: Kimi Delta + dense, latent + MoE, Kimi Delta + MoE, latent + MoE; 8 experts in 4
-    // groups (2 kept), top-2. The -plain-q variant has no low-rank query (q_lora_rank 0).
+    // groups (2 kept), top-2. The -plain-q variant has no low-rank query (q_lora_rank 0). SwiGLU
+    // limits on layers 0 (dense) and 2 (routed and shared), low enough that some values clamp.
     s = synth_shape(name, "bailingmoe3", 4, 256, 4, 1, 0, 8, 2, 256, 4096, 6000000.0f, "tiny");
     const int q_rank = name == "tiny-bailingmoe3" ? 64 : 0;
     bailingmoe3_shape(s, 2, 64, {q_rank, 64, 32, 16, 32}, 1, 512, 256, 4, 2);
+    s.swiglu_clamp_exp = {0.0f, 0.0f, 0.5f, 0.0f};
+    s.swiglu_clamp_shexp = {0.5f, 0.0f, 0.5f, 0.0f};
     q4_k_m_mix(s);
     // The latent query (64) and output (128) inputs are narrower than a K-quant block.
     s.types[TensorClass::AttnQ] = TensorType::Q8_0;

