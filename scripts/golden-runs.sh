@@ -12,7 +12,7 @@ mkdir -p "$out/models"
 cli="$build/tools/bmoe-cli"
 synth="$build/tools/bmoe-synth"
 families=(tiny-qwen3moe tiny-qwen2moe tiny-olmoe tiny-mixtral tiny-gpt-oss tiny-gemma4 tiny-qwen35moe tiny-lfm2moe
-          tiny-glm4moe)
+          tiny-glm4moe tiny-bailingmoe3)
 prompt="The harbour town woke slowly that spring. Before the light came over the hills, the bakers had lit their ovens, 1 2 3 1 2 3 1 2 3"
 runs=(
   "resident|"

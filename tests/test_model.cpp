@@ -31,7 +31,7 @@ std::vector<float> logits_after(LoadedModel& model, int threads, int batch, cons
 
 // Attention layers and qwen35moe's recurrent ones alike.
 TEST(Model, BatchSizeAndThreadsDoNotChangeLogits) {
-  for (const char* preset : {"tiny-qwen3moe", "tiny-qwen35moe", "tiny-lfm2moe", "tiny-glm4moe"}) {
+  for (const char* preset : {"tiny-qwen3moe", "tiny-qwen35moe", "tiny-lfm2moe", "tiny-glm4moe", "tiny-bailingmoe3"}) {
     auto model = load_model(test_model_path(preset), LoadOptions{});
     const auto prompt = model->tokenizer->encode("the quick brown fox jumps over the lazy dog again and again", false, false);
     ASSERT_GT(prompt.size(), 8u);
@@ -94,7 +94,7 @@ TEST(Model, MixedActivationFormatsInOneBatch) {
 // multi-token eval (here: the start of " something else", which is <= the prefix) or, when
 // that lies past the cut, to the empty state; both must give the fresh run's logits.
 TEST(Model, TruncateThenReplayMatchesFreshRun) {
-  for (const char* preset : {"tiny-qwen3moe", "tiny-qwen35moe", "tiny-lfm2moe"}) {
+  for (const char* preset : {"tiny-qwen3moe", "tiny-qwen35moe", "tiny-lfm2moe", "tiny-bailingmoe3"}) {
     auto model = load_model(test_model_path(preset), LoadOptions{});
     ThreadPool pool(2);
     const auto a = model->tokenizer->encode("hello world this is", false, false);
@@ -176,9 +176,10 @@ std::string rewrite_preset(const std::string& preset, const std::string& name,
 }
 
 std::string rewrite_model(const std::string& name, const std::function<void(GgufWriter&, const GgufModel&)>& edit,
-                          const std::string& drop_tensor = "", const std::string& reshape_tensor = "") {
+                          const std::string& drop_tensor = "", const std::string& reshape_tensor = "",
+                          const std::string& preset = "tiny-qwen3moe") {
   return rewrite_preset(
-      "tiny-qwen3moe", name, edit,
+      preset, name, edit,
       [&](const std::string& t) { return t == drop_tensor ? TensorEdit::Drop : TensorEdit::Keep; }, reshape_tensor);
 }
 
@@ -226,6 +227,38 @@ TEST(Loader, MissingRequiredKeyIsNamed) {
     w.set("qwen3moe.block_count", GgufValue::string("two"));
   });
   EXPECT_NE(load_error(path).find("qwen3moe.block_count"), std::string::npos) << load_error(path);
+}
+
+// bailingmoe3's shape keys: misshapen latent ranks, a Kimi Delta head size the kernels cannot
+// take, a decay bound that is not negative, a layer that is neither kind, expert groups that do
+// not split the experts and malformed SwiGLU limits each give a one-line error naming the problem.
+TEST(Loader, BailingMoe3BadShapesAreOneLineErrors) {
+  const std::string a = "bailingmoe3.";
+  const std::vector<std::pair<std::function<void(GgufWriter&)>, std::string>> cases = {
+      {[&](GgufWriter& w) { w.set(a + "attention.key_length", GgufValue::u32(81)); }, "invalid latent attention shape"},
+      {[&](GgufWriter& w) { w.set(a + "attention.key_length_mla", GgufValue::u32(8)); }, "invalid latent attention shape"},
+      {[&](GgufWriter& w) { w.set(a + "attention.kv_lora_rank", GgufValue::u32(0)); }, "invalid latent attention shape"},
+      {[&](GgufWriter& w) { w.set(a + "kda.head_dim", GgufValue::u32(60)); }, "kda.head_dim 60"},
+      {[&](GgufWriter& w) { w.set(a + "kda.gate_lower_bound", GgufValue::f32(0.5f)); }, "must be negative"},
+      {[&](GgufWriter& w) { w.set(a + "kda.safe_gate", GgufValue::boolean(false)); }, "safe_gate"},
+      {[&](GgufWriter& w) { w.set(a + "attention.head_count_kv", GgufValue::i32_array({0, 2, 0, 1})); }, "2 kv heads"},
+      {[&](GgufWriter& w) { w.set(a + "expert_group_count", GgufValue::u32(3)); }, "expert groups"},
+      {[&](GgufWriter& w) { w.set(a + "expert_group_used_count", GgufValue::u32(4)); }, "expert groups"},
+      {[&](GgufWriter& w) { w.set(a + "swiglu_clamp_exp", GgufValue::f32(7.0f)); }, "swiglu_clamp_exp"},
+      {[&](GgufWriter& w) { w.set(a + "swiglu_clamp_shexp", GgufValue::f32_array({1.0f})); }, "1 entries for 4 blocks"},
+      {[&](GgufWriter& w) { w.set(a + "swiglu_clamp_exp", GgufValue::f32_array({0, 0, -1, 0})); }, "not a limit"},
+      {[&](GgufWriter& w) { w.set(a + "leading_dense_block_count", GgufValue::u32(9)); }, "leading dense layers"},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const auto path = rewrite_model("bailingmoe3-" + std::to_string(i) + ".gguf",
+                                    [&](GgufWriter& w, const GgufModel&) { cases[i].first(w); }, "", "",
+                                    "tiny-bailingmoe3");
+    const std::string err = load_error(path);
+    EXPECT_NE(err.find(cases[i].second), std::string::npos) << i << ": " << err;
+    EXPECT_EQ(err.find('\n'), std::string::npos) << i << ": " << err;
+  }
+  EXPECT_EQ(load_error(rewrite_model("bailingmoe3-ok.gguf", [](GgufWriter&, const GgufModel&) {}, "", "",
+                                     "tiny-bailingmoe3")), "");
 }
 
 std::vector<int32_t> some_tokens(int n, int salt) {
@@ -278,7 +311,7 @@ TEST(Glm4Moe, BadNextnBlocksAreOneLineErrors) {
 // Rows decoded one at a time after a long prompt are replayed on the decode path, the prompt's
 // rows on the batch path: a rewind into the decoded part gives the state of the first run.
 TEST(RecurrentRewind, ReplayKeepsEachRowsAttentionPath) {
-  for (const char* preset : {"tiny-qwen35moe", "tiny-lfm2moe"}) {
+  for (const char* preset : {"tiny-qwen35moe", "tiny-lfm2moe", "tiny-bailingmoe3"}) {
     auto model = load_model(test_model_path(preset), LoadOptions{});
     ThreadPool pool(2);
     const auto prompt = some_tokens(100, 1), decoded = some_tokens(10, 2);
@@ -295,7 +328,7 @@ TEST(RecurrentRewind, ReplayKeepsEachRowsAttentionPath) {
 // A cut before the saved state clears it and drops the saved copy, which holds tokens that are
 // gone: a later rewind must not restore it.
 TEST(RecurrentRewind, AClearedStateForgetsItsSavedCopy) {
-  for (const char* preset : {"tiny-qwen35moe", "tiny-lfm2moe"}) {
+  for (const char* preset : {"tiny-qwen35moe", "tiny-lfm2moe", "tiny-bailingmoe3"}) {
     auto model = load_model(test_model_path(preset), LoadOptions{});
     ThreadPool pool(2);
     const auto first = some_tokens(20, 3), second = some_tokens(16, 4);
@@ -313,7 +346,7 @@ TEST(RecurrentRewind, AClearedStateForgetsItsSavedCopy) {
 // An eval that fails part-way (here: a layer hook throws) leaves the state as if it had not
 // run, with and without a saved copy to go back to.
 TEST(RecurrentRewind, AFailedEvalLeavesNoTrace) {
-  for (const char* preset : {"tiny-qwen35moe", "tiny-lfm2moe"}) {
+  for (const char* preset : {"tiny-qwen35moe", "tiny-lfm2moe", "tiny-bailingmoe3"}) {
     auto model = load_model(test_model_path(preset), LoadOptions{});
     ThreadPool pool(2);
     const auto t = some_tokens(8, 5);
@@ -400,7 +433,8 @@ TEST(DeltaNet, ConvolutionCarriesItsStateAcrossCalls) {
 // q/k norms, is in neither).
 TEST(ArchTable, SynthesizedFilesHoldExactlyTheTablesTensors) {
   for (const char* preset : {"tiny-qwen3moe", "tiny-qwen2moe", "tiny-olmoe", "tiny-mixtral", "tiny-gpt-oss", "tiny-gemma4",
-                             "tiny-qwen35moe", "tiny-lfm2moe", "tiny-glm4moe", "tiny-glm4moe-air"}) {
+                             "tiny-qwen35moe", "tiny-lfm2moe", "tiny-glm4moe", "tiny-glm4moe-air",
+                             "tiny-bailingmoe3"}) {
     const std::string path = test_model_path(preset);
     const auto model = load_model(path, LoadOptions{});
     const Architecture* arch = find_architecture(model->arch);
@@ -420,7 +454,7 @@ TEST(ArchTable, SynthesizedFilesHoldExactlyTheTablesTensors) {
 
 // The budget's estimate of a sequence's recurrent state is what the state holds.
 TEST(ArchTable, RecurrentStateBytesMatchTheState) {
-  for (const char* preset : {"tiny-qwen35moe", "tiny-lfm2moe", "tiny-qwen3moe"}) {
+  for (const char* preset : {"tiny-qwen35moe", "tiny-lfm2moe", "tiny-bailingmoe3", "tiny-qwen3moe"}) {
     auto model = load_model(test_model_path(preset), LoadOptions{});
     ThreadPool pool(1);
     InferenceState state(*model->transformer, pool, 64);

@@ -308,7 +308,8 @@ TEST(OverlapChooser, FixedModes) {
 // Every family streams losslessly: shared experts (qwen2moe), MXFP4 experts with biases
 // (gpt-oss), gemma4's fused gate+up slices beside its dense FFN, the recurrent layers of qwen35moe
 // and lfm2moe (and lfm2moe's dense leading layer), glm4moe's ungated shared expert beside
-// experts of a file that also holds an (unread) nextn block.
+// experts of a file that also holds an (unread) nextn block; bailingmoe3's Kimi Delta and latent
+// attention layers with grouped routing and an ungated shared expert.
 class FamilyStreamingIdentity : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(FamilyStreamingIdentity, StreamedEqualsResident) {
@@ -335,7 +336,8 @@ TEST_P(FamilyStreamingIdentity, StreamedEqualsResident) {
 
 INSTANTIATE_TEST_SUITE_P(Families, FamilyStreamingIdentity,
                          ::testing::Values("tiny-qwen2moe", "tiny-olmoe", "tiny-mixtral", "tiny-gpt-oss", "tiny-gemma4",
-                                           "tiny-qwen35moe", "tiny-lfm2moe", "tiny-glm4moe", "tiny-glm4moe-air"),
+                                           "tiny-qwen35moe", "tiny-lfm2moe", "tiny-glm4moe", "tiny-glm4moe-air",
+                                           "tiny-bailingmoe3"),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (char& ch : n) ch = std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';

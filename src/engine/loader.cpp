@@ -54,6 +54,7 @@ class GgufArchLoader : public ArchLoader {
     return gguf_.get_per_layer_int(key(k), n_layer, fallback);
   }
   std::vector<int64_t> get_int_array(const std::string& k) override { return gguf_.get_int_array(key(k)); }
+  std::vector<double> get_float_array(const std::string& k) override { return gguf_.get_float_array(key(k)); }
   bool has_key(const std::string& k) override { return gguf_.find(key(k)) != nullptr; }
   bool has_tensor(const std::string& name) override { return gguf_.find_tensor(name) != nullptr; }
   int64_t tensor_dim(const std::string& name, int dim) override {

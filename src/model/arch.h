@@ -26,6 +26,7 @@ class ArchLoader {
   virtual std::vector<int64_t> get_per_layer_int(const std::string& key, int n_layer,
                                                  std::optional<int64_t> fallback) = 0;
   virtual std::vector<int64_t> get_int_array(const std::string& key) = 0;
+  virtual std::vector<double> get_float_array(const std::string& key) = 0;
   virtual bool has_key(const std::string& key) = 0;
   virtual bool has_tensor(const std::string& name) = 0;
   // Size of dimension `dim` of a tensor (throws when the tensor is missing).

@@ -18,6 +18,7 @@ const Architecture& gemma4_architecture();
 const Architecture& qwen35moe_architecture();
 const Architecture& lfm2moe_architecture();
 const Architecture& glm4moe_architecture();
+const Architecture& bailingmoe3_architecture();
 
 const std::vector<Architecture>& architectures() {
   static const std::vector<Architecture> archs = {
@@ -25,6 +26,7 @@ const std::vector<Architecture>& architectures() {
       llama_moe_architecture(), gpt_oss_architecture(), gemma4_architecture(), qwen35moe_architecture(),
       lfm2moe_architecture(),
       glm4moe_architecture(),
+      bailingmoe3_architecture(),
   };
   return archs;
 }

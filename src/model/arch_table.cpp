@@ -36,6 +36,16 @@ const char* dim_name(Dim d) {
     case Dim::Embd3: return "3*n_embd";
     case Dim::ShortConvKernel: return "shortconv.l_cache";
     case Dim::Embd2: return "2*n_embd";
+    case Dim::KdaKernel: return "ssm.conv_kernel";
+    case Dim::KdaInner: return "n_head*kda.head_dim";
+    case Dim::KdaHeadDim: return "kda.head_dim";
+    case Dim::MlaQRank: return "q_lora_rank";
+    case Dim::MlaQWidth: return "n_head*key_length_mla";
+    case Dim::MlaKvA: return "kv_lora_rank+rope_dims";
+    case Dim::MlaKvRank: return "kv_lora_rank";
+    case Dim::MlaNope: return "key_length_mla-rope_dims";
+    case Dim::MlaValueDim: return "value_length_mla";
+    case Dim::MlaOutWidth: return "n_head*value_length_mla";
   }
   return "?";
 }
@@ -69,6 +79,16 @@ int64_t dim_value(Dim d, const ModelConfig& c, int layer) {
     case Dim::Embd3: return 3 * int64_t{c.n_embd};
     case Dim::ShortConvKernel: return c.short_conv.kernel;
     case Dim::Embd2: return 2 * int64_t{c.n_embd};
+    case Dim::KdaKernel: return c.kda.conv_kernel;
+    case Dim::KdaInner: return c.kda.inner(c.n_head);
+    case Dim::KdaHeadDim: return c.kda.head_dim;
+    case Dim::MlaQRank: return c.mla.q_lora_rank;
+    case Dim::MlaQWidth: return int64_t{c.n_head} * c.mla.qk_head_dim();
+    case Dim::MlaKvA: return c.mla.cache_row();
+    case Dim::MlaKvRank: return c.mla.kv_lora_rank;
+    case Dim::MlaNope: return c.mla.qk_nope;
+    case Dim::MlaValueDim: return c.mla.v_head_dim;
+    case Dim::MlaOutWidth: return int64_t{c.n_head} * c.mla.v_head_dim;
   }
   return 0;
 }
@@ -83,6 +103,10 @@ const char* layers_name(Layers l) {
     case Layers::Attention: return "attention layers";
     case Layers::Recurrent: return "Gated DeltaNet layers";
     case Layers::ShortConv: return "short-convolution layers";
+    case Layers::KimiDelta: return "Kimi Delta Attention layers";
+    case Layers::Latent: return "latent attention layers";
+    case Layers::LatentLowRankQ: return "latent attention layers with q_lora_rank > 0";
+    case Layers::LatentPlainQ: return "latent attention layers with q_lora_rank 0";
     case Layers::Dense: return "dense-FFN layers";
     case Layers::Shared: return "shared-expert layers";
     case Layers::NextN: return "nextn (MTP) blocks";
@@ -105,6 +129,12 @@ bool layer_in(Layers set, const ModelConfig& c, int layer) {
     case Layers::Attention: return layer >= 0 && c.attends(layer);
     case Layers::Recurrent: return layer >= 0 && c.mixer_at(layer) == MixerKind::GatedDeltaNet;
     case Layers::ShortConv: return layer >= 0 && c.mixer_at(layer) == MixerKind::ShortConv;
+    case Layers::KimiDelta: return layer >= 0 && c.mixer_at(layer) == MixerKind::KimiDelta;
+    case Layers::Latent: return layer >= 0 && c.mixer_at(layer) == MixerKind::LatentAttention;
+    case Layers::LatentLowRankQ:
+      return layer >= 0 && c.mixer_at(layer) == MixerKind::LatentAttention && c.mla.q_lora_rank > 0;
+    case Layers::LatentPlainQ:
+      return layer >= 0 && c.mixer_at(layer) == MixerKind::LatentAttention && c.mla.q_lora_rank == 0;
     case Layers::Dense: return layer >= 0 && !c.has_experts_at(layer);
     case Layers::Shared:
       return layer >= 0 && (c.ffn_at(layer) == FfnKind::MoeShared || c.ffn_at(layer) == FfnKind::MoeUngatedShared);
@@ -205,6 +235,8 @@ LayerWeights layer_weights_for(const LayerPlan& plan) {
     case MixerKind::GatedAttention: L.attention.emplace(); break;
     case MixerKind::GatedDeltaNet: L.delta_net.emplace(); break;
     case MixerKind::ShortConv: L.short_conv.emplace(); break;
+    case MixerKind::KimiDelta: L.kimi_delta.emplace(); break;
+    case MixerKind::LatentAttention: L.latent.emplace(); break;
   }
   switch (plan.ffn) {
     case FfnKind::Dense: L.dense.emplace(); break;

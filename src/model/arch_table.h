@@ -50,6 +50,16 @@ enum class Dim : uint8_t {
   Embd3,          // 3 * n_embd: the short convolution's b | c | x
   ShortConvKernel,  // short_conv_kernel
   Embd2,            // 2 * n_embd: the MTP block's input, embedding | hidden state (glm4moe)
+  KdaKernel,      // kda conv_kernel
+  KdaInner,       // n_head * kda head_dim
+  KdaHeadDim,     // kda head_dim
+  MlaQRank,       // q_lora_rank
+  MlaQWidth,      // n_head * (qk_nope + qk_rope)
+  MlaKvA,         // kv_lora_rank + qk_rope: the latent and the rope key
+  MlaKvRank,      // kv_lora_rank
+  MlaNope,        // qk_nope
+  MlaValueDim,    // v_head_dim
+  MlaOutWidth,    // n_head * v_head_dim
 };
 const char* dim_name(Dim d);
 int64_t dim_value(Dim d, const ModelConfig& c, int layer);
@@ -64,6 +74,10 @@ enum class Layers : uint8_t {
   Attention,  // layers that attend (not recurrent)
   Recurrent,  // Gated DeltaNet layers
   ShortConv,  // short-convolution layers (lfm2moe)
+  KimiDelta,  // Kimi Delta Attention layers
+  Latent,     // multi-head latent attention layers
+  LatentLowRankQ,  // latent attention layers with a low-rank query
+  LatentPlainQ,    // latent attention layers with a plain query
   Dense,      // layers with a dense FFN instead of routed experts
   Shared,     // layers with a shared expert beside the routed ones
   NextN,      // only the MTP blocks after the trunk (n_layer .. n_layer + n_nextn_layer - 1)
@@ -88,6 +102,8 @@ Part* layer_part(LayerWeights& L) {
   else if constexpr (std::is_same_v<Part, AttentionWeights>) return L.attention ? &*L.attention : nullptr;
   else if constexpr (std::is_same_v<Part, DeltaNetWeights>) return L.delta_net ? &*L.delta_net : nullptr;
   else if constexpr (std::is_same_v<Part, ShortConvWeights>) return L.short_conv ? &*L.short_conv : nullptr;
+  else if constexpr (std::is_same_v<Part, KimiDeltaWeights>) return L.kimi_delta ? &*L.kimi_delta : nullptr;
+  else if constexpr (std::is_same_v<Part, LatentAttentionWeights>) return L.latent ? &*L.latent : nullptr;
   else if constexpr (std::is_same_v<Part, DenseFfnWeights>) return L.dense ? &*L.dense : nullptr;
   else if constexpr (std::is_same_v<Part, RoutedExpertWeights>) return L.experts ? &*L.experts : nullptr;
   else if constexpr (std::is_same_v<Part, SharedExpertWeights>) return L.shared ? &*L.shared : nullptr;
@@ -109,7 +125,7 @@ struct Binding {
 };
 
 // Contents of a synthetic tensor.
-enum class Fixed : uint8_t { None, RopeQuarter, LayerOutputScale, ExpertScales, DecayRates };
+enum class Fixed : uint8_t { None, RopeQuarter, LayerOutputScale, ExpertScales, DecayRates, DecayStrengths };
 struct SynthInit {
   float scale = 0.0f;   // 0: all ones (norm weights)
   bool fan_in = false;  // stddev = scale / sqrt(dims[0]) instead of scale

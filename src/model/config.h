@@ -24,6 +24,8 @@ enum class MixerKind : uint8_t {
   GatedAttention,  // attention whose q projection also holds a per-head output gate (qwen35moe)
   GatedDeltaNet,   // linear attention with a recurrent state (qwen35moe)
   ShortConv,       // gated short convolution with a recurrent state (lfm2moe)
+  KimiDelta,       // Kimi Delta Attention: gated delta rule with a per-channel decay (bailingmoe3)
+  LatentAttention, // multi-head latent attention: a compressed KV latent is cached (bailingmoe3)
 };
 
 // What runs on each token after the mixer: the kinds of src/model/ffn.h.
@@ -78,6 +80,10 @@ struct ModelConfig {
   int n_expert_used = 0;
   int n_ff_exp = 0;
   bool norm_topk = true;            // renormalise the k selected weights to sum to 1
+  // Group-limited routing (bailingmoe3): the experts split into n_expert_groups consecutive
+  // groups, only the n_group_used best (by the sum of each group's two best scores) compete.
+  int n_expert_groups = 0;  // 0 or 1: off
+  int n_group_used = 0;
   float expert_weights_scale = 0.0f;  // 0 or 1: none
   Gating gating = Gating::SoftmaxTopK;
   ExpertActivation activation = ExpertActivation::SwiGLU;
@@ -112,19 +118,41 @@ struct ModelConfig {
   struct ShortConv {
     int kernel = 0;  // taps of the short convolution (lfm2moe)
   } short_conv;
+  struct KimiDelta {
+    int conv_kernel = 0;  // taps of the q, k and v short convolutions
+    int head_dim = 0;     // key and value head size; the heads are n_head
+    float gate_lower_bound = 0.0f;  // the per-channel log-decay lies in (gate_lower_bound, 0)
+    int inner(int n_head) const { return n_head * head_dim; }
+  } kda;
+  struct LatentAttention {
+    int q_lora_rank = 0;   // 0: a plain q projection
+    int kv_lora_rank = 0;  // width of the cached latent
+    int qk_nope = 0;       // per-head query/key dims without RoPE
+    int qk_rope = 0;       // the decoupled RoPE dims (one key part shared by the heads)
+    int v_head_dim = 0;
+    int qk_head_dim() const { return qk_nope + qk_rope; }
+    int cache_row() const { return kv_lora_rank + qk_rope; }  // latent | roped key
+  } mla;
   struct SharedExpert {
     int n_ff = 0;               // width (qwen2moe, qwen35moe)
     bool gate_sigmoid = false;  // its gate: sigmoid (else silu(x)/x, qwen2moe's form)
+    bool ungated = false;       // no gate: the shared expert's output is added as is (bailingmoe3)
   } shared_expert;
   struct DenseFfn {
     std::vector<int> layer_n_ff;  // per layer: width (dense and dense-beside-MoE layers)
     ExpertActivation activation = ExpertActivation::SwiGLU;  // also the shared expert's
   } dense;
+  // Per layer SwiGLU limits (bailingmoe3; empty or <= 1e-6: no clamp): the routed experts', and
+  // that of every other SwiGLU FFN of the layer (dense and shared expert).
+  std::vector<float> swiglu_clamp_exp, swiglu_clamp_shexp;
 
   int sliding_at(int l) const { return sliding_window.empty() ? 0 : sliding_window[static_cast<size_t>(l)]; }
   MixerKind mixer_at(int l) const { return plan[static_cast<size_t>(l)].mixer; }
   FfnKind ffn_at(int l) const { return plan[static_cast<size_t>(l)].ffn; }
-  bool attends(int l) const { return mixer_at(l) == MixerKind::Attention || mixer_at(l) == MixerKind::GatedAttention; }
+  bool attends(int l) const {
+    const MixerKind k = mixer_at(l);
+    return k == MixerKind::Attention || k == MixerKind::GatedAttention || k == MixerKind::LatentAttention;
+  }
   bool is_recurrent(int l) const { return !attends(l); }
   bool has_recurrent_layers() const {
     for (int l = 0; l < n_layer; ++l) {
@@ -139,6 +167,8 @@ struct ModelConfig {
   int n_head_kv_at(int l) const { return layer_n_head_kv.empty() ? n_head_kv : layer_n_head_kv[static_cast<size_t>(l)]; }
   int head_dim_at(int l) const { return layer_head_dim.empty() ? head_dim : layer_head_dim[static_cast<size_t>(l)]; }
   int head_dim_v_at(int l) const { return layer_head_dim.empty() ? head_dim_v : layer_head_dim[static_cast<size_t>(l)]; }
+  float clamp_exp_at(int l) const { return swiglu_clamp_exp.empty() ? 0.0f : swiglu_clamp_exp[static_cast<size_t>(l)]; }
+  float clamp_shexp_at(int l) const { return swiglu_clamp_shexp.empty() ? 0.0f : swiglu_clamp_shexp[static_cast<size_t>(l)]; }
   const RopeConfig& rope_at(int l) const { return layer_rope.empty() ? rope : layer_rope[static_cast<size_t>(l)]; }
 
   // Per sequence: f32 bytes of the recurrent state, f16 KV bytes per token. Each mixer kind

@@ -11,8 +11,9 @@ namespace {
 // gate, up, activation, down: the dense FFN and the shared expert.
 class DenseMlp {
  public:
+  // limit: the layer's SwiGLU limit (ModelConfig::swiglu_clamp_shexp), 0 for none.
   void run(const LayerPass& pass, const Weight& gate, const Weight& up, const Weight& down, const float* h,
-           float* out) {
+           float* out, float limit = 0.0f) {
     const int n = pass.n, E = pass.cfg.n_embd;
     const int64_t F = up.rows;
     const size_t size = static_cast<size_t>(n * F);
@@ -26,7 +27,7 @@ class DenseMlp {
     };
     run_matmuls(pass.pool, jobs);
     if (pass.cfg.dense.activation == ExpertActivation::GeGLU) ops::geglu(g, u, a, n * F);
-    else ops::swiglu(g, u, a, n * F);
+    else ops::swiglu_limited(g, u, a, n * F, limit);
     matmul(pass.pool, down, a, n, out, down_act_);
   }
 
@@ -63,9 +64,9 @@ class PreNormFfn : public Ffn {
 };
 
 class DenseFfn final : public PreNormFfn {
-  void body(const LayerWeights& L, int, const LayerPass& pass, const FfnContext&) override {
+  void body(const LayerWeights& L, int layer, const LayerPass& pass, const FfnContext&) override {
     const DenseFfnWeights& D = *L.dense;
-    mlp_.run(pass, D.ffn_gate, D.ffn_up, D.ffn_down, h_.data(), out_.data());
+    mlp_.run(pass, D.ffn_gate, D.ffn_up, D.ffn_down, h_.data(), out_.data(), pass.cfg.clamp_shexp_at(layer));
   }
   DenseMlp mlp_;
 };
@@ -76,14 +77,18 @@ class MoeFfn final : public PreNormFfn {
   }
 };
 
-// The routed experts plus the shared expert times its gate.
+// The routed experts plus the shared expert times its gate (or as is, where it has none).
 class MoeSharedFfn final : public PreNormFfn {
   void body(const LayerWeights& L, int layer, const LayerPass& pass, const FfnContext& ctx) override {
     const int n = pass.n, E = pass.cfg.n_embd;
     const SharedExpertWeights& S = *L.shared;
     ctx.experts.run(layer, n, h_.data(), h_.data(), pass.positions, ctx.source, out_.data());
     float* shared = scratch(shared_, static_cast<size_t>(n) * E);
-    mlp_.run(pass, S.shexp_gate, S.shexp_up, S.shexp_down, h_.data(), shared);
+    mlp_.run(pass, S.shexp_gate, S.shexp_up, S.shexp_down, h_.data(), shared, pass.cfg.clamp_shexp_at(layer));
+    if (pass.cfg.shared_expert.ungated) {
+      for (size_t i = 0; i < static_cast<size_t>(n) * E; ++i) out_[i] += shared[i];
+      return;
+    }
     float* gate = scratch(gate_, static_cast<size_t>(n) * S.shexp_router.rows);
     matmul(pass.pool, S.shexp_router, h_.data(), n, gate, gate_act_);
     for (int i = 0; i < n; ++i) {

@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "model/delta_net.h"
+#include "model/mixer_units.h"
 #include "model/ops.h"
 #include "quant/float_kernels.h"
 
@@ -17,14 +18,8 @@ void add_bias(float* rows, const Vector& bias, int64_t n, int64_t width) {
   for (int64_t i = 0; i < n; ++i) ops::add(rows + i * width, bias.data(), width);
 }
 
-// The layer's pre-norm of every row of the residual into h.
-void pre_norm(const LayerPass& pass, const Vector& weight, std::vector<float>& h) {
-  const int E = pass.cfg.n_embd;
-  h.resize(static_cast<size_t>(pass.n) * E);
-  for (int i = 0; i < pass.n; ++i) {
-    ops::rms_norm(pass.residual.row(i), weight.data(), h.data() + static_cast<size_t>(i) * E, E, pass.cfg.norm_eps);
-  }
-}
+using mixer_units::LayerStates;
+using mixer_units::pre_norm;
 
 // Attention and gated attention: q, k, v projections (the gated kind's q rows hold [query | gate]
 // per head), per-head norms, RoPE, the rows stored in the KV cache, causal attention, the output
@@ -34,7 +29,7 @@ class AttentionMixer final : public Mixer {
   AttentionMixer(const ModelConfig& c, int n_ctx, KvType kv_type) {
     std::vector<int> k_widths, v_widths;
     for (int l = 0; l < c.n_layer; ++l) {
-      const bool attends = c.attends(l);  // the other kinds' layers keep no KV rows
+      const bool attends = c.mixer_at(l) == MixerKind::Attention || c.mixer_at(l) == MixerKind::GatedAttention;
       k_widths.push_back(attends ? c.n_head_kv_at(l) * c.head_dim_at(l) : 0);
       v_widths.push_back(attends ? c.n_head_kv_at(l) * c.head_dim_v_at(l) : 0);
     }
@@ -181,31 +176,6 @@ void AttentionMixer::output(const AttentionWeights& L, const LayerPass& pass) {
     pass.residual.add(i, row);
   }
 }
-
-// One float array per layer of a recurrent kind (empty for the other layers), and the copy
-// save() took.
-class LayerStates {
- public:
-  LayerStates(const ModelConfig& c, MixerKind kind) : live_(static_cast<size_t>(c.n_layer)) {
-    for (int l = 0; l < c.n_layer; ++l) {
-      if (c.mixer_at(l) == kind) live_[static_cast<size_t>(l)].assign(static_cast<size_t>(recurrent_state_floats(c, l)), 0.0f);
-    }
-  }
-  float* at(int layer) { return live_[static_cast<size_t>(layer)].data(); }
-  uint64_t bytes() const {
-    uint64_t total = 0;
-    for (const auto& v : live_) total += v.size() * sizeof(float);
-    return total;
-  }
-  void save() { saved_ = live_; }
-  void restore() { live_ = saved_; }
-  void clear() {
-    for (auto& v : live_) std::fill(v.begin(), v.end(), 0.0f);
-  }
-
- private:
-  std::vector<std::vector<float>> live_, saved_;
-};
 
 // Gated DeltaNet: projections for the whole batch, the convolution and the delta rule token by
 // token (in parallel over channels and value heads), a gated RMS norm per head, the output
@@ -383,7 +353,7 @@ void ShortConvMixer::forward(const LayerWeights& weights, int layer, const Layer
 }
 
 // Attention and gated attention share a unit (and one KV cache).
-enum class Unit { Attention, DeltaNet, ShortConv };
+enum class Unit { Attention, DeltaNet, ShortConv, KimiDelta, LatentAttention, kCount };
 
 Unit unit_of(MixerKind kind) {
   switch (kind) {
@@ -391,6 +361,8 @@ Unit unit_of(MixerKind kind) {
     case MixerKind::GatedAttention: return Unit::Attention;
     case MixerKind::GatedDeltaNet: return Unit::DeltaNet;
     case MixerKind::ShortConv: return Unit::ShortConv;
+    case MixerKind::KimiDelta: return Unit::KimiDelta;
+    case MixerKind::LatentAttention: return Unit::LatentAttention;
   }
   return Unit::Attention;
 }
@@ -400,11 +372,42 @@ std::unique_ptr<Mixer> make_unit(Unit unit, const ModelConfig& c, int n_ctx, KvT
     case Unit::Attention: return std::make_unique<AttentionMixer>(c, n_ctx, kv_type);
     case Unit::DeltaNet: return std::make_unique<DeltaNetMixer>(c);
     case Unit::ShortConv: return std::make_unique<ShortConvMixer>(c);
+    case Unit::KimiDelta: return mixer_units::make_kimi_delta(c);
+    case Unit::LatentAttention: return mixer_units::make_latent_attention(c, n_ctx, kv_type);
+    case Unit::kCount: break;
   }
   return nullptr;
 }
 
 }  // namespace
+
+namespace mixer_units {
+
+void pre_norm(const LayerPass& pass, const Vector& weight, std::vector<float>& h) {
+  const int E = pass.cfg.n_embd;
+  h.resize(static_cast<size_t>(pass.n) * E);
+  for (int i = 0; i < pass.n; ++i) {
+    ops::rms_norm(pass.residual.row(i), weight.data(), h.data() + static_cast<size_t>(i) * E, E, pass.cfg.norm_eps);
+  }
+}
+
+LayerStates::LayerStates(const ModelConfig& c, MixerKind kind) : live_(static_cast<size_t>(c.n_layer)) {
+  for (int l = 0; l < c.n_layer; ++l) {
+    if (c.mixer_at(l) == kind) live_[static_cast<size_t>(l)].assign(static_cast<size_t>(recurrent_state_floats(c, l)), 0.0f);
+  }
+}
+
+uint64_t LayerStates::bytes() const {
+  uint64_t total = 0;
+  for (const auto& v : live_) total += v.size() * sizeof(float);
+  return total;
+}
+
+void LayerStates::clear() {
+  for (auto& v : live_) std::fill(v.begin(), v.end(), 0.0f);
+}
+
+}  // namespace mixer_units
 
 int64_t recurrent_state_floats(const ModelConfig& c, int layer) {
   const ModelConfig::DeltaNet& d = c.delta_net;
@@ -412,14 +415,21 @@ int64_t recurrent_state_floats(const ModelConfig& c, int layer) {
     case MixerKind::GatedDeltaNet:
       return int64_t{d.conv_channels()} * (d.conv_kernel - 1) + int64_t{d.v_heads} * d.head_dim * d.head_dim;
     case MixerKind::ShortConv: return int64_t{c.n_embd} * (c.short_conv.kernel - 1);
+    case MixerKind::KimiDelta:  // the q | k | v convolution histories, then head_dim^2 per head
+      return int64_t{3} * c.kda.inner(c.n_head) * (c.kda.conv_kernel - 1) +
+             int64_t{c.n_head} * c.kda.head_dim * c.kda.head_dim;
     case MixerKind::Attention:
-    case MixerKind::GatedAttention: return 0;
+    case MixerKind::GatedAttention:
+    case MixerKind::LatentAttention: return 0;
   }
   return 0;
 }
 
 int64_t kv_bytes_per_token(const ModelConfig& c, int layer) {
   if (!c.attends(layer)) return 0;
+  if (c.mixer_at(layer) == MixerKind::LatentAttention) {
+    return int64_t{2} * c.mla.cache_row() + int64_t{2} * c.mla.kv_lora_rank;  // f16 latent | rope key, latent again as V
+  }
   return int64_t{c.n_head_kv_at(layer)} * (c.head_dim_at(layer) + c.head_dim_v_at(layer)) * 2;  // f16 K and V
 }
 
@@ -436,7 +446,7 @@ int64_t ModelConfig::kv_bytes_per_token() const {
 }
 
 Mixers::Mixers(const ModelConfig& c, int n_ctx, KvType kv_type) {
-  Mixer* made[3] = {nullptr, nullptr, nullptr};
+  Mixer* made[static_cast<int>(Unit::kCount)] = {};
   for (int l = 0; l < c.n_layer; ++l) {
     const Unit unit = unit_of(c.mixer_at(l));
     Mixer*& m = made[static_cast<int>(unit)];

@@ -101,6 +101,15 @@ void softmax(float* x, int64_t n) {
 
 void swiglu(const float* gate, const float* up, float* out, int64_t n) { float_kernels().swiglu(gate, up, out, n); }
 
+void swiglu_limited(const float* gate, const float* up, float* out, int64_t n, float limit) {
+  if (!(limit > 1e-6f)) {
+    swiglu(gate, up, out, n);
+    return;
+  }
+  float_kernels().silu(gate, out, n);  // as llama.cpp: silu, then the clamps, then the product
+  for (int64_t i = 0; i < n; ++i) out[i] = std::min(out[i], limit) * std::clamp(up[i], -limit, limit);
+}
+
 void swiglu_oai(const float* gate, const float* up, float* out, int64_t n, float alpha, float limit) {
   for (int64_t i = 0; i < n; ++i) {
     const float x = std::min(gate[i], limit);

@@ -24,6 +24,9 @@ inline float silu(float x) { return x / (1.0f + fast_expf(0.0f - x)); }
 
 // out[i] = silu(gate[i]) * up[i]
 void swiglu(const float* gate, const float* up, float* out, int64_t n);
+// out[i] = min(silu(gate[i]), limit) * clamp(up[i], -limit, limit) (bailingmoe3's limited SwiGLU);
+// a limit <= 1e-6 means none: plain swiglu.
+void swiglu_limited(const float* gate, const float* up, float* out, int64_t n, float limit);
 // gpt-oss variant: clamped gate/up, x * sigmoid(alpha x) * (up + 1)
 void swiglu_oai(const float* gate, const float* up, float* out, int64_t n, float alpha, float limit);
 // out[i] = gelu(gate[i]) * up[i], GELU (tanh form) through an f16 table as ggml computes it.

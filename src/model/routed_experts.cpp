@@ -23,6 +23,23 @@ void top_k(const float* values, int n, int k, std::vector<int32_t>& out) {
   out.resize(static_cast<size_t>(k));
 }
 
+// Group-limited routing: scores of the experts outside the `keep` groups whose two best scores
+// sum highest become -inf (llama.cpp's rule; the loader checks groups of at least two).
+void mask_expert_groups(float* scores, int n_expert, int groups, int keep) {
+  const int size = n_expert / groups;
+  std::vector<float> group_scores(static_cast<size_t>(groups));
+  std::vector<int32_t> best;
+  for (int g = 0; g < groups; ++g) {
+    top_k(scores + g * size, size, 2, best);
+    group_scores[static_cast<size_t>(g)] = scores[g * size + best[0]] + scores[g * size + best[1]];
+  }
+  top_k(group_scores.data(), groups, keep, best);
+  for (int g = 0; g < groups; ++g) {
+    if (std::find(best.begin(), best.end(), g) != best.end()) continue;
+    std::fill(scores + g * size, scores + (g + 1) * size, -INFINITY);
+  }
+}
+
 }  // namespace
 
 void RoutedExperts::gate(const RoutedExpertWeights& L, float* logits, std::vector<int32_t>& ids,
@@ -36,11 +53,13 @@ void RoutedExperts::gate(const RoutedExpertWeights& L, float* logits, std::vecto
       std::vector<float> probs(logits, logits + NE);
       if (cfg_.gating == Gating::SoftmaxTopK) ops::softmax(probs.data(), NE);
       else for (float& p : probs) p = 1.0f / (1.0f + std::exp(-p));
-      if (L.expert_select_bias.empty()) {
+      const bool grouped = cfg_.n_expert_groups > 1;
+      if (L.expert_select_bias.empty() && !grouped) {
         top_k(probs.data(), NE, k, ids);
-      } else {  // the bias steers the choice; the weights stay the unbiased probabilities
+      } else {  // the bias and the groups steer the choice; the weights stay the unbiased probabilities
         std::vector<float> scores(probs);
-        ops::add(scores.data(), L.expert_select_bias.data(), NE);
+        if (!L.expert_select_bias.empty()) ops::add(scores.data(), L.expert_select_bias.data(), NE);
+        if (grouped) mask_expert_groups(scores.data(), NE, cfg_.n_expert_groups, cfg_.n_group_used);
         top_k(scores.data(), NE, k, ids);
       }
       wts.resize(static_cast<size_t>(k));
@@ -245,7 +264,7 @@ void RoutedExperts::compute_group(int layer, int n, const float* h, const Expert
     group.members.push_back(std::move(member));
   }
   expert_gate_up(L, n, h, group);
-  expert_activation(L, uses, group);
+  expert_activation(L, layer, uses, group);
   expert_down(L, uses, group, slot_out);
 }
 
@@ -284,8 +303,9 @@ void RoutedExperts::expert_gate_up(const RoutedExpertWeights& L, int n, const fl
 }
 
 // Per-expert biases (gpt-oss), then the activation into group.act.
-void RoutedExperts::expert_activation(const RoutedExpertWeights& L, const ExpertUses& uses, ExpertGroup& group) {
+void RoutedExperts::expert_activation(const RoutedExpertWeights& L, int layer, const ExpertUses& uses, ExpertGroup& group) {
   const int64_t F = group.width;
+  const float limit = cfg_.clamp_exp_at(layer);
   for (const ExpertGroup::Member& mb : group.members) {
     const int32_t expert = uses.experts[static_cast<size_t>(mb.index)];
     for (size_t j = 0; j < mb.rows.size(); ++j) {
@@ -295,7 +315,7 @@ void RoutedExperts::expert_activation(const RoutedExpertWeights& L, const Expert
       if (!L.exp_up_bias.empty()) ops::add(u, L.exp_up_bias.data() + static_cast<size_t>(expert) * F, F);
       float* a = group.act + (mb.offset + j) * F;
       switch (cfg_.activation) {
-        case ExpertActivation::SwiGLU: ops::swiglu(g, u, a, F); break;
+        case ExpertActivation::SwiGLU: ops::swiglu_limited(g, u, a, F, limit); break;
         case ExpertActivation::SwiGLU_OAI: ops::swiglu_oai(g, u, a, F, 1.702f, 7.0f); break;
         case ExpertActivation::GeGLU: ops::geglu(g, u, a, F); break;
       }

@@ -72,7 +72,7 @@ class RoutedExperts {
   void compute_group(int layer, int n, const float* h, const ExpertUses& uses, std::span<const int> ready,
                      ExpertSource& source, float* slot_out);
   void expert_gate_up(const RoutedExpertWeights& L, int n, const float* h, ExpertGroup& group);
-  void expert_activation(const RoutedExpertWeights& L, const ExpertUses& uses, ExpertGroup& group);
+  void expert_activation(const RoutedExpertWeights& L, int layer, const ExpertUses& uses, ExpertGroup& group);
   void expert_down(const RoutedExpertWeights& L, const ExpertUses& uses, const ExpertGroup& group, float* slot_out);
   void sum_slots(int n, int max_slots, const float* slot_out, float* out) const;
 

@@ -51,6 +51,32 @@ struct ShortConvWeights {
   Vector shortconv_kernel;  // [taps][n_embd] (transposed from the file at load)
 };
 
+// Kimi Delta Attention layers (bailingmoe3).
+struct KimiDeltaWeights {
+  Weight wq, wk, wv;  // x -> q, k, v before their short convolutions
+  Weight w_decay;     // x -> per-channel decay input (ssm_f_a)
+  Weight w_beta;      // x -> per-head update strength
+  Weight w_gate;      // x -> per-channel output gate (ssm_g_a)
+  Weight wo;
+  Vector conv_q, conv_k, conv_v;  // [kernel][inner] each as loaded; finish joins them into conv
+  Vector conv;        // [kernel][3 * inner]: the q | k | v kernels, tap-major
+  Vector dt_bias;     // per channel, added to the decay input
+  Vector a;           // per head exp(A_log), positive
+  Vector norm;        // [head_dim] weight of the per-head output RMS norm
+};
+
+// Multi-head latent attention layers (bailingmoe3; deepseek2-style).
+struct LatentAttentionWeights {
+  Weight wq_a, wq_b;  // low-rank query (q_lora_rank > 0)
+  Weight wq;          // plain query (q_lora_rank == 0)
+  Weight wkv_a;       // x -> latent | rope key
+  Weight w_gate;      // x -> per-head output gate
+  Weight wo;
+  Vector q_a_norm, kv_a_norm;
+  Vector k_b;  // [n_head][kv_lora_rank][qk_nope]: per head, the query's no-RoPE part -> latent
+  Vector v_b;  // [n_head][v_head_dim][kv_lora_rank]: per head, attended latent -> value
+};
+
 // A dense FFN: the dense kind, and the dense branch beside the experts.
 struct DenseFfnWeights {
   Weight ffn_gate, ffn_up, ffn_down;
@@ -89,6 +115,8 @@ struct LayerWeights {
   std::optional<AttentionWeights> attention;
   std::optional<DeltaNetWeights> delta_net;
   std::optional<ShortConvWeights> short_conv;
+  std::optional<KimiDeltaWeights> kimi_delta;
+  std::optional<LatentAttentionWeights> latent;
   std::optional<DenseFfnWeights> dense;
   std::optional<RoutedExpertWeights> experts;
   std::optional<SharedExpertWeights> shared;

@@ -105,12 +105,13 @@ const SynthFamily& gemma4_synth();
 const SynthFamily& qwen35moe_synth();
 const SynthFamily& lfm2moe_synth();
 const SynthFamily& glm4moe_synth();
+const SynthFamily& bailingmoe3_synth();
 
 const std::vector<SynthFamily>& synth_families() {
   static const std::vector<SynthFamily> families = {qwen3moe_synth(), qwen2moe_synth(), olmoe_synth(),
                                                     llama_moe_synth(), gpt_oss_synth(), gemma4_synth(),
                                                     qwen35moe_synth(), lfm2moe_synth(),
-                                                    glm4moe_synth()};
+                                                    glm4moe_synth(), bailingmoe3_synth()};
   return families;
 }
 
@@ -579,6 +580,7 @@ class SynthArchLoader : public ArchLoader {
     return keys_.get_per_layer_int(key(k), n_layer, fallback);
   }
   std::vector<int64_t> get_int_array(const std::string& k) override { return keys_.get_int_array(key(k)); }
+  std::vector<double> get_float_array(const std::string& k) override { return keys_.get_float_array(key(k)); }
   bool has_key(const std::string& k) override { return keys_.find(key(k)) != nullptr; }
   bool has_tensor(const std::string& name) override {
     for (const TensorSpec& t : arch_.tensors) {
@@ -627,6 +629,10 @@ std::vector<float> fixed_values(Fixed f, const TableTensor& t) {
       break;
     case Fixed::DecayRates:  // -exp(A_log): negative, so each step's decay exp(g) stays in (0, 1)
       for (size_t h = 0; h < v.size(); ++h) v[h] = -(0.1f + 0.1f * static_cast<float>(h % 8));
+      break;
+    case Fixed::DecayStrengths:  // exp(A_log) per head, stored [1, n_head]: positive, varied
+      v.resize(static_cast<size_t>(t.dims.back()));
+      for (size_t h = 0; h < v.size(); ++h) v[h] = 0.5f + 0.25f * static_cast<float>(h % 8);
       break;
     case Fixed::None: break;
   }

