@@ -402,10 +402,6 @@ size_t find_value_close(std::string_view s, size_t from, std::string_view close,
   return first;
 }
 
-size_t find_param_close(std::string_view s, size_t from) {
-  return find_value_close(s, from, "</parameter>", "<parameter=", "</function>");
-}
-
 // Where a value of `schema` starting at `q` ends: a JSON value decides its own end where
 // `close` follows it; raw text (and text that is not JSON) ends as find_value_close says.
 size_t xml_value_end(std::string_view s, size_t q, const json* schema, std::string_view close, std::string_view next,

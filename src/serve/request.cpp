@@ -454,7 +454,6 @@ std::string continued_text(const ChatTemplate& tmpl, ChatInputs in) {
 }
 
 std::vector<int32_t> chat_prompt(const json& body, const RequestContext& o, const json& tools, bool described) {
-  const Tokenizer& tok = *o.tokenizer;
   static const ChatTemplate kChatML = ChatTemplate::builtin(ChatFormat::ChatML);
   const ChatTemplate& tmpl = o.chat_template ? *o.chat_template : kChatML;
   ChatInputs in;
