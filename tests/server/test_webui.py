@@ -12,6 +12,7 @@ import http.server
 import json
 import os
 import re
+import select
 import shutil
 import subprocess
 import sys
@@ -65,6 +66,10 @@ class Chromium:
         deadline = time.time() + timeout
         while time.time() < deadline:
             while b"\0" not in self.buffer:
+                # A page that stops answering fails the call at its deadline instead of
+                # blocking the read (and the test) until CTest's timeout.
+                if not select.select([self.from_browser], [], [], max(0.0, deadline - time.time()))[0]:
+                    raise TimeoutError(f"{method}: no reply in {timeout} s")
                 chunk = os.read(self.from_browser, 1 << 16)
                 if not chunk:
                     raise RuntimeError("chromium closed the DevTools pipe")
