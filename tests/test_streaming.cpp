@@ -1012,6 +1012,28 @@ TEST(RouteTrace, RoundTripsAndReplaysKnownBeladyAndLru) {
   for (const auto& p : cache_policy_names()) EXPECT_EQ(replay_trace(t, p, 3 << 20).hits, 27u) << p;
 }
 
+TEST(RouteTrace, BeladyHorizonKnowsOnlyTheNextTokens) {
+  // One layer cycling through experts 0,1,2 one per token, room for two (as above). Knowing two
+  // tokens ahead covers the cycle's next reuses: Belady's 18 hits. Knowing one token ahead, a miss
+  // at step s sees the resident needed at s+1 and keeps it; the other resident and the newcomer
+  // are both beyond the horizon, and the fallback (decayed frequency) prefers the newcomer, just
+  // used: the cache then alternates miss / hit from step 2 on, 14 hits. Knowing nothing ahead
+  // the same fallback evicts the older resident each time, as LRU: no hits at all.
+  const std::string path = temp_path("horizon.route.csv");
+  {
+    RouteTraceWriter w(path, "m", "qwen3moe", 1, 4, 1, {1 << 20}, {0});
+    for (int step = 0; step < 30; ++step) w.write({0, 1, step, 0, 0, step % 3, 1.0f, 0, 1 << 20});
+  }
+  const RouteTrace t = RouteTrace::load(path);
+  EXPECT_EQ(replay_trace(t, "belady-h0", 2 << 20).hits, 0u);
+  EXPECT_EQ(replay_trace(t, "belady-h1", 2 << 20).hits, 14u);
+  EXPECT_EQ(replay_trace(t, "belady-h2", 2 << 20).hits, 18u);
+  EXPECT_EQ(replay_trace(t, "belady-h8", 2 << 20).hits, replay_trace(t, "belady", 2 << 20).hits);
+  EXPECT_TRUE(is_offline_policy("belady-h4"));
+  EXPECT_FALSE(is_offline_policy("belady-hx"));
+  EXPECT_THROW(replay_trace(t, "belady-hx", 2 << 20), Error);
+}
+
 TEST(RouteTrace, LayerBeladyPaysForItsEqualShares) {
   // Two layers, 1 MiB experts, cache 4 MiB: layer 0 cycles through experts 0,1,2, layer 1 always
   // routes to expert 0. Belady gives layer 0 three slots and layer 1 one: everything after the

@@ -33,7 +33,7 @@ int main(int argc, char** argv) {
   ReplayOptions options;
   app.add_option("trace", trace_path, "route trace CSV (shared/data/route-traces format)")->required();
   app.add_option("--budgets", budgets, "comma-separated cache budgets in MiB")->capture_default_str();
-  app.add_option("--policies", policies, "comma-separated policies (default: belady, layer-belady + every online policy)");
+  app.add_option("--policies", policies, "comma-separated policies (default: belady, layer-belady + every online policy); belady-hN: Belady knowing only the next N tokens");
   app.add_flag("--bytes", bytes, "also print MiB read per decoded token for each policy");
   app.add_option("--predict", options.predict_window, "hint the policies with the current token's next N layers' experts (simulated router prediction)")->check(CLI::Range(0, 64));
   app.add_option("--predict-accuracy", options.predict_accuracy, "fraction of predicted experts that are right")->check(CLI::Range(0.0, 1.0))->capture_default_str();

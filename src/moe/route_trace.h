@@ -96,6 +96,9 @@ struct ReplayOptions {
   int prefetch_reads = 0;  // 0: top-k / 2, at least 1
   double min_score = AffinityOptions{}.min_score;
 };
+// Whether bmoe-replay runs `policy` with the trace's future: "belady", "layer-belady", and
+// "belady-hN" (Belady knowing the next N tokens' routing, nothing beyond).
+bool is_offline_policy(const std::string& policy);
 ReplayResult replay_trace(const RouteTrace& trace, const std::string& policy, uint64_t budget_bytes,
                           const ReplayOptions& options = {});
 
