@@ -8,6 +8,7 @@
 #include <unordered_set>
 
 #include "core/error.h"
+#include "moe/learned_policy.h"
 
 namespace bmoe {
 
@@ -434,7 +435,7 @@ class HorizonBeladyPolicy : public CachePolicy {
 }  // namespace
 
 std::vector<std::string> cache_policy_names() {
-  return {"lru", "lfu", "layer-lfu", "ewma", "tinylfu-ewma", "reuse-noadmit", "reuse"};
+  return {"lru", "lfu", "layer-lfu", "ewma", "tinylfu-ewma", "reuse-noadmit", "reuse", "learned"};
 }
 
 const char* default_cache_policy() { return "reuse"; }
@@ -446,6 +447,7 @@ std::unique_ptr<CachePolicy> make_cache_policy(const std::string& name, int n_la
   if (name == "ewma") return std::make_unique<EwmaPolicy>(kEwmaHalfLifeTokens, false);
   if (name == "tinylfu-ewma") return std::make_unique<EwmaPolicy>(kEwmaHalfLifeTokens, true);
   if (name == "reuse") return std::make_unique<ReuseDistancePolicy>(n_layers, 0, kReuseHalfLifeTokens, true);
+  if (name == "learned") return std::make_unique<LearnedReusePolicy>(n_layers);
   if (name == "reuse-noadmit") return std::make_unique<ReuseDistancePolicy>(n_layers, 0, kReuseHalfLifeTokens, false);
   std::string names;
   for (const auto& n : cache_policy_names()) names += (names.empty() ? "" : ", ") + n;
