@@ -1011,6 +1011,12 @@ TEST(RouteTrace, RoundTripsAndReplaysKnownBeladyAndLru) {
   EXPECT_EQ(b.hits, 18u);
   // With room for all three, everything after the first cycle hits, whatever the policy.
   for (const auto& p : cache_policy_names()) EXPECT_EQ(replay_trace(t, p, 3 << 20).hits, 27u) << p;
+  // Scoring the second half only: its 15 lookups, all hits.
+  ReplayOptions second_half;
+  second_half.count_from = 0.5;
+  const ReplayResult late = replay_trace(t, "lru", 3 << 20, second_half);
+  EXPECT_EQ(late.lookups, 15u);
+  EXPECT_EQ(late.hits, 15u);
 }
 
 TEST(RouteTrace, BeladyHorizonKnowsOnlyTheNextTokens) {

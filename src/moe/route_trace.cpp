@@ -315,6 +315,13 @@ ReplayResult replay_trace(const RouteTrace& trace, const std::string& policy, ui
   ReplayResult r;
   ReplayPrefetch prefetch(trace, options);
   std::vector<ExpertKey> predicted;
+  uint64_t first_decode = 0, last_decode = 0;
+  for (size_t i = 0; i < visits.size(); ++i) {
+    if (!decode[i] || visits[i].empty()) continue;
+    if (first_decode == 0) first_decode = visits[i].front().token;
+    last_decode = visits[i].front().token;
+  }
+  const double counted_from = static_cast<double>(first_decode) + options.count_from * static_cast<double>(last_decode + 1 - first_decode);
   for (size_t i = 0; i < visits.size(); ++i) {
     if (options.predict_window > 0 && decode[i]) {
       // Visits of one decode token are consecutive, one per layer.
@@ -335,7 +342,8 @@ ReplayResult replay_trace(const RouteTrace& trace, const std::string& policy, ui
       prefetch.skip_visit();
       continue;
     }
-    for (size_t j = 0; j < visits[i].size(); ++j) {
+    const bool counted = visits[i].empty() || static_cast<double>(visits[i].front().token) >= counted_from;
+    for (size_t j = 0; j < visits[i].size() && counted; ++j) {
       ++r.lookups;
       if (plan.hit[j]) ++r.hits;
       else if (prefetch.take(visits[i][j].key)) ++r.covered;
