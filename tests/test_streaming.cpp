@@ -1044,8 +1044,8 @@ TEST(RouteTrace, BeladyHorizonKnowsOnlyTheNextTokens) {
 }
 
 TEST(LearnedPolicy, LearnsAnAlternatingLayer) {
-  // One layer, top-1, alternating experts 0,1,0,1,...: an expert just used (history ..0101) is
-  // never used at the next visit, one used two visits ago (..1010) always is. With no forgetting
+  // One layer, top-1, alternating experts 0,1,0,1,... for 40 visits: an expert just used
+  // (history ..0101) is never used at the next visit, one used the visit before (..1010) always is. With no forgetting
   // and no pull toward the pooled table, the learned hazards are exactly 0 (clamped to 1e-4) and
   // 1, so the expected waits are 2 visits and 1 visit.
   LearnedPolicyOptions o;
@@ -1053,10 +1053,11 @@ TEST(LearnedPolicy, LearnsAnAlternatingLayer) {
   o.layer_prior_weight = 0.0;
   LearnedReusePolicy p(1, o);
   for (uint64_t t = 0; t < 40; ++t) p.on_access({make_expert_key(0, static_cast<int>(t % 2)), 1, 1.0f, t, t, 1.0f}, false);
-  EXPECT_NEAR(p.hazard(0, 0b01010101), 1e-4, 1e-12);
-  EXPECT_DOUBLE_EQ(p.hazard(0, 0b10101010), 1.0);
-  EXPECT_DOUBLE_EQ(p.expected_layer_visits(0, 0b10101010), 1.0);
-  EXPECT_NEAR(p.expected_layer_visits(0, 0b01010101), 2.0, 1e-3);
+  const LearnedReusePolicy::History just_used = 0x5555555555, used_before = 0xAAAAAAAAAA;  // 40 visits
+  EXPECT_NEAR(p.hazard(0, just_used), 1e-4, 1e-12);
+  EXPECT_DOUBLE_EQ(p.hazard(0, used_before), 1.0);
+  EXPECT_DOUBLE_EQ(p.expected_layer_visits(0, used_before), 1.0);
+  EXPECT_NEAR(p.expected_layer_visits(0, just_used), 2.0, 1e-3);
   // The last visit (t = 39) used expert 1: it waits two visits, expert 0 one.
   EXPECT_NEAR(p.expected_wait(make_expert_key(0, 1)), 2.0, 1e-3);
   EXPECT_DOUBLE_EQ(p.expected_wait(make_expert_key(0, 0)), 1.0);

@@ -7,16 +7,8 @@
 namespace bmoe {
 namespace {
 
-constexpr int kNeverState = 256 + 56;  // states 256..311 are lags 9..64
 constexpr double kMinHazard = 1e-4;    // keeps waits finite for histories never seen reused
 constexpr float kMultiTokenUse = 0.5f; // a batch visit marks the experts most of its tokens used
-
-// A history that reaches `state` (the inverse of state_of for a representative).
-LearnedReusePolicy::History history_of_state(int state) {
-  if (state < 256) return static_cast<LearnedReusePolicy::History>(state);
-  if (state >= kNeverState) return 0;
-  return LearnedReusePolicy::History{1} << (state - 256 + 8);
-}
 
 }  // namespace
 
@@ -26,16 +18,14 @@ LearnedReusePolicy::LearnedReusePolicy(int n_layers, const LearnedPolicyOptions&
       decay_(std::pow(0.5, 1.0 / std::max(1.0, options.half_life_visits))),
       layers_(static_cast<size_t>(std::max(1, n_layers))) {}
 
-// The state of a history as far as its future goes: the last 8 visits exactly, or else how long
-// ago the last use was (9..64 visits), or never within 64.
-int LearnedReusePolicy::state_of(History h) {
-  if (h & 0xFF) return static_cast<int>(h & 0xFF);
-  if (h == 0) return kNeverState;
-  return 256 + std::countr_zero(h) - 8;
+// The hazard cell: (lag, uses among the last 8) when used within 8 visits, else a lag bucket;
+// times how many uses the older 56 visits held (none, 1-3, 4+): the long-run frequency.
+int LearnedReusePolicy::cell_of(History h) {
+  const int older = std::popcount(h >> 8);
+  return short_cell(h) * 3 + (older == 0 ? 0 : older < 4 ? 1 : 2);
 }
 
-// The hazard cell: (lag, uses among the last 8) when used within 8 visits, else a lag bucket.
-int LearnedReusePolicy::cell_of(History h) {
+int LearnedReusePolicy::short_cell(History h) {
   const History recent = h & 0xFF;
   if (recent) {
     const int lag = std::countr_zero(recent);      // 0..7
@@ -59,34 +49,6 @@ double LearnedReusePolicy::cell_hazard(int layer, int cell) const {
 double LearnedReusePolicy::hazard(int layer, History h) const {
   if (layer < 0 || layer >= static_cast<int>(layers_.size())) return options_.prior_hazard;
   return cell_hazard(layer, cell_of(h));
-}
-
-// Expected visits until the next use, for every state of the layer: unused, a history only
-// shifts (the state after `s` is fixed), so E[s] = 1 + (1 - hazard(s)) * E[next(s)], solved from
-// "never" (a geometric wait) back to the most recent histories.
-void LearnedReusePolicy::refresh_waits(int layer) {
-  Layer& l = layers_[static_cast<size_t>(layer)];
-  const auto step = [&](int s, double next_wait) {
-    const double h = cell_hazard(layer, cell_of(history_of_state(s)));
-    return 1.0 + (1.0 - h) * next_wait;
-  };
-  const double never = 1.0 / cell_hazard(layer, cell_of(0));
-  l.wait[kNeverState] = static_cast<float>(never);
-  double next = never;
-  for (int s = kNeverState - 1; s >= 256; --s) {
-    next = step(s, next);
-    l.wait[static_cast<size_t>(s)] = static_cast<float>(next);
-  }
-  // Shifting a recent history moves its oldest bit out: states with more trailing zeros first.
-  for (int tz = 7; tz >= 0; --tz) {
-    for (int s = 1; s < 256; ++s) {
-      if (std::countr_zero(static_cast<unsigned>(s)) != tz) continue;
-      const int after = (s << 1) & 0xFF;
-      const double w = l.wait[static_cast<size_t>(after ? after : 256)];
-      l.wait[static_cast<size_t>(s)] = static_cast<float>(step(s, w));
-    }
-  }
-  l.wait_valid = true;
 }
 
 void LearnedReusePolicy::learn(Layer& layer, const std::vector<bool>& used, double decay) {
@@ -118,7 +80,8 @@ void LearnedReusePolicy::finish_visit() {
   for (const auto& [expert, share] : visit_) used[static_cast<size_t>(expert)] = single_token || share >= kMultiTokenUse;
   if (single_token) learn(layer, used, decay_);
   for (size_t e = 0; e < layer.history.size(); ++e) layer.history[e] = (layer.history[e] << 1) | (used[e] ? 1 : 0);
-  refresh_waits(layer_);
+  layer.expected.resize(layer.history.size());
+  for (size_t e = 0; e < layer.history.size(); ++e) layer.expected[e] = static_cast<float>(expected_layer_visits(layer_, layer.history[e]));
 }
 
 void LearnedReusePolicy::on_access(const Access& a, bool) {
@@ -139,17 +102,26 @@ LearnedReusePolicy::History LearnedReusePolicy::history(ExpertKey k) const {
   return layers_[l].history[e];
 }
 
+// Rolls the history forward unused: E = sum over j of P(no use in the first j visits), with a
+// geometric tail once the history is empty.
 double LearnedReusePolicy::expected_layer_visits(int layer, History h) {
   if (layer < 0 || layer >= static_cast<int>(layers_.size())) return 1.0 / options_.prior_hazard;
-  if (!layers_[static_cast<size_t>(layer)].wait_valid) refresh_waits(layer);
-  return layers_[static_cast<size_t>(layer)].wait[static_cast<size_t>(state_of(h))];
+  double wait = 0.0, survive = 1.0;
+  for (; h != 0 && survive > 1e-9; h <<= 1) {
+    wait += survive;
+    survive *= 1.0 - cell_hazard(layer, cell_of(h));
+  }
+  return wait + survive / cell_hazard(layer, cell_of(0));
 }
 
 double LearnedReusePolicy::expected_wait(ExpertKey k) {
   if (pending_) finish_visit();
   const int n = std::max(n_layers_, static_cast<int>(layers_.size()));
   const int d = ((key_layer(k) - layer_ - 1) % n + n) % n + 1;
-  return d + n * (expected_layer_visits(key_layer(k), history(k)) - 1.0);
+  const size_t l = static_cast<size_t>(key_layer(k)), e = static_cast<size_t>(key_expert(k));
+  const double visits = l < layers_.size() && e < layers_[l].expected.size() ? layers_[l].expected[e]
+                                                                            : expected_layer_visits(key_layer(k), 0);
+  return d + n * (visits - 1.0);
 }
 
 bool LearnedReusePolicy::choose_victim(const Access& incoming, const ResidentSet& residents, ExpertKey& victim) {
@@ -159,14 +131,14 @@ bool LearnedReusePolicy::choose_victim(const Access& incoming, const ResidentSet
 
 size_t LearnedReusePolicy::state_bytes() const {
   size_t bytes = sizeof(*this) + visit_.capacity() * sizeof(visit_[0]);
-  for (const Layer& l : layers_) bytes += sizeof(Layer) + l.history.capacity() * sizeof(History);
+  for (const Layer& l : layers_) bytes += sizeof(Layer) + l.history.capacity() * sizeof(History) + l.expected.capacity() * sizeof(float);
   return bytes;
 }
 
 size_t LearnedReusePolicy::state_bound(int n_layers, int n_experts_per_layer) {
   const size_t n = static_cast<size_t>(std::max(1, n_layers)), e = static_cast<size_t>(std::max(1, n_experts_per_layer));
   // Histories may grow to twice the experts (vector growth); a visit lists at most every expert.
-  return sizeof(LearnedReusePolicy) + n * (sizeof(Layer) + 2 * e * sizeof(History)) + 2 * e * sizeof(std::pair<int, float>);
+  return sizeof(LearnedReusePolicy) + n * (sizeof(Layer) + 2 * e * (sizeof(History) + sizeof(float))) + 2 * e * sizeof(std::pair<int, float>);
 }
 
 }  // namespace bmoe

@@ -4,8 +4,9 @@
 // one hand-made formula (a decayed frequency read as a fixed per-token probability). This one
 // measures it instead: each expert carries the bit history of its layer's last 64 visits (bit 0:
 // used at the last one), and each layer counts, as its visits go by, how often an expert with a
-// given recent history is used at the next visit (a hazard table over the lag since the last use
-// and the uses among the last 8 visits, pooled over layers as a prior). An expert's expected
+// given recent history is used at the next visit (a hazard table over the lag since the last use,
+// the uses among the last 8 visits and, bucketed, among the 56 before; pooled over layers as a
+// prior). An expert's expected
 // wait then follows from rolling its history forward through that table: a burst of recent uses
 // and a long quiet spell get the waits the routing actually showed, per layer.
 //
@@ -38,9 +39,8 @@ class LearnedReusePolicy : public CachePolicy {
  public:
   // Histories of one expert: bit i set = used at the (i+1)-th most recent visit of its layer.
   using History = uint64_t;
-  static constexpr int kRecent = 8;               // exact recent visits in a state
-  static constexpr int kStates = 256 + 64;        // low 8 bits, or lag 9..64, or never used
-  static constexpr int kCells = kRecent * kRecent + 4;  // hazard cells: (lag, uses) and 4 far lags
+  static constexpr int kRecent = 8;  // visits seen exactly: (lag, uses) among the last 8
+  static constexpr int kCells = (kRecent * kRecent + 4) * 3;  // and 4 far lags, x 3 older-use buckets
 
   LearnedReusePolicy(int n_layers, const LearnedPolicyOptions& options = {});
   std::string name() const override { return "learned"; }
@@ -66,14 +66,12 @@ class LearnedReusePolicy : public CachePolicy {
   struct Layer {
     std::vector<History> history;  // per expert id
     std::array<Cell, kCells> cells{};
-    std::array<float, kStates> wait{};  // expected visits until the next use, by state
-    bool wait_valid = false;
+    std::vector<float> expected;   // per expert: expected visits until its next use
   };
-  static int state_of(History h);
   static int cell_of(History h);
+  static int short_cell(History h);
   void finish_visit();
   void learn(Layer& layer, const std::vector<bool>& used, double decay);
-  void refresh_waits(int layer);
   double cell_hazard(int layer, int cell) const;
 
   int n_layers_;
