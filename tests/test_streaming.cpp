@@ -21,6 +21,7 @@
 #include "moe/buffer_pool.h"
 #include "moe/cache_file.h"
 #include "moe/cache_policy.h"
+#include "moe/learned_policy.h"
 #include "moe/streaming_experts.h"
 #include <fmt/format.h>
 #include <unistd.h>
@@ -163,6 +164,8 @@ INSTANTIATE_TEST_SUITE_P(
                       StreamConfig{0, 8, true, DenseWeights::Anon, true},    // overlap, no cache
                       StreamConfig{25, 4, true, DenseWeights::Anon, false, "lru"},
                       StreamConfig{25, 4, true, DenseWeights::Anon, false, "layer-lfu"},
+                      StreamConfig{25, 4, true, DenseWeights::Anon, false, "learned"},
+                      StreamConfig{8, 4, true, DenseWeights::Anon, true, "learned"},   // overlap, evicting
                       StreamConfig{25, 4, true, DenseWeights::Anon, false, "tinylfu-ewma"},
                       // predictive prefetch: no cache, evicting, overlap, two layers ahead
                       StreamConfig{0, 4, true, DenseWeights::Anon, false, "", 1},
@@ -1010,6 +1013,84 @@ TEST(RouteTrace, RoundTripsAndReplaysKnownBeladyAndLru) {
   EXPECT_EQ(b.hits, 18u);
   // With room for all three, everything after the first cycle hits, whatever the policy.
   for (const auto& p : cache_policy_names()) EXPECT_EQ(replay_trace(t, p, 3 << 20).hits, 27u) << p;
+  // Scoring the second half only: its 15 lookups, all hits.
+  ReplayOptions second_half;
+  second_half.count_from = 0.5;
+  const ReplayResult late = replay_trace(t, "lru", 3 << 20, second_half);
+  EXPECT_EQ(late.lookups, 15u);
+  EXPECT_EQ(late.hits, 15u);
+}
+
+TEST(RouteTrace, BeladyHorizonKnowsOnlyTheNextTokens) {
+  // One layer cycling through experts 0,1,2 one per token, room for two (as above). Knowing two
+  // tokens ahead covers the cycle's next reuses: Belady's 18 hits. Knowing one token ahead, a miss
+  // at step s sees the resident needed at s+1 and keeps it; the other resident and the newcomer
+  // are both beyond the horizon, and the fallback (decayed frequency) prefers the newcomer, just
+  // used: the cache then alternates miss / hit from step 2 on, 14 hits. Knowing nothing ahead
+  // the same fallback evicts the older resident each time, as LRU: no hits at all.
+  const std::string path = temp_path("horizon.route.csv");
+  {
+    RouteTraceWriter w(path, "m", "qwen3moe", 1, 4, 1, {1 << 20}, {0});
+    for (int step = 0; step < 30; ++step) w.write({0, 1, step, 0, 0, step % 3, 1.0f, 0, 1 << 20});
+  }
+  const RouteTrace t = RouteTrace::load(path);
+  EXPECT_EQ(replay_trace(t, "belady-h0", 2 << 20).hits, 0u);
+  EXPECT_EQ(replay_trace(t, "belady-h1", 2 << 20).hits, 14u);
+  EXPECT_EQ(replay_trace(t, "belady-h2", 2 << 20).hits, 18u);
+  EXPECT_EQ(replay_trace(t, "belady-h8", 2 << 20).hits, replay_trace(t, "belady", 2 << 20).hits);
+  EXPECT_TRUE(is_offline_policy("belady-h4"));
+  EXPECT_FALSE(is_offline_policy("belady-hx"));
+  EXPECT_THROW(replay_trace(t, "belady-hx", 2 << 20), Error);
+}
+
+TEST(LearnedPolicy, LearnsAnAlternatingLayer) {
+  // One layer, top-1, alternating experts 0,1,0,1,... for 40 visits: an expert just used
+  // (history ..0101) is never used at the next visit, one used the visit before (..1010) always is. With no forgetting
+  // and no pull toward the pooled table, the learned hazards are exactly 0 (clamped to 1e-4) and
+  // 1, so the expected waits are 2 visits and 1 visit.
+  LearnedPolicyOptions o;
+  o.half_life_visits = 1e12;
+  o.layer_prior_weight = 0.0;
+  LearnedReusePolicy p(1, o);
+  for (uint64_t t = 0; t < 40; ++t) p.on_access({make_expert_key(0, static_cast<int>(t % 2)), 1, 1.0f, t, t, 1.0f}, false);
+  const LearnedReusePolicy::History just_used = 0x5555555555, used_before = 0xAAAAAAAAAA;  // 40 visits
+  EXPECT_NEAR(p.hazard(0, just_used), 1e-4, 1e-12);
+  EXPECT_DOUBLE_EQ(p.hazard(0, used_before), 1.0);
+  EXPECT_DOUBLE_EQ(p.expected_layer_visits(0, used_before), 1.0);
+  EXPECT_NEAR(p.expected_layer_visits(0, just_used), 2.0, 1e-3);
+  // The last visit (t = 39) used expert 1: it waits two visits, expert 0 one.
+  EXPECT_NEAR(p.expected_wait(make_expert_key(0, 1)), 2.0, 1e-3);
+  EXPECT_DOUBLE_EQ(p.expected_wait(make_expert_key(0, 0)), 1.0);
+  EXPECT_EQ(p.history(make_expert_key(0, 1)) & 0xFF, 0b01010101u);
+}
+
+TEST(LearnedPolicy, StateStaysWithinItsBoundOverAMillionLookups) {
+  // 4 layers of 64 experts, top-4 random routing, through a cache of 40 experts.
+  const uint64_t budget = 40 * 1000;
+  auto owned = std::make_unique<LearnedReusePolicy>(4);
+  LearnedReusePolicy* p = owned.get();
+  ExpertCache cache(budget, std::move(owned));
+  const size_t bound = LearnedReusePolicy::state_bound(4, 64);
+  Rng rng(3);
+  uint64_t time = 0, lookups = 0, hits = 0;
+  size_t after_warmup = 0;
+  for (uint64_t token = 0; lookups < 1000000; ++token) {
+    for (int layer = 0; layer < 4; ++layer) {
+      std::set<int> chosen;
+      while (chosen.size() < 4) chosen.insert(static_cast<int>(rng.below(64)));
+      std::vector<Access> v;
+      for (int e : chosen) v.push_back({make_expert_key(layer, e), 1000, 0.25f, time, token});
+      ++time;
+      for (bool h : cache.begin_visit(v).hit) hits += h, ++lookups;
+      cache.end_visit();
+    }
+    if (token % 4096 == 0) ASSERT_LE(p->state_bytes(), bound) << "after " << lookups << " lookups";
+    if (token == 1000) after_warmup = p->state_bytes();
+  }
+  EXPECT_LE(p->state_bytes(), bound);
+  EXPECT_EQ(p->state_bytes(), after_warmup);  // nothing grows once every expert has been seen
+  EXPECT_GT(hits, 0u);
+  EXPECT_LE(cache.used_bytes(), budget);
 }
 
 TEST(RouteTrace, LayerBeladyPaysForItsEqualShares) {

@@ -1,8 +1,9 @@
 // bmoe-replay: replay a routing trace through the expert cache policies and print hit rates.
 //   bmoe-replay TRACE --budgets 1000,2000,3000,4000 [--policies lru,lfu,...] [--prefetch N]
-// One row per budget (MiB): the budget, then the decode-phase hit % of each policy; with
-// --prefetch also the % of lookups found in memory (cached or read ahead); with --bytes the
-// MiB read per token (and, with --prefetch, how much of that was read ahead for nothing).
+// One row per budget (MiB): the budget, then for each policy the decode-phase hit %, the MiB
+// read per decoded token and the distance to Belady's hit % (points); with --prefetch also the
+// % of lookups found in memory (cached or read ahead) and, with --bytes, how much of the MiB
+// per token was read ahead for nothing. --count-from 0.5 scores the second half only.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
@@ -33,8 +34,11 @@ int main(int argc, char** argv) {
   ReplayOptions options;
   app.add_option("trace", trace_path, "route trace CSV (shared/data/route-traces format)")->required();
   app.add_option("--budgets", budgets, "comma-separated cache budgets in MiB")->capture_default_str();
-  app.add_option("--policies", policies, "comma-separated policies (default: belady, layer-belady + every online policy)");
-  app.add_flag("--bytes", bytes, "also print MiB read per decoded token for each policy");
+  app.add_option("--policies", policies, "comma-separated policies (default: belady, layer-belady + every online policy); belady-hN: Belady knowing only the next N tokens");
+  app.add_flag("--bytes", bytes, "with --prefetch, also print the MiB per token read ahead for nothing");
+  app.add_option("--count-from", options.count_from,
+                 "score only the decode tokens from this fraction of them on (0.5: the second half)")
+      ->check(CLI::Range(0.0, 0.99))->capture_default_str();
   app.add_option("--predict", options.predict_window, "hint the policies with the current token's next N layers' experts (simulated router prediction)")->check(CLI::Range(0, 64));
   app.add_option("--predict-accuracy", options.predict_accuracy, "fraction of predicted experts that are right")->check(CLI::Range(0.0, 1.0))->capture_default_str();
   app.add_option("--prefetch", options.prefetch_window,
@@ -77,20 +81,25 @@ int main(int argc, char** argv) {
     fmt::print("{:>10}", "budget_mib");
     for (const auto& n : names) fmt::print(" {:>13}", n + "_hit%");
     if (prefetch) for (const auto& n : names) fmt::print(" {:>15}", n + "_inmem%");
-    if (bytes) for (const auto& n : names) fmt::print(" {:>16}", n + "_MiB/tok");
+    for (const auto& n : names) fmt::print(" {:>16}", n + "_MiB/tok");
+    for (const auto& n : names) fmt::print(" {:>16}", n + "_toBelady");
     if (bytes && prefetch) for (const auto& n : names) fmt::print(" {:>18}", n + "_wasteMiB/tok");
     fmt::print("\n");
     const auto per_token = [&](uint64_t b) {
-      return static_cast<double>(b) / 1048576.0 / static_cast<double>(std::max<uint64_t>(1, decode_tokens));
+      return static_cast<double>(b) / 1048576.0 / std::max(1.0, static_cast<double>(decode_tokens) * (1.0 - options.count_from));
     };
     for (double m : mib) {
       const uint64_t budget = static_cast<uint64_t>(m * 1024.0 * 1024.0);
       std::vector<ReplayResult> results;
       for (const auto& n : names) results.push_back(replay_trace(trace, n, budget, options));
+      ReplayOptions plain = options;
+      plain.prefetch_window = 0;
+      const double belady = 100.0 * replay_trace(trace, "belady", budget, plain).hit_rate();
       fmt::print("{:>10.0f}", m);
       for (const auto& r : results) fmt::print(" {:>13.1f}", 100.0 * r.hit_rate());
       if (prefetch) for (const auto& r : results) fmt::print(" {:>15.1f}", 100.0 * r.in_memory_rate());
-      if (bytes) for (const auto& r : results) fmt::print(" {:>16.1f}", per_token(r.bytes_read));
+      for (const auto& r : results) fmt::print(" {:>16.1f}", per_token(r.bytes_read));
+      for (const auto& r : results) fmt::print(" {:>16.1f}", belady - 100.0 * r.hit_rate());
       if (bytes && prefetch) for (const auto& r : results) fmt::print(" {:>18.1f}", per_token(r.prefetch_wasted_bytes));
       fmt::print("\n");
     }

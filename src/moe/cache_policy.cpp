@@ -8,6 +8,7 @@
 #include <unordered_set>
 
 #include "core/error.h"
+#include "moe/learned_policy.h"
 
 namespace bmoe {
 
@@ -347,27 +348,10 @@ class ReuseDistancePolicy : public CachePolicy {
   }
 
   bool choose_victim(const Access& incoming, const ResidentSet& residents, ExpertKey& victim) override {
-    bool found = false;
-    double farthest = 0.0;
-    residents.for_each_evictable([&](ExpertKey k) {
-      const double t = expected_wait(k);
-      if (!found || t > farthest || (t == farthest && k < victim)) {
-        found = true;
-        farthest = t;
-        victim = k;
-      }
-    });
-    // Caching the newcomer only pays if it comes back sooner than what it displaces.
-    if (found && admission_ && expected_wait(incoming.key) >= farthest) return false;
-    return found;
+    return pick_farthest(incoming, residents, admission_, [&](ExpertKey k) { return expected_wait(k); }, victim);
   }
 
- private:
-  struct Score {
-    double value = 0.0;
-    uint64_t token = 0;
-  };
-  double decayed(const Score& s) const { return s.value * std::pow(decay_, static_cast<double>(token_ - s.token)); }
+  // Visits until `k` is expected to be needed again (public: horizon Belady falls back on it).
   double expected_wait(ExpertKey k) const {
     const auto it = score_.find(k);
     const double count = it == score_.end() ? 0.0 : decayed(it->second);
@@ -380,6 +364,13 @@ class ReuseDistancePolicy : public CachePolicy {
     }
     return static_cast<double>(d) + static_cast<double>(n_layers_) * (1.0 - p) / p;
   }
+
+ private:
+  struct Score {
+    double value = 0.0;
+    uint64_t token = 0;
+  };
+  double decayed(const Score& s) const { return s.value * std::pow(decay_, static_cast<double>(token_ - s.token)); }
   static constexpr double kPriorWeight = 1.0;
 
   int n_layers_;
@@ -397,10 +388,54 @@ class ReuseDistancePolicy : public CachePolicy {
 constexpr double kEwmaHalfLifeTokens = 24.0;
 constexpr double kReuseHalfLifeTokens = 8.0;
 
+// Belady with a horizon: the routing of the current token and of the next `horizon` tokens is
+// known, nothing beyond. A resident needed inside the horizon waits exactly until that use;
+// one that is not waits longer than any of those, and among themselves they are ranked by an
+// online estimate (the default policy's expected wait). It measures what knowing a little of the
+// future would be worth to a cache: a next-token routing predictor can do at most this well.
+class HorizonBeladyPolicy : public CachePolicy {
+ public:
+  HorizonBeladyPolicy(std::span<const Access> future, int horizon, std::unique_ptr<ReuseDistancePolicy> fallback)
+      : horizon_(static_cast<uint64_t>(horizon)), fallback_(std::move(fallback)) {
+    for (const Access& a : future) {
+      uses_[a.key].push_back(a.time);
+      if (token_at_.size() <= a.time) token_at_.resize(a.time + 1, 0);
+      token_at_[a.time] = a.token;
+    }
+  }
+  std::string name() const override { return "belady-h" + std::to_string(horizon_); }
+  void on_access(const Access& a, bool hit) override {
+    now_ = a.time;
+    token_ = a.token;
+    fallback_->on_access(a, hit);
+  }
+  bool choose_victim(const Access& incoming, const ResidentSet& residents, ExpertKey& victim) override {
+    return pick_farthest(incoming, residents, true, [&](ExpertKey k) { return wait(k); }, victim);
+  }
+
+ private:
+  static constexpr double kBeyondHorizon = 1e15;
+  double wait(ExpertKey k) const {
+    const auto it = uses_.find(k);
+    if (it != uses_.end()) {
+      const auto next = std::upper_bound(it->second.begin(), it->second.end(), now_);
+      if (next != it->second.end() && token_at_[*next] <= token_ + horizon_) return static_cast<double>(*next - now_);
+    }
+    return kBeyondHorizon + fallback_->expected_wait(k);
+  }
+  uint64_t horizon_;
+  std::unique_ptr<ReuseDistancePolicy> fallback_;
+  uint64_t now_ = 0;
+  uint64_t token_ = 0;
+  std::unordered_map<ExpertKey, std::vector<uint64_t>> uses_;
+  std::vector<uint64_t> token_at_;  // by visit time
+};
+
+
 }  // namespace
 
 std::vector<std::string> cache_policy_names() {
-  return {"lru", "lfu", "layer-lfu", "ewma", "tinylfu-ewma", "reuse-noadmit", "reuse"};
+  return {"lru", "lfu", "layer-lfu", "ewma", "tinylfu-ewma", "reuse-noadmit", "reuse", "learned"};
 }
 
 const char* default_cache_policy() { return "reuse"; }
@@ -412,6 +447,7 @@ std::unique_ptr<CachePolicy> make_cache_policy(const std::string& name, int n_la
   if (name == "ewma") return std::make_unique<EwmaPolicy>(kEwmaHalfLifeTokens, false);
   if (name == "tinylfu-ewma") return std::make_unique<EwmaPolicy>(kEwmaHalfLifeTokens, true);
   if (name == "reuse") return std::make_unique<ReuseDistancePolicy>(n_layers, 0, kReuseHalfLifeTokens, true);
+  if (name == "learned") return std::make_unique<LearnedReusePolicy>(n_layers);
   if (name == "reuse-noadmit") return std::make_unique<ReuseDistancePolicy>(n_layers, 0, kReuseHalfLifeTokens, false);
   std::string names;
   for (const auto& n : cache_policy_names()) names += (names.empty() ? "" : ", ") + n;
@@ -420,6 +456,12 @@ std::unique_ptr<CachePolicy> make_cache_policy(const std::string& name, int n_la
 
 std::unique_ptr<CachePolicy> make_belady_policy(std::span<const Access> future) {
   return std::make_unique<BeladyPolicy>(future, std::nullopt);
+}
+
+std::unique_ptr<CachePolicy> make_horizon_belady_policy(std::span<const Access> future, int horizon_tokens, int n_layers) {
+  if (horizon_tokens < 0) fail("belady horizon must be >= 0 tokens, got {}", horizon_tokens);
+  return std::make_unique<HorizonBeladyPolicy>(
+      future, horizon_tokens, std::make_unique<ReuseDistancePolicy>(n_layers, 0, kReuseHalfLifeTokens, true));
 }
 
 std::unique_ptr<CachePolicy> make_layer_belady_policy(std::span<const Access> future, int n_layers, uint64_t budget_bytes) {

@@ -82,6 +82,24 @@ class ResidentSet {
   std::unordered_map<ExpertKey, Entry> entries_;
 };
 
+// Belady's rule over estimated waits: the evictable resident with the longest wait (lowest key on
+// ties) is the victim; with `admission`, a newcomer that would wait as long is not cached at all.
+template <typename Wait>
+inline bool pick_farthest(const Access& incoming, const ResidentSet& residents, bool admission, Wait&& wait, ExpertKey& victim) {
+  bool found = false;
+  double farthest = 0.0;
+  residents.for_each_evictable([&](ExpertKey k) {
+    const double t = wait(k);
+    if (!found || t > farthest || (t == farthest && k < victim)) {
+      found = true;
+      farthest = t;
+      victim = k;
+    }
+  });
+  if (found && admission && wait(incoming.key) >= farthest) return false;
+  return found;
+}
+
 // What to do for one layer visit.
 struct VisitPlan {
   std::vector<bool> hit;          // per requested expert
@@ -133,6 +151,10 @@ const char* default_cache_policy();
 // Belady's offline optimum: evicts the resident used farthest in the future. `future` is the
 // whole access sequence (by time) the simulation will replay.
 std::unique_ptr<CachePolicy> make_belady_policy(std::span<const Access> future);
+// Belady with a horizon: knows the routing of the current token and the next `horizon_tokens`
+// tokens, nothing beyond (residents needed later are ranked by the default policy's estimate).
+// What a perfect next-token routing predictor would be worth ("belady-hN" in bmoe-replay).
+std::unique_ptr<CachePolicy> make_horizon_belady_policy(std::span<const Access> future, int horizon_tokens, int n_layers);
 // Belady inside an even per-layer split of the budget (offline, for comparison: what the best
 // equal-share partition reaches).
 std::unique_ptr<CachePolicy> make_layer_belady_policy(std::span<const Access> future, int n_layers, uint64_t budget_bytes);

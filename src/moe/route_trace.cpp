@@ -278,7 +278,23 @@ class ReplayPrefetch {
   std::map<ExpertKey, uint64_t> staged_;
 };
 
+// "belady-hN": Belady knowing N tokens ahead; -1 for any other name.
+int horizon_of(const std::string& policy) {
+  const std::string prefix = "belady-h";
+  if (policy.rfind(prefix, 0) != 0 || policy.size() == prefix.size() || policy.size() > prefix.size() + 4) return -1;
+  int n = 0;
+  for (size_t i = prefix.size(); i < policy.size(); ++i) {
+    if (policy[i] < '0' || policy[i] > '9') return -1;
+    n = n * 10 + (policy[i] - '0');
+  }
+  return n;
+}
+
 }  // namespace
+
+bool is_offline_policy(const std::string& policy) {
+  return policy == "belady" || policy == "layer-belady" || horizon_of(policy) >= 0;
+}
 
 ReplayResult replay_trace(const RouteTrace& trace, const std::string& policy, uint64_t budget_bytes,
                           const ReplayOptions& options) {
@@ -286,10 +302,12 @@ ReplayResult replay_trace(const RouteTrace& trace, const std::string& policy, ui
   const auto visits = trace_visits(trace, &decode);
   Rng rng(options.seed);
   std::unique_ptr<CachePolicy> p;
-  if (policy == "belady" || policy == "layer-belady") {
+  if (is_offline_policy(policy)) {
     std::vector<Access> all;
     for (const auto& v : visits) all.insert(all.end(), v.begin(), v.end());
-    p = policy == "belady" ? make_belady_policy(all) : make_layer_belady_policy(all, trace.n_layer, budget_bytes);
+    if (policy == "belady") p = make_belady_policy(all);
+    else if (policy == "layer-belady") p = make_layer_belady_policy(all, trace.n_layer, budget_bytes);
+    else p = make_horizon_belady_policy(all, horizon_of(policy), trace.n_layer);
   } else {
     p = make_cache_policy(policy, trace.n_layer, budget_bytes);
   }
@@ -297,6 +315,13 @@ ReplayResult replay_trace(const RouteTrace& trace, const std::string& policy, ui
   ReplayResult r;
   ReplayPrefetch prefetch(trace, options);
   std::vector<ExpertKey> predicted;
+  uint64_t first_decode = 0, last_decode = 0;
+  for (size_t i = 0; i < visits.size(); ++i) {
+    if (!decode[i] || visits[i].empty()) continue;
+    if (first_decode == 0) first_decode = visits[i].front().token;
+    last_decode = visits[i].front().token;
+  }
+  const double counted_from = static_cast<double>(first_decode) + options.count_from * static_cast<double>(last_decode + 1 - first_decode);
   for (size_t i = 0; i < visits.size(); ++i) {
     if (options.predict_window > 0 && decode[i]) {
       // Visits of one decode token are consecutive, one per layer.
@@ -317,7 +342,8 @@ ReplayResult replay_trace(const RouteTrace& trace, const std::string& policy, ui
       prefetch.skip_visit();
       continue;
     }
-    for (size_t j = 0; j < visits[i].size(); ++j) {
+    const bool counted = visits[i].empty() || static_cast<double>(visits[i].front().token) >= counted_from;
+    for (size_t j = 0; j < visits[i].size() && counted; ++j) {
       ++r.lookups;
       if (plan.hit[j]) ++r.hits;
       else if (prefetch.take(visits[i][j].key)) ++r.covered;

@@ -95,7 +95,13 @@ struct ReplayOptions {
   int prefetch_window = 0;
   int prefetch_reads = 0;  // 0: top-k / 2, at least 1
   double min_score = AffinityOptions{}.min_score;
+  // Counts only the lookups of the decode tokens from this fraction of them on (0.5: the second
+  // half, after the policy learned on the first): what a policy does on routing it has not seen.
+  double count_from = 0.0;
 };
+// Whether bmoe-replay runs `policy` with the trace's future: "belady", "layer-belady", and
+// "belady-hN" (Belady knowing the next N tokens' routing, nothing beyond).
+bool is_offline_policy(const std::string& policy);
 ReplayResult replay_trace(const RouteTrace& trace, const std::string& policy, uint64_t budget_bytes,
                           const ReplayOptions& options = {});
 
