@@ -83,11 +83,16 @@ Session::StepStart Session::step_start() const { return {model_.experts->stats()
 const TokenRecord& Session::accept(int32_t token) {
   const StepStart before = step_start();
   Stopwatch timer;
-  logits_ = &state_.eval(&token, 1);
-  history_.push_back(token);
-  sampler_.accept(token);
+  state_.eval(&token, 1);
+  took(token);
   record(token, timer.seconds(), before, 0, 1, 1);
   return records_.back();
+}
+
+void Session::took(int32_t token) {
+  logits_ = &state_.logits();
+  history_.push_back(token);
+  sampler_.accept(token);
 }
 
 int Session::accept_draft(int32_t token, const std::vector<int32_t>& draft) {

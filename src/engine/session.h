@@ -93,6 +93,7 @@ class Session {
   std::vector<float> embed(const std::vector<int32_t>& tokens, Pooling pooling);
 
  private:
+  friend class SessionBatch;  // feeds several sessions in one pass (session_batch.h)
   // The counters at the start of a decode step, for its record.
   struct StepStart {
     ExpertStats experts;
@@ -100,6 +101,8 @@ class Session {
   };
   StepStart step_start() const;
   void record(int32_t token, double wall_seconds, const StepStart& before, int share, int of, int batch);
+  // After `token` was fed (alone or in a batch): the logits, history and sampler move on.
+  void took(int32_t token);
   LoadedModel& model_;
   ThreadPool& pool_;
   InferenceState state_;
