@@ -67,6 +67,12 @@ class Session {
   // many tokens were reused.
   int prefill_reusing(const std::vector<int32_t>& prompt, PrefillRecord* record = nullptr,
                       const PrefillProgress& progress = {});  // progress counts the kept prefix as done
+  // prefill_reusing's first half: drops what follows the longest common prefix of the history
+  // and `prompt` (keeping at least the last prompt token to evaluate) and returns its length. The
+  // rest of the prompt is then fed with prefill(), in one call or in chunks of n_batch() tokens,
+  // which evaluate the same batches.
+  int keep_prefix(const std::vector<int32_t>& prompt);
+  int n_batch() const { return n_batch_; }
   void set_sampler(const SamplerConfig& config) { sampler_ = Sampler(config); }
   // The tokens whose keys and values the cache holds, in order.
   const std::vector<int32_t>& history() const { return history_; }
