@@ -64,6 +64,7 @@ struct CliOptions {
   std::string route_replay;
   bool progress = false;
   bool interactive = false;
+  bool parallel = false;  // --parallel given (even 1): the prompts of -f, one per line
 };
 
 void add_flags(CLI::App& app, CliOptions& o) {
@@ -471,7 +472,6 @@ class ParallelCliRun {
   void admit();
   void finish(int id);
   void report(double seconds) const;
-  uint64_t bytes_read() const { return loaded_.model->experts->stats().bytes_read; }
 
   const CliOptions& o_;
   LoadedRun& loaded_;
@@ -481,7 +481,7 @@ class ParallelCliRun {
   size_t next_ = 0;
   std::map<int, ParallelSequence> running_;  // by ParallelDecode id
   std::vector<double> step_seconds_;
-  uint64_t decode_bytes_ = 0;
+  uint64_t decode_bytes_ = 0, decode_lookups_ = 0, decode_hits_ = 0;  // in decode steps
   int generated_ = 0;
   double prefill_seconds_ = 0;
 };
@@ -490,11 +490,14 @@ void ParallelCliRun::run() {
   Stopwatch clock;
   while (next_ < prompts_.size() || batch_.running() > 0) {
     while (next_ < prompts_.size() && batch_.running() < loaded_.config.parallel) admit();
-    const uint64_t before = bytes_read();
+    const ExpertStats before = loaded_.model->experts->stats();
     Stopwatch step;
     const std::vector<int> ended = batch_.step();
     step_seconds_.push_back(step.seconds());
-    decode_bytes_ += bytes_read() - before;
+    const ExpertStats after = loaded_.model->experts->stats();
+    decode_bytes_ += after.bytes_read - before.bytes_read;
+    decode_lookups_ += after.requests - before.requests;
+    decode_hits_ += after.hits - before.hits;
     for (int id : ended) finish(id);
   }
   report(clock.seconds() - prefill_seconds_);
@@ -546,8 +549,11 @@ void ParallelCliRun::report(double seconds) const {
              prompts_.size(), loaded_.config.parallel, generated_, seconds, generated_ / std::max(seconds, 1e-9));
   fmt::print(stderr, "parallel: token latency p50 {:.1f} ms, p95 {:.1f} ms over {} steps; prompts read in {:.3f} s\n",
              percentile(step_seconds_, 0.5) * 1e3, percentile(step_seconds_, 0.95) * 1e3, step_seconds_.size(), prefill_seconds_);
-  fmt::print(stderr, "parallel: flash {:.2f} MiB per generated token ({:.1f} MiB in decode steps); experts {} distinct of {} routed ({:.2f})\n",
-             generated_ ? mib / generated_ : 0.0, mib, b.distinct_experts(), b.routed_slots(),
+  fmt::print(stderr, "parallel: flash {:.2f} MiB per generated token ({:.1f} MiB in decode steps, hit {:.1f} %); "
+             "experts {} distinct of {} routed ({:.2f})\n",
+             generated_ ? mib / generated_ : 0.0, mib,
+             decode_lookups_ ? 100.0 * static_cast<double>(decode_hits_) / static_cast<double>(decode_lookups_) : 0.0,
+             b.distinct_experts(), b.routed_slots(),
              b.routed_slots() ? static_cast<double>(b.distinct_experts()) / static_cast<double>(b.routed_slots()) : 1.0);
 }
 
@@ -570,7 +576,7 @@ int run(const CliOptions& o) {
     return 0;
   }
   if (o.interactive) return interactive(o);
-  if (o.run.config.parallel > 1) return run_parallel(o);
+  if (o.parallel) return run_parallel(o);
   const std::string prompt = o.prompt_file.empty() ? o.prompt : read_whole_file(o.prompt_file, "prompt file");
 
   MemoryWatcher watcher;
@@ -636,6 +642,7 @@ int main(int argc, char** argv) {
   add_flags(app, options);
   if (const std::optional<int> status = parse_command_line(app, argc, argv)) return *status;
   if (!apply_system_prompt(options)) return 2;
+  options.parallel = app.count("--parallel") > 0;
   options.seed = options.seed_option >= 0 ? static_cast<uint64_t>(options.seed_option) : random_seed();
   if (options.sampling.temperature > 0 && options.seed_option < 0) fmt::print(stderr, "seed: {} (-s {} repeats this run)\n", options.seed, options.seed);
   try {
