@@ -7,7 +7,9 @@
 #include <csignal>
 #include <cstdio>
 #include <atomic>
+#include <algorithm>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
@@ -62,6 +64,7 @@ struct CliOptions {
   std::string route_replay;
   bool progress = false;
   bool interactive = false;
+  bool parallel = false;  // --parallel given (even 1): the prompts of -f, one per line
 };
 
 void add_flags(CLI::App& app, CliOptions& o) {
@@ -430,12 +433,150 @@ void write_run_metrics(const CliOptions& o, const LoadedRun& loaded, const RunSu
   write_metrics(o.metrics, mi);
 }
 
+// --parallel N: the lines of -f as prompts, N decoded at once (ParallelDecode); a sequence that
+// ends makes room for the next prompt, which is read between two steps.
+std::vector<std::string> prompt_lines(const CliOptions& o) {
+  if (o.prompt_file.empty()) fail("--parallel {} needs -f FILE with one prompt per line", o.run.config.parallel);
+  std::istringstream in(read_whole_file(o.prompt_file, "prompt file"));
+  std::vector<std::string> prompts;
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (!line.empty()) prompts.push_back(line);
+  }
+  if (prompts.empty()) fail("{}: no prompts (one per line)", o.prompt_file);
+  return prompts;
+}
+
+double percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size() - 1) + 0.5))];
+}
+
+// One sequence of a --parallel run: its session (alive while it decodes) and its prompt.
+struct ParallelSequence {
+  size_t index = 0;
+  std::unique_ptr<Session> session;
+  std::vector<int32_t> prompt;
+};
+
+class ParallelCliRun {
+ public:
+  ParallelCliRun(const CliOptions& o, LoadedRun& loaded, ThreadPool& pool)
+      : o_(o), loaded_(loaded), pool_(pool), batch_(*loaded.model, pool), prompts_(prompt_lines(o)) {
+    batch_.set_routing_options(loaded.config.routing());
+  }
+  void run();
+
+ private:
+  void admit();
+  void finish(int id);
+  void report(double seconds) const;
+
+  const CliOptions& o_;
+  LoadedRun& loaded_;
+  ThreadPool& pool_;
+  ParallelDecode batch_;
+  std::vector<std::string> prompts_;
+  size_t next_ = 0;
+  std::map<int, ParallelSequence> running_;  // by ParallelDecode id
+  std::vector<double> step_seconds_;
+  uint64_t decode_bytes_ = 0, decode_lookups_ = 0, decode_hits_ = 0;  // in decode steps
+  int generated_ = 0;
+  double prefill_seconds_ = 0;
+};
+
+void ParallelCliRun::run() {
+  Stopwatch clock;
+  while (next_ < prompts_.size() || batch_.running() > 0) {
+    while (next_ < prompts_.size() && batch_.running() < loaded_.config.parallel) admit();
+    const ExpertStats before = loaded_.model->experts->stats();
+    Stopwatch step;
+    const std::vector<int> ended = batch_.step();
+    step_seconds_.push_back(step.seconds());
+    const ExpertStats after = loaded_.model->experts->stats();
+    decode_bytes_ += after.bytes_read - before.bytes_read;
+    decode_lookups_ += after.requests - before.requests;
+    decode_hits_ += after.hits - before.hits;
+    for (int id : ended) finish(id);
+  }
+  report(clock.seconds() - prefill_seconds_);
+}
+
+void ParallelCliRun::admit() {
+  const RunConfig& c = loaded_.config;
+  ParallelSequence q;
+  q.index = next_++;
+  q.session = open_session(loaded_, pool_, sampler_config(o_));
+  q.prompt = q.session->tokenize(chat_prompt(o_, loaded_, prompts_[q.index]), true);
+  if (static_cast<int>(q.prompt.size()) >= c.sequence_ctx()) {
+    fail("prompt {} has {} tokens, more than a sequence's context of {} (raise -c)", q.index + 1, q.prompt.size(), c.sequence_ctx());
+  }
+  prefill_seconds_ += q.session->prefill(q.prompt).seconds;
+  const int limit = o_.n_predict < 0 ? c.sequence_ctx() - static_cast<int>(q.prompt.size()) : o_.n_predict;
+  GenerateParams params = decode_params(o_, loaded_, q.prompt);
+  const int id = batch_.add(*q.session, limit, std::move(params));
+  running_.emplace(id, std::move(q));
+}
+
+// A finished answer: on stdout (text, or --json one object per line), its line on stderr.
+void ParallelCliRun::finish(int id) {
+  const GenerateResult r = batch_.take(id);
+  const ParallelSequence& q = running_.at(id);
+  generated_ += static_cast<int>(r.tokens.size());
+  const Tokenizer& tok = *loaded_.model->tokenizer;
+  if (o_.json) {
+    nlohmann::json j;
+    j["index"] = q.index;
+    j["prompt"] = q.prompt;
+    j["tokens"] = r.tokens;
+    j["text"] = utf8_sanitize(tok.decode(r.tokens, o_.show_special));
+    fmt::print("{}\n", j.dump());
+  } else {
+    fmt::print("[{}] {}\n", q.index + 1, r.text);
+  }
+  std::fflush(stdout);
+  fmt::print(stderr, "sequence {}: prompt {} tokens, {} tokens in {:.3f} s, {:.2f} tok/s ({})\n", q.index + 1, q.prompt.size(),
+             r.tokens.size(), r.decode_seconds, static_cast<double>(r.tokens.size()) / std::max(r.decode_seconds, 1e-9),
+             r.finish_reason);
+  running_.erase(id);
+}
+
+void ParallelCliRun::report(double seconds) const {
+  const SessionBatch& b = batch_.batch();
+  const double mib = static_cast<double>(decode_bytes_) / (1 << 20);
+  fmt::print(stderr, "parallel: {} sequences, {} at once: {} tokens in {:.3f} s of decode steps, {:.2f} tok/s aggregate\n",
+             prompts_.size(), loaded_.config.parallel, generated_, seconds, generated_ / std::max(seconds, 1e-9));
+  fmt::print(stderr, "parallel: token latency p50 {:.1f} ms, p95 {:.1f} ms over {} steps; prompts read in {:.3f} s\n",
+             percentile(step_seconds_, 0.5) * 1e3, percentile(step_seconds_, 0.95) * 1e3, step_seconds_.size(), prefill_seconds_);
+  fmt::print(stderr, "parallel: flash {:.2f} MiB per generated token ({:.1f} MiB in decode steps, hit {:.1f} %); "
+             "experts {} distinct of {} routed ({:.2f})\n",
+             generated_ ? mib / generated_ : 0.0, mib,
+             decode_lookups_ ? 100.0 * static_cast<double>(decode_hits_) / static_cast<double>(decode_lookups_) : 0.0,
+             b.distinct_experts(), b.routed_slots(),
+             b.routed_slots() ? static_cast<double>(b.distinct_experts()) / static_cast<double>(b.routed_slots()) : 1.0);
+}
+
+int run_parallel(const CliOptions& o) {
+  if (!o.prompt.empty() || !o.prompt_ids.empty()) fail("--parallel reads its prompts from -f FILE, one per line (not -p/--prompt-ids)");
+  if (!o.teacher_force.empty() || !o.csv.empty() || !o.route_trace.empty() || !o.route_replay.empty() || !o.dump_logits.empty()) {
+    fail("--parallel runs without --teacher-force, --csv, --route-trace, --route-replay and --dump-logits");
+  }
+  LoadedRun loaded = load_run(run_config(o.run));
+  ThreadPool pool(loaded.config.thread_count());
+  ParallelCliRun(o, loaded, pool).run();
+  report_prefetch(loaded);
+  save_cache_file(loaded);
+  return 0;
+}
+
 int run(const CliOptions& o) {
   if (o.list_archs) {
     for (const Architecture& a : architectures()) fmt::print("{:<10} {}\n{}", a.name, a.description, describe_tensors(a));
     return 0;
   }
   if (o.interactive) return interactive(o);
+  if (o.parallel) return run_parallel(o);
   const std::string prompt = o.prompt_file.empty() ? o.prompt : read_whole_file(o.prompt_file, "prompt file");
 
   MemoryWatcher watcher;
@@ -501,6 +642,7 @@ int main(int argc, char** argv) {
   add_flags(app, options);
   if (const std::optional<int> status = parse_command_line(app, argc, argv)) return *status;
   if (!apply_system_prompt(options)) return 2;
+  options.parallel = app.count("--parallel") > 0;
   options.seed = options.seed_option >= 0 ? static_cast<uint64_t>(options.seed_option) : random_seed();
   if (options.sampling.temperature > 0 && options.seed_option < 0) fmt::print(stderr, "seed: {} (-s {} repeats this run)\n", options.seed, options.seed);
   try {

@@ -1,6 +1,7 @@
 // bmoe-server: an OpenAI-compatible HTTP server for one model (llama-server's endpoints).
 //
-// One worker thread decodes requests one at a time from a bounded queue (serve/worker.h); HTTP
+// One worker thread decodes requests from a bounded queue (serve/worker.h): one at a time, or
+// with --parallel N in N slots decoded together (continuous batching); HTTP
 // threads parse and validate requests (serve/request.h), tokenize, and wait for (or stream:
 // serve/stream.h) their job's output. This file holds the flags, the routes and the client's
 // connection. The model, its KV cache and its expert cache stay loaded; each request reuses
@@ -143,6 +144,9 @@ class Server {
     install_models(http);
     install_tokens(http);
     http.Get("/props", guarded([this](const httplib::Request&, httplib::Response& res) { send_json(res, 200, props()); }));
+    http.Get("/slots", guarded([this](const httplib::Request&, httplib::Response& res) {
+      send_json(res, 200, json::parse(worker_.slots().dump()));
+    }));
     http.Get("/metrics", guarded([this](const httplib::Request&, httplib::Response& res) {
       res.set_content(worker_.prometheus(), "text/plain; version=0.0.4");
     }));
@@ -241,7 +245,7 @@ class Server {
                      {"repeat_penalty", d.repeat_penalty}, {"repeat_last_n", d.repeat_last_n},
                      {"ignore_eos", o_.ignore_eos}};
     return {{"default_generation_settings", settings},
-            {"total_slots", 1},
+            {"total_slots", worker_.run().config.parallel},
             {"model_alias", model_name_},
             {"model_path", utf8_sanitize(o_.run.config.model)},
             {"chat_format", chat_format_name(chat_template_.format())},
@@ -524,9 +528,9 @@ int serve(const ServerOptions& o) {
     api.wait_answered(std::chrono::seconds(10));
     http.stop();
   });
-  fmt::print(stderr, "server: listening on http://{}:{} (chat: {}, queue {}, {} HTTP threads{})\n", o.host, o.port,
-             api.chat_template_description(),
-             o.queue, threads, o.api_key.empty() ? "" : ", API key required");
+  fmt::print(stderr, "server: listening on http://{}:{} (chat: {}, {} slot{}, queue {}, {} HTTP threads{})\n", o.host,
+             o.port, api.chat_template_description(), resolved.run.config.parallel,
+             resolved.run.config.parallel > 1 ? "s" : "", o.queue, threads, o.api_key.empty() ? "" : ", API key required");
   http.listen_after_bind();
   pthread_kill(stopper.native_handle(), SIGTERM);  // if the server stopped by itself
   stopper.join();

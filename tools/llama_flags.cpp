@@ -53,6 +53,9 @@ TranslatedArgs translate_llama_flags(const CLI::App& app, int argc, const char* 
     } else if (a == "-hf" || a == "-hfr") {
       const std::string repo = next();
       t.args.insert(t.args.end(), {"--hf-repo", repo});
+    } else if (a == "-np") {
+      const std::string n = next();
+      t.args.insert(t.args.end(), {"--parallel", n});
     } else if (a == "-hff") {
       const std::string file = next();
       t.args.insert(t.args.end(), {"--hf-file", file});

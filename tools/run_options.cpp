@@ -108,6 +108,9 @@ void add_run_flags(CLI::App& app, RunOptions& o) {
   app.add_option("--hf-file", o.hf_file, "with --hf-repo: the repository's file to use (default: by the quant tag)");
   app.add_option("-t,--threads", o.config.threads, "compute threads (default: all cores)")->check(CLI::Range(0, 512));
   app.add_option("-c,--ctx-size", o.config.ctx_size, "context size in tokens")->capture_default_str()->check(CLI::Range(16, 1 << 20));
+  app.add_option("--parallel", o.config.parallel,
+                 "sequences decoded at once, sharing each step's expert reads (-np; the context -c is split among them)")
+      ->capture_default_str()->check(CLI::Range(1, 256));
   app.add_option("-b,--batch-size", o.config.batch_size, "prompt tokens per forward pass (default 512; 2048 streamed)")
       ->check(CLI::Range(1, 8192));
   app.add_option("--n-expert-used", o.config.n_expert_used, "override the model's top-k experts per token (lossy)")->check(CLI::Range(1, 1024));
@@ -210,6 +213,7 @@ void check_combinations(const RunConfig& c) {
   if ((c.prefetch > 0 || !c.predict_log.empty()) && !c.streaming()) fail("--prefetch/--predict-log need --moe-stream");
   if (!c.predict_log.empty() && c.prefetch == 0 && c.route_ahead == 0) fail("--predict-log needs --prefetch N (or --route-ahead N)");
   if (!c.cache_file.empty() && !c.streaming()) fail("--cache-file needs --moe-stream");
+  if (c.sequence_ctx() < 16) fail("--parallel {}: a context of {} leaves {} tokens per sequence (raise -c)", c.parallel, c.ctx_size, c.sequence_ctx());
 }
 
 Predictor predictor_named(const std::string& name) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <optional>
 
 #include "core/error.h"
 #include "core/timer.h"
@@ -75,17 +76,34 @@ std::vector<int32_t> feed_token(Session& session, int32_t token, Drafting* draft
 // pass fed already, then the session's samples), the text on its way out, and the result.
 class DecodeLoop {
  public:
-  DecodeLoop(Session& session, const GenerateParams& params, const DecodeHooks& hooks)
-      : session_(session), params_(params), hooks_(hooks), tok_(*session.model().tokenizer), stop_(params.stop) {
+  // `may_draft`: false where the caller feeds the tokens one per step (a batch of sequences).
+  DecodeLoop(Session& session, int limit, const GenerateParams& params, const DecodeHooks& hooks, bool may_draft = true)
+      : session_(session), params_(params), hooks_(hooks), tok_(*session.model().tokenizer), stop_(params.stop),
+        limit_(limit) {
     if (params.grammar) grammar_ = std::make_unique<GrammarFilter>(params.grammar, tok_);
     grammar_waits_ = grammar_ && !params.grammar_after.empty();
     // No session offers an MTP head yet (speculative.h): make_drafter refuses params.draft.mtp.
-    if (drafts_with(params)) {
+    if (may_draft && drafts_with(params)) {
       drafting_ = std::make_unique<Drafting>(DraftController(params.draft), make_drafter(params.draft));
     }
+    result_.finish_reason = "length";
   }
 
-  GenerateResult run(int limit);
+  GenerateResult run() {
+    while (const std::optional<int32_t> token = next_to_feed()) feed(*token);
+    return finish();
+  }
+  // Emits tokens up to the next one the model must be fed and returns it, or nothing once the
+  // answer has ended (end token, stop string, limit, full context, cancelled).
+  std::optional<int32_t> next_to_feed();
+  // Feeds next_to_feed's token here (and drafts, when drafting).
+  void feed(int32_t token);
+  // next_to_feed's token was fed by the caller; its record starts at first_record.
+  void fed(size_t first_record) {
+    if (hooks_.on_step && !pending_forced_) hooks_.on_step(first_record);
+  }
+  GenerateResult finish();
+  Session& session() { return session_; }
 
  private:
   Stopwatch clock_;  // the decode time, from before the grammar's matcher is built
@@ -94,7 +112,6 @@ class DecodeLoop {
     fed = next_known_ < known_.size();
     return fed ? known_[next_known_++] : session_.sample(grammar_waits_ ? nullptr : grammar_.get());
   }
-  void feed(int32_t token, int budget, bool forced);
   bool take(int32_t token);
   int32_t force(int step, int32_t pick);
   void emit(const std::string& text);
@@ -114,12 +131,17 @@ class DecodeLoop {
   Utf8Stream utf8_;
   StopMatcher stop_;
   bool keep_going_ = true;  // false once on_piece asked to stop
+  const int limit_;
+  int step_ = 0;
+  bool ended_ = false;
+  int pending_budget_ = 0;      // next_to_feed's token: the draft budget after it
+  bool pending_forced_ = false;  // and whether it is a teacher-forced one
   GenerateResult result_;
 };
 
-GenerateResult DecodeLoop::run(int limit) {
-  result_.finish_reason = "length";
-  for (int i = 0; i < limit; ++i) {
+std::optional<int32_t> DecodeLoop::next_to_feed() {
+  while (!ended_ && step_ < limit_) {
+    const int i = step_++;
     if (stopped()) {
       result_.finish_reason = "cancelled";
       break;
@@ -131,9 +153,16 @@ GenerateResult DecodeLoop::run(int limit) {
     if (!forced && !take(token)) break;
     if (fed) continue;
     // The last token of the budget is not fed, nor one sampled with the context full.
-    if (i + 1 >= limit || session_.state().n_past() >= session_.state().n_ctx()) break;
-    feed(token, limit - i - 2, forced);
+    if (i + 1 >= limit_ || session_.state().n_past() >= session_.state().n_ctx()) break;
+    pending_budget_ = limit_ - i - 2;
+    pending_forced_ = forced;
+    return token;
   }
+  ended_ = true;
+  return std::nullopt;
+}
+
+GenerateResult DecodeLoop::finish() {
   if (drafting_) {
     const DraftController& c = drafting_->controller;
     result_.drafted = c.drafted_total();
@@ -146,11 +175,11 @@ GenerateResult DecodeLoop::run(int limit) {
   return std::move(result_);
 }
 
-void DecodeLoop::feed(int32_t token, int budget, bool forced) {
+void DecodeLoop::feed(int32_t token) {
   const size_t first_record = session_.records().size();
-  known_ = feed_token(session_, token, drafting_.get(), budget);
+  known_ = feed_token(session_, token, drafting_.get(), pending_budget_);
   next_known_ = 0;
-  if (hooks_.on_step && !forced) hooks_.on_step(first_record);
+  fed(first_record);
 }
 
 // Emits one token; false when generation ends with it (end token or stop string).
@@ -213,7 +242,75 @@ GrammarFilter::GrammarFilter(std::shared_ptr<const Grammar> grammar, const Token
     : constraint_(std::move(grammar), tok.token_texts(), tok.end_of_generation_tokens()) {}
 
 GenerateResult decode_tokens(Session& session, int limit, const GenerateParams& params, const DecodeHooks& hooks) {
-  return DecodeLoop(session, params, hooks).run(limit);
+  return DecodeLoop(session, limit, params, hooks).run();
+}
+
+// One sequence of a ParallelDecode: its parameters and hooks outlive the loop that reads them.
+struct ParallelDecode::Sequence {
+  Sequence(Session& session, int limit, GenerateParams p, DecodeHooks h)
+      : params(std::move(p)), hooks(std::move(h)), loop(session, limit, params, hooks, /*may_draft=*/false) {}
+  GenerateParams params;
+  DecodeHooks hooks;
+  DecodeLoop loop;
+  bool ended = false;
+  GenerateResult result;
+};
+
+ParallelDecode::ParallelDecode(LoadedModel& model, ThreadPool& pool)
+    : batch_(std::make_unique<SessionBatch>(model, pool)) {}
+ParallelDecode::~ParallelDecode() = default;
+
+void ParallelDecode::set_routing_options(const RoutingOptions& options) { batch_->set_routing_options(options); }
+const SessionBatch& ParallelDecode::batch() const { return *batch_; }
+
+int ParallelDecode::add(Session& session, int limit, GenerateParams params, DecodeHooks hooks) {
+  for (const auto& q : sequences_) {
+    if (q && !q->ended && &q->loop.session() == &session) fail("internal: a session decodes twice in one batch");
+  }
+  sequences_.push_back(std::make_unique<Sequence>(session, limit, std::move(params), std::move(hooks)));
+  return static_cast<int>(sequences_.size()) - 1;
+}
+
+int ParallelDecode::running() const {
+  int n = 0;
+  for (const auto& q : sequences_) n += q && !q->ended;
+  return n;
+}
+
+std::vector<int> ParallelDecode::step() {
+  std::vector<int> ended;
+  std::vector<Sequence*> fed;
+  std::vector<Session*> sessions;
+  std::vector<int32_t> tokens;
+  for (size_t id = 0; id < sequences_.size(); ++id) {
+    Sequence* q = sequences_[id].get();
+    if (!q || q->ended) continue;
+    if (const std::optional<int32_t> token = q->loop.next_to_feed()) {
+      fed.push_back(q);
+      sessions.push_back(&q->loop.session());
+      tokens.push_back(*token);
+      continue;
+    }
+    q->ended = true;
+    q->result = q->loop.finish();
+    ended.push_back(static_cast<int>(id));
+  }
+  if (sessions.empty()) return ended;
+  std::vector<size_t> first_records;
+  for (Session* s : sessions) first_records.push_back(s->records().size());
+  batch_->accept(sessions, tokens);
+  for (size_t i = 0; i < fed.size(); ++i) fed[i]->loop.fed(first_records[i]);
+  return ended;
+}
+
+GenerateResult ParallelDecode::take(int id) {
+  if (id < 0 || static_cast<size_t>(id) >= sequences_.size() || !sequences_[static_cast<size_t>(id)] ||
+      !sequences_[static_cast<size_t>(id)]->ended) {
+    fail("internal: sequence {} has no answer to take", id);
+  }
+  GenerateResult r = std::move(sequences_[static_cast<size_t>(id)]->result);
+  sequences_[static_cast<size_t>(id)].reset();
+  return r;
 }
 
 GenerateResult generate(Session& session, const std::vector<int32_t>& prompt, const GenerateParams& params,

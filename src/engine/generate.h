@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "engine/session.h"
+#include "engine/session_batch.h"
 #include "engine/speculative.h"
 #include "text/grammar.h"
 
@@ -89,6 +90,33 @@ GenerateResult generate(Session& session, const std::vector<int32_t>& prompt, co
 // are emitted but not fed. Fills the result's tokens, text, finish reason, decode time and
 // drafting and forcing counts; the prompt fields are the caller's.
 GenerateResult decode_tokens(Session& session, int limit, const GenerateParams& params, const DecodeHooks& hooks = {});
+
+// Continuous batching over sessions of one model: each sequence runs decode_tokens' loop (its own
+// sampler, grammar, stop strings, limit and hooks), and every step feeds the next token of all
+// running sequences in one pass (SessionBatch), so an expert several of them chose is read and
+// computed once. A sequence joins between steps, its prompt fed already, and leaves at the step
+// its answer ends (end token, stop string, limit, full context, cancel flag). No drafting: a row
+// is one token. Each sequence's result equals decode_tokens' on its session alone.
+class ParallelDecode {
+ public:
+  ParallelDecode(LoadedModel& model, ThreadPool& pool);
+  ~ParallelDecode();
+  void set_routing_options(const RoutingOptions& options);
+  // Adds a sequence whose prompt `session` was fed; returns its id (0, 1, ... in order of adding).
+  int add(Session& session, int limit, GenerateParams params, DecodeHooks hooks = {});
+  // One step: every running sequence emits its next token, then those that go on are fed in one
+  // pass. Returns the ids of the sequences whose answers ended in this step.
+  std::vector<int> step();
+  int running() const;
+  // The answer of a sequence that ended (once; it is then forgotten).
+  GenerateResult take(int id);
+  const SessionBatch& batch() const;
+
+ private:
+  struct Sequence;
+  std::unique_ptr<SessionBatch> batch_;
+  std::vector<std::unique_ptr<Sequence>> sequences_;  // by id; null once taken
+};
 
 // Whether the decode loop drafts with these parameters: drafting_possible, and no log-probabilities,
 // grammar or teacher forcing asked for.

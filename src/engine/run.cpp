@@ -28,12 +28,14 @@ int RunConfig::thread_count() const {
 
 namespace {
 
-// The KV cache, and a hybrid model's recurrent state twice (the live one and the copy a rewind
-// restores): what the context needs beside the experts.
+// The KV caches of every sequence (--parallel: ctx_size rows in all), and per sequence a hybrid
+// model's recurrent state twice (the live one and the copy a rewind restores): what the contexts
+// need beside the experts.
 uint64_t context_bytes(const RunConfig& c, const ModelConfig& cfg) {
-  return static_cast<uint64_t>(cfg.kv_bytes_per_token()) * static_cast<uint64_t>(c.ctx_size) *
+  const uint64_t sequences = static_cast<uint64_t>(std::max(1, c.parallel));
+  return static_cast<uint64_t>(cfg.kv_bytes_per_token()) * static_cast<uint64_t>(c.sequence_ctx()) * sequences *
              (c.kv_type == KvType::F32 ? 2 : 1) +
-         2 * static_cast<uint64_t>(cfg.recurrent_state_bytes());
+         2 * static_cast<uint64_t>(cfg.recurrent_state_bytes()) * sequences;
 }
 
 // Experts the predictors may read ahead for one layer: the routers' whole guess, the affinity
@@ -208,7 +210,7 @@ LoadedRun load_run(const RunConfig& config) {
 
 std::unique_ptr<Session> open_session(LoadedRun& run, ThreadPool& pool, const SamplerConfig& sampler) {
   const RunConfig& c = run.config;
-  auto session = std::make_unique<Session>(*run.model, pool, c.ctx_size, c.batch(), sampler, c.kv_type);
+  auto session = std::make_unique<Session>(*run.model, pool, c.sequence_ctx(), c.batch(), sampler, c.kv_type);
   session->state().set_routing_options(c.routing());
   return session;
 }

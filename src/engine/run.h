@@ -9,6 +9,7 @@
 // spellings are the same in every tool.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -46,6 +47,9 @@ struct RunConfig {
   std::string model;  // GGUF path (any shard of a split model)
   int threads = 0;    // compute threads; 0: every core
   int ctx_size = 4096;
+  // Sequences decoded at once (--parallel, llama-server's -np): they share ctx_size, each
+  // sequence's context being ctx_size / parallel as llama-server's slots.
+  int parallel = 1;
   int batch_size = 0;     // prompt tokens per forward pass; 0: batch() picks the mode's default
   int n_expert_used = 0;  // override the model's top-k (lossy); 0: the model's
   KvType kv_type = KvType::F16;
@@ -80,6 +84,7 @@ struct RunConfig {
   std::string draft_oracle;  // benchmark only: draft from an earlier run's `bmoe-cli --json` output
 
   int thread_count() const;
+  int sequence_ctx() const { return ctx_size / std::max(1, parallel); }
   // Streams the experts (a resolved mode: Auto answers false until load_run has chosen).
   bool streaming() const { return moe_mode == MoeMode::Stream; }
   // Prompt tokens per forward pass: batch_size, else 512 resident and 2048 streamed (each expert

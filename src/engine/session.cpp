@@ -49,7 +49,7 @@ PrefillRecord Session::prefill(const std::vector<int32_t>& tokens, const Prefill
   return {static_cast<int>(tokens.size()), timer.seconds()};
 }
 
-int Session::prefill_reusing(const std::vector<int32_t>& prompt, PrefillRecord* record, const PrefillProgress& progress) {
+int Session::keep_prefix(const std::vector<int32_t>& prompt) {
   if (prompt.empty()) fail("the prompt is empty");
   size_t keep = 0;
   while (keep < history_.size() && keep < prompt.size() && history_[keep] == prompt[keep]) ++keep;
@@ -61,6 +61,11 @@ int Session::prefill_reusing(const std::vector<int32_t>& prompt, PrefillRecord* 
     throw;
   }
   history_.resize(keep);
+  return static_cast<int>(keep);
+}
+
+int Session::prefill_reusing(const std::vector<int32_t>& prompt, PrefillRecord* record, const PrefillProgress& progress) {
+  const size_t keep = static_cast<size_t>(keep_prefix(prompt));
   PrefillProgress whole;  // the progress over the whole prompt, the kept prefix included
   if (progress) {
     whole = [&progress, keep, total = static_cast<int>(prompt.size())](double done, int, double seconds) {
@@ -83,11 +88,16 @@ Session::StepStart Session::step_start() const { return {model_.experts->stats()
 const TokenRecord& Session::accept(int32_t token) {
   const StepStart before = step_start();
   Stopwatch timer;
-  logits_ = &state_.eval(&token, 1);
-  history_.push_back(token);
-  sampler_.accept(token);
+  state_.eval(&token, 1);
+  took(token);
   record(token, timer.seconds(), before, 0, 1, 1);
   return records_.back();
+}
+
+void Session::took(int32_t token) {
+  logits_ = &state_.logits();
+  history_.push_back(token);
+  sampler_.accept(token);
 }
 
 int Session::accept_draft(int32_t token, const std::vector<int32_t>& draft) {

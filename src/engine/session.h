@@ -67,6 +67,12 @@ class Session {
   // many tokens were reused.
   int prefill_reusing(const std::vector<int32_t>& prompt, PrefillRecord* record = nullptr,
                       const PrefillProgress& progress = {});  // progress counts the kept prefix as done
+  // prefill_reusing's first half: drops what follows the longest common prefix of the history
+  // and `prompt` (keeping at least the last prompt token to evaluate) and returns its length. The
+  // rest of the prompt is then fed with prefill(), in one call or in chunks of n_batch() tokens,
+  // which evaluate the same batches.
+  int keep_prefix(const std::vector<int32_t>& prompt);
+  int n_batch() const { return n_batch_; }
   void set_sampler(const SamplerConfig& config) { sampler_ = Sampler(config); }
   // The tokens whose keys and values the cache holds, in order.
   const std::vector<int32_t>& history() const { return history_; }
@@ -93,6 +99,7 @@ class Session {
   std::vector<float> embed(const std::vector<int32_t>& tokens, Pooling pooling);
 
  private:
+  friend class SessionBatch;  // feeds several sessions in one pass (session_batch.h)
   // The counters at the start of a decode step, for its record.
   struct StepStart {
     ExpertStats experts;
@@ -100,6 +107,8 @@ class Session {
   };
   StepStart step_start() const;
   void record(int32_t token, double wall_seconds, const StepStart& before, int share, int of, int batch);
+  // After `token` was fed (alone or in a batch): the logits, history and sampler move on.
+  void took(int32_t token);
   LoadedModel& model_;
   ThreadPool& pool_;
   InferenceState state_;

@@ -112,6 +112,7 @@ void RoutedExperts::report_route(int layer, int token, const float* logits, cons
   RouteEvent ev;
   ev.layer = layer;
   ev.position = positions[token];
+  ev.row = token;
   ev.prefill = hooks_.prefill;
   ev.logits = logits;
   ev.n_expert = cfg_.n_expert;
@@ -220,6 +221,8 @@ void RoutedExperts::run(int layer, int n, const float* h, const float* router_in
                         ExpertSource& source, float* out) {
   route_tokens(layer, n, router_in, positions, source);
   const ExpertUses uses = group_by_expert(n);
+  distinct_experts_ += uses.experts.size();
+  for (int32_t count : uses.use_counts) routed_slots_ += static_cast<uint64_t>(count);
   // Every (token, slot) row is written once below, and only those rows are summed.
   float* slot_out = scratch(slot_out_, static_cast<size_t>(n) * uses.max_slots * cfg_.n_embd);
   source.begin_layer(LayerRouting{layer, uses.experts, uses.weight_sums, uses.use_counts, n});

@@ -25,6 +25,7 @@ namespace bmoe {
 struct RouteEvent {
   int layer = 0;
   int position = 0;     // token position in the sequence
+  int row = 0;          // the token's row in the pass (a batch of sequences: which sequence)
   bool prefill = false; // part of the prompt (set by the caller with set_prefill)
   const float* logits = nullptr;  // router logits, n_expert values
   int n_expert = 0;
@@ -55,6 +56,10 @@ class RoutedExperts {
   void router_input(int layer, const float* x, float* out) const;
   // The router of `layer` and the gating on residual rows (the router hook's predictions).
   void route_residual(int layer, std::span<TokenRoute> rows, const ResidualStream& residual);
+  // Since construction: (token, slot) pairs routed, and the distinct experts asked of the source
+  // for them (their ratio is how much the rows of a pass share their experts).
+  uint64_t routed_slots() const { return routed_slots_; }
+  uint64_t distinct_experts() const { return distinct_experts_; }
 
  private:
   // Routing: routes_ for each token of the pass.
@@ -88,6 +93,7 @@ class RoutedExperts {
   std::vector<float> residual_router_in_, residual_router_logits_;  // route_residual's scratch
   ActivationBuffer router_act_, residual_router_act_, down_act_;
   Activations acts_;
+  uint64_t routed_slots_ = 0, distinct_experts_ = 0;
   std::vector<float> slot_out_, expert_gate_, expert_up_, expert_act_, expert_fused_, expert_down_;
 };
 

@@ -81,42 +81,49 @@ const std::vector<float>& InferenceState::eval(const int32_t* tokens, int n, boo
 const std::vector<float>& InferenceState::eval_hidden(const int32_t* tokens, int n) {
   advance(tokens, n);
   normalize_rows(0, n);
-  return h_;
+  return head_.h;
 }
 
 void InferenceState::advance(const int32_t* tokens, int n) {
+  begin_rows(tokens, n);
+  try {
+    run_layers(n);
+  } catch (...) {
+    abandon_rows(n);
+    throw;
+  }
+  n_past_ += n;
+}
+
+// Checks that n tokens fit, embeds them and books them for a recurrent rewind (saving the state
+// before a multi-token eval); the layers then run, and n_past_ moves on, or abandon_rows undoes.
+void InferenceState::begin_rows(const int32_t* tokens, int n) {
   if (n <= 0) fail("eval: no tokens");
   if (recurrent_dirty_) truncate(n_past_);  // first rebuild what a failed eval left half done
   if (n_past_ + n > n_ctx_) {
     fail("context is full: {} tokens do not fit in a context of {} (raise -c)", n_past_ + n, n_ctx_);
   }
   embed(tokens, n);
-  const bool recurrent = cfg_.has_recurrent_layers();
-  if (recurrent) {
-    if (n > 1) {
-      mixers_.save_state();
-      checkpoint_pos_ = n_past_;
-    }
-    tokens_.resize(static_cast<size_t>(n_past_));
-    tokens_.insert(tokens_.end(), tokens, tokens + n);
-    token_batch_path_.resize(static_cast<size_t>(n_past_));
-    token_batch_path_.insert(token_batch_path_.end(), static_cast<size_t>(n),
-                             n >= kAttentionBatchRows || replay_batch_path_ ? 1 : 0);
+  if (!cfg_.has_recurrent_layers()) return;
+  if (n > 1) {
+    mixers_.save_state();
+    checkpoint_pos_ = n_past_;
   }
-  try {
-    run_layers(n);
-  } catch (...) {
-    // Layers that ran have moved the recurrent state on: go back to the copy taken above, or,
-    // after a one-token eval (no copy), rebuild it before the next use.
-    if (recurrent) {
-      tokens_.resize(static_cast<size_t>(n_past_));
-      token_batch_path_.resize(static_cast<size_t>(n_past_));
-      if (n > 1) mixers_.restore_state();
-      else recurrent_dirty_ = true;
-    }
-    throw;
-  }
-  n_past_ += n;
+  tokens_.resize(static_cast<size_t>(n_past_));
+  tokens_.insert(tokens_.end(), tokens, tokens + n);
+  token_batch_path_.resize(static_cast<size_t>(n_past_));
+  token_batch_path_.insert(token_batch_path_.end(), static_cast<size_t>(n),
+                           n >= kAttentionBatchRows || replay_batch_path_ ? 1 : 0);
+}
+
+// Layers that ran have moved the recurrent state on: go back to the copy begin_rows took, or,
+// after a one-token eval (no copy), rebuild it before the next use.
+void InferenceState::abandon_rows(int n) {
+  if (!cfg_.has_recurrent_layers()) return;
+  tokens_.resize(static_cast<size_t>(n_past_));
+  token_batch_path_.resize(static_cast<size_t>(n_past_));
+  if (n > 1) mixers_.restore_state();
+  else recurrent_dirty_ = true;
 }
 
 // The residual stream starts as the tokens' embeddings, at positions from n_past.
@@ -147,29 +154,37 @@ void InferenceState::run_layers(int n) {
   }
 }
 
-// Logits of residual rows [first, n).
-void InferenceState::normalize_rows(int first, int n) {
-  const int E = cfg_.n_embd;
+// Residual rows [first, n) after the output norm, into h.
+void output_norm_rows(const Transformer& model, const ResidualStream& residual, int first, int n, std::vector<float>& h) {
+  const ModelConfig& cfg = model.config();
+  const int E = cfg.n_embd;
   const int rows = n - first;
-  h_.resize(static_cast<size_t>(rows) * E);
+  h.resize(static_cast<size_t>(rows) * E);
   for (int i = 0; i < rows; ++i) {
-    ops::rms_norm(residual_.row(first + i), model_.weights_.output_norm.data(), h_.data() + static_cast<size_t>(i) * E, E,
-                  cfg_.norm_eps);
+    ops::rms_norm(residual.row(first + i), model.weights().output_norm.data(), h.data() + static_cast<size_t>(i) * E, E,
+                  cfg.norm_eps);
   }
 }
 
-const std::vector<float>& InferenceState::output_head(int first, int n) {
-  const ModelWeights& w = model_.weights_;
-  const int rows = n - first;
-  normalize_rows(first, n);
-  logits_.resize(static_cast<size_t>(rows) * w.output.rows);
-  matmul(pool_, w.output, h_.data(), rows, logits_.data(), head_act_);
-  if (cfg_.final_softcap > 0.0f) {
+void output_logits(ThreadPool& pool, const Transformer& model, const ResidualStream& residual, int first, int n,
+                   HeadScratch& scratch) {
+  const ModelWeights& w = model.weights();
+  const float softcap = model.config().final_softcap;
+  output_norm_rows(model, residual, first, n, scratch.h);
+  scratch.logits.resize(static_cast<size_t>(n - first) * w.output.rows);
+  matmul(pool, w.output, scratch.h.data(), n - first, scratch.logits.data(), scratch.act);
+  if (softcap > 0.0f) {
     // scale by the reciprocal, tanh, scale back: ggml's three operations
-    const float inv = 1.0f / cfg_.final_softcap;
-    for (float& v : logits_) v = std::tanh(v * inv) * cfg_.final_softcap;
+    const float inv = 1.0f / softcap;
+    for (float& v : scratch.logits) v = std::tanh(v * inv) * softcap;
   }
-  return logits_;
+}
+
+void InferenceState::normalize_rows(int first, int n) { output_norm_rows(model_, residual_, first, n, head_.h); }
+
+const std::vector<float>& InferenceState::output_head(int first, int n) {
+  output_logits(pool_, model_, residual_, first, n, head_);
+  return head_.logits;
 }
 
 void InferenceState::set_routing_options(const RoutingOptions& options) {

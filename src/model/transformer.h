@@ -41,11 +41,21 @@ class Transformer {
   ExpertSource* experts_;
 };
 
+// The output head's scratch: normed rows, logits (row by row), the activations.
+struct HeadScratch {
+  std::vector<float> h, logits;
+  ActivationBuffer act;
+};
+// The output norm, head and final softcap on residual rows [first, n) into scratch.logits.
+void output_logits(ThreadPool& pool, const Transformer& model, const ResidualStream& residual, int first, int n,
+                   HeadScratch& scratch);
+
 // Per-sequence state: KV cache, position, scratch buffers. Routing-time decisions beyond the
 // model's own gating (prefetch, route-ahead, drop-cold) are its RouterHook's; the state offers
 // the hook its routers (ResidualRouter).
 class InferenceState : private ResidualRouter {
  public:
+  friend class BatchPass;  // runs one decode row of several states (batch_pass.h)
   InferenceState(Transformer& model, ThreadPool& pool, int n_ctx, KvType kv_type = KvType::F16);
 
   // Runs tokens at positions [n_past, n_past + n). Returns logits of the last token, or of
@@ -55,6 +65,8 @@ class InferenceState : private ResidualRouter {
   // norm; n_embd floats per row) instead of logits: what embeddings pool.
   const std::vector<float>& eval_hidden(const int32_t* tokens, int n);
 
+  // The logits the last eval() (or BatchPass::decode) returned.
+  const std::vector<float>& logits() const { return head_.logits; }
   int n_past() const { return n_past_; }
   int n_ctx() const { return n_ctx_; }
   // Forgets positions >= n (prefix reuse keeps the cache rows below n). A recurrent state
@@ -83,6 +95,8 @@ class InferenceState : private ResidualRouter {
   void replay(int start, int end);
   void embed(const int32_t* tokens, int n);
   void advance(const int32_t* tokens, int n);  // eval() up to the output norm
+  void begin_rows(const int32_t* tokens, int n);
+  void abandon_rows(int n);
   void run_layers(int n);
   void normalize_rows(int first, int n);  // rows [first, n) of the residual stream, normed, into h_
   const std::vector<float>& output_head(int first, int n);
@@ -114,10 +128,8 @@ class InferenceState : private ResidualRouter {
   bool recurrent_dirty_ = false;
   bool replay_batch_path_ = false;  // set while replay() runs rows that first took the batch path
 
-  // The output head's scratch.
-  std::vector<float> h_, logits_;
+  HeadScratch head_;  // the output head's scratch: its logits are the last eval's
   std::vector<int> positions_;
-  ActivationBuffer head_act_;
 
   RoutingHooks hooks_;  // last: destroyed first, as the router hook always was
 };

@@ -61,13 +61,28 @@ void add_expert_metrics(MetricsText& m, const ExpertStats& e) {
   m.add_value("bmoe_expert_cache_used_bytes", "gauge", "Bytes held by the expert cache.", static_cast<double>(e.cache_used_bytes));
 }
 
+// Per slot (--parallel): busy or not, and its requests and generated pieces since start.
+void add_slot_metrics(MetricsText& m, const std::vector<SlotView>& slots, bool single_busy) {
+  std::string busy, requests, generated;
+  for (const SlotView& v : slots) {
+    const bool is_busy = v.state != "idle" || single_busy;
+    busy += fmt::format("bmoe_slot_busy{{slot=\"{}\",state=\"{}\"}} {}\n", v.id, single_busy ? "decoding" : v.state, is_busy ? 1 : 0);
+    requests += fmt::format("bmoe_slot_requests_total{{slot=\"{}\"}} {}\n", v.id, v.requests);
+    generated += fmt::format("bmoe_slot_generated_pieces_total{{slot=\"{}\"}} {}\n", v.id, v.generated_tokens);
+  }
+  m.add("bmoe_slot_busy", "gauge", "1 while the slot reads a prompt or decodes (--parallel).", busy);
+  m.add("bmoe_slot_requests_total", "counter", "Requests the slot finished (--parallel > 1).", requests);
+  m.add("bmoe_slot_generated_pieces_total", "counter", "Text pieces the slot streamed (--parallel > 1).", generated);
+}
+
 }  // namespace
 
 DecodeWorker::DecodeWorker(LoadedRun run, size_t queue_capacity)
     : run_(std::move(run)), pool_(run_.config.thread_count()), session_(open_session(run_, pool_)),
       capacity_(queue_capacity) {
   counters_.experts = run_.model->experts->stats();
-  worker_ = std::thread([this] { work(); });
+  start_slots();
+  worker_ = std::thread([this] { run_.config.parallel > 1 ? work_slots() : work(); });
 }
 
 DecodeWorker::~DecodeWorker() {
@@ -84,6 +99,7 @@ void DecodeWorker::shutdown() {
   if (shutting_down_) return;
   shutting_down_ = true;
   if (current_) current_->cancel.store(true);
+  for (auto& job : active_) job->cancel.store(true);
   for (auto& job : queue_) finish(*job, {}, kShuttingDown, 503);
   queue_.clear();
 }
@@ -116,6 +132,7 @@ std::string DecodeWorker::prometheus() {
   add_request_metrics(m, counters_, queue_.size(), capacity_, busy_);
   add_token_metrics(m, counters_);
   add_expert_metrics(m, counters_.experts);
+  add_slot_metrics(m, slot_views_, slots_.empty() && busy_);
   m.add_value("bmoe_rss_bytes", "gauge", "Resident set size of the server.", static_cast<double>(read_memory().rss));
   return m.take();
 }
@@ -165,7 +182,7 @@ std::shared_ptr<Job> DecodeWorker::next_job() {
 
 // Embeds each input in turn (cancelled between inputs); one result per input carries its
 // token count for usage and the counters.
-void DecodeWorker::run_embeddings(Job& job) {
+void DecodeWorker::run_embeddings(Job& job, Session& session) {
   std::vector<GenerateResult> results;
   std::vector<std::vector<float>> vectors;
   std::string error;
@@ -176,11 +193,11 @@ void DecodeWorker::run_embeddings(Job& job) {
     r.finish_reason = "stop";
     try {
       Stopwatch timer;
-      vectors.push_back(session_->embed(input, job.pooling));
+      vectors.push_back(session.embed(input, job.pooling));
       r.prefill_seconds = timer.seconds();
     } catch (const std::exception& e) {
       error = e.what();
-      session_->reset();
+      session.reset();
       break;
     }
     results.push_back(r);
@@ -196,7 +213,7 @@ void DecodeWorker::run_embeddings(Job& job) {
 }
 
 void DecodeWorker::run_job(Job& job) {
-  if (!job.embed_inputs.empty()) return run_embeddings(job);
+  if (!job.embed_inputs.empty()) return run_embeddings(job, *session_);
   std::vector<GenerateResult> results;
   std::string error;
   // n choices one after the other: each re-evaluates only the prompt's last token (the KV

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/thread_pool.h"
+#include "core/timer.h"
 #include "engine/generate.h"
 #include "engine/run.h"
 #include "engine/session.h"
@@ -73,8 +74,21 @@ struct Counters {
   uint64_t live_pieces = 0;  // pieces of the running job so far (~ its tokens; exact counts come at its end)
 };
 
-// The one decoding thread: a bounded queue of jobs, each run to completion on the server's
-// single session (whose KV prefix later requests reuse), with the counters /metrics reports.
+// What /slots and /metrics show of a slot (llama-server's -np): idle, reading a prompt or
+// decoding, with its counts.
+struct SlotView {
+  int id = 0;
+  std::string state = "idle";  // "idle", "prompt", "decoding"
+  int n_prompt = 0, n_prompt_done = 0, n_decoded = 0;  // of its current request
+  uint64_t requests = 0, generated_tokens = 0;        // since start
+};
+
+// The one decoding thread: a bounded queue of jobs, each run on one of the server's sessions
+// (its slots; their KV prefixes later requests reuse), with the counters /metrics reports.
+// With --parallel 1 a job runs to completion on the single session; with N > 1 a job takes a
+// free slot between two steps, its prompt is read one chunk (-b tokens) at a time between the
+// decode steps of the other slots, and every step decodes all decoding slots in one pass
+// (ParallelDecode).
 class DecodeWorker {
  public:
   // queue_capacity: jobs that may wait while one decodes; submit refuses more.
@@ -83,7 +97,7 @@ class DecodeWorker {
 
   LoadedRun& run() { return run_; }
   LoadedModel& model() { return *run_.model; }
-  int n_ctx() { return session_->state().n_ctx(); }
+  int n_ctx() const { return run_.config.sequence_ctx(); }
 
   // Stops taking jobs (SIGTERM): the running one is cancelled and ends with an error, the
   // queued ones end with an error at once, and later submits are refused.
@@ -101,12 +115,41 @@ class DecodeWorker {
   // running job's pieces so far, so a client can take differences while an answer streams
   // (cache hit rate and flash MiB per token of that answer).
   nlohmann::ordered_json stats();
+  // GET /slots: each slot as llama-server lists them (id, n_ctx, is_processing) with its state.
+  nlohmann::ordered_json slots();
 
  private:
   void work();
   std::shared_ptr<Job> next_job();  // nullptr once stopping
   void run_job(Job& job);
-  void run_embeddings(Job& job);
+  void run_embeddings(Job& job, Session& session);
+  // --parallel N > 1 (worker_slots.cpp).
+  // A slot: its session, and the job choice it serves (no job: idle).
+  struct Slot {
+    int id = 0;
+    std::unique_ptr<Session> session;
+    std::shared_ptr<Job> job;
+    int choice = 0;
+    std::vector<GenerateResult> results;  // the job's choices so far
+    std::vector<int32_t> prompt;           // the choice's prompt
+    size_t fed = 0;                        // prompt tokens in the KV cache (kept prefix included)
+    int reused = 0;
+    double prefill_seconds = 0;
+    int decode_id = -1;  // in parallel_ while decoding
+    int pieces = 0;
+    // llama-server's t_max_predict_ms, as in run_choice.
+    std::optional<Stopwatch> since_first_piece;
+    bool line_break = false, timed_out = false;
+  };
+  void start_slots();
+  void work_slots();
+  bool admit(Slot& slot);
+  void start_choice(Slot& slot);
+  void read_prompt_chunk(Slot& slot);
+  void decode_step();
+  void end_choice(Slot& slot, GenerateResult result, const std::string& error);
+  void publish_slot(const Slot& slot);
+  Slot* free_slot_for(const Job& job);
   void record(const std::vector<GenerateResult>& results, bool failed, bool cancelled);
   GenerateResult run_choice(Job& job, int index, std::string& error);
   void publish_progress();
@@ -125,6 +168,10 @@ class DecodeWorker {
   bool stopping_ = false;
   int prompt_done_ = 0, prompt_total_ = 0;  // the prompt being read (total 0: none), for /stats
   Counters counters_;
+  std::vector<std::unique_ptr<Slot>> slots_;     // --parallel N > 1
+  std::unique_ptr<ParallelDecode> parallel_;
+  std::vector<SlotView> slot_views_;            // under mutex_
+  std::vector<std::shared_ptr<Job>> active_;    // the slots' jobs, under mutex_ (shutdown cancels them)
   std::thread worker_;
 };
 

@@ -77,6 +77,12 @@ class BadInputGetsOneClearError(unittest.TestCase):
         self.check([tool("bmoe-cli"), "-m", m, "-p", "x", "-j", "{}", "--grammar", 'root ::= "a"'], "cannot be combined")
         self.check([tool("bmoe-cli"), "-m", m, "-p", "x", "--grammar-file", os.path.join(self.tmp.name, "none.gbnf")],
                    "none.gbnf")
+        self.check([tool("bmoe-cli"), "-m", m, "--parallel", "0"], "--parallel")
+        self.check([tool("bmoe-cli"), "-m", m, "--parallel", "2", "-p", "x"], "--parallel", "-f")
+        self.check([tool("bmoe-cli"), "-m", m, "--parallel", "64", "-c", "512", "-f", m], "--parallel", "-c")
+        empty = os.path.join(self.tmp.name, "empty.txt")
+        write(empty, b"\n\n")
+        self.check([tool("bmoe-cli"), "-m", m, "--parallel", "2", "-f", empty], "empty.txt", "no prompts")
 
     def test_huge_prompt_is_refused_before_tokenizing(self):
         big = os.path.join(self.tmp.name, "big.txt")
@@ -262,6 +268,39 @@ class LlamaCppConventions(TinyModelCase):
         greedy = self.run_cli("-p", "hello", "--temp", "0")
         self.assertNotIn("seed:", greedy.stderr)  # nothing is sampled
 
+
+
+class ParallelCli(TinyModelCase):
+    """bmoe-cli --parallel N: the lines of -f decoded N at once (-np is llama.cpp's spelling), each
+    answer exactly the one the prompt gets alone, greedy and seeded sampling, streamed; the report
+    says how many experts the rows shared."""
+
+    def cli(self, *args):
+        p = subprocess.run([tool("bmoe-cli"), "-m", self.model, "--moe-stream", "--cache-mb", "0", "-n", "24",
+                            "--ignore-eos", "--json", *args], capture_output=True, text=True, timeout=120,
+                           stdin=subprocess.DEVNULL)
+        self.assertEqual(p.returncode, 0, p.stderr[-1500:])
+        return p
+
+    def test_each_answer_equals_its_prompt_alone(self):
+        prompts = ["the quick brown fox", "once upon a time", "hello", "a b c d e f g", "the end of it all"]
+        path = os.path.join(self.tmp.name, "prompts.txt")
+        write(path, ("\n".join(prompts) + "\n").encode())
+        for sampling in (["--temp", "0"], ["--temp", "0.9", "-s", "7"]):
+            p = self.cli("-f", path, "-np", "3", *sampling)
+            answers = {}
+            for line in p.stdout.splitlines():
+                j = json.loads(line)
+                answers[j["index"]] = j["tokens"]
+            self.assertEqual(sorted(answers), list(range(len(prompts))))
+            for i, prompt in enumerate(prompts):
+                alone = json.loads(self.cli("-p", prompt, *sampling).stdout)
+                self.assertEqual(answers[i], alone["tokens"], f"prompt {i} {sampling}")
+            self.assertIn("3 at once: 120 tokens", p.stderr)
+            m = re.search(r"experts (\d+) distinct of (\d+) routed", p.stderr)
+            self.assertIsNotNone(m, p.stderr)
+            self.assertLess(int(m.group(1)), int(m.group(2)))
+            self.assertRegex(p.stderr, r"flash [0-9.]+ MiB per generated token")
 
 
 class TheModeChoosesItself(TinyModelCase):

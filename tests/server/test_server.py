@@ -462,6 +462,103 @@ class ServerTest(unittest.TestCase):
         self.assertEqual(self.server.metric("bmoe_busy"), 0.0)
 
 
+class ServerParallelTest(unittest.TestCase):
+    """--parallel N: concurrent requests decoded together, each answer identical to the same
+    request alone (greedy, on a --parallel 1 server), a long prompt read in chunks between the
+    others' steps, /slots and per-slot /metrics, a cancelled stream that frees its slot, and the
+    bounded queue's 503 + Retry-After beyond the slots."""
+
+    LONG = " ".join(f"word{i}" for i in range(60))  # ~300 tokens: 19 chunks of -b 16
+    PROMPTS = ["The capital of France is", "Once upon a time", "hi", LONG, "1 2 3 4 5 6 7 8", "Tell me a story"]
+
+    @classmethod
+    def setUpClass(cls):
+        cls.model = synth("tiny-qwen3moe", "tiny-qwen3moe")
+
+    def body(self, i):
+        return {"prompt": self.PROMPTS[i % len(self.PROMPTS)], "max_tokens": 16 + 4 * (i % 5), "temperature": 0}
+
+    def test_concurrent_requests_equal_each_alone(self):
+        flags = ("--moe-stream", "--cache-mb", "0", "-b", "16")
+        alone = Server(self.model, "-c", "512", *flags)
+        try:
+            want = [alone.post("/v1/completions", self.body(i))[1]["choices"][0]["text"] for i in range(12)]
+        finally:
+            alone.stop()
+        s = Server(self.model, "-c", "1536", "--parallel", "3", "--queue", "16", *flags)
+        try:
+            slots = json.loads(s.get("/slots")[1])
+            self.assertEqual([slot["id"] for slot in slots], [0, 1, 2])
+            self.assertEqual({slot["n_ctx"] for slot in slots}, {512})
+            got = [None] * 12
+            busy_seen = []
+
+            def client(k):
+                for i in range(k, 12, 4):
+                    status, answer = s.post("/v1/completions", self.body(i))
+                    got[i] = answer["choices"][0]["text"] if status == 200 else status
+
+            def watch():
+                while any(g is None for g in got):
+                    busy_seen.append(sum(slot["is_processing"] for slot in json.loads(s.get("/slots")[1])))
+                    time.sleep(0.02)
+            threads = [threading.Thread(target=client, args=(k,)) for k in range(4)] + [threading.Thread(target=watch)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            self.assertEqual(got, want)
+            self.assertGreater(max(busy_seen), 1, "no two slots were ever busy at once")
+            wait_until(lambda: all(not slot["is_processing"] for slot in json.loads(s.get("/slots")[1])), 30)
+            slots = json.loads(s.get("/slots")[1])
+            self.assertEqual(sum(slot["requests"] for slot in slots), 12)
+            self.assertTrue(all(slot["state"] == "idle" for slot in slots), slots)
+            for k in range(3):
+                self.assertEqual(s.metric_labelled("bmoe_slot_busy", f'slot="{k}",state="idle"'), 0.0)
+            self.assertEqual(s.metric_labelled("bmoe_requests_total", 'outcome="ok"'), 12)
+        finally:
+            s.stop()
+
+    def test_cancel_frees_the_slot_and_a_full_queue_answers_503(self):
+        s = Server(self.model, "-c", "1024", "--parallel", "2", "--queue", "1")
+        try:
+            conn = socket.create_connection(("127.0.0.1", s.port))
+            body = json.dumps({"prompt": "Once upon a time", "max_tokens": 100000, "temperature": 0, "stream": True,
+                               "ignore_eos": True}).encode()
+            conn.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            conn.recv(256)  # the stream has started
+            conn.close()
+            wait_until(lambda: s.metric_labelled("bmoe_requests_total", 'outcome="cancelled"') == 1 and
+                       not any(slot["is_processing"] for slot in json.loads(s.get("/slots")[1])), 60)
+            self.assertEqual(s.metric_labelled("bmoe_requests_total", 'outcome="cancelled"'), 1)
+            self.assertFalse(any(slot["is_processing"] for slot in json.loads(s.get("/slots")[1])))
+            # Two slots and one queue place: of six long requests at once, some must be refused.
+            statuses, retry_after = [], []
+
+            def client():
+                conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=120)
+                conn.request("POST", "/v1/completions", body=json.dumps(
+                    {"prompt": "Once upon a time", "max_tokens": 200, "temperature": 0, "ignore_eos": True}),
+                    headers={"Content-Type": "application/json"})
+                resp = conn.getresponse()
+                resp.read()
+                statuses.append(resp.status)
+                retry_after.append(resp.getheader("Retry-After"))
+                conn.close()
+            threads = [threading.Thread(target=client) for _ in range(6)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            self.assertIn(503, statuses)
+            self.assertGreaterEqual(statuses.count(200), 2)
+            self.assertEqual(set(statuses), {200, 503})
+            self.assertTrue(all(r == "1" for st, r in zip(statuses, retry_after) if st == 503))
+        finally:
+            s.stop()
+
+
 class ServerLimitsTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):

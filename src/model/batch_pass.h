@@ -1,0 +1,63 @@
+// One decode step for several sequences at once (continuous batching). Each sequence keeps its
+// own state in its InferenceState (KV rows or recurrent state, position, logits) and runs its
+// mixers on its own row; the FFNs then run on every row together, so a routed expert that
+// several sequences chose is asked of the ExpertSource once (read once when streamed) and
+// computed for all their rows in one pass. The kernels give a row the same bits in any batch
+// (design.md, section 3), so each sequence's logits equal those of a one-token eval() of its
+// state alone.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "core/thread_pool.h"
+#include "model/ffn.h"
+#include "model/matmul.h"
+#include "model/residual.h"
+#include "model/routed_experts.h"
+#include "model/transformer.h"
+
+namespace bmoe {
+
+class BatchPass : private ResidualRouter {
+ public:
+  BatchPass(Transformer& model, ThreadPool& pool);
+
+  // Feeds tokens[i] to states[i], one position each, in one forward pass; afterwards each
+  // state's logits() are those of its row. A failure leaves every state as a failed one-token
+  // eval() would (no position added). Each state's route hook sees its own rows.
+  void decode(std::span<InferenceState* const> states, std::span<const int32_t> tokens);
+
+  // The hook that makes the batch's routing-time decisions (as InferenceState's). Route-ahead
+  // and drop-cold act on one-token passes only, so a batch of two or more takes neither.
+  void set_router_hook(std::unique_ptr<RouterHook> hook) { hooks_.router = std::move(hook); }
+  void set_routing_options(const RoutingOptions& options);
+  // What sharing the experts saved so far: (token, slot) pairs routed, and the distinct experts
+  // asked of the source for them (one lookup per expert per layer and step).
+  uint64_t routed_slots() const { return experts_.routed_slots(); }
+  uint64_t distinct_experts() const { return experts_.distinct_experts(); }
+
+ private:
+  void begin(std::span<InferenceState* const> states, std::span<const int32_t> tokens);
+  void run_layers(std::span<InferenceState* const> states);
+  void output_head(std::span<InferenceState* const> states);
+  // ResidualRouter over the batch's rows.
+  int layers() const override { return cfg_.n_layer; }
+  bool has_router(int layer) const override { return cfg_.has_experts_at(layer); }
+  void route_residual(int layer, std::span<TokenRoute> rows) override;
+
+  Transformer& model_;
+  const ModelConfig& cfg_;
+  ThreadPool& pool_;
+  std::span<InferenceState* const> states_;  // during decode(): the route hook's dispatch
+  Ffns ffns_;
+  RoutedExperts experts_;
+  ResidualStream residual_;
+  std::vector<int> positions_;
+  HeadScratch head_;
+  RoutingHooks hooks_;  // last: destroyed first, as in InferenceState
+};
+
+}  // namespace bmoe

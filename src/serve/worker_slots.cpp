@@ -1,0 +1,269 @@
+// bmoe-server --parallel N > 1: N slots, each a session with its own KV cache (and prefix), fed
+// by the worker's one thread. Each turn of the loop admits queued jobs into free slots, reads one
+// chunk of one waiting prompt (round robin), then runs one decode step of every decoding slot
+// (ParallelDecode: one pass, each routed expert read once for all). A running answer therefore
+// waits at most one prompt chunk between two of its tokens, and a queued job, when a slot is
+// free, at most one chunk and one step before its prompt starts.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <exception>
+
+#include "core/error.h"
+#include "core/timer.h"
+#include "serve/worker.h"
+
+namespace bmoe {
+
+void DecodeWorker::start_slots() {
+  const int n = std::max(1, run_.config.parallel);
+  for (int i = 0; i < n; ++i) slot_views_.push_back(SlotView{i});
+  if (n == 1) return;
+  parallel_ = std::make_unique<ParallelDecode>(*run_.model, pool_);
+  parallel_->set_routing_options(run_.config.routing());
+  for (int i = 0; i < n; ++i) {
+    auto slot = std::make_unique<Slot>();
+    slot->id = i;
+    // Slot 0 keeps the session the worker opened (the one --parallel 1 uses).
+    slot->session = i == 0 ? std::move(session_) : open_session(run_, pool_);
+    slots_.push_back(std::move(slot));
+  }
+}
+
+void DecodeWorker::work_slots() {
+  size_t next_prompt = 0;  // round robin over the slots reading a prompt
+  for (;;) {
+    bool any_busy = false;
+    for (auto& slot : slots_) any_busy = admit(*slot) || any_busy;
+    if (!any_busy) {
+      std::unique_lock<std::mutex> lock(mutex_);
+      busy_ = false;
+      wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (stopping_) break;
+      continue;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (stopping_) {  // the running answers end at their next step
+        for (auto& job : active_) job->cancel.store(true);
+      }
+    }
+    for (size_t k = 0; k < slots_.size(); ++k) {
+      Slot& slot = *slots_[(next_prompt + k) % slots_.size()];
+      if (!slot.job || slot.decode_id >= 0) continue;
+      read_prompt_chunk(slot);
+      next_prompt = (next_prompt + k + 1) % slots_.size();
+      break;
+    }
+    if (parallel_->running() > 0) decode_step();
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto& job : queue_) finish(*job, {}, kShuttingDown, 503);
+}
+
+// A busy slot stays busy; a free one takes the queued job whose prompt it holds the longest
+// prefix of (the first queued job otherwise). Returns whether the slot is busy.
+bool DecodeWorker::admit(Slot& slot) {
+  if (slot.job) return true;
+  std::shared_ptr<Job> job;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (queue_.empty() || stopping_) return false;
+    if (free_slot_for(*queue_.front()) != &slot) return false;
+    job = queue_.front();
+    queue_.pop_front();
+    busy_ = true;
+    active_.push_back(job);
+  }
+  slot.job = job;
+  slot.choice = 0;
+  slot.results.clear();
+  if (!job->embed_inputs.empty()) {  // embeddings run at once, between two steps
+    run_embeddings(*job, *slot.session);
+    end_choice(slot, {}, "embeddings");
+    return false;
+  }
+  start_choice(slot);
+  return true;
+}
+
+// The free slot whose history shares the longest prefix with the job's prompt.
+DecodeWorker::Slot* DecodeWorker::free_slot_for(const Job& job) {
+  Slot* best = nullptr;
+  size_t best_common = 0;
+  for (auto& s : slots_) {
+    if (s->job) continue;
+    const std::vector<int32_t>& h = s->session->history();
+    size_t common = 0;
+    while (common < h.size() && common < job.prompt.size() && h[common] == job.prompt[common]) ++common;
+    if (!best || common > best_common) {
+      best = s.get();
+      best_common = common;
+    }
+  }
+  return best;
+}
+
+void DecodeWorker::start_choice(Slot& slot) {
+  Job& job = *slot.job;
+  slot.prompt = job.choice_prompts.empty() ? job.prompt : job.choice_prompts[static_cast<size_t>(slot.choice)];
+  slot.prefill_seconds = 0;
+  slot.pieces = 0;
+  slot.since_first_piece.reset();
+  slot.line_break = slot.timed_out = false;
+  try {
+    if (static_cast<int>(slot.prompt.size()) >= n_ctx()) {
+      fail("the prompt has {} tokens, more than the context of {}", slot.prompt.size(), n_ctx());
+    }
+    GenerateParams params = job.params;
+    params.sampler.seed += static_cast<uint64_t>(slot.choice);
+    slot.session->set_sampler(params.sampler);
+    slot.reused = slot.session->keep_prefix(slot.prompt);
+    slot.fed = static_cast<size_t>(slot.reused);
+  } catch (const std::exception& e) {
+    slot.session->reset();
+    return end_choice(slot, {}, e.what());
+  }
+  publish_slot(slot);
+}
+
+// One chunk (-b tokens, the batches a whole prefill would run) of the slot's prompt; the last
+// one hands the slot to the decode steps.
+void DecodeWorker::read_prompt_chunk(Slot& slot) {
+  Job& job = *slot.job;
+  if (job.cancel.load()) {
+    GenerateResult r;
+    r.finish_reason = "cancelled";
+    return end_choice(slot, r, "");
+  }
+  const size_t n = std::min(static_cast<size_t>(slot.session->n_batch()), slot.prompt.size() - slot.fed);
+  try {
+    const std::vector<int32_t> chunk(slot.prompt.begin() + static_cast<std::ptrdiff_t>(slot.fed),
+                                     slot.prompt.begin() + static_cast<std::ptrdiff_t>(slot.fed + n));
+    slot.prefill_seconds += slot.session->prefill(chunk).seconds;
+    slot.fed += n;
+  } catch (const std::exception& e) {
+    slot.session->reset();
+    return end_choice(slot, {}, e.what());
+  }
+  publish_slot(slot);
+  if (slot.fed < slot.prompt.size()) return;
+  GenerateParams params = job.params;
+  params.sampler.seed += static_cast<uint64_t>(slot.choice);
+  const int limit = std::min(params.max_tokens, n_ctx() - static_cast<int>(slot.prompt.size()));
+  DecodeHooks hooks;
+  const int index = slot.choice;
+  hooks.on_piece = [this, &slot, &job, index](const std::string& piece) {
+    publish_progress();
+    ++slot.pieces;
+    job.push({index, piece, std::nullopt, {}});
+    if (!slot.since_first_piece) slot.since_first_piece.emplace();
+    slot.line_break = slot.line_break || piece.find('\n') != std::string::npos;
+    slot.timed_out = job.t_max_predict_ms > 0 && slot.line_break &&
+                     slot.since_first_piece->seconds() * 1e3 > static_cast<double>(job.t_max_predict_ms);
+    return !slot.timed_out;
+  };
+  hooks.on_logprob = [&job, index](const TokenLogprob& lp) { job.push({index, {}, lp, {}}); };
+  hooks.cancel = &job.cancel;
+  slot.decode_id = parallel_->add(*slot.session, limit, std::move(params), std::move(hooks));
+  publish_slot(slot);
+}
+
+void DecodeWorker::decode_step() {
+  std::vector<int> ended;
+  try {
+    ended = parallel_->step();
+  } catch (const std::exception& e) {
+    // A failed pass leaves every decoding session unusable: their jobs fail, the batch restarts.
+    const std::string error = e.what();
+    parallel_ = std::make_unique<ParallelDecode>(*run_.model, pool_);
+    parallel_->set_routing_options(run_.config.routing());
+    for (auto& slot : slots_) {
+      if (slot->decode_id < 0) continue;
+      slot->decode_id = -1;
+      slot->session->reset();
+      end_choice(*slot, {}, error);
+    }
+    return;
+  }
+  for (auto& slot : slots_) {
+    if (slot->decode_id >= 0) publish_slot(*slot);
+  }
+  for (int id : ended) {
+    for (auto& slot : slots_) {
+      if (slot->decode_id != id) continue;
+      slot->decode_id = -1;
+      GenerateResult r = parallel_->take(id);
+      if (slot->timed_out && r.finish_reason == "cancelled" && !slot->job->cancel.load()) r.finish_reason = "stop";
+      end_choice(*slot, std::move(r), "");
+    }
+  }
+}
+
+// A choice ended (error empty) or failed: the next choice starts, or the job ends and the slot
+// is free.
+void DecodeWorker::end_choice(Slot& slot, GenerateResult result, const std::string& error) {
+  Job& job = *slot.job;
+  const bool embeddings = error == "embeddings";
+  if (!embeddings) {
+    result.prompt_tokens = static_cast<int>(slot.prompt.size());
+    result.reused_tokens = slot.reused;
+    result.prefill_seconds = slot.prefill_seconds;
+    slot.results.push_back(std::move(result));
+    const std::string& reason = slot.results.back().finish_reason;
+    if (error.empty() && reason != "cancelled" && slot.choice + 1 < job.n) {
+      job.push({slot.choice, {}, std::nullopt, reason});
+      ++slot.choice;
+      return start_choice(slot);
+    }
+    const bool cancelled = reason == "cancelled";
+    std::string message = error;
+    int status = 500;
+    if (message.empty() && cancelled && shutting_down()) {
+      message = kShuttingDown;
+      status = 503;
+    }
+    record(slot.results, !message.empty(), cancelled);
+    finish(job, std::move(slot.results), message, status);
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    active_.erase(std::remove(active_.begin(), active_.end(), slot.job), active_.end());
+    SlotView& v = slot_views_[static_cast<size_t>(slot.id)];
+    ++v.requests;
+    v.state = "idle";
+  }
+  slot.job.reset();
+  slot.results.clear();
+}
+
+// The slot's figures for /slots and /metrics.
+void DecodeWorker::publish_slot(const Slot& slot) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  SlotView& v = slot_views_[static_cast<size_t>(slot.id)];
+  v.state = !slot.job ? "idle" : slot.decode_id >= 0 ? "decoding" : "prompt";
+  v.n_prompt = static_cast<int>(slot.prompt.size());
+  v.n_prompt_done = static_cast<int>(slot.fed);
+  if (slot.decode_id >= 0 && v.n_decoded < slot.pieces) v.generated_tokens += static_cast<uint64_t>(slot.pieces - v.n_decoded);
+  v.n_decoded = slot.pieces;
+}
+
+nlohmann::ordered_json DecodeWorker::slots() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  nlohmann::ordered_json out = nlohmann::ordered_json::array();
+  for (const SlotView& v : slot_views_) {
+    // --parallel 1: the single slot is busy while the worker decodes.
+    const std::string state = slots_.empty() ? (busy_ ? "decoding" : "idle") : v.state;
+    out.push_back({{"id", v.id},
+                   {"n_ctx", n_ctx()},
+                   {"is_processing", state != "idle"},
+                   {"state", state},
+                   {"n_prompt_tokens", v.n_prompt},
+                   {"n_prompt_tokens_processed", v.n_prompt_done},
+                   {"n_decoded", v.n_decoded},
+                   {"requests", v.requests}});
+  }
+  return out;
+}
+
+}  // namespace bmoe
