@@ -55,6 +55,13 @@ class InferenceState : private ResidualRouter {
   // norm; n_embd floats per row) instead of logits: what embeddings pool.
   const std::vector<float>& eval_hidden(const int32_t* tokens, int n);
 
+  // Keeps the output-normed hidden state of every row an eval() runs (not a rewind's replay)
+  // until take_hidden_states(): what an MTP head reads (llama.cpp's h_nextn).
+  void keep_hidden_states(bool keep) { keep_hidden_ = keep; }
+  // The kept rows, oldest first, and the position of the first; truncate() drops those it
+  // forgets. Afterwards none is kept.
+  std::vector<std::vector<float>> take_hidden_states(int* first_position = nullptr);
+
   int n_past() const { return n_past_; }
   int n_ctx() const { return n_ctx_; }
   // Forgets positions >= n (prefix reuse keeps the cache rows below n). A recurrent state
@@ -85,6 +92,8 @@ class InferenceState : private ResidualRouter {
   void advance(const int32_t* tokens, int n);  // eval() up to the output norm
   void run_layers(int n);
   void normalize_rows(int first, int n);  // rows [first, n) of the residual stream, normed, into h_
+  void keep_hidden_rows(int n);           // the pass's n rows, normed, after the kept ones
+  void forget_hidden_rows(int from);      // kept rows at positions >= from
   const std::vector<float>& output_head(int first, int n);
   // ResidualRouter: the router hook scores later layers' routers on the residual stream.
   int layers() const override { return cfg_.n_layer; }
@@ -113,6 +122,12 @@ class InferenceState : private ResidualRouter {
   std::vector<uint8_t> token_batch_path_;
   bool recurrent_dirty_ = false;
   bool replay_batch_path_ = false;  // set while replay() runs rows that first took the batch path
+  bool replaying_ = false;
+
+  // Hidden states kept for an MTP head: rows of n_embd from position hidden_first_.
+  bool keep_hidden_ = false;
+  int hidden_first_ = 0;
+  std::vector<float> hidden_rows_;
 
   // The output head's scratch.
   std::vector<float> h_, logits_;
