@@ -79,9 +79,9 @@ class DecodeLoop {
       : session_(session), params_(params), hooks_(hooks), tok_(*session.model().tokenizer), stop_(params.stop) {
     if (params.grammar) grammar_ = std::make_unique<GrammarFilter>(params.grammar, tok_);
     grammar_waits_ = grammar_ && !params.grammar_after.empty();
-    // No session offers an MTP head yet (speculative.h): make_drafter refuses params.draft.mtp.
     if (drafts_with(params)) {
-      drafting_ = std::make_unique<Drafting>(DraftController(params.draft), make_drafter(params.draft));
+      drafting_ = std::make_unique<Drafting>(DraftController(params.draft),
+                                             make_drafter(params.draft, session.mtp_head()));
     }
   }
 

@@ -15,6 +15,9 @@ Session::Session(LoadedModel& model, ThreadPool& pool, int n_ctx, int n_batch, S
     : model_(model), pool_(pool), state_(*model.transformer, pool, n_ctx, kv_type), n_batch_(std::max(1, n_batch)),
       sampler_(sampler) {
   state_.set_router_hook(std::make_unique<RoutingPolicy>());
+  if (has_nextn_head(*model.transformer)) {
+    mtp_head_ = std::make_unique<SessionMtpHead>(*model.transformer, state_, pool, n_ctx, kv_type);
+  }
 }
 
 std::vector<int32_t> Session::tokenize(const std::string& text, bool parse_special) const {

@@ -3,11 +3,13 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "core/thread_pool.h"
 #include "engine/loader.h"
+#include "engine/mtp_head.h"
 #include "model/transformer.h"
 #include "telemetry/system.h"
 #include "text/sampler.h"
@@ -84,6 +86,9 @@ class Session {
   const std::vector<float>& logits() const { return *logits_; }
 
   InferenceState& state() { return state_; }
+  // The model's MTP head over this sequence, or nullptr where the model's MTP block is not
+  // bound (the run was loaded without --mtp, or the file has none).
+  MtpHead* mtp_head() { return mtp_head_.get(); }
   const std::vector<TokenRecord>& records() const { return records_; }
   LoadedModel& model() { return model_; }
   void reset();
@@ -109,6 +114,7 @@ class Session {
   std::vector<TokenRecord> records_;
   std::vector<int32_t> history_;
   std::vector<float> draft_logits_;  // the kept row of a speculative pass
+  std::unique_ptr<SessionMtpHead> mtp_head_;
 };
 
 }  // namespace bmoe

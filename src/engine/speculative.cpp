@@ -56,20 +56,27 @@ std::vector<int32_t> MtpDrafter::propose(const std::vector<int32_t>& sequence, i
   if (rows.size() + 1 > sequence.size()) {
     fail("MTP head: {} hidden states for a sequence of {} tokens", rows.size(), sequence.size());
   }
+  if (rows.empty()) return {};
   const int first = static_cast<int>(sequence.size() - 1 - rows.size());
-  // Row j is position first + j; the head pairs it with the token that follows it. The last
-  // pair's logits guess the token after the sequence.
-  MtpStep step;
-  for (size_t j = 0; j < rows.size(); ++j) {
-    const int position = first + static_cast<int>(j) + 1;
-    step = head_.draft(position, rows[j], sequence[static_cast<size_t>(position)]);
+  const size_t width = rows.front().size();
+  // Row j is position first + j; the head pairs it with the token after it. Position 0 has no
+  // hidden state before it: llama.cpp pairs its token with zeros, and so does this.
+  std::vector<float> hidden;
+  std::vector<int32_t> tokens;
+  if (first == 0) {
+    hidden.assign(width, 0.0f);
+    tokens.push_back(sequence.front());
   }
-  if (rows.empty() || max_tokens <= 0) return {};  // the head's cache follows all the same
+  for (size_t j = 0; j < rows.size(); ++j) {
+    hidden.insert(hidden.end(), rows[j].begin(), rows[j].end());
+    tokens.push_back(sequence[static_cast<size_t>(first) + j + 1]);
+  }
+  MtpStep step = head_.draft(first == 0 ? 0 : first + 1, hidden, tokens);
   std::vector<int32_t> draft;
   const int next = static_cast<int>(sequence.size());  // the first guess's position
   for (int k = 0; k < max_tokens; ++k) {
     draft.push_back(greedy_guess(step));
-    if (k + 1 < max_tokens) step = head_.draft(next + k, step.hidden, draft.back());
+    if (k + 1 < max_tokens) step = head_.draft(next + k, step.hidden, std::span<const int32_t>(&draft.back(), 1));
   }
   return draft;
 }
@@ -77,8 +84,7 @@ std::vector<int32_t> MtpDrafter::propose(const std::vector<int32_t>& sequence, i
 std::unique_ptr<Drafter> make_drafter(const DraftConfig& config, MtpHead* mtp_head) {
   if (config.mtp) {
     if (!mtp_head) {
-      fail("--mtp: bmoe does not run multi-token-prediction (nextn) heads (a GGUF's MTP block is skipped at load); "
-           "use --draft N --ngram");
+      fail("--mtp: this model has no multi-token-prediction (nextn) block to draft with; use --draft N --ngram");
     }
     return std::make_unique<MtpDrafter>(*mtp_head);
   }

@@ -3,12 +3,13 @@
 // expert once for all its tokens, so an accepted draft saves the per-token expert reads; a
 // rejected one costs a wider routed set, which is why the draft length adapts and switches itself
 // off when acceptance is low (DraftController, the decode loop's). Who guesses is a Drafter:
-// n-gram matches in the sequence (the default), an oracle (benchmarks), and, once a model
-// provides one, a multi-token-prediction head.
+// n-gram matches in the sequence (the default), an oracle (benchmarks), or the model's own
+// multi-token-prediction head.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -23,8 +24,7 @@ struct DraftConfig {
   // stays lossless (verification keeps only what greedy decoding gives); the point is to
   // measure batched verification with drafts that are right.
   std::vector<int32_t> oracle;
-  // Draft with the model's multi-token-prediction head (--mtp). No model provides one yet, so
-  // make_drafter refuses it.
+  // Draft with the model's multi-token-prediction head (--mtp; the session's MtpHead).
   bool mtp = false;
 };
 
@@ -70,26 +70,28 @@ struct MtpStep {
   std::vector<float> hidden;  // n_embd: the head's output, the input of a chained step
 };
 
-// What a model with a multi-token-prediction head (Qwen3.5/3.6's nextn block, DeepSeek-V3's MTP
-// module) must offer an MtpDrafter. Declared only: no model implements it yet. It needs the
-// trunk's forward passes, verification passes included, to keep the last hidden state of every
-// position they evaluate, which they do not do today.
+// What a model with a multi-token-prediction head (Qwen3.5/3.6's MTP block, GLM-4.5's nextn
+// block; model/nextn_head.h) offers an MtpDrafter; the session implements it over the trunk's
+// state (engine/mtp_head.h).
 class MtpHead {
  public:
   virtual ~MtpHead() = default;
-  // The trunk's last hidden states (n_embd floats each: the output norm's input) of the positions
-  // it evaluated since the previous call and still holds, oldest first, ending at the latest
-  // position: a prompt's rows, then the fed token's and every kept draft token's.
+  // The trunk's last hidden states (n_embd floats each, after the output norm, as llama.cpp's
+  // h_nextn) of the positions it evaluated since the previous call and still holds, oldest
+  // first, ending at the latest position: a prompt's rows, then the fed token's and every kept
+  // draft token's.
   virtual std::vector<std::vector<float>> take_hidden_states() = 0;
-  // The head's forward pass at `position`: from the hidden state of position - 1 (the trunk's,
-  // or the head's own output for a chained guess) and the token at `position`, the logits of the
-  // token at position + 1. Writes the head's own cache row at `position` and drops those after.
-  virtual MtpStep draft(int position, const std::vector<float>& hidden, int32_t token) = 0;
+  // The head's forward pass over positions position .. position + tokens.size() - 1: row i
+  // pairs hidden row i (the hidden state of the position before it: the trunk's, the head's own
+  // output for a chained guess, zeros for position 0) with tokens[i]. Returns the last row's
+  // step: the logits of the token after it and the head's output. Writes the head's own cache
+  // rows there and drops those after.
+  virtual MtpStep draft(int position, std::span<const float> hidden, std::span<const int32_t> tokens) = 0;
 };
 
-// Drafts with an MtpHead: runs the head over the trunk's new hidden states (its cache follows the
-// sequence, and the last row gives the first guess), then chains the head on its own output for
-// the further guesses. Greedy guesses: verification decides anyway.
+// Drafts with an MtpHead: runs the head over the trunk's new hidden states in one pass (its
+// cache follows the sequence, and the last row gives the first guess), then chains the head on
+// its own output for the further guesses. Greedy guesses: verification decides anyway.
 class MtpDrafter : public Drafter {
  public:
   explicit MtpDrafter(MtpHead& head) : head_(head) {}
@@ -101,7 +103,7 @@ class MtpDrafter : public Drafter {
 };
 
 // The drafter a configuration chooses: the MTP head's with `mtp`, else the oracle's when there
-// is one, else n-grams. Fails (bmoe::Error) on `mtp` without a head, which is every model today.
+// is one, else n-grams. Fails (bmoe::Error) on `mtp` without a head.
 std::unique_ptr<Drafter> make_drafter(const DraftConfig& config, MtpHead* mtp_head = nullptr);
 
 // The oracle's continuation of `sequence` (empty when the sequence left the oracle).
