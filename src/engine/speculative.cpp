@@ -49,35 +49,39 @@ int32_t greedy_guess(const MtpStep& step) {
 
 }  // namespace
 
-std::vector<int32_t> MtpDrafter::propose(const std::vector<int32_t>& sequence, int max_tokens) {
+std::vector<MtpStep> mtp_steps(MtpHead& head, const std::vector<int32_t>& sequence, int max_tokens) {
   // The trunk evaluated every position but the last (the token about to be fed); the new hidden
   // states end at the one before it.
-  const std::vector<std::vector<float>> rows = head_.take_hidden_states();
+  const std::vector<std::vector<float>> rows = head.take_hidden_states();
   if (rows.size() + 1 > sequence.size()) {
     fail("MTP head: {} hidden states for a sequence of {} tokens", rows.size(), sequence.size());
   }
-  if (rows.empty()) return {};
+  if (rows.empty() || max_tokens <= 0) return {};
   const int first = static_cast<int>(sequence.size() - 1 - rows.size());
-  const size_t width = rows.front().size();
   // Row j is position first + j; the head pairs it with the token after it. Position 0 has no
   // hidden state before it: llama.cpp pairs its token with zeros, and so does this.
   std::vector<float> hidden;
   std::vector<int32_t> tokens;
   if (first == 0) {
-    hidden.assign(width, 0.0f);
+    hidden.assign(rows.front().size(), 0.0f);
     tokens.push_back(sequence.front());
   }
   for (size_t j = 0; j < rows.size(); ++j) {
     hidden.insert(hidden.end(), rows[j].begin(), rows[j].end());
     tokens.push_back(sequence[static_cast<size_t>(first) + j + 1]);
   }
-  MtpStep step = head_.draft(first == 0 ? 0 : first + 1, hidden, tokens);
-  std::vector<int32_t> draft;
+  std::vector<MtpStep> steps{head.draft(first == 0 ? 0 : first + 1, hidden, tokens)};
   const int next = static_cast<int>(sequence.size());  // the first guess's position
-  for (int k = 0; k < max_tokens; ++k) {
-    draft.push_back(greedy_guess(step));
-    if (k + 1 < max_tokens) step = head_.draft(next + k, step.hidden, std::span<const int32_t>(&draft.back(), 1));
+  for (int k = 1; k < max_tokens; ++k) {
+    const int32_t guess = greedy_guess(steps.back());
+    steps.push_back(head.draft(next + k - 1, steps.back().hidden, std::span<const int32_t>(&guess, 1)));
   }
+  return steps;
+}
+
+std::vector<int32_t> MtpDrafter::propose(const std::vector<int32_t>& sequence, int max_tokens) {
+  std::vector<int32_t> draft;
+  for (const MtpStep& step : mtp_steps(head_, sequence, max_tokens)) draft.push_back(greedy_guess(step));
   return draft;
 }
 

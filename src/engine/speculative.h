@@ -89,13 +89,19 @@ class MtpHead {
   virtual MtpStep draft(int position, std::span<const float> hidden, std::span<const int32_t> tokens) = 0;
 };
 
+// The head's steps after `sequence` (its tokens, then the one about to be fed): the head run
+// over the trunk's new hidden states (the last row's step guesses the token after the sequence),
+// then chained on its own greedy picks and outputs, `max_tokens` steps in all (none without new
+// trunk rows). Fails (bmoe::Error) on more hidden states than the sequence has positions.
+std::vector<MtpStep> mtp_steps(MtpHead& head, const std::vector<int32_t>& sequence, int max_tokens);
+
 // Drafts with an MtpHead: runs the head over the trunk's new hidden states in one pass (its
 // cache follows the sequence, and the last row gives the first guess), then chains the head on
 // its own output for the further guesses. Greedy guesses: verification decides anyway.
 class MtpDrafter : public Drafter {
  public:
   explicit MtpDrafter(MtpHead& head) : head_(head) {}
-  // Fails (bmoe::Error) when the head returns more hidden states than the sequence has positions.
+  // The greedy picks of mtp_steps.
   std::vector<int32_t> propose(const std::vector<int32_t>& sequence, int max_tokens) override;
 
  private:
