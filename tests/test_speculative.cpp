@@ -366,12 +366,51 @@ TEST(Speculative, OracleDraftsAreAllKeptAndMtpIsRefused) {
   EXPECT_THROW(generate(s, prompt, p), Error);
 }
 
-TEST(Speculative, SamplingTurnsDraftingOff) {
+TEST(Speculative, PenaltiesTurnDraftingOffSamplingDoesNot) {
   SamplerConfig sampled;
   sampled.temperature = 0.7f;
+  EXPECT_TRUE(drafting_possible(DraftConfig{4, 4, 1, {}}, sampled));
+  sampled.presence_penalty = 0.5f;
   EXPECT_FALSE(drafting_possible(DraftConfig{4, 4, 1, {}}, sampled));
   EXPECT_TRUE(drafting_possible(DraftConfig{4, 4, 1, {}}, SamplerConfig{}));
   EXPECT_FALSE(drafting_possible(DraftConfig{0, 4, 1, {}}, SamplerConfig{}));
+}
+
+// Seeded sampling prints the same tokens with and without drafts: a verification draws from each
+// row in order, as one token at a time would, keeping a draft token only when it is the draw.
+// The oracle (the plain run's own output) has every draft kept; the MTP head on the hybrid
+// qwen35moe cut has them refused at once, its draw then the next token.
+TEST(Speculative, SeededSamplingIsTheSameWithDrafts) {
+  const std::string path = test_model_path("tiny-qwen35moe", 3);
+  auto model = mtp_model(path, false);
+  const std::vector<int32_t> prompt = model->tokenizer->encode("the harbour town woke slowly", false, false);
+  SamplerConfig sampler;
+  sampler.temperature = 0.9f;
+  sampler.seed = 1234;
+  auto sample = [&](const DraftConfig& draft) {
+    ThreadPool pool(2);
+    Session s(*model, pool, 256, 64, sampler);
+    GenerateParams p;
+    p.sampler = sampler;
+    p.max_tokens = 40;
+    p.ignore_eos = true;
+    p.draft = draft;
+    return generate(s, prompt, p);
+  };
+  const GenerateResult plain = sample(DraftConfig{});
+  DraftConfig oracle{4, 4, 1, {}};
+  oracle.oracle = prompt;
+  oracle.oracle.insert(oracle.oracle.end(), plain.tokens.begin(), plain.tokens.end());
+  const GenerateResult o = sample(oracle);
+  EXPECT_EQ(o.tokens, plain.tokens);
+  EXPECT_GT(o.accepted, 0);
+  oracle.oracle.back() ^= 1;  // the last draft token wrong: refused, the draw kept
+  EXPECT_EQ(sample(oracle).tokens, plain.tokens);
+  DraftConfig mtp{3, 4, 1, {}};
+  mtp.mtp = true;
+  const GenerateResult m = sample(mtp);
+  EXPECT_EQ(m.tokens, plain.tokens);
+  EXPECT_GT(m.drafted, m.accepted);
 }
 
 }  // namespace

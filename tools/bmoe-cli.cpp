@@ -364,7 +364,7 @@ GenerateParams decode_params(const CliOptions& o, const LoadedRun& loaded, const
   params.grammar = o.constraint;
   const bool drafting = drafts_with(params);
   if (!drafting && params.draft.max_draft > 0) {
-    fmt::print(stderr, "warning: --draft needs plain greedy sampling (--temp 0, no penalties, no grammar); drafting is off\n");
+    fmt::print(stderr, "warning: --draft needs sampling without penalties, grammar or log-probabilities; drafting is off\n");
   }
   if (o.teacher_force.empty()) return params;
   if (drafting) fail("--teacher-force and --draft do not mix");

@@ -33,8 +33,9 @@ std::string StopMatcher::flush() {
 }
 
 bool drafting_possible(const DraftConfig& draft, const SamplerConfig& sampler) {
-  // Verification keeps a draft token when it is the raw logits' argmax: penalties move the pick.
-  return draft.max_draft > 0 && sampler.temperature <= 0.0f && !sampler.penalized();
+  // Verification keeps a draft token when it is the row's argmax or the sampler's draw from the
+  // raw row: penalties would move the pick with the tokens before it.
+  return draft.max_draft > 0 && !sampler.penalized();
 }
 
 namespace {
