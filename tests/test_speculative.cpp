@@ -121,6 +121,8 @@ TEST(MakeDrafter, ChoosesNgramOracleOrMtpAndRefusesMtpWithoutAHead) {
   EXPECT_NE(dynamic_cast<OracleDrafter*>(make_drafter(c).get()), nullptr);
   c.mtp = true;
   FakeMtpHead head;
+  EXPECT_NE(dynamic_cast<OracleOverMtpDrafter*>(make_drafter(c, &head).get()), nullptr);
+  c.oracle.clear();
   EXPECT_NE(dynamic_cast<MtpDrafter*>(make_drafter(c, &head).get()), nullptr);
   try {
     make_drafter(c);
@@ -128,6 +130,37 @@ TEST(MakeDrafter, ChoosesNgramOracleOrMtpAndRefusesMtpWithoutAHead) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("--mtp"), std::string::npos) << e.what();
   }
+}
+
+// --draft-accept: each position's oracle token stays right with the set probability, decided by
+// (seed, position) alone, so a re-proposed position gets the same token.
+TEST(OracleDrafter, CorruptsTokensAtTheSetRate) {
+  std::vector<int32_t> oracle(20001);
+  for (size_t i = 0; i < oracle.size(); ++i) oracle[i] = static_cast<int32_t>(i % 97);
+  for (double accept : {0.0, 0.5, 0.7, 0.9}) {
+    OracleDrafter drafter(oracle, accept, 7);
+    const std::vector<int32_t> prefix(oracle.begin(), oracle.begin() + 1);
+    const std::vector<int32_t> draft = drafter.propose(prefix, 20000);
+    ASSERT_EQ(draft.size(), 20000u);
+    int right = 0;
+    for (size_t i = 0; i < draft.size(); ++i) right += draft[i] == oracle[i + 1];
+    EXPECT_NEAR(right / 20000.0, accept, 0.015) << accept;
+    std::vector<int32_t> again = oracle_draft(oracle, prefix, 5);
+    corrupt_draft(again, 1, accept, 7);
+    EXPECT_EQ(again, std::vector<int32_t>(draft.begin(), draft.begin() + 5));
+  }
+}
+
+// With --mtp, --draft-oracle replaces the head's proposals but the head still runs (and is paid).
+TEST(OracleOverMtpDrafter, RunsTheHeadAndProposesTheOraclesTokens) {
+  FakeMtpHead head;
+  DraftConfig c{4, 4, 1, {}};
+  c.mtp = true;
+  c.oracle = {10, 11, 12, 13, 50, 51, 52};
+  const auto drafter = make_drafter(c, &head);
+  head.pending = {{0.0f}, {1.0f}, {2.0f}};
+  EXPECT_EQ(drafter->propose({10, 11, 12, 13}, 3), (std::vector<int32_t>{50, 51, 52}));
+  EXPECT_EQ(head.calls.size(), 6u) << "the head ran over the prompt and chained twice";
 }
 
 TEST(DraftController, GrowsOnFullAcceptanceShrinksOnRejectionAndPausesWhenLow) {

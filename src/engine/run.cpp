@@ -231,6 +231,9 @@ DraftConfig draft_config(const LoadedRun& run) {
     d.oracle = oracle.prompt;
     d.oracle.insert(d.oracle.end(), oracle.tokens.begin(), oracle.tokens.end());
   }
+  if (c.draft_accept < 1.0f && c.draft_oracle.empty()) fail("--draft-accept sets --draft-oracle's acceptance; give --draft-oracle FILE too");
+  d.oracle_accept = c.draft_accept;
+  d.oracle_seed = c.draft_seed;
   return d;
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "core/rng.h"
 #include "text/sampler.h"
 
 namespace bmoe {
@@ -36,8 +37,24 @@ std::vector<int32_t> NgramDrafter::propose(const std::vector<int32_t>& sequence,
   return ngram_draft(sequence, max_tokens, ngram_max_, ngram_min_);
 }
 
+void corrupt_draft(std::vector<int32_t>& draft, int first_position, double accept, uint64_t seed) {
+  if (accept >= 1.0) return;
+  for (size_t i = 0; i < draft.size(); ++i) {
+    uint64_t state = seed ^ (0x51ED2701ull * static_cast<uint64_t>(first_position + static_cast<int>(i) + 1));
+    const double draw = static_cast<double>(splitmix64(state) >> 11) * 0x1.0p-53;
+    if (draw >= accept) draft[i] = draft[i] > 0 ? draft[i] - 1 : draft[i] + 1;  // any other id is wrong
+  }
+}
+
 std::vector<int32_t> OracleDrafter::propose(const std::vector<int32_t>& sequence, int max_tokens) {
-  return oracle_draft(oracle_, sequence, max_tokens);
+  std::vector<int32_t> draft = oracle_draft(oracle_, sequence, max_tokens);
+  corrupt_draft(draft, static_cast<int>(sequence.size()), accept_, seed_);
+  return draft;
+}
+
+std::vector<int32_t> OracleOverMtpDrafter::propose(const std::vector<int32_t>& sequence, int max_tokens) {
+  const size_t proposed = mtp_.propose(sequence, max_tokens).size();
+  return oracle_.propose(sequence, static_cast<int>(proposed));
 }
 
 namespace {
@@ -90,9 +107,15 @@ std::unique_ptr<Drafter> make_drafter(const DraftConfig& config, MtpHead* mtp_he
     if (!mtp_head) {
       fail("--mtp: this model has no multi-token-prediction (nextn) block to draft with; use --draft N --ngram");
     }
+    if (!config.oracle.empty()) {
+      return std::make_unique<OracleOverMtpDrafter>(
+          *mtp_head, OracleDrafter(config.oracle, config.oracle_accept, config.oracle_seed));
+    }
     return std::make_unique<MtpDrafter>(*mtp_head);
   }
-  if (!config.oracle.empty()) return std::make_unique<OracleDrafter>(config.oracle);
+  if (!config.oracle.empty()) {
+    return std::make_unique<OracleDrafter>(config.oracle, config.oracle_accept, config.oracle_seed);
+  }
   return std::make_unique<NgramDrafter>(config.ngram_max, config.ngram_min);
 }
 

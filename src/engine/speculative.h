@@ -24,6 +24,11 @@ struct DraftConfig {
   // stays lossless (verification keeps only what greedy decoding gives); the point is to
   // measure batched verification with drafts that are right.
   std::vector<int32_t> oracle;
+  // The oracle's share of right tokens: each position's token is replaced by a wrong one with
+  // probability 1 - oracle_accept, decided by (oracle_seed, position), so that verification can
+  // be measured at the acceptance rates trained drafters reach.
+  double oracle_accept = 1.0;
+  uint64_t oracle_seed = 1;
   // Draft with the model's multi-token-prediction head (--mtp; the session's MtpHead).
   bool mtp = false;
 };
@@ -54,15 +59,23 @@ class NgramDrafter : public Drafter {
   int ngram_min_;
 };
 
-// Continues a known sequence while the sequence so far is its prefix (oracle_draft).
+// Continues a known sequence while the sequence so far is its prefix (oracle_draft), each token
+// right with probability `accept` (corrupt_draft).
 class OracleDrafter : public Drafter {
  public:
-  explicit OracleDrafter(std::vector<int32_t> oracle) : oracle_(std::move(oracle)) {}
+  explicit OracleDrafter(std::vector<int32_t> oracle, double accept = 1.0, uint64_t seed = 1)
+      : oracle_(std::move(oracle)), accept_(accept), seed_(seed) {}
   std::vector<int32_t> propose(const std::vector<int32_t>& sequence, int max_tokens) override;
 
  private:
   std::vector<int32_t> oracle_;
+  double accept_;
+  uint64_t seed_;
 };
+
+// Replaces draft tokens by wrong ones (the id next to it) where a draw from (seed, position)
+// falls at or above `accept`; `first_position` is draft[0]'s position.
+void corrupt_draft(std::vector<int32_t>& draft, int first_position, double accept, uint64_t seed);
 
 // One forward step of an MTP head.
 struct MtpStep {
@@ -108,8 +121,22 @@ class MtpDrafter : public Drafter {
   MtpHead& head_;
 };
 
-// The drafter a configuration chooses: the MTP head's with `mtp`, else the oracle's when there
-// is one, else n-grams. Fails (bmoe::Error) on `mtp` without a head.
+// Benchmark drafter (--mtp with --draft-oracle): runs the MTP drafter, so the head's compute and
+// expert reads are paid as in a real run, then proposes the oracle's tokens instead, as many as
+// the head proposed.
+class OracleOverMtpDrafter : public Drafter {
+ public:
+  OracleOverMtpDrafter(MtpHead& head, OracleDrafter oracle) : mtp_(head), oracle_(std::move(oracle)) {}
+  std::vector<int32_t> propose(const std::vector<int32_t>& sequence, int max_tokens) override;
+
+ private:
+  MtpDrafter mtp_;
+  OracleDrafter oracle_;
+};
+
+// The drafter a configuration chooses: the MTP head's with `mtp` (its proposals replaced by the
+// oracle's when there is one), else the oracle's when there is one, else n-grams. Fails
+// (bmoe::Error) on `mtp` without a head.
 std::unique_ptr<Drafter> make_drafter(const DraftConfig& config, MtpHead* mtp_head = nullptr);
 
 // The oracle's continuation of `sequence` (empty when the sequence left the oracle).
