@@ -183,6 +183,24 @@ TEST(DraftController, GrowsOnFullAcceptanceShrinksOnRejectionAndPausesWhenLow) {
   EXPECT_EQ(c.accepted_total(), 5);
 }
 
+// A drafter that is never right: each pause after another is twice as long, so drafting costs
+// a vanishing share of the steps; a kept draft brings the short pause back.
+TEST(DraftController, PausesGrowWhileNothingIsKept) {
+  DraftController c(DraftConfig{4, 4, 1, {}});
+  auto pause_length = [&c] {
+    while (c.length() > 0) c.report(c.length(), 0);
+    int plain = 0;
+    for (; c.length() == 0 && plain < 10000; ++plain) c.report(0, 0);
+    return plain;
+  };
+  const int first = pause_length();
+  const int second = pause_length();
+  EXPECT_EQ(second, 2 * first);
+  EXPECT_EQ(pause_length(), 4 * first);
+  c.report(c.length(), 1);
+  EXPECT_EQ(pause_length(), first);
+}
+
 // Batch invariance: each row of a batched evaluation equals evaluating the tokens one at a
 // time, bit for bit (needed for lossless verification).
 TEST(Speculative, BatchedLogitsEqualOneTokenAtATime) {

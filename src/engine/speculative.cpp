@@ -123,9 +123,11 @@ namespace {
 constexpr double kAverageWeight = 0.3;   // weight of the newest verification in the average
 constexpr double kLowAcceptance = 0.25;  // below this, drafting costs more than it saves
 constexpr int kPauseSteps = 16;          // plain steps before trying again
+constexpr int kMaxPauseSteps = 512;      // the longest pause, after many fruitless tries
 }  // namespace
 
-DraftController::DraftController(DraftConfig config) : config_(config), length_(config.max_draft) {}
+DraftController::DraftController(DraftConfig config)
+    : config_(config), length_(config.max_draft), next_pause_(kPauseSteps) {}
 
 int DraftController::length() const { return pause_ > 0 ? 0 : length_; }
 
@@ -141,8 +143,10 @@ void DraftController::report(int drafted, int accepted) {
   acceptance_ = (1.0 - kAverageWeight) * acceptance_ + kAverageWeight * rate;
   if (accepted == drafted) length_ = std::min(config_.max_draft, length_ + 1);
   else length_ = std::max(1, accepted + 1);
+  if (accepted > 0) next_pause_ = kPauseSteps;
   if (acceptance_ < kLowAcceptance) {
-    pause_ = kPauseSteps;
+    pause_ = next_pause_;
+    next_pause_ = std::min(kMaxPauseSteps, 2 * next_pause_);
     acceptance_ = 0.5;  // after the pause, give drafting a fair new start
     length_ = std::max(1, config_.max_draft / 2);
   }

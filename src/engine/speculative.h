@@ -147,7 +147,9 @@ std::vector<int32_t> oracle_draft(const std::vector<int32_t>& oracle, const std:
 std::vector<int32_t> ngram_draft(const std::vector<int32_t>& sequence, int max_tokens, int ngram_max, int ngram_min);
 
 // Adapts the draft length to the measured acceptance: grows while drafts are accepted whole,
-// shrinks on rejection, and pauses drafting for a while when acceptance stays low.
+// shrinks on rejection, and pauses drafting for a while when acceptance stays low; each pause
+// that follows another without a kept draft between them is twice as long (up to a limit), so
+// a drafter that is never right costs a vanishing share of the steps.
 class DraftController {
  public:
   explicit DraftController(DraftConfig config);
@@ -167,6 +169,7 @@ class DraftController {
   int length_;
   double acceptance_ = 1.0;  // moving average of accepted / drafted
   int pause_ = 0;            // plain steps left before drafting again
+  int next_pause_;           // the next pause's length: doubles while pauses follow each other
   int64_t drafted_total_ = 0;
   int64_t accepted_total_ = 0;
   int64_t verify_steps_ = 0;
