@@ -53,7 +53,7 @@ struct SynthSpec {
   std::vector<int> attention_layers;
   int n_dense_layers = 0;
   int short_conv_kernel = 0;
-  // glm4moe: MTP blocks written after the trunk (n_layer counts the trunk), the routed weights'
+  // glm4moe, qwen35moe: MTP blocks written after the trunk (n_layer counts the trunk); glm4moe: the routed weights.
   // scale. Leading dense layers: n_dense_layers, n_ff_dense.
   int n_nextn_layer = 0;
   float expert_weights_scale = 0.0f;
