@@ -82,7 +82,19 @@ TEST(ServeResponse, UsageCountsThePromptOnceAndEveryChoice) {
   EXPECT_EQ(t["predicted_n"], 8);
   EXPECT_DOUBLE_EQ(t["predicted_ms"].get<double>(), 4000.0);
   EXPECT_DOUBLE_EQ(t["predicted_per_second"].get<double>(), 2.0);
+  EXPECT_FALSE(t.contains("draft_n")) << "no drafting, no draft counts";
   EXPECT_EQ(usage_of({})["total_tokens"], 0);
+}
+
+// With --draft (n-grams or --mtp), the timings report the drafts as llama-server does.
+TEST(ServeResponse, TimingsCountDraftsAndKeptDrafts) {
+  std::vector<GenerateResult> rs = {result_of("a", 3, "stop"), result_of("b", 5, "length")};
+  rs[0].drafted = 6;
+  rs[0].accepted = 4;
+  rs[1].drafted = 3;
+  const json t = timings_of(rs);
+  EXPECT_EQ(t["draft_n"], 9);
+  EXPECT_EQ(t["draft_n_accepted"], 4);
 }
 
 TEST(ServeResponse, ChatAnswerSplitsReasoningAndToolCalls) {

@@ -4,6 +4,7 @@
 // streamed.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <deque>
 
@@ -11,6 +12,7 @@
 #include "engine/generate.h"
 #include "engine/loader.h"
 #include "engine/speculative.h"
+#include "model/nextn_head.h"
 #include "test_util.h"
 
 namespace bmoe {
@@ -66,10 +68,12 @@ class FakeMtpHead : public MtpHead {
     pending.clear();
     return rows;
   }
-  MtpStep draft(int position, const std::vector<float>& hidden, int32_t token) override {
-    calls.push_back({position, hidden[0], token});
-    MtpStep step{std::vector<float>(64, 0.0f), {hidden[0] + 100.0f}};
-    step.logits[static_cast<size_t>(token + (hidden[0] >= 100.0f ? 2 : 1))] = 1.0f;
+  MtpStep draft(int position, std::span<const float> hidden, std::span<const int32_t> tokens) override {
+    for (size_t i = 0; i < tokens.size(); ++i) calls.push_back({position + static_cast<int>(i), hidden[i], tokens[i]});
+    const float h = hidden.back();
+    const int32_t token = tokens.back();
+    MtpStep step{std::vector<float>(64, 0.0f), {h + 100.0f}};
+    step.logits[static_cast<size_t>(token + (h >= 100.0f ? 2 : 1))] = 1.0f;
     return step;
   }
   std::deque<std::vector<float>> pending;
@@ -90,7 +94,9 @@ TEST(MtpDrafter, RunsTheHeadOverNewTrunkRowsThenChainsOnItsOwnOutput) {
   head.pending = {{0.0f}, {1.0f}, {2.0f}};
   EXPECT_EQ(drafter.propose({10, 11, 12, 13}, 3), (std::vector<int32_t>{14, 16, 18}));
   using Call = FakeMtpHead::Call;
-  EXPECT_EQ(head.calls, (std::vector<Call>{{1, 0, 11}, {2, 1, 12}, {3, 2, 13}, {4, 102, 14}, {5, 202, 16}}));
+  // Position 0 has no hidden state before it: its token is paired with zeros, as llama.cpp does.
+  EXPECT_EQ(head.calls,
+            (std::vector<Call>{{0, 0, 10}, {1, 0, 11}, {2, 1, 12}, {3, 2, 13}, {4, 102, 14}, {5, 202, 16}}));
   // Verification kept 14 only and 20 comes next: the trunk rows of 13 and 14 overwrite the
   // head's chained row at position 4.
   head.calls.clear();
@@ -115,6 +121,8 @@ TEST(MakeDrafter, ChoosesNgramOracleOrMtpAndRefusesMtpWithoutAHead) {
   EXPECT_NE(dynamic_cast<OracleDrafter*>(make_drafter(c).get()), nullptr);
   c.mtp = true;
   FakeMtpHead head;
+  EXPECT_NE(dynamic_cast<OracleOverMtpDrafter*>(make_drafter(c, &head).get()), nullptr);
+  c.oracle.clear();
   EXPECT_NE(dynamic_cast<MtpDrafter*>(make_drafter(c, &head).get()), nullptr);
   try {
     make_drafter(c);
@@ -122,6 +130,37 @@ TEST(MakeDrafter, ChoosesNgramOracleOrMtpAndRefusesMtpWithoutAHead) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("--mtp"), std::string::npos) << e.what();
   }
+}
+
+// --draft-accept: each position's oracle token stays right with the set probability, decided by
+// (seed, position) alone, so a re-proposed position gets the same token.
+TEST(OracleDrafter, CorruptsTokensAtTheSetRate) {
+  std::vector<int32_t> oracle(20001);
+  for (size_t i = 0; i < oracle.size(); ++i) oracle[i] = static_cast<int32_t>(i % 97);
+  for (double accept : {0.0, 0.5, 0.7, 0.9}) {
+    OracleDrafter drafter(oracle, accept, 7);
+    const std::vector<int32_t> prefix(oracle.begin(), oracle.begin() + 1);
+    const std::vector<int32_t> draft = drafter.propose(prefix, 20000);
+    ASSERT_EQ(draft.size(), 20000u);
+    int right = 0;
+    for (size_t i = 0; i < draft.size(); ++i) right += draft[i] == oracle[i + 1];
+    EXPECT_NEAR(right / 20000.0, accept, 0.015) << accept;
+    std::vector<int32_t> again = oracle_draft(oracle, prefix, 5);
+    corrupt_draft(again, 1, accept, 7);
+    EXPECT_EQ(again, std::vector<int32_t>(draft.begin(), draft.begin() + 5));
+  }
+}
+
+// With --mtp, --draft-oracle replaces the head's proposals but the head still runs (and is paid).
+TEST(OracleOverMtpDrafter, RunsTheHeadAndProposesTheOraclesTokens) {
+  FakeMtpHead head;
+  DraftConfig c{4, 4, 1, {}};
+  c.mtp = true;
+  c.oracle = {10, 11, 12, 13, 50, 51, 52};
+  const auto drafter = make_drafter(c, &head);
+  head.pending = {{0.0f}, {1.0f}, {2.0f}};
+  EXPECT_EQ(drafter->propose({10, 11, 12, 13}, 3), (std::vector<int32_t>{50, 51, 52}));
+  EXPECT_EQ(head.calls.size(), 6u) << "the head ran over the prompt and chained twice";
 }
 
 TEST(DraftController, GrowsOnFullAcceptanceShrinksOnRejectionAndPausesWhenLow) {
@@ -142,6 +181,24 @@ TEST(DraftController, GrowsOnFullAcceptanceShrinksOnRejectionAndPausesWhenLow) {
   EXPECT_LT(plain, 100) << "the pause runs out";
   EXPECT_GT(c.length(), 0);
   EXPECT_EQ(c.accepted_total(), 5);
+}
+
+// A drafter that is never right: each pause after another is twice as long, so drafting costs
+// a vanishing share of the steps; a kept draft brings the short pause back.
+TEST(DraftController, PausesGrowWhileNothingIsKept) {
+  DraftController c(DraftConfig{4, 4, 1, {}});
+  auto pause_length = [&c] {
+    while (c.length() > 0) c.report(c.length(), 0);
+    int plain = 0;
+    for (; c.length() == 0 && plain < 10000; ++plain) c.report(0, 0);
+    return plain;
+  };
+  const int first = pause_length();
+  const int second = pause_length();
+  EXPECT_EQ(second, 2 * first);
+  EXPECT_EQ(pause_length(), 4 * first);
+  c.report(c.length(), 1);
+  EXPECT_EQ(pause_length(), first);
 }
 
 // Batch invariance: each row of a batched evaluation equals evaluating the tokens one at a
@@ -221,6 +278,99 @@ INSTANTIATE_TEST_SUITE_P(Families, SpeculativeIdentity,
                            return n;
                          });
 
+// A model with its MTP block bound (--mtp), resident or streamed through a small cache.
+std::unique_ptr<LoadedModel> mtp_model(const std::string& path, bool streamed) {
+  LoadOptions lo;
+  lo.nextn = true;
+  lo.stream_experts = streamed;
+  auto model = load_model(path, lo);
+  if (streamed) {
+    StreamingOptions so;
+    so.cache_bytes = 1 << 20;
+    so.io_threads = 2;
+    attach_streaming(*model, so);
+  }
+  return model;
+}
+
+GenerateResult run_mtp(LoadedModel& model, const std::vector<int32_t>& prompt, int draft) {
+  ThreadPool pool(2);
+  Session s(model, pool, 256, 64, SamplerConfig{});
+  EXPECT_NE(s.mtp_head(), nullptr);
+  GenerateParams p;
+  p.max_tokens = 48;
+  p.ignore_eos = true;
+  p.draft.max_draft = draft;
+  p.draft.mtp = true;
+  return generate(s, prompt, p);
+}
+
+// --mtp drafts from the model's own MTP block; verification keeps only what plain greedy
+// decoding gives, resident and streamed. A 3-layer qwen35moe cut ends in a Gated DeltaNet layer
+// while its MTP block is gated attention, and its random-weight head is mostly wrong: drafts are
+// rejected mid-run and the recurrent state is rolled back each time.
+class MtpIdentity : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(MtpIdentity, MtpDraftedOutputEqualsPlainGreedy) {
+  const std::string path = test_model_path(GetParam(), 3);
+  auto trunk_only = load_model(path, LoadOptions{});
+  const std::vector<int32_t> prompt = trunk_only->tokenizer->encode("the harbour town woke slowly", false, false);
+  const GenerateResult plain = run(*trunk_only, prompt, 0);
+  ASSERT_EQ(plain.tokens.size(), 48u);
+  auto resident = mtp_model(path, false);
+  EXPECT_EQ(run(*resident, prompt, 0).tokens, plain.tokens) << "binding the MTP block changed the trunk";
+  for (int draft : {1, 3}) {
+    const GenerateResult r = run_mtp(*resident, prompt, draft);
+    EXPECT_EQ(r.tokens, plain.tokens) << GetParam() << " resident, draft " << draft;
+    EXPECT_GT(r.drafted, 0) << "the MTP head never proposed";
+    EXPECT_LT(r.accepted, r.drafted) << "no draft was rejected: the rollback went untested";
+  }
+  auto streamed = mtp_model(path, true);
+  const GenerateResult s = run_mtp(*streamed, prompt, 3);
+  EXPECT_EQ(s.tokens, plain.tokens) << GetParam() << " streamed, draft 3";
+  EXPECT_GT(s.drafted, 0);
+  EXPECT_GT(streamed->experts->stats().misses, 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, MtpIdentity, ::testing::Values("tiny-qwen35moe", "tiny-glm4moe"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           for (char& ch : n) ch = std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
+                           return n;
+                         });
+
+// The head's rows are its own KV state: a batch equals the same rows one at a time, bit for bit,
+// and running again from an earlier position (after other rows were written there) gives what
+// the first run gave, so the head rewinds exactly with the trunk.
+TEST(NextnHead, RowsDoNotDependOnTheBatchAndRewindExactly) {
+  auto model = mtp_model(test_model_path("tiny-qwen35moe", 3), false);
+  ASSERT_TRUE(has_nextn_head(*model->transformer));
+  const int E = model->transformer->config().n_embd;
+  std::vector<float> hidden(static_cast<size_t>(6 * E));
+  for (size_t i = 0; i < hidden.size(); ++i) hidden[i] = std::sin(0.37f * static_cast<float>(i));
+  const std::vector<int32_t> tokens = {5, 9, 13, 17, 21, 25};
+  ThreadPool pool(2);
+  NextnHead batched(*model->transformer, pool, 64), single(*model->transformer, pool, 64);
+  batched.forward(0, hidden, tokens);
+  const std::vector<float> want = batched.logits(), want_hidden = batched.hidden();
+  for (int i = 0; i < 6; ++i) {
+    single.forward(i, std::span<const float>(hidden).subspan(static_cast<size_t>(i) * E, E),
+                   std::span<const int32_t>(tokens).subspan(static_cast<size_t>(i), 1));
+  }
+  EXPECT_EQ(single.logits(), want);
+  EXPECT_EQ(single.hidden(), want_hidden);
+  // Other rows at positions 3..5, then the true ones again from 3.
+  const std::vector<int32_t> other = {40, 41, 42};
+  single.forward(3, std::span<const float>(hidden).subspan(0, static_cast<size_t>(3) * E), other);
+  EXPECT_NE(single.logits(), want);
+  single.forward(3, std::span<const float>(hidden).subspan(static_cast<size_t>(3) * E),
+                 std::span<const int32_t>(tokens).subspan(3));
+  EXPECT_EQ(single.logits(), want);
+  EXPECT_THROW(single.forward(8, std::span<const float>(hidden).subspan(0, E), std::span<const int32_t>(tokens).subspan(0, 1)),
+               Error)
+      << "a position past the head's rows";
+}
+
 // Drafts are both kept and rejected somewhere in the suite's runs (so both paths of the
 // verification, including the KV truncation, are exercised), and per-token records add up.
 TEST(Speculative, AcceptsAndRejectsAndRecordsEveryToken) {
@@ -267,12 +417,51 @@ TEST(Speculative, OracleDraftsAreAllKeptAndMtpIsRefused) {
   EXPECT_THROW(generate(s, prompt, p), Error);
 }
 
-TEST(Speculative, SamplingTurnsDraftingOff) {
+TEST(Speculative, PenaltiesTurnDraftingOffSamplingDoesNot) {
   SamplerConfig sampled;
   sampled.temperature = 0.7f;
+  EXPECT_TRUE(drafting_possible(DraftConfig{4, 4, 1, {}}, sampled));
+  sampled.presence_penalty = 0.5f;
   EXPECT_FALSE(drafting_possible(DraftConfig{4, 4, 1, {}}, sampled));
   EXPECT_TRUE(drafting_possible(DraftConfig{4, 4, 1, {}}, SamplerConfig{}));
   EXPECT_FALSE(drafting_possible(DraftConfig{0, 4, 1, {}}, SamplerConfig{}));
+}
+
+// Seeded sampling prints the same tokens with and without drafts: a verification draws from each
+// row in order, as one token at a time would, keeping a draft token only when it is the draw.
+// The oracle (the plain run's own output) has every draft kept; the MTP head on the hybrid
+// qwen35moe cut has them refused at once, its draw then the next token.
+TEST(Speculative, SeededSamplingIsTheSameWithDrafts) {
+  const std::string path = test_model_path("tiny-qwen35moe", 3);
+  auto model = mtp_model(path, false);
+  const std::vector<int32_t> prompt = model->tokenizer->encode("the harbour town woke slowly", false, false);
+  SamplerConfig sampler;
+  sampler.temperature = 0.9f;
+  sampler.seed = 1234;
+  auto sample = [&](const DraftConfig& draft) {
+    ThreadPool pool(2);
+    Session s(*model, pool, 256, 64, sampler);
+    GenerateParams p;
+    p.sampler = sampler;
+    p.max_tokens = 40;
+    p.ignore_eos = true;
+    p.draft = draft;
+    return generate(s, prompt, p);
+  };
+  const GenerateResult plain = sample(DraftConfig{});
+  DraftConfig oracle{4, 4, 1, {}};
+  oracle.oracle = prompt;
+  oracle.oracle.insert(oracle.oracle.end(), plain.tokens.begin(), plain.tokens.end());
+  const GenerateResult o = sample(oracle);
+  EXPECT_EQ(o.tokens, plain.tokens);
+  EXPECT_GT(o.accepted, 0);
+  oracle.oracle.back() ^= 1;  // the last draft token wrong: refused, the draw kept
+  EXPECT_EQ(sample(oracle).tokens, plain.tokens);
+  DraftConfig mtp{3, 4, 1, {}};
+  mtp.mtp = true;
+  const GenerateResult m = sample(mtp);
+  EXPECT_EQ(m.tokens, plain.tokens);
+  EXPECT_GT(m.drafted, m.accepted);
 }
 
 }  // namespace

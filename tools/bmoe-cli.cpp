@@ -88,7 +88,8 @@ void add_flags(CLI::App& app, CliOptions& o) {
   app.add_flag("--special", o.show_special, "print special/control tokens in the output");
   app.add_flag("--json", o.json, "print a JSON result (prompt ids, generated ids, text) instead of streaming text");
   app.add_flag("--tokenize", o.tokenize_only, "print the prompt's token ids as JSON and exit");
-  app.add_option("--dump-logits", o.dump_logits, "write the logits after the prompt (f32, binary) to a file");
+  app.add_option("--dump-logits", o.dump_logits,
+                 "write the logits after the prompt (f32, binary) to a file; with --mtp, then the MTP head's first two draft steps'");
   app.add_flag("--list-archs", o.list_archs, "list the architectures compiled in, each with its tensor table, and exit");
 
   app.add_option("--teacher-force", o.teacher_force,
@@ -341,6 +342,15 @@ PrefillRecord read_prompt(const CliOptions& o, Session& session, const std::vect
     std::ofstream dump(o.dump_logits, std::ios::binary);
     const int n_vocab = session.model().transformer->config().n_vocab;
     dump.write(reinterpret_cast<const char*>(session.logits().data()), static_cast<std::streamsize>(n_vocab * sizeof(float)));
+    // With --mtp, then the MTP head's first two draft steps after the prompt and its greedy next
+    // token (what conformance compares with llama.cpp's draft-mtp).
+    if (MtpHead* head = session.mtp_head()) {
+      std::vector<int32_t> sequence = prompt_ids;
+      sequence.push_back(Sampler::argmax(session.logits().data(), n_vocab));
+      for (const MtpStep& step : mtp_steps(*head, sequence, 2)) {
+        dump.write(reinterpret_cast<const char*>(step.logits.data()), static_cast<std::streamsize>(n_vocab * sizeof(float)));
+      }
+    }
     if (!dump) fail("cannot write {}", o.dump_logits);
   }
   return pre;
@@ -357,7 +367,7 @@ GenerateParams decode_params(const CliOptions& o, const LoadedRun& loaded, const
   params.grammar = o.constraint;
   const bool drafting = drafts_with(params);
   if (!drafting && params.draft.max_draft > 0) {
-    fmt::print(stderr, "warning: --draft needs plain greedy sampling (--temp 0, no penalties, no grammar); drafting is off\n");
+    fmt::print(stderr, "warning: --draft needs sampling without penalties, grammar or log-probabilities; drafting is off\n");
   }
   if (o.teacher_force.empty()) return params;
   if (drafting) fail("--teacher-force and --draft do not mix");

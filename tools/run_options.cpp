@@ -181,8 +181,8 @@ void add_run_flags(CLI::App& app, RunOptions& o) {
                  "(1/k); the others are rescaled (decode only; the top expert is always kept)")
       ->capture_default_str()->check(finite_number() & CLI::Range(0.0f, 1.0f));
   app.add_option("--draft", o.config.draft,
-                 "speculative decoding: verify up to N drafted tokens per forward pass (lossless; greedy sampling "
-                 "only; the length adapts and drafting pauses itself when few drafts are accepted)")
+                 "speculative decoding: verify up to N drafted tokens per forward pass (lossless, greedy or "
+                 "seeded sampling; the length adapts and drafting pauses itself when few drafts are accepted)")
       ->capture_default_str()->check(CLI::Range(0, 32));
   app.add_flag("--ngram", o.config.ngram, "draft from n-gram matches in the prompt and the output so far (the default drafter)");
   app.add_option("--draft-ngram-max", o.config.ngram_max, "longest n-gram suffix looked up for a draft")
@@ -190,7 +190,14 @@ void add_run_flags(CLI::App& app, RunOptions& o) {
   app.add_option("--draft-oracle", o.config.draft_oracle,
                  "benchmark only: draft from the --json output of an earlier greedy run of the same prompt (still "
                  "lossless; measures verification with drafts that are right)");
-  app.add_flag("--mtp", o.config.mtp, "draft with the model's multi-token-prediction head (needs a GGUF that has one)");
+  app.add_option("--draft-accept", o.config.draft_accept,
+                 "benchmark only: with --draft-oracle, each oracle draft token is right with this probability (the "
+                 "others are replaced by a wrong one, seeded by --draft-seed); with --mtp the head still runs and "
+                 "is paid for, only its proposals are replaced")
+      ->capture_default_str()->check(CLI::Range(0.0f, 1.0f));
+  app.add_option("--draft-seed", o.config.draft_seed, "benchmark only: seed of --draft-accept's corruption")->capture_default_str();
+  app.add_flag("--mtp", o.config.mtp,
+               "draft with the model's multi-token-prediction (nextn) block: Qwen3.5/3.6 MoE, GLM-4.5/4.6 (needs --draft N)");
 }
 
 namespace {

@@ -34,8 +34,9 @@ std::string StopMatcher::flush() {
 }
 
 bool drafting_possible(const DraftConfig& draft, const SamplerConfig& sampler) {
-  // Verification keeps a draft token when it is the raw logits' argmax: penalties move the pick.
-  return draft.max_draft > 0 && sampler.temperature <= 0.0f && !sampler.penalized();
+  // Verification keeps a draft token when it is the row's argmax or the sampler's draw from the
+  // raw row: penalties would move the pick with the tokens before it.
+  return draft.max_draft > 0 && !sampler.penalized();
 }
 
 namespace {
@@ -82,9 +83,9 @@ class DecodeLoop {
         limit_(limit) {
     if (params.grammar) grammar_ = std::make_unique<GrammarFilter>(params.grammar, tok_);
     grammar_waits_ = grammar_ && !params.grammar_after.empty();
-    // No session offers an MTP head yet (speculative.h): make_drafter refuses params.draft.mtp.
     if (may_draft && drafts_with(params)) {
-      drafting_ = std::make_unique<Drafting>(DraftController(params.draft), make_drafter(params.draft));
+      drafting_ = std::make_unique<Drafting>(DraftController(params.draft),
+                                             make_drafter(params.draft, session.mtp_head()));
     }
     result_.finish_reason = "length";
   }

@@ -24,7 +24,7 @@ struct GenerateParams {
   std::vector<std::string> stop;  // the text ends before the first occurrence of any
   bool ignore_eos = false;
   bool show_special = false;
-  DraftConfig draft;  // speculative decoding (greedy sampling only; ignored otherwise)
+  DraftConfig draft;  // speculative decoding (greedy or sampling without penalties; else ignored)
   // >= 0: report each generated token's log-probability with this many most likely
   // alternatives (GenerateResult::logprobs); turns drafting off, whose kept tokens have no logits.
   int logprobs = -1;

@@ -85,6 +85,8 @@ class GgufArchLoader : public ArchLoader {
     return v;
   }
 
+  bool wants_nextn() override { return options_.nextn; }
+
   int expert_matrix(int layer, const std::string& name, std::vector<int64_t> dims) override {
     const TensorInfo& t = checked(name, dims);
     if (!kernels_for_isa(t.type, Isa::Scalar)) fail("{}: tensor '{}' has unsupported type {}", gguf_.primary().path, name, type_name(t.type));

@@ -23,6 +23,7 @@ struct LoadOptions {
   DenseWeights dense = DenseWeights::Anon;
   bool odirect = true;
   int n_expert_used = 0;              // override top-k (0: the model's)
+  bool nextn = false;                 // bind the MTP (nextn) blocks too (--mtp drafts with them)
   bool verbose = true;                // progress on stderr
 };
 

@@ -198,6 +198,7 @@ LoadedRun load_run(const RunConfig& config) {
   run.config.moe_mode = run.mode.stream ? MoeMode::Stream : MoeMode::Resident;
   LoadOptions load;
   load.n_expert_used = config.n_expert_used;
+  load.nextn = config.mtp;
   load.stream_experts = run.mode.stream;
   load.dense = config.dense_weights;
   load.odirect = config.odirect;
@@ -220,8 +221,8 @@ DraftConfig draft_config(const LoadedRun& run) {
   DraftConfig d;
   d.mtp = c.mtp;
   // The drafter is chosen once here, so that one the model cannot serve fails while the run is
-  // prepared rather than inside the decode loop. No model provides an MTP head yet: --mtp fails.
-  make_drafter(d, nullptr);
+  // prepared rather than inside the decode loop: --mtp on a model without a bound MTP block.
+  if (c.mtp && !has_nextn_head(*run.model->transformer)) make_drafter(d, nullptr);
   if ((c.ngram || c.mtp || !c.draft_oracle.empty()) && c.draft == 0) {
     fail("--ngram/--mtp/--draft-oracle choose a drafter for --draft N; give --draft N too");
   }
@@ -232,6 +233,9 @@ DraftConfig draft_config(const LoadedRun& run) {
     d.oracle = oracle.prompt;
     d.oracle.insert(d.oracle.end(), oracle.tokens.begin(), oracle.tokens.end());
   }
+  if (c.draft_accept < 1.0f && c.draft_oracle.empty()) fail("--draft-accept sets --draft-oracle's acceptance; give --draft-oracle FILE too");
+  d.oracle_accept = c.draft_accept;
+  d.oracle_seed = c.draft_seed;
   return d;
 }
 

@@ -76,12 +76,14 @@ struct RunConfig {
   int route_ahead = 0;
   float drop_cold = 0.0f;
 
-  // Speculative decoding (lossless, greedy only); draft_config() resolves these.
+  // Speculative decoding (lossless); draft_config() resolves these.
   int draft = 0;
   bool ngram = false;
   int ngram_max = 4;
   bool mtp = false;
   std::string draft_oracle;  // benchmark only: draft from an earlier run's `bmoe-cli --json` output
+  float draft_accept = 1.0f;  // benchmark only: --draft-oracle's share of right draft tokens
+  uint64_t draft_seed = 1;    // which oracle tokens are corrupted
 
   int thread_count() const;
   int sequence_ctx() const { return ctx_size / std::max(1, parallel); }

@@ -13,8 +13,11 @@ namespace bmoe {
 Session::Session(LoadedModel& model, ThreadPool& pool, int n_ctx, int n_batch, SamplerConfig sampler,
                  KvType kv_type)
     : model_(model), pool_(pool), state_(*model.transformer, pool, n_ctx, kv_type), n_batch_(std::max(1, n_batch)),
-      sampler_(sampler) {
+      sampler_(sampler), sampled_(sampler.temperature > 0.0f) {
   state_.set_router_hook(std::make_unique<RoutingPolicy>());
+  if (has_nextn_head(*model.transformer)) {
+    mtp_head_ = std::make_unique<SessionMtpHead>(*model.transformer, state_, pool, n_ctx, kv_type);
+  }
 }
 
 std::vector<int32_t> Session::tokenize(const std::string& text, bool parse_special) const {
@@ -23,6 +26,7 @@ std::vector<int32_t> Session::tokenize(const std::string& text, bool parse_speci
 
 PrefillRecord Session::prefill(const std::vector<int32_t>& tokens, const PrefillProgress& progress) {
   if (tokens.empty()) fail("the prompt is empty");
+  pending_sample_.reset();  // a draw from logits the prompt replaces
   Stopwatch timer;
   state_.set_prefill(true);
   const int total = static_cast<int>(tokens.size());
@@ -79,6 +83,11 @@ int Session::prefill_reusing(const std::vector<int32_t>& prompt, PrefillRecord* 
 
 int32_t Session::sample(const TokenFilter* filter) {
   if (logits_ == nullptr) fail("internal: sample() before prefill()");
+  if (pending_sample_) {
+    const int32_t token = *pending_sample_;
+    pending_sample_.reset();
+    return token;
+  }
   const int n_vocab = model_.transformer->config().n_vocab;
   return filter ? sampler_.sample(logits_->data(), n_vocab, *filter) : sampler_.sample(logits_->data(), n_vocab);
 }
@@ -115,11 +124,20 @@ int Session::accept_draft(int32_t token, const std::vector<int32_t>& draft) {
   const int start = state_.n_past();
   const std::vector<float>& all = state_.eval(batch.data(), n, /*all_logits=*/true);
   const int n_vocab = model_.transformer->config().n_vocab;
-  // Row i holds the logits after batch[i]: draft[i] survives when it is their argmax.
+  // Row i holds the logits after batch[i]: draft[i] survives when it is their argmax, or the
+  // sampler's draw from them.
   int kept = 0;
-  while (kept < static_cast<int>(draft.size()) &&
-         Sampler::argmax(all.data() + static_cast<size_t>(kept) * n_vocab, n_vocab) == draft[static_cast<size_t>(kept)]) {
-    ++kept;
+  for (; kept <= static_cast<int>(draft.size()); ++kept) {
+    const float* logits = all.data() + static_cast<size_t>(kept) * n_vocab;
+    if (!sampled_) {
+      if (kept == static_cast<int>(draft.size()) || Sampler::argmax(logits, n_vocab) != draft[static_cast<size_t>(kept)]) break;
+      continue;
+    }
+    const int32_t draw = sampler_.sample(logits, n_vocab);
+    if (kept == static_cast<int>(draft.size()) || draw != draft[static_cast<size_t>(kept)]) {
+      pending_sample_ = draw;
+      break;
+    }
   }
   const float* row = all.data() + static_cast<size_t>(kept) * n_vocab;
   draft_logits_.assign(row, row + n_vocab);
@@ -199,6 +217,7 @@ std::vector<float> Session::embed(const std::vector<int32_t>& tokens, Pooling po
 }
 
 void Session::reset() {
+  pending_sample_.reset();
   state_.truncate(0);
   history_.clear();
   logits_ = nullptr;

@@ -3,11 +3,14 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "core/thread_pool.h"
 #include "engine/loader.h"
+#include "engine/mtp_head.h"
 #include "model/transformer.h"
 #include "telemetry/system.h"
 #include "text/sampler.h"
@@ -73,23 +76,34 @@ class Session {
   // which evaluate the same batches.
   int keep_prefix(const std::vector<int32_t>& prompt);
   int n_batch() const { return n_batch_; }
-  void set_sampler(const SamplerConfig& config) { sampler_ = Sampler(config); }
+  void set_sampler(const SamplerConfig& config) {
+    sampler_ = Sampler(config);
+    sampled_ = config.temperature > 0.0f;
+    pending_sample_.reset();
+  }
   // The tokens whose keys and values the cache holds, in order.
   const std::vector<int32_t>& history() const { return history_; }
   // Samples the next token from the current logits (does not feed it), among the tokens
-  // `filter` allows when there is one.
+  // `filter` allows when there is one. After a sampled verification (accept_draft) it is the
+  // token that verification drew at the first refused row.
   int32_t sample(const TokenFilter* filter = nullptr);
   // Feeds one generated token and records its cost.
   const TokenRecord& accept(int32_t token);
-  // Speculative step (greedy only): feeds `token` and the draft in one batched pass and keeps
-  // the longest draft prefix that greedy decoding would have produced. Returns how many draft
-  // tokens were kept; they are in the history and the logits are those after the last kept
-  // token, exactly as if each had been accepted one at a time (the kernels' per-row results do
-  // not depend on the batch size). The pass's cost is split over the kept tokens' records.
+  // Speculative step: feeds `token` and the draft in one batched pass and keeps the longest
+  // draft prefix that decoding would have produced: greedy, each row's argmax; sampling (no
+  // penalties), the sampler draws from each row in order, as it would one token at a time, and a
+  // draft token is kept when it is the draw; the first other draw is kept for sample(). Returns
+  // how many draft tokens were kept; they are in the history and the logits are those after the
+  // last kept token, exactly as if each had been accepted one at a time (the kernels' per-row
+  // results do not depend on the batch size). The pass's cost is split over the kept tokens'
+  // records.
   int accept_draft(int32_t token, const std::vector<int32_t>& draft);
   const std::vector<float>& logits() const { return *logits_; }
 
   InferenceState& state() { return state_; }
+  // The model's MTP head over this sequence, or nullptr where the model's MTP block is not
+  // bound (the run was loaded without --mtp, or the file has none).
+  MtpHead* mtp_head() { return mtp_head_.get(); }
   const std::vector<TokenRecord>& records() const { return records_; }
   LoadedModel& model() { return model_; }
   void reset();
@@ -118,6 +132,9 @@ class Session {
   std::vector<TokenRecord> records_;
   std::vector<int32_t> history_;
   std::vector<float> draft_logits_;  // the kept row of a speculative pass
+  std::unique_ptr<SessionMtpHead> mtp_head_;
+  bool sampled_ = false;                 // the sampler draws (temperature > 0)
+  std::optional<int32_t> pending_sample_;  // drawn by a sampled verification, not yet emitted
 };
 
 }  // namespace bmoe

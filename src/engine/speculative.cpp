@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "core/rng.h"
 #include "text/sampler.h"
 
 namespace bmoe {
@@ -36,8 +37,24 @@ std::vector<int32_t> NgramDrafter::propose(const std::vector<int32_t>& sequence,
   return ngram_draft(sequence, max_tokens, ngram_max_, ngram_min_);
 }
 
+void corrupt_draft(std::vector<int32_t>& draft, int first_position, double accept, uint64_t seed) {
+  if (accept >= 1.0) return;
+  for (size_t i = 0; i < draft.size(); ++i) {
+    uint64_t state = seed ^ (0x51ED2701ull * static_cast<uint64_t>(first_position + static_cast<int>(i) + 1));
+    const double draw = static_cast<double>(splitmix64(state) >> 11) * 0x1.0p-53;
+    if (draw >= accept) draft[i] = draft[i] > 0 ? draft[i] - 1 : draft[i] + 1;  // any other id is wrong
+  }
+}
+
 std::vector<int32_t> OracleDrafter::propose(const std::vector<int32_t>& sequence, int max_tokens) {
-  return oracle_draft(oracle_, sequence, max_tokens);
+  std::vector<int32_t> draft = oracle_draft(oracle_, sequence, max_tokens);
+  corrupt_draft(draft, static_cast<int>(sequence.size()), accept_, seed_);
+  return draft;
+}
+
+std::vector<int32_t> OracleOverMtpDrafter::propose(const std::vector<int32_t>& sequence, int max_tokens) {
+  const size_t proposed = mtp_.propose(sequence, max_tokens).size();
+  return oracle_.propose(sequence, static_cast<int>(proposed));
 }
 
 namespace {
@@ -49,40 +66,56 @@ int32_t greedy_guess(const MtpStep& step) {
 
 }  // namespace
 
-std::vector<int32_t> MtpDrafter::propose(const std::vector<int32_t>& sequence, int max_tokens) {
+std::vector<MtpStep> mtp_steps(MtpHead& head, const std::vector<int32_t>& sequence, int max_tokens) {
   // The trunk evaluated every position but the last (the token about to be fed); the new hidden
   // states end at the one before it.
-  const std::vector<std::vector<float>> rows = head_.take_hidden_states();
+  const std::vector<std::vector<float>> rows = head.take_hidden_states();
   if (rows.size() + 1 > sequence.size()) {
     fail("MTP head: {} hidden states for a sequence of {} tokens", rows.size(), sequence.size());
   }
+  if (rows.empty() || max_tokens <= 0) return {};
   const int first = static_cast<int>(sequence.size() - 1 - rows.size());
-  // Row j is position first + j; the head pairs it with the token that follows it. The last
-  // pair's logits guess the token after the sequence.
-  MtpStep step;
+  // Row j is position first + j; the head pairs it with the token after it. Position 0 has no
+  // hidden state before it: llama.cpp pairs its token with zeros, and so does this.
+  std::vector<float> hidden;
+  std::vector<int32_t> tokens;
+  if (first == 0) {
+    hidden.assign(rows.front().size(), 0.0f);
+    tokens.push_back(sequence.front());
+  }
   for (size_t j = 0; j < rows.size(); ++j) {
-    const int position = first + static_cast<int>(j) + 1;
-    step = head_.draft(position, rows[j], sequence[static_cast<size_t>(position)]);
+    hidden.insert(hidden.end(), rows[j].begin(), rows[j].end());
+    tokens.push_back(sequence[static_cast<size_t>(first) + j + 1]);
   }
-  if (rows.empty() || max_tokens <= 0) return {};  // the head's cache follows all the same
-  std::vector<int32_t> draft;
+  std::vector<MtpStep> steps{head.draft(first == 0 ? 0 : first + 1, hidden, tokens)};
   const int next = static_cast<int>(sequence.size());  // the first guess's position
-  for (int k = 0; k < max_tokens; ++k) {
-    draft.push_back(greedy_guess(step));
-    if (k + 1 < max_tokens) step = head_.draft(next + k, step.hidden, draft.back());
+  for (int k = 1; k < max_tokens; ++k) {
+    const int32_t guess = greedy_guess(steps.back());
+    steps.push_back(head.draft(next + k - 1, steps.back().hidden, std::span<const int32_t>(&guess, 1)));
   }
+  return steps;
+}
+
+std::vector<int32_t> MtpDrafter::propose(const std::vector<int32_t>& sequence, int max_tokens) {
+  std::vector<int32_t> draft;
+  for (const MtpStep& step : mtp_steps(head_, sequence, max_tokens)) draft.push_back(greedy_guess(step));
   return draft;
 }
 
 std::unique_ptr<Drafter> make_drafter(const DraftConfig& config, MtpHead* mtp_head) {
   if (config.mtp) {
     if (!mtp_head) {
-      fail("--mtp: bmoe does not run multi-token-prediction (nextn) heads (a GGUF's MTP block is skipped at load); "
-           "use --draft N --ngram");
+      fail("--mtp: this model has no multi-token-prediction (nextn) block to draft with; use --draft N --ngram");
+    }
+    if (!config.oracle.empty()) {
+      return std::make_unique<OracleOverMtpDrafter>(
+          *mtp_head, OracleDrafter(config.oracle, config.oracle_accept, config.oracle_seed));
     }
     return std::make_unique<MtpDrafter>(*mtp_head);
   }
-  if (!config.oracle.empty()) return std::make_unique<OracleDrafter>(config.oracle);
+  if (!config.oracle.empty()) {
+    return std::make_unique<OracleDrafter>(config.oracle, config.oracle_accept, config.oracle_seed);
+  }
   return std::make_unique<NgramDrafter>(config.ngram_max, config.ngram_min);
 }
 
@@ -90,9 +123,11 @@ namespace {
 constexpr double kAverageWeight = 0.3;   // weight of the newest verification in the average
 constexpr double kLowAcceptance = 0.25;  // below this, drafting costs more than it saves
 constexpr int kPauseSteps = 16;          // plain steps before trying again
+constexpr int kMaxPauseSteps = 512;      // the longest pause, after many fruitless tries
 }  // namespace
 
-DraftController::DraftController(DraftConfig config) : config_(config), length_(config.max_draft) {}
+DraftController::DraftController(DraftConfig config)
+    : config_(config), length_(config.max_draft), next_pause_(kPauseSteps) {}
 
 int DraftController::length() const { return pause_ > 0 ? 0 : length_; }
 
@@ -108,8 +143,10 @@ void DraftController::report(int drafted, int accepted) {
   acceptance_ = (1.0 - kAverageWeight) * acceptance_ + kAverageWeight * rate;
   if (accepted == drafted) length_ = std::min(config_.max_draft, length_ + 1);
   else length_ = std::max(1, accepted + 1);
+  if (accepted > 0) next_pause_ = kPauseSteps;
   if (acceptance_ < kLowAcceptance) {
-    pause_ = kPauseSteps;
+    pause_ = next_pause_;
+    next_pause_ = std::min(kMaxPauseSteps, 2 * next_pause_);
     acceptance_ = 0.5;  // after the pause, give drafting a fair new start
     length_ = std::max(1, config_.max_draft / 2);
   }

@@ -3,12 +3,13 @@
 // expert once for all its tokens, so an accepted draft saves the per-token expert reads; a
 // rejected one costs a wider routed set, which is why the draft length adapts and switches itself
 // off when acceptance is low (DraftController, the decode loop's). Who guesses is a Drafter:
-// n-gram matches in the sequence (the default), an oracle (benchmarks), and, once a model
-// provides one, a multi-token-prediction head.
+// n-gram matches in the sequence (the default), an oracle (benchmarks), or the model's own
+// multi-token-prediction head.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -23,8 +24,12 @@ struct DraftConfig {
   // stays lossless (verification keeps only what greedy decoding gives); the point is to
   // measure batched verification with drafts that are right.
   std::vector<int32_t> oracle;
-  // Draft with the model's multi-token-prediction head (--mtp). No model provides one yet, so
-  // make_drafter refuses it.
+  // The oracle's share of right tokens: each position's token is replaced by a wrong one with
+  // probability 1 - oracle_accept, decided by (oracle_seed, position), so that verification can
+  // be measured at the acceptance rates trained drafters reach.
+  double oracle_accept = 1.0;
+  uint64_t oracle_seed = 1;
+  // Draft with the model's multi-token-prediction head (--mtp; the session's MtpHead).
   bool mtp = false;
 };
 
@@ -54,15 +59,23 @@ class NgramDrafter : public Drafter {
   int ngram_min_;
 };
 
-// Continues a known sequence while the sequence so far is its prefix (oracle_draft).
+// Continues a known sequence while the sequence so far is its prefix (oracle_draft), each token
+// right with probability `accept` (corrupt_draft).
 class OracleDrafter : public Drafter {
  public:
-  explicit OracleDrafter(std::vector<int32_t> oracle) : oracle_(std::move(oracle)) {}
+  explicit OracleDrafter(std::vector<int32_t> oracle, double accept = 1.0, uint64_t seed = 1)
+      : oracle_(std::move(oracle)), accept_(accept), seed_(seed) {}
   std::vector<int32_t> propose(const std::vector<int32_t>& sequence, int max_tokens) override;
 
  private:
   std::vector<int32_t> oracle_;
+  double accept_;
+  uint64_t seed_;
 };
+
+// Replaces draft tokens by wrong ones (the id next to it) where a draw from (seed, position)
+// falls at or above `accept`; `first_position` is draft[0]'s position.
+void corrupt_draft(std::vector<int32_t>& draft, int first_position, double accept, uint64_t seed);
 
 // One forward step of an MTP head.
 struct MtpStep {
@@ -70,38 +83,60 @@ struct MtpStep {
   std::vector<float> hidden;  // n_embd: the head's output, the input of a chained step
 };
 
-// What a model with a multi-token-prediction head (Qwen3.5/3.6's nextn block, DeepSeek-V3's MTP
-// module) must offer an MtpDrafter. Declared only: no model implements it yet. It needs the
-// trunk's forward passes, verification passes included, to keep the last hidden state of every
-// position they evaluate, which they do not do today.
+// What a model with a multi-token-prediction head (Qwen3.5/3.6's MTP block, GLM-4.5's nextn
+// block; model/nextn_head.h) offers an MtpDrafter; the session implements it over the trunk's
+// state (engine/mtp_head.h).
 class MtpHead {
  public:
   virtual ~MtpHead() = default;
-  // The trunk's last hidden states (n_embd floats each: the output norm's input) of the positions
-  // it evaluated since the previous call and still holds, oldest first, ending at the latest
-  // position: a prompt's rows, then the fed token's and every kept draft token's.
+  // The trunk's last hidden states (n_embd floats each, after the output norm, as llama.cpp's
+  // h_nextn) of the positions it evaluated since the previous call and still holds, oldest
+  // first, ending at the latest position: a prompt's rows, then the fed token's and every kept
+  // draft token's.
   virtual std::vector<std::vector<float>> take_hidden_states() = 0;
-  // The head's forward pass at `position`: from the hidden state of position - 1 (the trunk's,
-  // or the head's own output for a chained guess) and the token at `position`, the logits of the
-  // token at position + 1. Writes the head's own cache row at `position` and drops those after.
-  virtual MtpStep draft(int position, const std::vector<float>& hidden, int32_t token) = 0;
+  // The head's forward pass over positions position .. position + tokens.size() - 1: row i
+  // pairs hidden row i (the hidden state of the position before it: the trunk's, the head's own
+  // output for a chained guess, zeros for position 0) with tokens[i]. Returns the last row's
+  // step: the logits of the token after it and the head's output. Writes the head's own cache
+  // rows there and drops those after.
+  virtual MtpStep draft(int position, std::span<const float> hidden, std::span<const int32_t> tokens) = 0;
 };
 
-// Drafts with an MtpHead: runs the head over the trunk's new hidden states (its cache follows the
-// sequence, and the last row gives the first guess), then chains the head on its own output for
-// the further guesses. Greedy guesses: verification decides anyway.
+// The head's steps after `sequence` (its tokens, then the one about to be fed): the head run
+// over the trunk's new hidden states (the last row's step guesses the token after the sequence),
+// then chained on its own greedy picks and outputs, `max_tokens` steps in all (none without new
+// trunk rows). Fails (bmoe::Error) on more hidden states than the sequence has positions.
+std::vector<MtpStep> mtp_steps(MtpHead& head, const std::vector<int32_t>& sequence, int max_tokens);
+
+// Drafts with an MtpHead: runs the head over the trunk's new hidden states in one pass (its
+// cache follows the sequence, and the last row gives the first guess), then chains the head on
+// its own output for the further guesses. Greedy guesses: verification decides anyway.
 class MtpDrafter : public Drafter {
  public:
   explicit MtpDrafter(MtpHead& head) : head_(head) {}
-  // Fails (bmoe::Error) when the head returns more hidden states than the sequence has positions.
+  // The greedy picks of mtp_steps.
   std::vector<int32_t> propose(const std::vector<int32_t>& sequence, int max_tokens) override;
 
  private:
   MtpHead& head_;
 };
 
-// The drafter a configuration chooses: the MTP head's with `mtp`, else the oracle's when there
-// is one, else n-grams. Fails (bmoe::Error) on `mtp` without a head, which is every model today.
+// Benchmark drafter (--mtp with --draft-oracle): runs the MTP drafter, so the head's compute and
+// expert reads are paid as in a real run, then proposes the oracle's tokens instead, as many as
+// the head proposed.
+class OracleOverMtpDrafter : public Drafter {
+ public:
+  OracleOverMtpDrafter(MtpHead& head, OracleDrafter oracle) : mtp_(head), oracle_(std::move(oracle)) {}
+  std::vector<int32_t> propose(const std::vector<int32_t>& sequence, int max_tokens) override;
+
+ private:
+  MtpDrafter mtp_;
+  OracleDrafter oracle_;
+};
+
+// The drafter a configuration chooses: the MTP head's with `mtp` (its proposals replaced by the
+// oracle's when there is one), else the oracle's when there is one, else n-grams. Fails
+// (bmoe::Error) on `mtp` without a head.
 std::unique_ptr<Drafter> make_drafter(const DraftConfig& config, MtpHead* mtp_head = nullptr);
 
 // The oracle's continuation of `sequence` (empty when the sequence left the oracle).
@@ -112,7 +147,9 @@ std::vector<int32_t> oracle_draft(const std::vector<int32_t>& oracle, const std:
 std::vector<int32_t> ngram_draft(const std::vector<int32_t>& sequence, int max_tokens, int ngram_max, int ngram_min);
 
 // Adapts the draft length to the measured acceptance: grows while drafts are accepted whole,
-// shrinks on rejection, and pauses drafting for a while when acceptance stays low.
+// shrinks on rejection, and pauses drafting for a while when acceptance stays low; each pause
+// that follows another without a kept draft between them is twice as long (up to a limit), so
+// a drafter that is never right costs a vanishing share of the steps.
 class DraftController {
  public:
   explicit DraftController(DraftConfig config);
@@ -132,6 +169,7 @@ class DraftController {
   int length_;
   double acceptance_ = 1.0;  // moving average of accepted / drafted
   int pause_ = 0;            // plain steps left before drafting again
+  int next_pause_;           // the next pause's length: doubles while pauses follow each other
   int64_t drafted_total_ = 0;
   int64_t accepted_total_ = 0;
   int64_t verify_steps_ = 0;

@@ -39,6 +39,9 @@ class ArchLoader {
   // A stacked expert tensor [dims[0] cols, dims[1] rows, dims[2] experts]; returns the index of
   // this matrix among the layer's expert matrices (its "role").
   virtual int expert_matrix(int layer, const std::string& name, std::vector<int64_t> dims) = 0;
+  // Whether to bind the MTP (nextn) blocks too (the run drafts with them); they are checked
+  // either way.
+  virtual bool wants_nextn() { return false; }
 };
 
 // A family: its hyperparameter reader, its tensor table and, where it needs one, a last step

@@ -4,8 +4,8 @@
 // SwiGLU FFN; the others route top-k of the experts by sigmoid scores (a per-expert bias steers
 // the choice only), renormalise and scale the weights, and add an ungated shared expert. The
 // pre-FFN norm is stored as post_attention_norm. block_count counts the trailing nextn (MTP)
-// blocks too: the trunk is block_count - nextn_predict_layers, and the MTP blocks are checked but
-// never bound or run (model/arch_table.h, check_nextn_tensors).
+// blocks too: the trunk is block_count - nextn_predict_layers; the MTP blocks are checked, and
+// bound and run as the MTP head only for --mtp (model/nextn_head.h).
 #include <fmt/format.h>
 
 #include "core/error.h"
@@ -66,6 +66,7 @@ void read_glm4moe(ArchLoader& a, ModelConfig& c) {
   for (int l = 0; l < c.n_layer; ++l) {
     const bool moe = l >= dense;
     c.plan.push_back({MixerKind::Attention, !moe ? FfnKind::Dense : shared > 0 ? FfnKind::MoeUngatedShared : FfnKind::Moe});
+    c.nextn_plan = c.plan.back();  // the MTP block is a block like the last trunk layer
     c.dense.layer_n_ff.push_back(static_cast<int>(dense_ff[static_cast<size_t>(l)]));
     if (!moe && dense_ff[static_cast<size_t>(l)] <= 0) fail("glm4moe: dense layer {} has no feed_forward_length", l);
   }
@@ -78,13 +79,6 @@ using Attn = AttentionWeights;
 using Dense = DenseFfnWeights;
 using Moe = RoutedExpertWeights;
 using Shared = SharedExpertWeights;
-
-// A row of the MTP blocks only: its shape is checked, it is never bound.
-TensorSpec nextn_row(const char* name, std::array<Dim, 3> dims, TensorClass cls, SynthInit init) {
-  TensorSpec t{name, dims, cls == C::Norm ? Role::Small : Role::Dense, cls, {}};
-  t.init = init;
-  return on(Layers::NextN, t);
-}
 
 std::vector<TensorSpec> tensors() {
   const Role sh = Role::SharedExpert;
@@ -114,15 +108,8 @@ std::vector<TensorSpec> tensors() {
                 on(Layers::Shared, matrix("ffn_up_shexp.weight", {D::Embd, D::SharedFF}, &Shared::shexp_up, C::Dense,
                                           fan_in(1.0f), sh)),
                 on(Layers::Shared, matrix("ffn_down_shexp.weight", {D::SharedFF, D::Embd}, &Shared::shexp_down, C::Dense,
-                                          fan_in(0.5f), sh)),
-                nextn_row("nextn.eh_proj.weight", {D::Embd2, D::Embd}, C::Dense, fan_in(1.0f)),
-                nextn_row("nextn.enorm.weight", {D::Embd}, C::Norm, {}),
-                nextn_row("nextn.hnorm.weight", {D::Embd}, C::Norm, {}),
-                optional(nextn_row("nextn.embed_tokens.weight", {D::Embd, D::Vocab}, C::Embedding, constant(1.0f)),
-                         Layers::Never),
-                optional(nextn_row("nextn.shared_head_head.weight", {D::Embd, D::Vocab}, C::Output, fan_in(1.0f)),
-                         Layers::Never),
-                optional(nextn_row("nextn.shared_head_norm.weight", {D::Embd}, C::Norm, {}), Layers::Never)},
+                                          fan_in(0.5f), sh))},
+               nextn_rows(),
                output_head()});
 }
 
@@ -130,7 +117,7 @@ std::vector<TensorSpec> tensors() {
 
 const Architecture& glm4moe_architecture() {
   static const std::vector<TensorSpec> table = tensors();
-  static const Architecture arch{"glm4moe", "GLM-4.5 / 4.6 / 4.5-Air (sigmoid-routed experts, shared expert, nextn unused)",
+  static const Architecture arch{"glm4moe", "GLM-4.5 / 4.6 / 4.5-Air (sigmoid-routed experts, shared expert, nextn MTP head)",
                                  read_glm4moe, table};
   return arch;
 }

@@ -3,7 +3,8 @@
 // delta rule, a gated RMS norm) and, every full_attention_interval-th layer, gated full
 // attention (per-head RMS-normed q and k, partial NeoX RoPE, output times sigmoid(gate)). Every
 // layer routes 8 of 256 experts (softmax, top-k, renormalised) beside a sigmoid-gated shared
-// expert. Multi-token-prediction blocks (nextn_predict_layers) are not run.
+// expert. The multi-token-prediction block (nextn_predict_layers) after the trunk is a gated
+// attention block with the MoE FFN plus its nextn rows, run as the MTP head for --mtp.
 #include <fmt/format.h>
 
 #include <numeric>
@@ -73,6 +74,8 @@ void read_qwen35moe(ArchLoader& a, ModelConfig& c) {
   const int64_t nextn = a.get_int_or(".nextn_predict_layers", 0);
   if (nextn < 0 || nextn >= n_layer_all) fail("qwen35moe: {} prediction layers of {} blocks", nextn, n_layer_all);
   c.n_layer = n_layer_all - static_cast<int>(nextn);
+  c.n_nextn_layer = static_cast<int>(nextn);
+  c.nextn_plan = {MixerKind::GatedAttention, FfnKind::MoeShared};
   if (c.n_expert == 0) fail("qwen35moe: expert_count must be > 0");
   if (c.n_ff_exp == 0) fail("qwen35moe: missing required key 'qwen35moe.expert_feed_forward_length'");
   if (c.head_dim != c.head_dim_v) fail("qwen35moe: key and value head sizes must be equal");
@@ -144,6 +147,7 @@ std::vector<TensorSpec> tensors() {
                experts("ffn_down_exps.weight", {D::ExpertFF, D::Embd, D::Experts}, &ExpertRoles::down,
                        C::ExpertsDown, fan_in(1.0f))},
                shared_expert(),
+               nextn_rows(),
                output_head()});
 }
 

@@ -115,33 +115,43 @@ const char* layers_name(Layers l) {
   return "?";
 }
 
-bool layer_in(Layers set, const ModelConfig& c, int layer) {
-  if (layer >= c.n_layer) {  // an MTP block: a decoder block like the last trunk layer, plus its own rows
-    if (layer >= c.n_layer + c.n_nextn_layer || set == Layers::Global || set == Layers::Never) return false;
-    return set == Layers::NextN || layer_in(set, c, c.n_layer - 1);
-  }
+namespace {
+
+// Whether a layer of these kinds (at `layer`, for its attention window) is in `set`.
+bool plan_in(Layers set, const LayerPlan& p, const ModelConfig& c, int layer) {
+  const bool experts = p.ffn != FfnKind::Dense;
   switch (set) {
     case Layers::Global: return layer < 0;
     case Layers::All: return layer >= 0;
     case Layers::Sliding: return layer >= 0 && c.sliding_at(layer) != 0;
     case Layers::Full: return layer >= 0 && c.sliding_at(layer) == 0;
-    case Layers::Moe: return layer >= 0 && c.has_experts_at(layer);
-    case Layers::Attention: return layer >= 0 && c.attends(layer);
-    case Layers::Recurrent: return layer >= 0 && c.mixer_at(layer) == MixerKind::GatedDeltaNet;
-    case Layers::ShortConv: return layer >= 0 && c.mixer_at(layer) == MixerKind::ShortConv;
-    case Layers::KimiDelta: return layer >= 0 && c.mixer_at(layer) == MixerKind::KimiDelta;
-    case Layers::Latent: return layer >= 0 && c.mixer_at(layer) == MixerKind::LatentAttention;
-    case Layers::LatentLowRankQ:
-      return layer >= 0 && c.mixer_at(layer) == MixerKind::LatentAttention && c.mla.q_lora_rank > 0;
-    case Layers::LatentPlainQ:
-      return layer >= 0 && c.mixer_at(layer) == MixerKind::LatentAttention && c.mla.q_lora_rank == 0;
-    case Layers::Dense: return layer >= 0 && !c.has_experts_at(layer);
-    case Layers::Shared:
-      return layer >= 0 && (c.ffn_at(layer) == FfnKind::MoeShared || c.ffn_at(layer) == FfnKind::MoeUngatedShared);
+    case Layers::Moe: return layer >= 0 && experts;
+    case Layers::Attention:
+      return layer >= 0 && (p.mixer == MixerKind::Attention || p.mixer == MixerKind::GatedAttention ||
+                            p.mixer == MixerKind::LatentAttention);
+    case Layers::Recurrent: return layer >= 0 && p.mixer == MixerKind::GatedDeltaNet;
+    case Layers::ShortConv: return layer >= 0 && p.mixer == MixerKind::ShortConv;
+    case Layers::KimiDelta: return layer >= 0 && p.mixer == MixerKind::KimiDelta;
+    case Layers::Latent: return layer >= 0 && p.mixer == MixerKind::LatentAttention;
+    case Layers::LatentLowRankQ: return layer >= 0 && p.mixer == MixerKind::LatentAttention && c.mla.q_lora_rank > 0;
+    case Layers::LatentPlainQ: return layer >= 0 && p.mixer == MixerKind::LatentAttention && c.mla.q_lora_rank == 0;
+    case Layers::Dense: return layer >= 0 && !experts;
+    case Layers::Shared: return layer >= 0 && (p.ffn == FfnKind::MoeShared || p.ffn == FfnKind::MoeUngatedShared);
     case Layers::NextN: return false;
     case Layers::Never: return false;
   }
   return false;
+}
+
+}  // namespace
+
+bool layer_in(Layers set, const ModelConfig& c, int layer) {
+  if (layer >= c.n_layer) {  // an MTP block: a decoder block of its own plan, plus its own rows
+    if (layer >= c.n_layer + c.n_nextn_layer || set == Layers::Global || set == Layers::Never) return false;
+    return set == Layers::NextN || plan_in(set, c.nextn_plan, c, c.n_layer - 1);
+  }
+  if (layer < 0) return set == Layers::Global;
+  return plan_in(set, c.plan[static_cast<size_t>(layer)], c, layer);
 }
 
 const char* role_name(Role r) {
@@ -205,7 +215,8 @@ void bind_one(const TensorSpec& t, ArchLoader& a, const ModelConfig& c, ModelWei
   } else if (b.model_vector) {
     w.*b.model_vector = a.vector(name, std::move(dims));
   } else {
-    LayerWeights& L = w.layers[static_cast<size_t>(layer)];
+    LayerWeights& L = layer < c.n_layer ? w.layers[static_cast<size_t>(layer)]
+                                        : w.nextn_layers[static_cast<size_t>(layer - c.n_layer)];
     Weight* matrix = b.matrix ? b.matrix(L) : nullptr;
     Vector* vector = b.vector ? b.vector(L) : nullptr;
     int* role = b.expert && L.experts ? &(L.experts->roles.*b.expert) : nullptr;
@@ -261,7 +272,14 @@ void bind_tensors(std::span<const TensorSpec> table, ArchLoader& a, const ModelC
   for (const TensorSpec& t : table) {
     if (!t.per_layer()) bind_one(t, a, c, w, -1);
   }
-  for (int l = 0; l < c.n_layer; ++l) {
+  w.nextn_layers.clear();
+  const bool nextn = a.wants_nextn() && has_nextn_tensors(table, a, c);
+  for (int i = 0; nextn && i < c.n_nextn_layer; ++i) {
+    w.nextn_layers.push_back(layer_weights_for(c.nextn_plan));
+    w.nextn_layers.back().nextn.emplace();
+  }
+  const int layers = c.n_layer + static_cast<int>(w.nextn_layers.size());
+  for (int l = 0; l < layers; ++l) {
     const bool preferred = prefers(table, a, c, l);
     for (const TensorSpec& t : table) {
       if (!t.per_layer() || !layer_in(t.layers, c, l)) continue;
@@ -291,19 +309,30 @@ void check_nextn_block(std::span<const TensorSpec> table, ArchLoader& a, const M
   }
 }
 
+// The first required row of the MTP blocks' own: where a block holds it, it holds the rest.
+const TensorSpec* nextn_marker(std::span<const TensorSpec> table) {
+  for (const TensorSpec& t : table) {
+    if (t.layers == Layers::NextN && !t.optional) return &t;
+  }
+  return nullptr;
+}
+
 }  // namespace
 
 void check_nextn_tensors(std::span<const TensorSpec> table, ArchLoader& a, const ModelConfig& c) {
-  const TensorSpec* marker = nullptr;
-  for (const TensorSpec& t : table) {
-    if (t.layers == Layers::NextN && !t.optional) {
-      marker = &t;
-      break;
-    }
-  }
+  const TensorSpec* marker = nextn_marker(table);
   for (int l = c.n_layer; marker != nullptr && l < c.n_layer + c.n_nextn_layer; ++l) {
     if (a.has_tensor(marker->tensor_name(l))) check_nextn_block(table, a, c, l);
   }
+}
+
+bool has_nextn_tensors(std::span<const TensorSpec> table, ArchLoader& a, const ModelConfig& c) {
+  const TensorSpec* marker = nextn_marker(table);
+  if (marker == nullptr || c.n_nextn_layer <= 0) return false;
+  for (int l = c.n_layer; l < c.n_layer + c.n_nextn_layer; ++l) {
+    if (!a.has_tensor(marker->tensor_name(l))) return false;
+  }
+  return true;
 }
 
 TensorSpec global_matrix(const char* name, std::array<Dim, 3> dims, Weight ModelWeights::* to, TensorClass cls,
@@ -379,6 +408,20 @@ std::vector<TensorSpec> output_head() {
           optional(global_matrix("output.weight", {Dim::Embd, Dim::Vocab}, &ModelWeights::output, TensorClass::Output,
                                  fan_in(kOutputLogitStd)),
                    Layers::Global)};
+}
+
+std::vector<TensorSpec> nextn_rows() {
+  using N = NextnWeights;
+  auto own = [](TensorSpec t) { return on(Layers::NextN, t); };
+  auto maybe = [&](TensorSpec t) { return optional(own(t), Layers::Never); };
+  return {own(matrix("nextn.eh_proj.weight", {Dim::Embd2, Dim::Embd}, &N::eh_proj, TensorClass::Dense, fan_in(1.0f))),
+          own(norm("nextn.enorm.weight", {Dim::Embd}, &N::enorm)),
+          own(norm("nextn.hnorm.weight", {Dim::Embd}, &N::hnorm)),
+          maybe(matrix("nextn.embed_tokens.weight", {Dim::Embd, Dim::Vocab}, &N::embed_tokens, TensorClass::Embedding,
+                       constant(1.0f))),
+          maybe(matrix("nextn.shared_head_head.weight", {Dim::Embd, Dim::Vocab}, &N::shared_head_head,
+                       TensorClass::Output, fan_in(kOutputLogitStd))),
+          maybe(norm("nextn.shared_head_norm.weight", {Dim::Embd}, &N::shared_head_norm))};
 }
 
 }  // namespace bmoe

@@ -108,6 +108,7 @@ Part* layer_part(LayerWeights& L) {
   else if constexpr (std::is_same_v<Part, RoutedExpertWeights>) return L.experts ? &*L.experts : nullptr;
   else if constexpr (std::is_same_v<Part, SharedExpertWeights>) return L.shared ? &*L.shared : nullptr;
   else if constexpr (std::is_same_v<Part, ParallelFfnNorms>) return L.parallel ? &*L.parallel : nullptr;
+  else if constexpr (std::is_same_v<Part, NextnWeights>) return L.nextn ? &*L.nextn : nullptr;
   else static_assert(sizeof(Part) == 0, "not a part of LayerWeights");
 }
 
@@ -170,11 +171,14 @@ std::vector<TableTensor> synth_tensors(std::span<const TensorSpec> table, const 
 // mis-shaped. Ties a missing output head to the embeddings.
 void bind_tensors(std::span<const TensorSpec> table, ArchLoader& loader, const ModelConfig& c, ModelWeights& w);
 
-// The MTP blocks after the trunk (ModelConfig::n_nextn_layer) are never bound: the forward pass
-// does not run them. Where the file holds them, each of their rows must be there with the
-// table's shape (a nextn block is in a layer set when the last trunk layer is, and in NextN);
-// a file without the block's first NextN row is trunk-only and accepted, as llama.cpp does.
+// The MTP blocks after the trunk (ModelConfig::n_nextn_layer): the trunk's forward pass does
+// not run them. Where the file holds them, each of their rows must be there with the table's
+// shape (a nextn block is in a layer set when its plan, ModelConfig::nextn_plan, is, and in
+// NextN); a file without the block's first NextN row is trunk-only and accepted, as llama.cpp
+// does. bind_tensors binds them into ModelWeights::nextn_layers only when the loader wants them.
 void check_nextn_tensors(std::span<const TensorSpec> table, ArchLoader& loader, const ModelConfig& c);
+// Whether the file holds the MTP blocks' own rows (not a trunk-only file).
+bool has_nextn_tensors(std::span<const TensorSpec> table, ArchLoader& loader, const ModelConfig& c);
 
 // Row builders, so a family's table reads as a list of tensors.
 TensorSpec global_matrix(const char* name, std::array<Dim, 3> dims, Weight ModelWeights::* to, TensorClass cls,
@@ -217,6 +221,9 @@ TensorSpec router();                         // ffn_gate_inp.weight, softmax-rou
 std::vector<TensorSpec> swiglu_experts();    // ffn_gate_exps, ffn_up_exps, ffn_down_exps
 std::vector<TensorSpec> shared_expert();     // ffn_gate_inp_shexp (its gate), gate, up, down
 std::vector<TensorSpec> output_head();       // output_norm, output (optional: tied when absent)
+// The MTP blocks' own rows (nextn.eh_proj, enorm, hnorm; embed_tokens, shared_head_head and
+// shared_head_norm optional and not synthesized), as llama.cpp names them for every family.
+std::vector<TensorSpec> nextn_rows();
 
 // Chainable adjustments of a row.
 inline TensorSpec on(Layers set, TensorSpec t) {

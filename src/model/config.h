@@ -61,7 +61,9 @@ struct ModelConfig {
   std::string arch;
   std::string name;
   int n_layer = 0;       // the trunk: the blocks the forward pass runs
-  int n_nextn_layer = 0;  // MTP (nextn) blocks stored after the trunk (glm4moe): checked, never run
+  // MTP (nextn) blocks stored after the trunk (glm4moe, qwen35moe): checked at load, bound and
+  // run as the MTP head (model/nextn_head.h) only when the loader asks for them (--mtp).
+  int n_nextn_layer = 0;
   int n_embd = 0;
   int n_head = 0;
   int n_head_kv = 0;
@@ -74,6 +76,9 @@ struct ModelConfig {
   // Per layer, its mixer and FFN kinds (every family fills it, one entry per layer). Hybrid
   // models mix attention with layers that keep a recurrent state instead of KV rows.
   std::vector<LayerPlan> plan;
+  // The kinds of the MTP blocks: a decoder block of the family's attention and FFN (Qwen3.5's is
+  // a gated-attention block even where the last trunk layer is a Gated DeltaNet one).
+  LayerPlan nextn_plan;
 
   // Routed experts (the MoE FFN kinds).
   int n_expert = 0;

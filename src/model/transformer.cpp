@@ -22,6 +22,7 @@ InferenceState::InferenceState(Transformer& model, ThreadPool& pool, int n_ctx, 
 
 void InferenceState::truncate(int n) {
   n = std::clamp(n, 0, n_past_);
+  forget_hidden_rows(n);
   if (!cfg_.has_recurrent_layers()) {
     n_past_ = n;
     return;
@@ -52,6 +53,7 @@ void InferenceState::replay(int start, int end) {
   hooks_.route = nullptr;
   std::function<void(int)> layer_hook = std::move(layer_hook_);
   layer_hook_ = nullptr;
+  replaying_ = true;  // the replayed rows' hidden states were kept (or taken) the first time
   try {
     for (size_t i = 0; i < ids.size();) {
       const bool batch_path = paths[i] != 0;
@@ -64,11 +66,13 @@ void InferenceState::replay(int start, int end) {
     }
   } catch (...) {
     replay_batch_path_ = false;
+    replaying_ = false;
     hooks_.route = std::move(hook);
     layer_hook_ = std::move(layer_hook);
     throw;
   }
   replay_batch_path_ = false;
+  replaying_ = false;
   hooks_.route = std::move(hook);
   layer_hook_ = std::move(layer_hook);
 }
@@ -92,6 +96,7 @@ void InferenceState::advance(const int32_t* tokens, int n) {
     abandon_rows(n);
     throw;
   }
+  if (keep_hidden_ && !replaying_) keep_hidden_rows(n);
   n_past_ += n;
 }
 
@@ -124,6 +129,39 @@ void InferenceState::abandon_rows(int n) {
   token_batch_path_.resize(static_cast<size_t>(n_past_));
   if (n > 1) mixers_.restore_state();
   else recurrent_dirty_ = true;
+}
+
+void InferenceState::keep_hidden_rows(int n) {
+  const size_t E = static_cast<size_t>(cfg_.n_embd);
+  forget_hidden_rows(n_past_);  // rows being evaluated again
+  if (hidden_rows_.empty() || hidden_first_ + static_cast<int>(hidden_rows_.size() / E) != n_past_) {
+    hidden_rows_.clear();
+    hidden_first_ = n_past_;
+  }
+  const size_t at = hidden_rows_.size();
+  hidden_rows_.resize(at + static_cast<size_t>(n) * E);
+  for (int i = 0; i < n; ++i) {
+    ops::rms_norm(residual_.row(i), model_.weights_.output_norm.data(), hidden_rows_.data() + at + i * E,
+                  cfg_.n_embd, cfg_.norm_eps);
+  }
+}
+
+void InferenceState::forget_hidden_rows(int from) {
+  const size_t E = static_cast<size_t>(cfg_.n_embd);
+  const int keep = std::max(0, from - hidden_first_);
+  if (static_cast<size_t>(keep) * E < hidden_rows_.size()) hidden_rows_.resize(static_cast<size_t>(keep) * E);
+}
+
+std::vector<std::vector<float>> InferenceState::take_hidden_states(int* first_position) {
+  const size_t E = static_cast<size_t>(cfg_.n_embd);
+  std::vector<std::vector<float>> rows;
+  for (size_t at = 0; at < hidden_rows_.size(); at += E) {
+    rows.emplace_back(hidden_rows_.begin() + static_cast<std::ptrdiff_t>(at),
+                      hidden_rows_.begin() + static_cast<std::ptrdiff_t>(at + E));
+  }
+  if (first_position) *first_position = hidden_first_;
+  hidden_rows_.clear();
+  return rows;
 }
 
 // The residual stream starts as the tokens' embeddings, at positions from n_past.

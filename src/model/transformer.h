@@ -67,6 +67,13 @@ class InferenceState : private ResidualRouter {
 
   // The logits the last eval() (or BatchPass::decode) returned.
   const std::vector<float>& logits() const { return head_.logits; }
+  // Keeps the output-normed hidden state of every row an eval() runs (not a rewind's replay)
+  // until take_hidden_states(): what an MTP head reads (llama.cpp's h_nextn).
+  void keep_hidden_states(bool keep) { keep_hidden_ = keep; }
+  // The kept rows, oldest first, and the position of the first; truncate() drops those it
+  // forgets. Afterwards none is kept.
+  std::vector<std::vector<float>> take_hidden_states(int* first_position = nullptr);
+
   int n_past() const { return n_past_; }
   int n_ctx() const { return n_ctx_; }
   // Forgets positions >= n (prefix reuse keeps the cache rows below n). A recurrent state
@@ -99,6 +106,8 @@ class InferenceState : private ResidualRouter {
   void abandon_rows(int n);
   void run_layers(int n);
   void normalize_rows(int first, int n);  // rows [first, n) of the residual stream, normed, into h_
+  void keep_hidden_rows(int n);           // the pass's n rows, normed, after the kept ones
+  void forget_hidden_rows(int from);      // kept rows at positions >= from
   const std::vector<float>& output_head(int first, int n);
   // ResidualRouter: the router hook scores later layers' routers on the residual stream.
   int layers() const override { return cfg_.n_layer; }
@@ -127,6 +136,12 @@ class InferenceState : private ResidualRouter {
   std::vector<uint8_t> token_batch_path_;
   bool recurrent_dirty_ = false;
   bool replay_batch_path_ = false;  // set while replay() runs rows that first took the batch path
+  bool replaying_ = false;
+
+  // Hidden states kept for an MTP head: rows of n_embd from position hidden_first_.
+  bool keep_hidden_ = false;
+  int hidden_first_ = 0;
+  std::vector<float> hidden_rows_;
 
   HeadScratch head_;  // the output head's scratch: its logits are the last eval's
   std::vector<int> positions_;

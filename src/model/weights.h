@@ -106,6 +106,17 @@ struct ParallelFfnNorms {
   Vector post_moe_norm;    // post-norm of the expert branch
 };
 
+// What an MTP (nextn) block holds beside its decoder block: its input projection of the next
+// token's embedding and the trunk's hidden state, their norms, and optional own copies of the
+// embeddings and the output head (absent: the model's are shared).
+struct NextnWeights {
+  Weight eh_proj;  // [enorm(embedding) | hnorm(hidden)] (2 n_embd) -> n_embd
+  Vector enorm, hnorm;
+  Weight embed_tokens;      // or absent
+  Weight shared_head_head;  // or absent
+  Vector shared_head_norm;  // or empty
+};
+
 struct LayerWeights {
   Vector attn_norm;      // the mixer's pre-norm
   Vector ffn_norm;       // the FFN's pre-norm
@@ -121,6 +132,7 @@ struct LayerWeights {
   std::optional<RoutedExpertWeights> experts;
   std::optional<SharedExpertWeights> shared;
   std::optional<ParallelFfnNorms> parallel;
+  std::optional<NextnWeights> nextn;  // the MTP blocks only
 };
 
 struct ModelWeights {
@@ -130,6 +142,9 @@ struct ModelWeights {
   Vector output_norm;
   Weight output;
   std::vector<LayerWeights> layers;
+  // The MTP blocks after the trunk, bound only when the loader asks for them (ArchLoader::
+  // wants_nextn); empty otherwise.
+  std::vector<LayerWeights> nextn_layers;
 };
 
 }  // namespace bmoe

@@ -125,15 +125,18 @@ json usage_of(const std::vector<GenerateResult>& rs, int prompts) {
 // and rates; each choice after the first evaluates the prompt's last token again.
 json timings_of(const std::vector<GenerateResult>& rs) {
   int reused = 0, evaluated = 0, generated = 0;
+  int64_t drafted = 0, accepted = 0;
   double prompt_ms = 0, predicted_ms = 0;
   for (const GenerateResult& r : rs) {
+    drafted += r.drafted;
+    accepted += r.accepted;
     reused += r.reused_tokens;
     evaluated += r.prompt_tokens - r.reused_tokens;
     generated += static_cast<int>(r.tokens.size());
     prompt_ms += r.prefill_seconds * 1e3;
     predicted_ms += r.decode_seconds * 1e3;
   }
-  return {{"cache_n", reused},
+  json t = {{"cache_n", reused},
           {"prompt_n", evaluated},
           {"prompt_ms", prompt_ms},
           {"prompt_per_token_ms", evaluated > 0 ? prompt_ms / evaluated : 0.0},
@@ -142,6 +145,11 @@ json timings_of(const std::vector<GenerateResult>& rs) {
           {"predicted_ms", predicted_ms},
           {"predicted_per_token_ms", generated > 0 ? predicted_ms / generated : 0.0},
           {"predicted_per_second", predicted_ms > 0 ? generated * 1e3 / predicted_ms : 0.0}};
+  if (drafted > 0) {  // speculative decoding (--draft): llama-server's names
+    t["draft_n"] = drafted;
+    t["draft_n_accepted"] = accepted;
+  }
+  return t;
 }
 
 std::string finish_reason(const std::string& reason) { return reason == "length" ? "length" : "stop"; }

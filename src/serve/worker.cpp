@@ -44,6 +44,9 @@ void add_token_metrics(MetricsText& m, const Counters& c) {
               static_cast<double>(c.reused_tokens));
   m.add_value("bmoe_generated_tokens_total", "counter", "Tokens generated.", static_cast<double>(c.generated_tokens));
   m.add_value("bmoe_decode_seconds_total", "counter", "Time spent generating tokens.", c.decode_seconds);
+  m.add_value("bmoe_draft_tokens_total", "counter", "Draft tokens verified (--draft).", static_cast<double>(c.drafted_tokens));
+  m.add_value("bmoe_draft_tokens_accepted_total", "counter", "Draft tokens kept by verification.",
+              static_cast<double>(c.accepted_tokens));
   m.add_value("bmoe_prefill_seconds_total", "counter", "Time spent evaluating prompts.", c.prefill_seconds);
   m.add_value("bmoe_decode_tokens_per_second", "gauge", "Decode speed of the last request.", c.last_decode_tps);
   m.add_value("bmoe_prompt_tokens_per_second", "gauge", "Prompt speed of the last request that evaluated prompt tokens.",
@@ -246,6 +249,8 @@ void DecodeWorker::record(const std::vector<GenerateResult>& results, bool faile
     c.reused_tokens += static_cast<uint64_t>(result.reused_tokens);
     c.generated_tokens += result.tokens.size();
     c.decode_seconds += result.decode_seconds;
+    c.drafted_tokens += static_cast<uint64_t>(result.drafted);
+    c.accepted_tokens += static_cast<uint64_t>(result.accepted);
     c.prefill_seconds += result.prefill_seconds;
     if (!result.tokens.empty()) c.last_decode_tps = static_cast<double>(result.tokens.size()) / std::max(result.decode_seconds, 1e-9);
     if (result.prompt_tokens > result.reused_tokens) {

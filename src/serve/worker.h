@@ -68,6 +68,7 @@ struct Counters {
   uint64_t ok = 0, rejected_busy = 0, bad_request = 0, cancelled = 0, failed = 0, unauthorized = 0;
   uint64_t prompt_tokens = 0, reused_tokens = 0, generated_tokens = 0;
   double decode_seconds = 0, prefill_seconds = 0;
+  uint64_t drafted_tokens = 0, accepted_tokens = 0;  // speculative decoding (--draft)
   double last_decode_tps = 0;
   double last_prompt_tps = 0;
   ExpertStats experts;  // latest snapshot: after each piece and each job (the worker owns the live counters)

@@ -18,12 +18,16 @@ void qwen35moe_shape(SynthSpec& s, int interval, int n_rot, int shared_ff, int s
   s.ssm_head_dim = ssm_head_dim;
   s.ssm_k_heads = k_heads;
   s.ssm_v_heads = v_heads;
+  s.n_nextn_layer = 1;  // the MTP block, as Qwen3.5/3.6's converter writes it
 }
 
 // The Gated DeltaNet shape, the attention interval and the M-RoPE sections (text positions
-// use the first three; they cover the rotated pairs as 11/11/10 of 32 do).
+// use the first three; they cover the rotated pairs as 11/11/10 of 32 do); block_count holds
+// the trunk and the MTP block.
 void set_qwen35moe_metadata(GgufWriter& w, const SynthSpec& s) {
   const std::string a = "qwen35moe.";
+  w.set(a + "block_count", GgufValue::u32(static_cast<uint32_t>(s.n_layer + s.n_nextn_layer)));
+  w.set(a + "nextn_predict_layers", GgufValue::u32(static_cast<uint32_t>(s.n_nextn_layer)));
   w.set(a + "rope.dimension_count", GgufValue::u32(static_cast<uint32_t>(s.n_rot)));
   const int pairs = s.n_rot / 2;
   const int third = (pairs + 2) / 3;

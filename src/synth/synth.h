@@ -53,8 +53,8 @@ struct SynthSpec {
   std::vector<int> attention_layers;
   int n_dense_layers = 0;
   int short_conv_kernel = 0;
-  // glm4moe: MTP blocks written after the trunk (n_layer counts the trunk), the routed weights'
-  // scale. Leading dense layers: n_dense_layers, n_ff_dense.
+  // glm4moe, qwen35moe: MTP blocks written after the trunk (n_layer counts the trunk).
+  // glm4moe: the routed weights' scale; leading dense layers: n_dense_layers, n_ff_dense.
   int n_nextn_layer = 0;
   float expert_weights_scale = 0.0f;
   // Optional per-layer rows of the family's table this preset does not write (GLM-4.5-Air has

@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""MTP drafting (--mtp) at set acceptance rates, against plain decoding in the same run.
+
+Random weights make the MTP head's own guesses almost always wrong, so the rates trained heads
+reach are set with --draft-oracle FILE --draft-accept P: the head still runs over every new
+trunk row and chains its guesses (its compute and its own expert reads are paid), and only its
+proposals are replaced by the plain run's tokens, each right with probability P. Every drafted
+run must print exactly the plain run's tokens (checked). Plain decoding is run first and last;
+the table compares with their mean.
+
+Per run: tok/s, acceptance (kept / drafted), tokens per forward pass (generated tokens over
+trunk passes), and, streamed, flash MiB per *generated* token. Model: the family's real shape
+(bmoe-synth preset with its MTP block), its own routing (random weights), greedy.
+
+    bench/bench_mtp.py --model /work/models-mtp/qwen36-cut4.gguf --out bench/results/DATE/mtp-resident
+    bench/bench_mtp.py --model M --stream "--moe-stream --cache-mb 3000 --overlap" --ram-gib 11 --out ...
+"""
+import argparse
+import datetime
+import json
+import os
+import re
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cgroup import MemoryCap, drop_page_cache  # noqa: E402
+from common import REPO, log, machine, tool  # noqa: E402
+
+PROMPT = ("Write a detailed essay about the history of computing, from the abacus and the "
+          "Antikythera mechanism to modern processors, covering the key inventions and people.")
+GEN_RE = re.compile(r"generation: (\d+) tokens, ([\d.]+) s/token, ([\d.]+) tok/s")
+READ_RE = re.compile(r"flash read ([\d.]+) MiB/tok")
+SPEC_RE = re.compile(r"speculative: drafted (\d+), accepted (\d+) \([\d.]+ %\), (\d+) verify passes")
+
+
+def run(args, flags, tag):
+    cmd = [tool("bmoe-cli"), "-m", args.model, "-p", PROMPT, "-n", str(args.tokens), "-t", str(args.threads),
+           "--ignore-eos", "--json", *args.stream.split(), *flags]
+    cap = MemoryCap(f"bmoe-mtp-{os.getpid()}", int(args.ram_gib * (1 << 30))) if args.ram_gib > 0 else None
+    if args.ram_gib > 0:
+        drop_page_cache()
+    try:
+        if cap:
+            cap.__enter__()
+            cmd = cap.prefix() + cmd
+        p = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=args.timeout)
+    finally:
+        if cap:
+            cap.__exit__(None, None, None)
+    with open(os.path.join(args.out, tag + ".log"), "w") as f:
+        f.write(p.stderr)
+    m = GEN_RE.search(p.stderr)
+    if p.returncode != 0 or not m:
+        sys.exit(f"{tag}: failed (exit {p.returncode}): {p.stderr.strip().splitlines()[-1:]}")
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    r = {"tag": tag, "flags": flags, "tok_s": float(m.group(3)), "tokens": out["tokens"], "prompt": out["prompt"]}
+    # The report's MiB/tok divides by generated tokens: a verification pass's reads are shared
+    # by the tokens it kept.
+    if (mr := READ_RE.search(p.stderr)):
+        r["mib_per_token"] = float(mr.group(1))
+    passes = len(r["tokens"]) - 1  # tokens fed after the prompt: one pass each when plain
+    if (ms := SPEC_RE.search(p.stderr)):
+        r["drafted"], r["accepted"] = int(ms.group(1)), int(ms.group(2))
+        passes -= r["accepted"]  # a kept draft token rode on an earlier pass
+    r["tokens_per_pass"] = len(r["tokens"]) / max(1, passes)
+    log(f"  {tag}: {r['tok_s']:.2f} tok/s" + (f", {r['mib_per_token']:.1f} MiB/tok" if "mib_per_token" in r else ""))
+    return r
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--stream", default="", help="run flags for the streamed case, e.g. '--moe-stream --cache-mb 3000'")
+    ap.add_argument("--ram-gib", type=float, default=0, help="cgroup memory cap (0: none)")
+    ap.add_argument("--accept", default="0,0.5,0.7,0.9")
+    ap.add_argument("--drafts", default="1,2,3,4")
+    ap.add_argument("--timeout", type=int, default=3600)
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    rows = [run(args, [], "plain-first")]
+    oracle = os.path.join(args.out, "plain.json")
+    with open(oracle, "w") as f:
+        json.dump({"prompt": rows[0]["prompt"], "tokens": rows[0]["tokens"]}, f)
+    for acc in args.accept.split(","):
+        for k in args.drafts.split(","):
+            flags = ["--mtp", "--draft", k, "--draft-oracle", oracle, "--draft-accept", acc]
+            r = run(args, flags, f"mtp-accept{acc}-k{k}")
+            r["set_accept"], r["k"] = float(acc), int(k)
+            rows.append(r)
+    rows.append(run(args, [], "plain-last"))
+    plain = [r for r in rows if r["tag"].startswith("plain")]
+    base = sum(r["tok_s"] for r in plain) / len(plain)
+    base_mib = sum(r.get("mib_per_token", 0) for r in plain) / len(plain)
+    table = [f"Plain decoding: {base:.2f} tok/s (first {plain[0]['tok_s']:.2f}, last {plain[1]['tok_s']:.2f})"
+             + (f", {base_mib:.1f} flash MiB per token" if base_mib else "") + ".", "",
+             "| set acceptance | k | tok/s | vs plain | measured acceptance | tokens/pass | flash MiB per generated token | tokens = plain |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "k" not in r:
+            continue
+        acc = f"{100 * r['accepted'] / r['drafted']:.0f} % of {r['drafted']}" if r.get("drafted") else "none drafted"
+        mib = f"{r['mib_per_token']:.1f}" if "mib_per_token" in r else "— (resident)"
+        table.append(f"| {r['set_accept']:.0%} | {r['k']} | {r['tok_s']:.2f} | {r['tok_s'] / base:.2f}x | {acc} | "
+                     f"{r['tokens_per_pass']:.2f} | {mib} | {'yes' if r['tokens'] == plain[0]['tokens'] else '**NO**'} |")
+    header = [f"# MTP drafting: {os.path.basename(args.model)}", "",
+              f"{datetime.date.today()}, {machine()}; {args.tokens} tokens, {args.threads} threads, greedy, the "
+              f"model's own routing (random weights); flags: `{args.stream or 'resident'}`"
+              + (f", cgroup cap {args.ram_gib} GiB" if args.ram_gib else "") + ".", ""]
+    with open(os.path.join(args.out, "results.md"), "w") as f:
+        f.write("\n".join(header + table) + "\n")
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+        json.dump([{k: v for k, v in r.items() if k not in ("tokens", "prompt")} for r in rows], f, indent=1)
+    print("\n".join(header + table))
+    if any(r["tokens"] != plain[0]["tokens"] for r in rows):
+        sys.exit("a drafted run's tokens differ from plain decoding")
+
+
+if __name__ == "__main__":
+    main()
