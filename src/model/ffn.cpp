@@ -27,7 +27,7 @@ class DenseMlp {
     };
     run_matmuls(pass.pool, jobs);
     if (pass.cfg.dense.activation == ExpertActivation::GeGLU) ops::geglu(g, u, a, n * F);
-    else ops::swiglu_limited(g, u, a, n * F, limit);
+    else ops::swiglu_clamped(pass.cfg, g, u, a, n * F, limit);
     matmul(pass.pool, down, a, n, out, down_act_);
   }
 

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "model/hyper_connections.h"
 #include "model/ops.h"
 #include "quant/quant.h"
 
@@ -123,13 +124,17 @@ void InferenceState::advance(const int32_t* tokens, int n) {
 void InferenceState::embed(const int32_t* tokens, int n) {
   const int E = cfg_.n_embd;
   const ModelWeights& w = model_.weights_;
-  residual_.resize(n, E);
+  const int streams = std::max(1, cfg_.hc.streams);
+  residual_.resize(n, E, streams);
   positions_.resize(static_cast<size_t>(n));
+  batch_tokens_.assign(tokens, tokens + n);
   for (int i = 0; i < n; ++i) {
     if (tokens[i] < 0 || tokens[i] >= w.tok_embd.rows) fail("token id {} is outside the vocabulary", tokens[i]);
     positions_[static_cast<size_t>(i)] = n_past_ + i;
-    dequantize_row(w.tok_embd.type, w.tok_embd.row(tokens[i]), residual_.row(i), E);
-    if (w.embd_scale != 1.0f) ops::scale(residual_.row(i), w.embd_scale, E);
+    float* x = residual_.streams_of(i);
+    dequantize_row(w.tok_embd.type, w.tok_embd.row(tokens[i]), x, E);
+    if (w.embd_scale != 1.0f) ops::scale(x, w.embd_scale, E);
+    for (int s = 1; s < streams; ++s) std::copy(x, x + E, x + static_cast<size_t>(s) * E);  // every stream starts as the embedding
   }
 }
 
@@ -139,9 +144,12 @@ void InferenceState::run_layers(int n) {
   if (hooks_.router) hooks_.router->begin_pass(cfg_.n_layer);
   const LayerPass pass{pool_, cfg_, residual_, positions_.data(), n, replay_batch_path_};
   const FfnContext ffn{experts_, *model_.experts_};
+  experts_.set_tokens(batch_tokens_.data());
   for (int l = 0; l < cfg_.n_layer; ++l) {
     const LayerWeights& L = w.layers[static_cast<size_t>(l)];
+    if (L.hyper) hyper::pre_mix(pool_, residual_, L.hyper->attn(), cfg_);
     mixers_.at(l).forward(L, l, pass);
+    if (L.hyper) hyper::pre_mix(pool_, residual_, L.hyper->ffn(), cfg_);
     ffns_.at(l).forward(L, l, pass, ffn);
     if (layer_hook_) layer_hook_(l);
   }
@@ -152,6 +160,7 @@ void InferenceState::normalize_rows(int first, int n) {
   const int E = cfg_.n_embd;
   const int rows = n - first;
   h_.resize(static_cast<size_t>(rows) * E);
+  if (residual_.streams() > 1) hyper::head_mix(pool_, residual_, model_.weights_.output_hc(), cfg_, first, n);
   for (int i = 0; i < rows; ++i) {
     ops::rms_norm(residual_.row(first + i), model_.weights_.output_norm.data(), h_.data() + static_cast<size_t>(i) * E, E,
                   cfg_.norm_eps);

@@ -117,6 +117,7 @@ class InferenceState : private ResidualRouter {
   // The output head's scratch.
   std::vector<float> h_, logits_;
   std::vector<int> positions_;
+  std::vector<int32_t> batch_tokens_;  // the current eval's token ids (hash-routed layers route by them)
   ActivationBuffer head_act_;
 
   RoutingHooks hooks_;  // last: destroyed first, as the router hook always was
