@@ -31,7 +31,8 @@ std::vector<float> logits_after(LoadedModel& model, int threads, int batch, cons
 
 // Attention layers and qwen35moe's recurrent ones alike.
 TEST(Model, BatchSizeAndThreadsDoNotChangeLogits) {
-  for (const char* preset : {"tiny-qwen3moe", "tiny-qwen35moe", "tiny-lfm2moe", "tiny-glm4moe", "tiny-bailingmoe3"}) {
+  for (const char* preset : {"tiny-qwen3moe", "tiny-qwen35moe", "tiny-lfm2moe", "tiny-glm4moe", "tiny-bailingmoe3",
+                             "tiny-deepseek4"}) {
     auto model = load_model(test_model_path(preset), LoadOptions{});
     const auto prompt = model->tokenizer->encode("the quick brown fox jumps over the lazy dog again and again", false, false);
     ASSERT_GT(prompt.size(), 8u);
@@ -434,7 +435,7 @@ TEST(DeltaNet, ConvolutionCarriesItsStateAcrossCalls) {
 TEST(ArchTable, SynthesizedFilesHoldExactlyTheTablesTensors) {
   for (const char* preset : {"tiny-qwen3moe", "tiny-qwen2moe", "tiny-olmoe", "tiny-mixtral", "tiny-gpt-oss", "tiny-gemma4",
                              "tiny-qwen35moe", "tiny-lfm2moe", "tiny-glm4moe", "tiny-glm4moe-air",
-                             "tiny-bailingmoe3"}) {
+                             "tiny-bailingmoe3", "tiny-deepseek4"}) {
     const std::string path = test_model_path(preset);
     const auto model = load_model(path, LoadOptions{});
     const Architecture* arch = find_architecture(model->arch);
