@@ -79,7 +79,13 @@ SynthSpec preset(const std::string& name) {
     s.swiglu_clamp_exp = {10.0f, 0.5f, 10.0f, 0.5f};
     s.swiglu_clamp_shexp = {0.5f, 10.0f, 0.5f, 10.0f};
     q4_k_m_mix(s);
-    s.types[TensorClass::AttnV] = TensorType::Q4_K;
+    // llama.cpp (/work/llama-src 80fb11a, CPU) cannot run this family with quantized attention
+    // or compressor matrices: a Q4_K, Q8_0 or F16 wo_a aborts its scheduler (no backend takes the
+    // grouped product) and a Q8_0 q_a or compressor crashes it (measured 2026-12-06). BF16, as
+    // the reference conversion keeps the compressors, runs; the experts stay K-quants.
+    for (TensorClass c : {TensorClass::AttnQ, TensorClass::AttnK, TensorClass::AttnV, TensorClass::AttnOut, TensorClass::Dense}) {
+      s.types[c] = TensorType::BF16;
+    }
   } else if (name == "deepseek-v4-flash") {
     // DeepSeek-V4-Flash's shapes (docs/families/deepseek4.md, section 7) at a Q4_K_M-like mix:
     // 43 layers, 64 heads of 512 (64 rotated), 256 experts (6 used) of 2048, ratios
@@ -95,6 +101,7 @@ SynthSpec preset(const std::string& name) {
     s.swiglu_clamp_shexp = {10.0f};
     q4_k_m_mix(s);
     s.types[TensorClass::AttnV] = TensorType::Q4_K;
+    s.types[TensorClass::AttnOut] = TensorType::Q8_0;  // as the reference conversion (and see above)
   } else {
     fail("internal: {} is not a {} preset", name, "deepseek4");
   }
