@@ -81,7 +81,7 @@ void deepseek4_shape(SynthSpec& s, std::vector<int> ratios, int hash_layers, int
 
 SynthSpec preset(const std::string& name) {
   SynthSpec s;
-  if (name == "tiny-deepseek4") {
+  if (name == "tiny-deepseek4" || name == "tiny-deepseek4-mtp") {
     // 4 heads of 128 (64 rotated), 8 experts (2 used) of 256, a window of 16, top-8 indexer
     // selection (it drops rows from position 35 on), SwiGLU limits low enough that some clamp.
     s = synth_shape(name, "deepseek4", 4, 256, 4, 1, 128, 8, 2, 256, 4096, 10000.0f, "tiny");
@@ -89,6 +89,7 @@ SynthSpec preset(const std::string& name) {
     // Random weights: a seed whose greedy output repeats itself, so the n-gram drafter has
     // something to propose in the speculative identity test (seed 42's never does).
     s.seed = 3;
+    if (name == "tiny-deepseek4-mtp") s.n_nextn_layer = 1;  // an MTP block after the trunk: loaded, never run
     s.swiglu_clamp_exp = {10.0f, 0.5f, 10.0f, 0.5f};
     s.swiglu_clamp_shexp = {0.5f, 10.0f, 0.5f, 10.0f};
     q4_k_m_mix(s);
@@ -123,7 +124,7 @@ void validate(const SynthSpec& s) {
 }  // namespace
 
 const SynthFamily& deepseek4_synth() {
-  static const SynthFamily family{"deepseek4", {"tiny-deepseek4", "deepseek-v4-flash"}, preset, set_deepseek4_metadata, false,
+  static const SynthFamily family{"deepseek4", {"tiny-deepseek4", "tiny-deepseek4-mtp", "deepseek-v4-flash"}, preset, set_deepseek4_metadata, false,
                                   validate};
   return family;
 }
