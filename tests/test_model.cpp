@@ -263,6 +263,20 @@ TEST(Loader, DeepSeek4BadInputIsOneLineErrors) {
   EXPECT_EQ(load_error(rewrite_model("deepseek4-ok.gguf", [](GgufWriter&, const GgufModel&) {}, "", "", "tiny-deepseek4")), "");
 }
 
+// deepseek4's MTP block is loaded (its tensors checked) and not run: the trunk is block_count
+// less the block, and a misshapen MTP tensor is an error (llama.cpp's logits on the same file:
+// tests/conformance/deepseek4_logits.py).
+TEST(Loader, DeepSeek4MtpBlockIsCheckedNotRun) {
+  auto model = load_model(test_model_path("tiny-deepseek4-mtp"), LoadOptions{});
+  EXPECT_EQ(model->transformer->config().n_layer, 4);
+  EXPECT_EQ(model->transformer->config().n_nextn_layer, 1);
+  EXPECT_EQ(model->transformer->weights().layers.size(), 4u);
+  const auto bad = rewrite_model("deepseek4-mtp-bad.gguf", [](GgufWriter&, const GgufModel&) {}, "",
+                                 "blk.4.nextn.eh_proj.weight", "tiny-deepseek4-mtp");
+  const std::string err = load_error(bad);
+  EXPECT_NE(err.find("blk.4.nextn.eh_proj.weight"), std::string::npos) << err;
+}
+
 TEST(Loader, BailingMoe3BadShapesAreOneLineErrors) {
   const std::string a = "bailingmoe3.";
   const std::vector<std::pair<std::function<void(GgufWriter&)>, std::string>> cases = {
