@@ -220,7 +220,7 @@ TEST_F(GenerateTest, PrefixReuseGivesTheSameTokensAsAFreshSession) { expect_pref
 // Hybrid models rewind their recurrent state by restoring a saved copy and replaying tokens.
 TEST(GenerateHybrid, PrefixReuseGivesTheSameTokensAsAFreshSession) {
   ThreadPool pool(2);
-  for (const char* preset : {"tiny-qwen35moe", "tiny-lfm2moe", "tiny-bailingmoe3"}) {
+  for (const char* preset : {"tiny-qwen35moe", "tiny-lfm2moe", "tiny-bailingmoe3", "tiny-deepseek4"}) {
     SCOPED_TRACE(preset);
     auto model = load_model(test_model_path(preset), LoadOptions{});
     expect_prefix_reuse_is_exact(*model, pool);

@@ -6,7 +6,9 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <set>
+#include <tuple>
 
 #include "core/error.h"
 #include "engine/loader.h"
@@ -31,7 +33,8 @@ std::vector<float> logits_after(LoadedModel& model, int threads, int batch, cons
 
 // Attention layers and qwen35moe's recurrent ones alike.
 TEST(Model, BatchSizeAndThreadsDoNotChangeLogits) {
-  for (const char* preset : {"tiny-qwen3moe", "tiny-qwen35moe", "tiny-lfm2moe", "tiny-glm4moe", "tiny-bailingmoe3"}) {
+  for (const char* preset : {"tiny-qwen3moe", "tiny-qwen35moe", "tiny-lfm2moe", "tiny-glm4moe", "tiny-bailingmoe3",
+                             "tiny-deepseek4"}) {
     auto model = load_model(test_model_path(preset), LoadOptions{});
     const auto prompt = model->tokenizer->encode("the quick brown fox jumps over the lazy dog again and again", false, false);
     ASSERT_GT(prompt.size(), 8u);
@@ -232,6 +235,48 @@ TEST(Loader, MissingRequiredKeyIsNamed) {
 // bailingmoe3's shape keys: misshapen latent ranks, a Kimi Delta head size the kernels cannot
 // take, a decay bound that is not negative, a layer that is neither kind, expert groups that do
 // not split the experts and malformed SwiGLU limits each give a one-line error naming the problem.
+// deepseek4's keys and tensors: absurd compression ratios, a hyper-connection count the graph
+// does not take, a top-k above the expert count, output groups that do not split the heads, a
+// missing or misshapen tensor each give a one-line error naming the problem.
+TEST(Loader, DeepSeek4BadInputIsOneLineErrors) {
+  const std::string a = "deepseek4.";
+  using Edit = std::function<void(GgufWriter&)>;
+  const std::vector<std::tuple<Edit, std::string, std::string, std::string>> cases = {
+      {[&](GgufWriter& w) { w.set(a + "attention.compress_ratios", GgufValue::i32_array({0, 4, 5, 4})); }, "", "", "compress ratio 5"},
+      {[&](GgufWriter& w) { w.set(a + "attention.compress_ratios", GgufValue::i32_array({0, 4})); }, "", "", "compress_ratios has 2 entries"},
+      {[&](GgufWriter& w) { w.set(a + "hyper_connection.count", GgufValue::u32(3)); }, "", "", "hyper_connection.count"},
+      {[&](GgufWriter& w) { w.set(a + "expert_used_count", GgufValue::u32(9)); }, "", "", "invalid expert routing"},
+      {[&](GgufWriter& w) { w.set(a + "attention.output_group_count", GgufValue::u32(3)); }, "", "", "output groups"},
+      {[&](GgufWriter& w) { w.set(a + "hash_layer_count", GgufValue::u32(99)); }, "", "", "hash_layer_count"},
+      {[&](GgufWriter& w) { w.set(a + "expert_gating_func", GgufValue::u32(2)); }, "", "", "sqrt-softplus"},
+      {[](GgufWriter&) {}, "blk.1.indexer.proj.weight", "", "blk.1.indexer.proj.weight"},
+      {[](GgufWriter&) {}, "", "blk.2.attn_compressor_ape.weight", "blk.2.attn_compressor_ape.weight"},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const auto& [edit, drop, reshape, want] = cases[i];
+    const auto path = rewrite_model("deepseek4-" + std::to_string(i) + ".gguf",
+                                    [&](GgufWriter& w, const GgufModel&) { edit(w); }, drop, reshape, "tiny-deepseek4");
+    const std::string err = load_error(path);
+    EXPECT_NE(err.find(want), std::string::npos) << i << ": " << err;
+    EXPECT_EQ(err.find('\n'), std::string::npos) << i << ": " << err;
+  }
+  EXPECT_EQ(load_error(rewrite_model("deepseek4-ok.gguf", [](GgufWriter&, const GgufModel&) {}, "", "", "tiny-deepseek4")), "");
+}
+
+// deepseek4's MTP block is loaded (its tensors checked) and not run: the trunk is block_count
+// less the block, and a misshapen MTP tensor is an error (llama.cpp's logits on the same file:
+// tests/conformance/deepseek4_logits.py).
+TEST(Loader, DeepSeek4MtpBlockIsCheckedNotRun) {
+  auto model = load_model(test_model_path("tiny-deepseek4-mtp"), LoadOptions{});
+  EXPECT_EQ(model->transformer->config().n_layer, 4);
+  EXPECT_EQ(model->transformer->config().n_nextn_layer, 1);
+  EXPECT_EQ(model->transformer->weights().layers.size(), 4u);
+  const auto bad = rewrite_model("deepseek4-mtp-bad.gguf", [](GgufWriter&, const GgufModel&) {}, "",
+                                 "blk.4.nextn.eh_proj.weight", "tiny-deepseek4-mtp");
+  const std::string err = load_error(bad);
+  EXPECT_NE(err.find("blk.4.nextn.eh_proj.weight"), std::string::npos) << err;
+}
+
 TEST(Loader, BailingMoe3BadShapesAreOneLineErrors) {
   const std::string a = "bailingmoe3.";
   const std::vector<std::pair<std::function<void(GgufWriter&)>, std::string>> cases = {
@@ -434,7 +479,7 @@ TEST(DeltaNet, ConvolutionCarriesItsStateAcrossCalls) {
 TEST(ArchTable, SynthesizedFilesHoldExactlyTheTablesTensors) {
   for (const char* preset : {"tiny-qwen3moe", "tiny-qwen2moe", "tiny-olmoe", "tiny-mixtral", "tiny-gpt-oss", "tiny-gemma4",
                              "tiny-qwen35moe", "tiny-lfm2moe", "tiny-glm4moe", "tiny-glm4moe-air",
-                             "tiny-bailingmoe3"}) {
+                             "tiny-bailingmoe3", "tiny-deepseek4"}) {
     const std::string path = test_model_path(preset);
     const auto model = load_model(path, LoadOptions{});
     const Architecture* arch = find_architecture(model->arch);

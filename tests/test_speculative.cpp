@@ -271,7 +271,7 @@ TEST_P(SpeculativeIdentity, DraftedOutputEqualsPlainGreedy) {
 INSTANTIATE_TEST_SUITE_P(Families, SpeculativeIdentity,
                          ::testing::Values("tiny-qwen3moe", "tiny-qwen2moe", "tiny-olmoe", "tiny-mixtral", "tiny-gpt-oss",
                                            "tiny-gemma4", "tiny-qwen35moe", "tiny-lfm2moe", "tiny-glm4moe",
-                                           "tiny-bailingmoe3"),
+                                           "tiny-bailingmoe3", "tiny-deepseek4"),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (char& ch : n) ch = std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';

@@ -340,7 +340,7 @@ TEST_P(FamilyStreamingIdentity, StreamedEqualsResident) {
 INSTANTIATE_TEST_SUITE_P(Families, FamilyStreamingIdentity,
                          ::testing::Values("tiny-qwen2moe", "tiny-olmoe", "tiny-mixtral", "tiny-gpt-oss", "tiny-gemma4",
                                            "tiny-qwen35moe", "tiny-lfm2moe", "tiny-glm4moe", "tiny-glm4moe-air",
-                                           "tiny-bailingmoe3"),
+                                           "tiny-bailingmoe3", "tiny-deepseek4"),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (char& ch : n) ch = std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';

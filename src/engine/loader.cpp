@@ -78,8 +78,17 @@ class GgufArchLoader : public ArchLoader {
 
   Vector vector(const std::string& name, std::vector<int64_t> dims) override {
     const TensorInfo& t = checked(name, dims);
-    if (!kernels_for_isa(t.type, Isa::Scalar)) fail("{}: tensor '{}' has unsupported type {}", gguf_.primary().path, name, type_name(t.type));
     Vector v(static_cast<size_t>(t.elements()));
+    if (t.type == TensorType::I32) {  // an index table (deepseek4's hash routing): exact as floats below 2^24
+      const uint8_t* src = dense_data(t);
+      for (size_t i = 0; i < v.size(); ++i) {
+        int32_t x;
+        std::memcpy(&x, src + i * 4, 4);
+        v[i] = static_cast<float>(x);
+      }
+      return v;
+    }
+    if (!kernels_for_isa(t.type, Isa::Scalar)) fail("{}: tensor '{}' has unsupported type {}", gguf_.primary().path, name, type_name(t.type));
     const uint8_t* src = dense_data(t);
     dequantize_row(t.type, src, v.data(), t.elements());
     return v;

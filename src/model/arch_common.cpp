@@ -19,6 +19,7 @@ const Architecture& qwen35moe_architecture();
 const Architecture& lfm2moe_architecture();
 const Architecture& glm4moe_architecture();
 const Architecture& bailingmoe3_architecture();
+const Architecture& deepseek4_architecture();
 
 const std::vector<Architecture>& architectures() {
   static const std::vector<Architecture> archs = {
@@ -27,6 +28,7 @@ const std::vector<Architecture>& architectures() {
       lfm2moe_architecture(),
       glm4moe_architecture(),
       bailingmoe3_architecture(),
+      deepseek4_architecture(),
   };
   return archs;
 }

@@ -46,6 +46,20 @@ const char* dim_name(Dim d) {
     case Dim::MlaNope: return "key_length_mla-rope_dims";
     case Dim::MlaValueDim: return "value_length_mla";
     case Dim::MlaOutWidth: return "n_head*value_length_mla";
+    case Dim::CsaQRank: return "q_lora_rank";
+    case Dim::CsaOGroupIn: return "n_head*head_dim/output_group_count";
+    case Dim::CsaORank: return "output_group_count*output_lora_rank";
+    case Dim::CsaCompWidth: return "(ratio==4?2:1)*head_dim";
+    case Dim::CsaRatio: return "compress_ratio";
+    case Dim::IdxHeads: return "indexer.head_count";
+    case Dim::IdxQWidth: return "indexer.head_count*indexer.key_length";
+    case Dim::IdxHeadDim: return "indexer.key_length";
+    case Dim::IdxCompWidth: return "2*indexer.key_length";
+    case Dim::HcWidth: return "hc*n_embd";
+    case Dim::HcMix: return "(2+hc)*hc";
+    case Dim::HcStreams: return "hc";
+    case Dim::Three: return "3";
+    case Dim::ExpertsUsed: return "n_expert_used";
   }
   return "?";
 }
@@ -89,6 +103,20 @@ int64_t dim_value(Dim d, const ModelConfig& c, int layer) {
     case Dim::MlaNope: return c.mla.qk_nope;
     case Dim::MlaValueDim: return c.mla.v_head_dim;
     case Dim::MlaOutWidth: return int64_t{c.n_head} * c.mla.v_head_dim;
+    case Dim::CsaQRank: return c.csa.q_lora_rank;
+    case Dim::CsaOGroupIn: return c.csa.o_groups > 0 ? int64_t{c.n_head} * c.head_dim / c.csa.o_groups : 0;
+    case Dim::CsaORank: return int64_t{c.csa.o_groups} * c.csa.o_lora_rank;
+    case Dim::CsaCompWidth: return (c.csa.ratio_at(l) == 4 ? 2 : 1) * int64_t{c.head_dim};
+    case Dim::CsaRatio: return c.csa.ratio_at(l);
+    case Dim::IdxHeads: return c.csa.indexer_heads;
+    case Dim::IdxQWidth: return int64_t{c.csa.indexer_heads} * c.csa.indexer_head_dim;
+    case Dim::IdxHeadDim: return c.csa.indexer_head_dim;
+    case Dim::IdxCompWidth: return 2 * int64_t{c.csa.indexer_head_dim};
+    case Dim::HcWidth: return int64_t{c.hc.streams} * c.n_embd;
+    case Dim::HcMix: return int64_t{2 + c.hc.streams} * c.hc.streams;
+    case Dim::HcStreams: return c.hc.streams;
+    case Dim::Three: return 3;
+    case Dim::ExpertsUsed: return c.n_expert_used;
   }
   return 0;
 }
@@ -109,6 +137,10 @@ const char* layers_name(Layers l) {
     case Layers::LatentPlainQ: return "latent attention layers with q_lora_rank 0";
     case Layers::Dense: return "dense-FFN layers";
     case Layers::Shared: return "shared-expert layers";
+    case Layers::Compressed: return "compressed layers (ratio 4 or 128)";
+    case Layers::Indexed: return "ratio-4 layers (lightning indexer)";
+    case Layers::Hashed: return "hash-routed layers";
+    case Layers::Biased: return "routed layers that are not hash-routed";
     case Layers::NextN: return "nextn (MTP) blocks";
     case Layers::Never: return "never";
   }
@@ -117,9 +149,11 @@ const char* layers_name(Layers l) {
 
 namespace {
 
-// Whether a layer of these kinds (at `layer`, for its attention window) is in `set`.
-bool plan_in(Layers set, const LayerPlan& p, const ModelConfig& c, int layer) {
+// Whether a layer of plan `p` (at `layer`, for its attention window; at `own`, for what a block
+// has of its own: an MTP block's compression ratio, and it is never hash-routed) is in `set`.
+bool plan_in(Layers set, const LayerPlan& p, const ModelConfig& c, int layer, int own) {
   const bool experts = p.ffn != FfnKind::Dense;
+  const bool nextn = own >= c.n_layer;
   switch (set) {
     case Layers::Global: return layer < 0;
     case Layers::All: return layer >= 0;
@@ -128,7 +162,7 @@ bool plan_in(Layers set, const LayerPlan& p, const ModelConfig& c, int layer) {
     case Layers::Moe: return layer >= 0 && experts;
     case Layers::Attention:
       return layer >= 0 && (p.mixer == MixerKind::Attention || p.mixer == MixerKind::GatedAttention ||
-                            p.mixer == MixerKind::LatentAttention);
+                            p.mixer == MixerKind::LatentAttention || p.mixer == MixerKind::CompressedAttention);
     case Layers::Recurrent: return layer >= 0 && p.mixer == MixerKind::GatedDeltaNet;
     case Layers::ShortConv: return layer >= 0 && p.mixer == MixerKind::ShortConv;
     case Layers::KimiDelta: return layer >= 0 && p.mixer == MixerKind::KimiDelta;
@@ -137,6 +171,10 @@ bool plan_in(Layers set, const LayerPlan& p, const ModelConfig& c, int layer) {
     case Layers::LatentPlainQ: return layer >= 0 && p.mixer == MixerKind::LatentAttention && c.mla.q_lora_rank == 0;
     case Layers::Dense: return layer >= 0 && !experts;
     case Layers::Shared: return layer >= 0 && (p.ffn == FfnKind::MoeShared || p.ffn == FfnKind::MoeUngatedShared);
+    case Layers::Compressed: return layer >= 0 && c.csa.ratio_at(own) != 0;
+    case Layers::Indexed: return layer >= 0 && c.csa.ratio_at(own) == 4;
+    case Layers::Hashed: return layer >= 0 && experts && !nextn && own < c.n_hash_layers;
+    case Layers::Biased: return layer >= 0 && experts && (nextn || own >= c.n_hash_layers);
     case Layers::NextN: return false;
     case Layers::Never: return false;
   }
@@ -148,10 +186,10 @@ bool plan_in(Layers set, const LayerPlan& p, const ModelConfig& c, int layer) {
 bool layer_in(Layers set, const ModelConfig& c, int layer) {
   if (layer >= c.n_layer) {  // an MTP block: a decoder block of its own plan, plus its own rows
     if (layer >= c.n_layer + c.n_nextn_layer || set == Layers::Global || set == Layers::Never) return false;
-    return set == Layers::NextN || plan_in(set, c.nextn_plan, c, c.n_layer - 1);
+    return set == Layers::NextN || plan_in(set, c.nextn_plan, c, c.n_layer - 1, layer);
   }
   if (layer < 0) return set == Layers::Global;
-  return plan_in(set, c.plan[static_cast<size_t>(layer)], c, layer);
+  return plan_in(set, c.plan[static_cast<size_t>(layer)], c, layer, layer);
 }
 
 const char* role_name(Role r) {
@@ -248,6 +286,10 @@ LayerWeights layer_weights_for(const LayerPlan& plan) {
     case MixerKind::ShortConv: L.short_conv.emplace(); break;
     case MixerKind::KimiDelta: L.kimi_delta.emplace(); break;
     case MixerKind::LatentAttention: L.latent.emplace(); break;
+    case MixerKind::CompressedAttention:
+      L.compressed.emplace();
+      L.hyper.emplace();  // the family's residual streams go with its attention kind
+      break;
   }
   switch (plan.ffn) {
     case FfnKind::Dense: L.dense.emplace(); break;
@@ -273,7 +315,9 @@ void bind_tensors(std::span<const TensorSpec> table, ArchLoader& a, const ModelC
     if (!t.per_layer()) bind_one(t, a, c, w, -1);
   }
   w.nextn_layers.clear();
-  const bool nextn = a.wants_nextn() && has_nextn_tensors(table, a, c);
+  // NextnHead runs no hyper-connection streams (deepseek4's MTP block has them): such a block
+  // stays unbound, so --mtp says the model has no head it can run.
+  const bool nextn = a.wants_nextn() && c.hc.streams <= 1 && has_nextn_tensors(table, a, c);
   for (int i = 0; nextn && i < c.n_nextn_layer; ++i) {
     w.nextn_layers.push_back(layer_weights_for(c.nextn_plan));
     w.nextn_layers.back().nextn.emplace();

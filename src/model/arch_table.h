@@ -60,6 +60,20 @@ enum class Dim : uint8_t {
   MlaNope,        // qk_nope
   MlaValueDim,    // v_head_dim
   MlaOutWidth,    // n_head * v_head_dim
+  CsaQRank,       // q_lora_rank (deepseek4)
+  CsaOGroupIn,    // n_head * head_dim / o_groups: one output group's input
+  CsaORank,       // o_groups * o_lora_rank
+  CsaCompWidth,   // the compressor's width: 2 * head_dim on ratio-4 layers, head_dim on ratio-128
+  CsaRatio,       // the layer's compression ratio
+  IdxHeads,       // indexer heads
+  IdxQWidth,      // indexer heads * indexer head size
+  IdxHeadDim,     // indexer head size
+  IdxCompWidth,   // 2 * indexer head size
+  HcWidth,        // hyper-connection streams * n_embd
+  HcMix,          // (2 + streams) * streams: a sublayer's mix weights
+  HcStreams,      // hyper-connection streams
+  Three,          // 3
+  ExpertsUsed,    // n_expert_used
 };
 const char* dim_name(Dim d);
 int64_t dim_value(Dim d, const ModelConfig& c, int layer);
@@ -80,6 +94,10 @@ enum class Layers : uint8_t {
   LatentPlainQ,    // latent attention layers with a plain query
   Dense,      // layers with a dense FFN instead of routed experts
   Shared,     // layers with a shared expert beside the routed ones
+  Compressed,  // layers with a compressor (deepseek4 compression ratio 4 or 128)
+  Indexed,     // layers with the lightning indexer (ratio 4)
+  Hashed,      // layers that route by token id (deepseek4 hash layers)
+  Biased,      // routed layers that are not hash-routed (deepseek4)
   NextN,      // only the MTP blocks after the trunk (n_layer .. n_layer + n_nextn_layer - 1)
   Never,    // only as synth_layers: the synthesizer does not write it
 };
@@ -92,7 +110,7 @@ enum class Role : uint8_t { Dense, Small, Router, RoutedExpert, SharedExpert, Re
 const char* role_name(Role r);
 
 // Tensor classes whose quantization type bmoe-synth chooses independently.
-enum class TensorClass { Embedding, Output, AttnQ, AttnK, AttnV, AttnOut, Router, Experts, ExpertsDown, Dense, Norm };
+enum class TensorClass { Embedding, Output, AttnQ, AttnK, AttnV, AttnOut, Router, Experts, ExpertsDown, Dense, Norm, Index };
 
 // The part of a layer's weights that holds a member (the layer itself for its norms), or null
 // when the layer's plan has no such part.
@@ -104,6 +122,8 @@ Part* layer_part(LayerWeights& L) {
   else if constexpr (std::is_same_v<Part, ShortConvWeights>) return L.short_conv ? &*L.short_conv : nullptr;
   else if constexpr (std::is_same_v<Part, KimiDeltaWeights>) return L.kimi_delta ? &*L.kimi_delta : nullptr;
   else if constexpr (std::is_same_v<Part, LatentAttentionWeights>) return L.latent ? &*L.latent : nullptr;
+  else if constexpr (std::is_same_v<Part, CompressedAttentionWeights>) return L.compressed ? &*L.compressed : nullptr;
+  else if constexpr (std::is_same_v<Part, HyperConnectionWeights>) return L.hyper ? &*L.hyper : nullptr;
   else if constexpr (std::is_same_v<Part, DenseFfnWeights>) return L.dense ? &*L.dense : nullptr;
   else if constexpr (std::is_same_v<Part, RoutedExpertWeights>) return L.experts ? &*L.experts : nullptr;
   else if constexpr (std::is_same_v<Part, SharedExpertWeights>) return L.shared ? &*L.shared : nullptr;
@@ -126,7 +146,7 @@ struct Binding {
 };
 
 // Contents of a synthetic tensor.
-enum class Fixed : uint8_t { None, RopeQuarter, LayerOutputScale, ExpertScales, DecayRates, DecayStrengths };
+enum class Fixed : uint8_t { None, RopeQuarter, LayerOutputScale, ExpertScales, DecayRates, DecayStrengths, HashExperts };
 struct SynthInit {
   float scale = 0.0f;   // 0: all ones (norm weights)
   bool fan_in = false;  // stddev = scale / sqrt(dims[0]) instead of scale

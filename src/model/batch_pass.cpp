@@ -9,6 +9,12 @@ namespace bmoe {
 BatchPass::BatchPass(Transformer& model, ThreadPool& pool)
     : model_(model), cfg_(model.config()), pool_(pool), ffns_(model.config()),
       experts_(model.config(), model.weights(), pool, hooks_, *this) {
+  // One row per sequence in one residual stream, routed by the router alone: a model with
+  // several residual streams or token-hashed routing (deepseek4) runs one sequence at a time.
+  if (cfg_.hc.streams > 1 || cfg_.n_hash_layers > 0) {
+    fail("{} cannot decode several sequences in one pass yet (hyper-connections, hash routing): use --parallel 1",
+         cfg_.arch);
+  }
   // Each state's own route hook sees its rows, as when it decodes alone.
   hooks_.route = [this](RouteEvent& ev) {
     InferenceState& s = *states_[static_cast<size_t>(ev.row)];

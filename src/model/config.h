@@ -14,6 +14,7 @@ enum class Gating {
   SoftmaxTopK,      // softmax over all experts, pick top-k of the probabilities
   TopKSoftmax,      // pick top-k logits, softmax over the k (gpt-oss)
   SigmoidTopK,
+  SqrtSoftplusTopK,  // sqrt(softplus(logit)) scores, top-k of the (bias-steered) scores (deepseek4)
 };
 
 enum class ExpertActivation { SwiGLU, SwiGLU_OAI, GeGLU };
@@ -26,6 +27,7 @@ enum class MixerKind : uint8_t {
   ShortConv,       // gated short convolution with a recurrent state (lfm2moe)
   KimiDelta,       // Kimi Delta Attention: gated delta rule with a per-channel decay (bailingmoe3)
   LatentAttention, // multi-head latent attention: a compressed KV latent is cached (bailingmoe3)
+  CompressedAttention,  // one K=V head over a raw window plus compressed history rows (deepseek4)
 };
 
 // What runs on each token after the mixer: the kinds of src/model/ffn.h.
@@ -147,6 +149,32 @@ struct ModelConfig {
     std::vector<int> layer_n_ff;  // per layer: width (dense and dense-beside-MoE layers)
     ExpertActivation activation = ExpertActivation::SwiGLU;  // also the shared expert's
   } dense;
+  // DeepSeek-V4's attention (MixerKind::CompressedAttention): a low-rank query, one K=V head of
+  // head_dim whose last n_rot dims rotate, a grouped low-rank output, and per layer a compression
+  // ratio: 0 (raw window only), 4 (rows of 4 tokens picked by the lightning indexer) or 128.
+  struct CompressedAttention {
+    int q_lora_rank = 0;
+    int o_groups = 0;        // the output projection's groups (consecutive heads)
+    int o_lora_rank = 0;     // per group
+    int indexer_heads = 0;
+    int indexer_head_dim = 0;
+    int indexer_top_k = 0;   // compressed rows kept per query on ratio-4 layers
+    std::vector<int> ratio;  // per layer: 0, 4 or 128
+    RopeConfig rope;         // the compressed layers', their rows' and the indexer's RoPE
+    int ratio_at(int l) const { return ratio.empty() ? 0 : ratio[static_cast<size_t>(l)]; }
+  } csa;
+  // Hyper-connections (deepseek4): streams > 1 keeps that many residual streams per token, mixed
+  // around each sublayer by learned, Sinkhorn-normalised weights.
+  struct HyperConnections {
+    int streams = 0;
+    int sinkhorn_iters = 0;
+    float eps = 0.0f;
+  } hc;
+  // Layers [0, n_hash_layers) route by token id through a lookup table (deepseek4).
+  int n_hash_layers = 0;
+  // SwiGLU clamps: the limit applies to the gate before the SiLU (deepseek4) instead of to the
+  // SiLU's output (bailingmoe3).
+  bool clamp_gate_before_silu = false;
   // Per layer SwiGLU limits (bailingmoe3; empty or <= 1e-6: no clamp): the routed experts', and
   // that of every other SwiGLU FFN of the layer (dense and shared expert).
   std::vector<float> swiglu_clamp_exp, swiglu_clamp_shexp;
@@ -156,7 +184,8 @@ struct ModelConfig {
   FfnKind ffn_at(int l) const { return plan[static_cast<size_t>(l)].ffn; }
   bool attends(int l) const {
     const MixerKind k = mixer_at(l);
-    return k == MixerKind::Attention || k == MixerKind::GatedAttention || k == MixerKind::LatentAttention;
+    return k == MixerKind::Attention || k == MixerKind::GatedAttention || k == MixerKind::LatentAttention ||
+           k == MixerKind::CompressedAttention;
   }
   bool is_recurrent(int l) const { return !attends(l); }
   bool has_recurrent_layers() const {

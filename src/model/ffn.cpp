@@ -27,7 +27,7 @@ class DenseMlp {
     };
     run_matmuls(pass.pool, jobs);
     if (pass.cfg.dense.activation == ExpertActivation::GeGLU) ops::geglu(g, u, a, n * F);
-    else ops::swiglu_limited(g, u, a, n * F, limit);
+    else ops::swiglu_clamped(pass.cfg, g, u, a, n * F, limit);
     matmul(pass.pool, down, a, n, out, down_act_);
   }
 
@@ -112,7 +112,7 @@ class MoeUngatedSharedFfn final : public PreNormFfn {
     const SharedExpertWeights& S = *L.shared;
     ctx.experts.run(layer, pass.n, h_.data(), h_.data(), pass.positions, ctx.source, out_.data());
     float* shared = scratch(shared_, total);
-    mlp_.run(pass, S.shexp_gate, S.shexp_up, S.shexp_down, h_.data(), shared);
+    mlp_.run(pass, S.shexp_gate, S.shexp_up, S.shexp_down, h_.data(), shared, pass.cfg.clamp_shexp_at(layer));
     ops::add(out_.data(), shared, static_cast<int64_t>(total));
   }
   DenseMlp mlp_;

@@ -353,7 +353,7 @@ void ShortConvMixer::forward(const LayerWeights& weights, int layer, const Layer
 }
 
 // Attention and gated attention share a unit (and one KV cache).
-enum class Unit { Attention, DeltaNet, ShortConv, KimiDelta, LatentAttention, kCount };
+enum class Unit { Attention, DeltaNet, ShortConv, KimiDelta, LatentAttention, CompressedAttention, kCount };
 
 Unit unit_of(MixerKind kind) {
   switch (kind) {
@@ -363,6 +363,7 @@ Unit unit_of(MixerKind kind) {
     case MixerKind::ShortConv: return Unit::ShortConv;
     case MixerKind::KimiDelta: return Unit::KimiDelta;
     case MixerKind::LatentAttention: return Unit::LatentAttention;
+    case MixerKind::CompressedAttention: return Unit::CompressedAttention;
   }
   return Unit::Attention;
 }
@@ -374,6 +375,7 @@ std::unique_ptr<Mixer> make_unit(Unit unit, const ModelConfig& c, int n_ctx, KvT
     case Unit::ShortConv: return std::make_unique<ShortConvMixer>(c);
     case Unit::KimiDelta: return mixer_units::make_kimi_delta(c);
     case Unit::LatentAttention: return mixer_units::make_latent_attention(c, n_ctx, kv_type);
+    case Unit::CompressedAttention: return mixer_units::make_compressed_attention(c, n_ctx, kv_type);
     case Unit::kCount: break;
   }
   return nullptr;
@@ -420,7 +422,8 @@ int64_t recurrent_state_floats(const ModelConfig& c, int layer) {
              int64_t{c.n_head} * c.kda.head_dim * c.kda.head_dim;
     case MixerKind::Attention:
     case MixerKind::GatedAttention:
-    case MixerKind::LatentAttention: return 0;
+    case MixerKind::LatentAttention:
+    case MixerKind::CompressedAttention: return 0;
   }
   return 0;
 }
@@ -429,6 +432,16 @@ int64_t kv_bytes_per_token(const ModelConfig& c, int layer) {
   if (!c.attends(layer)) return 0;
   if (c.mixer_at(layer) == MixerKind::LatentAttention) {
     return int64_t{2} * c.mla.cache_row() + int64_t{2} * c.mla.kv_lora_rank;  // f16 latent | rope key, latent again as V
+  }
+  if (c.mixer_at(layer) == MixerKind::CompressedAttention) {
+    // The f16 raw row, and per token the compressor inputs (f32 values and scores) and its share
+    // of the compressed rows (mixer_compressed.cpp keeps every position's).
+    const int ratio = c.csa.ratio_at(layer), D = c.head_dim, ID = c.csa.indexer_head_dim;
+    if (ratio == 0) return int64_t{2} * D;
+    const int64_t width = (ratio == 4 ? 2 : 1) * int64_t{D};
+    int64_t bytes = int64_t{2} * D + 2 * width * 4 + int64_t{2} * D / ratio;
+    if (ratio == 4) bytes += int64_t{2} * 2 * ID * 4 + int64_t{2} * ID / 4;
+    return bytes;
   }
   return int64_t{c.n_head_kv_at(layer)} * (c.head_dim_at(layer) + c.head_dim_v_at(layer)) * 2;  // f16 K and V
 }

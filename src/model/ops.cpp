@@ -62,9 +62,8 @@ void rope_angles(int pos, int head_dim, const RopeConfig& rope, const float* fre
   }
 }
 
-}  // namespace
-
-void rope(float* x, int n_heads, int head_dim, int pos, const RopeConfig& rope, const float* freq_factors) {
+// sin_sign -1: the inverse rotation, as ggml's rope_back flips the sine.
+void rotate(float* x, int n_heads, int head_dim, int pos, const RopeConfig& rope, const float* freq_factors, float sin_sign) {
   thread_local std::vector<float> cache;
   rope_angles(pos, head_dim, rope, freq_factors, cache);
   const int n_dims = rope.n_rot;
@@ -72,7 +71,7 @@ void rope(float* x, int n_heads, int head_dim, int pos, const RopeConfig& rope, 
     float* v = x + static_cast<size_t>(h) * head_dim;
     for (int i0 = 0; i0 < n_dims; i0 += 2) {
       const float c = cache[static_cast<size_t>(i0)];
-      const float s = cache[static_cast<size_t>(i0) + 1];
+      const float s = sin_sign * cache[static_cast<size_t>(i0) + 1];
       // NeoX pairs element i with i + n_dims/2; Normal pairs adjacent elements.
       const int a = rope.style == RopeStyle::NeoX ? i0 / 2 : i0;
       const int b = rope.style == RopeStyle::NeoX ? i0 / 2 + n_dims / 2 : i0 + 1;
@@ -83,6 +82,16 @@ void rope(float* x, int n_heads, int head_dim, int pos, const RopeConfig& rope, 
       v[b] = std::fma(x0, s, x1 * c);
     }
   }
+}
+
+}  // namespace
+
+void rope(float* x, int n_heads, int head_dim, int pos, const RopeConfig& rope, const float* freq_factors) {
+  rotate(x, n_heads, head_dim, pos, rope, freq_factors, 1.0f);
+}
+
+void rope_inverse(float* x, int n_heads, int head_dim, int pos, const RopeConfig& rope) {
+  rotate(x, n_heads, head_dim, pos, rope, nullptr, -1.0f);
 }
 
 void softmax(float* x, int64_t n) {
@@ -108,6 +117,22 @@ void swiglu_limited(const float* gate, const float* up, float* out, int64_t n, f
   }
   float_kernels().silu(gate, out, n);  // as llama.cpp: silu, then the clamps, then the product
   for (int64_t i = 0; i < n; ++i) out[i] = std::min(out[i], limit) * std::clamp(up[i], -limit, limit);
+}
+
+void swiglu_gate_clamped(const float* gate, const float* up, float* out, int64_t n, float limit) {
+  if (!(limit > 1e-6f)) {
+    swiglu(gate, up, out, n);
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) {  // ggml's swiglu_clamp: expf, not the SiLU table
+    const float g = std::min(gate[i], limit);
+    out[i] = g / (1.0f + std::exp(-g)) * std::clamp(up[i], -limit, limit);
+  }
+}
+
+void swiglu_clamped(const ModelConfig& c, const float* gate, const float* up, float* out, int64_t n, float limit) {
+  if (c.clamp_gate_before_silu) swiglu_gate_clamped(gate, up, out, n, limit);
+  else swiglu_limited(gate, up, out, n, limit);
 }
 
 void swiglu_oai(const float* gate, const float* up, float* out, int64_t n, float alpha, float limit) {

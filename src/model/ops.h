@@ -16,6 +16,8 @@ void rms_norm(const float* x, const float* weight, float* y, int64_t n, float ep
 // Rotates `n_heads` heads of `head_dim` floats in place for position `pos`. freq_factors
 // (n_rot / 2 values, or null) divide each pair's angle.
 void rope(float* x, int n_heads, int head_dim, int pos, const RopeConfig& rope, const float* freq_factors = nullptr);
+// The inverse rotation (ggml_rope_ext_back: the sine's sign flipped), same layout.
+void rope_inverse(float* x, int n_heads, int head_dim, int pos, const RopeConfig& rope);
 
 // In-place softmax over n values.
 void softmax(float* x, int64_t n);
@@ -27,6 +29,11 @@ void swiglu(const float* gate, const float* up, float* out, int64_t n);
 // out[i] = min(silu(gate[i]), limit) * clamp(up[i], -limit, limit) (bailingmoe3's limited SwiGLU);
 // a limit <= 1e-6 means none: plain swiglu.
 void swiglu_limited(const float* gate, const float* up, float* out, int64_t n, float limit);
+// out[i] = silu(min(gate[i], limit)) * clamp(up[i], -limit, limit) (deepseek4: the gate is clamped
+// before the SiLU); a limit <= 1e-6 means none.
+void swiglu_gate_clamped(const float* gate, const float* up, float* out, int64_t n, float limit);
+// Either limited SwiGLU, as the config says.
+void swiglu_clamped(const ModelConfig& c, const float* gate, const float* up, float* out, int64_t n, float limit);
 // gpt-oss variant: clamped gate/up, x * sigmoid(alpha x) * (up + 1)
 void swiglu_oai(const float* gate, const float* up, float* out, int64_t n, float alpha, float limit);
 // out[i] = gelu(gate[i]) * up[i], GELU (tanh form) through an f16 table as ggml computes it.

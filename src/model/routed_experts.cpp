@@ -42,19 +42,31 @@ void mask_expert_groups(float* scores, int n_expert, int groups, int keep) {
 
 }  // namespace
 
+// A hash-routed layer's experts: the table's row of the token id (llama.cpp's tid2eid).
+void RoutedExperts::hashed_experts(const RoutedExpertWeights& L, int32_t token, std::vector<int32_t>& ids) const {
+  const size_t k = static_cast<size_t>(cfg_.n_expert_used);
+  if (static_cast<size_t>(token) * k >= L.hash_experts.size()) fail("token id {} is outside the hash routing table", token);
+  ids.resize(k);
+  for (size_t s = 0; s < k; ++s) ids[s] = static_cast<int32_t>(L.hash_experts[static_cast<size_t>(token) * k + s]);
+}
+
 void RoutedExperts::gate(const RoutedExpertWeights& L, float* logits, std::vector<int32_t>& ids,
-                          std::vector<float>& wts) const {
+                          std::vector<float>& wts, int32_t token) const {
   const int NE = cfg_.n_expert;
   const int k = cfg_.n_expert_used;
   if (!L.router_bias.empty()) ops::add(logits, L.router_bias.data(), NE);
   switch (cfg_.gating) {
     case Gating::SoftmaxTopK:
-    case Gating::SigmoidTopK: {
+    case Gating::SigmoidTopK:
+    case Gating::SqrtSoftplusTopK: {
       std::vector<float> probs(logits, logits + NE);
       if (cfg_.gating == Gating::SoftmaxTopK) ops::softmax(probs.data(), NE);
-      else for (float& p : probs) p = 1.0f / (1.0f + std::exp(-p));
+      else if (cfg_.gating == Gating::SigmoidTopK) for (float& p : probs) p = 1.0f / (1.0f + std::exp(-p));
+      else for (float& p : probs) p = std::sqrt(p > 20.0f ? p : std::log(1.0f + std::exp(p)));  // ggml's softplus
       const bool grouped = cfg_.n_expert_groups > 1;
-      if (L.expert_select_bias.empty() && !grouped) {
+      if (!L.hash_experts.empty() && token >= 0) {
+        hashed_experts(L, token, ids);
+      } else if (L.expert_select_bias.empty() && !grouped) {
         top_k(probs.data(), NE, k, ids);
       } else {  // the bias and the groups steer the choice; the weights stay the unbiased probabilities
         std::vector<float> scores(probs);
@@ -100,7 +112,7 @@ void RoutedExperts::route_tokens(int layer, int n, const float* router_in, const
   for (int i = 0; i < n; ++i) {
     float* logits = router_logits_.data() + static_cast<size_t>(i) * NE;
     TokenRoute& route = routes_[static_cast<size_t>(i)];
-    if (!decided_early) gate(L, logits, route.experts, route.weights);
+    if (!decided_early) gate(L, logits, route.experts, route.weights, tokens_ ? tokens_[i] : -1);
     report_route(layer, i, logits, positions);
   }
   if (hooks_.router) hooks_.router->finish_routes(layer, routes, source);
@@ -318,7 +330,7 @@ void RoutedExperts::expert_activation(const RoutedExpertWeights& L, int layer, c
       if (!L.exp_up_bias.empty()) ops::add(u, L.exp_up_bias.data() + static_cast<size_t>(expert) * F, F);
       float* a = group.act + (mb.offset + j) * F;
       switch (cfg_.activation) {
-        case ExpertActivation::SwiGLU: ops::swiglu_limited(g, u, a, F, limit); break;
+        case ExpertActivation::SwiGLU: ops::swiglu_clamped(cfg_, g, u, a, F, limit); break;
         case ExpertActivation::SwiGLU_OAI: ops::swiglu_oai(g, u, a, F, 1.702f, 7.0f); break;
         case ExpertActivation::GeGLU: ops::geglu(g, u, a, F); break;
       }

@@ -52,6 +52,8 @@ class RoutedExperts {
   // router_in[i]; positions[i] is token i's position (for the route hook).
   void run(int layer, int n, const float* h, const float* router_in, const int* positions, ExpertSource& source,
            float* out);
+  // The token ids of the pass's rows (hash-routed layers route by them), or null.
+  void set_tokens(const int32_t* tokens) { tokens_ = tokens; }
   // What the router of `layer` reads, computed from a residual row.
   void router_input(int layer, const float* x, float* out) const;
   // The router of `layer` and the gating on residual rows (the router hook's predictions).
@@ -66,7 +68,10 @@ class RoutedExperts {
   void route_tokens(int layer, int n, const float* router_in, const int* positions, ExpertSource& source);
   void report_route(int layer, int token, const float* logits, const int* positions);
   // The model's gating of one token: logits (bias added in place) -> ids and weights.
-  void gate(const RoutedExpertWeights& L, float* logits, std::vector<int32_t>& ids, std::vector<float>& wts) const;
+  // token: the row's token id, for hash-routed layers (-1: none, as for predictions).
+  void gate(const RoutedExpertWeights& L, float* logits, std::vector<int32_t>& ids, std::vector<float>& wts,
+            int32_t token = -1) const;
+  void hashed_experts(const RoutedExpertWeights& L, int32_t token, std::vector<int32_t>& ids) const;
 
   // Expert compute, on the experts the source hands out.
   struct ExpertUses;
@@ -87,6 +92,7 @@ class RoutedExperts {
   RoutingHooks& hooks_;
   ResidualRouter& owner_;
 
+  const int32_t* tokens_ = nullptr;
   // Routing of the current layer: per token, its experts and weights in slot order.
   std::vector<TokenRoute> routes_;
   std::vector<float> router_logits_;

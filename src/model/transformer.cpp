@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "model/hyper_connections.h"
 #include "model/ops.h"
 #include "quant/quant.h"
 
@@ -168,13 +169,17 @@ std::vector<std::vector<float>> InferenceState::take_hidden_states(int* first_po
 void InferenceState::embed(const int32_t* tokens, int n) {
   const int E = cfg_.n_embd;
   const ModelWeights& w = model_.weights_;
-  residual_.resize(n, E);
+  const int streams = std::max(1, cfg_.hc.streams);
+  residual_.resize(n, E, streams);
   positions_.resize(static_cast<size_t>(n));
+  batch_tokens_.assign(tokens, tokens + n);
   for (int i = 0; i < n; ++i) {
     if (tokens[i] < 0 || tokens[i] >= w.tok_embd.rows) fail("token id {} is outside the vocabulary", tokens[i]);
     positions_[static_cast<size_t>(i)] = n_past_ + i;
-    dequantize_row(w.tok_embd.type, w.tok_embd.row(tokens[i]), residual_.row(i), E);
-    if (w.embd_scale != 1.0f) ops::scale(residual_.row(i), w.embd_scale, E);
+    float* x = residual_.streams_of(i);
+    dequantize_row(w.tok_embd.type, w.tok_embd.row(tokens[i]), x, E);
+    if (w.embd_scale != 1.0f) ops::scale(x, w.embd_scale, E);
+    for (int s = 1; s < streams; ++s) std::copy(x, x + E, x + static_cast<size_t>(s) * E);  // every stream starts as the embedding
   }
 }
 
@@ -184,31 +189,36 @@ void InferenceState::run_layers(int n) {
   if (hooks_.router) hooks_.router->begin_pass(cfg_.n_layer);
   const LayerPass pass{pool_, cfg_, residual_, positions_.data(), n, replay_batch_path_};
   const FfnContext ffn{experts_, *model_.experts_};
+  experts_.set_tokens(batch_tokens_.data());
   for (int l = 0; l < cfg_.n_layer; ++l) {
     const LayerWeights& L = w.layers[static_cast<size_t>(l)];
+    if (L.hyper) hyper::pre_mix(pool_, residual_, L.hyper->attn(), cfg_);
     mixers_.at(l).forward(L, l, pass);
+    if (L.hyper) hyper::pre_mix(pool_, residual_, L.hyper->ffn(), cfg_);
     ffns_.at(l).forward(L, l, pass, ffn);
     if (layer_hook_) layer_hook_(l);
   }
 }
 
 // Residual rows [first, n) after the output norm, into h.
-void output_norm_rows(const Transformer& model, const ResidualStream& residual, int first, int n, std::vector<float>& h) {
+void output_norm_rows(ThreadPool& pool, const Transformer& model, ResidualStream& residual, int first, int n,
+                      std::vector<float>& h) {
   const ModelConfig& cfg = model.config();
   const int E = cfg.n_embd;
   const int rows = n - first;
   h.resize(static_cast<size_t>(rows) * E);
+  if (residual.streams() > 1) hyper::head_mix(pool, residual, model.weights().output_hc(), cfg, first, n);
   for (int i = 0; i < rows; ++i) {
     ops::rms_norm(residual.row(first + i), model.weights().output_norm.data(), h.data() + static_cast<size_t>(i) * E, E,
                   cfg.norm_eps);
   }
 }
 
-void output_logits(ThreadPool& pool, const Transformer& model, const ResidualStream& residual, int first, int n,
+void output_logits(ThreadPool& pool, const Transformer& model, ResidualStream& residual, int first, int n,
                    HeadScratch& scratch) {
   const ModelWeights& w = model.weights();
   const float softcap = model.config().final_softcap;
-  output_norm_rows(model, residual, first, n, scratch.h);
+  output_norm_rows(pool, model, residual, first, n, scratch.h);
   scratch.logits.resize(static_cast<size_t>(n - first) * w.output.rows);
   matmul(pool, w.output, scratch.h.data(), n - first, scratch.logits.data(), scratch.act);
   if (softcap > 0.0f) {
@@ -218,7 +228,7 @@ void output_logits(ThreadPool& pool, const Transformer& model, const ResidualStr
   }
 }
 
-void InferenceState::normalize_rows(int first, int n) { output_norm_rows(model_, residual_, first, n, head_.h); }
+void InferenceState::normalize_rows(int first, int n) { output_norm_rows(pool_, model_, residual_, first, n, head_.h); }
 
 const std::vector<float>& InferenceState::output_head(int first, int n) {
   output_logits(pool_, model_, residual_, first, n, head_);

@@ -46,8 +46,9 @@ struct HeadScratch {
   std::vector<float> h, logits;
   ActivationBuffer act;
 };
-// The output norm, head and final softcap on residual rows [first, n) into scratch.logits.
-void output_logits(ThreadPool& pool, const Transformer& model, const ResidualStream& residual, int first, int n,
+// The output norm, head and final softcap on residual rows [first, n) into scratch.logits (with
+// several residual streams, their head mix first, which writes the rows' mixed row).
+void output_logits(ThreadPool& pool, const Transformer& model, ResidualStream& residual, int first, int n,
                    HeadScratch& scratch);
 
 // Per-sequence state: KV cache, position, scratch buffers. Routing-time decisions beyond the
@@ -145,6 +146,7 @@ class InferenceState : private ResidualRouter {
 
   HeadScratch head_;  // the output head's scratch: its logits are the last eval's
   std::vector<int> positions_;
+  std::vector<int32_t> batch_tokens_;  // the current eval's token ids (hash-routed layers route by them)
 
   RoutingHooks hooks_;  // last: destroyed first, as the router hook always was
 };

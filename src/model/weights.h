@@ -77,6 +77,34 @@ struct LatentAttentionWeights {
   Vector v_b;  // [n_head][v_head_dim][kv_lora_rank]: per head, attended latent -> value
 };
 
+// DeepSeek-V4's attention (deepseek4): low-rank query, one K=V head, grouped low-rank output, and
+// on compressed layers the compressor (ratio 4 and 128) and the lightning indexer (ratio 4).
+struct CompressedAttentionWeights {
+  Weight wq_a, wq_b, wkv;
+  Weight wo_a;  // [o_groups * o_lora_rank rows x n_head * head_dim / o_groups]: group g is rows g*o_lora_rank..
+  Weight wo_b;
+  Vector q_a_norm, kv_norm, sinks;
+  Weight comp_kv, comp_gate;  // x -> the compressor's per-token values and scores
+  Vector comp_ape;            // [ratio][width]: score bias by position in the block
+  Vector comp_norm;
+  Weight idx_proj, idx_q_b, idx_comp_kv, idx_comp_gate;  // the indexer (ratio-4 layers)
+  Vector idx_comp_ape, idx_comp_norm;
+};
+
+// Hyper-connection mixing weights of one sublayer or of the output head (f32 as loaded):
+// fn [mix][streams * n_embd], base [mix], scale [3] (sublayers) or [1] (head).
+struct HyperMixWeights {
+  const Vector* fn = nullptr;
+  const Vector* base = nullptr;
+  const Vector* scale = nullptr;
+};
+struct HyperConnectionWeights {
+  Vector attn_fn, attn_base, attn_scale;  // around the attention sublayer
+  Vector ffn_fn, ffn_base, ffn_scale;     // around the FFN sublayer
+  HyperMixWeights attn() const { return {&attn_fn, &attn_base, &attn_scale}; }
+  HyperMixWeights ffn() const { return {&ffn_fn, &ffn_base, &ffn_scale}; }
+};
+
 // A dense FFN: the dense kind, and the dense branch beside the experts.
 struct DenseFfnWeights {
   Weight ffn_gate, ffn_up, ffn_down;
@@ -88,6 +116,7 @@ struct RoutedExpertWeights {
   Weight router;       // [n_expert rows x n_embd]
   Vector router_bias;  // per expert, added to the logits
   Vector expert_select_bias;  // per expert, added to the gate scores for the choice only (lfm2moe)
+  Vector hash_experts;        // [n_vocab][n_expert_used] expert ids by token id (deepseek4 hash layers)
   Vector router_in_scale;     // the dense-beside-MoE kind's router input scale (gemma4)
   Vector exp_gate_bias, exp_up_bias, exp_down_bias;  // [n_expert * n] (gpt-oss)
   ExpertRoles roles;
@@ -128,6 +157,8 @@ struct LayerWeights {
   std::optional<ShortConvWeights> short_conv;
   std::optional<KimiDeltaWeights> kimi_delta;
   std::optional<LatentAttentionWeights> latent;
+  std::optional<CompressedAttentionWeights> compressed;
+  std::optional<HyperConnectionWeights> hyper;
   std::optional<DenseFfnWeights> dense;
   std::optional<RoutedExpertWeights> experts;
   std::optional<SharedExpertWeights> shared;
@@ -141,6 +172,8 @@ struct ModelWeights {
   Vector rope_freqs;  // per-pair RoPE frequency factors of the full layers (gemma4), or empty
   Vector output_norm;
   Weight output;
+  Vector output_hc_fn, output_hc_base, output_hc_scale;  // the head's mix of the residual streams, or empty
+  HyperMixWeights output_hc() const { return {&output_hc_fn, &output_hc_base, &output_hc_scale}; }
   std::vector<LayerWeights> layers;
   // The MTP blocks after the trunk, bound only when the loader asks for them (ArchLoader::
   // wants_nextn); empty otherwise.

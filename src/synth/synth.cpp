@@ -30,6 +30,7 @@ TensorType SynthSpec::type_of(TensorClass c) const {
   switch (c) {
     case TensorClass::Norm:
     case TensorClass::Router: return TensorType::F32;
+    case TensorClass::Index: return TensorType::I32;
     default: return TensorType::Q8_0;
   }
 }
@@ -106,12 +107,14 @@ const SynthFamily& qwen35moe_synth();
 const SynthFamily& lfm2moe_synth();
 const SynthFamily& glm4moe_synth();
 const SynthFamily& bailingmoe3_synth();
+const SynthFamily& deepseek4_synth();
 
 const std::vector<SynthFamily>& synth_families() {
   static const std::vector<SynthFamily> families = {qwen3moe_synth(), qwen2moe_synth(), olmoe_synth(),
                                                     llama_moe_synth(), gpt_oss_synth(), gemma4_synth(),
                                                     qwen35moe_synth(), lfm2moe_synth(),
-                                                    glm4moe_synth(), bailingmoe3_synth()};
+                                                    glm4moe_synth(), bailingmoe3_synth(),
+                                                    deepseek4_synth()};
   return families;
 }
 
@@ -615,7 +618,7 @@ const Architecture& synth_architecture(const SynthSpec& s) {
   return *arch;
 }
 
-std::vector<float> fixed_values(Fixed f, const TableTensor& t) {
+std::vector<float> fixed_values(Fixed f, const TableTensor& t, const ModelConfig& c) {
   std::vector<float> v(static_cast<size_t>(t.dims[0]));
   switch (f) {
     case Fixed::RopeQuarter:  // proportional RoPE: a quarter of the pairs rotate, the rest barely (angle ~0)
@@ -634,6 +637,14 @@ std::vector<float> fixed_values(Fixed f, const TableTensor& t) {
       v.resize(static_cast<size_t>(t.dims.back()));
       for (size_t h = 0; h < v.size(); ++h) v[h] = 0.5f + 0.25f * static_cast<float>(h % 8);
       break;
+    case Fixed::HashExperts: {  // [n_vocab][k] expert ids: k distinct experts per token id, spread by id
+      const int64_t k = t.dims[0], vocab = t.dims[1], n_expert = c.n_expert;
+      v.resize(static_cast<size_t>(k * vocab));
+      for (int64_t id = 0; id < vocab; ++id) {
+        for (int64_t s = 0; s < k; ++s) v[static_cast<size_t>(id * k + s)] = static_cast<float>((id * 7 + s) % n_expert);
+      }
+      break;
+    }
     case Fixed::None: break;
   }
   return v;
@@ -654,7 +665,7 @@ std::vector<PlannedTensor> plan_tensors(const SynthSpec& s, const GgufWriter& ke
     const SynthInit& init = t.spec->init;
     const float stddev = init.fan_in ? init.scale / std::sqrt(static_cast<float>(t.dims[0])) : init.scale;
     std::vector<float> values;
-    if (init.fixed != Fixed::None) values = fixed_values(init.fixed, t);
+    if (init.fixed != Fixed::None) values = fixed_values(init.fixed, t, c);
     out.push_back({t.name, t.dims, type, stddev, static_cast<uint64_t>(out.size()), std::move(values)});
   }
   return out;
@@ -716,6 +727,13 @@ void set_metadata(GgufWriter& w, const SynthSpec& s, const Vocabulary& v) {
 void fill_tensor(const PlannedTensor& t, uint64_t seed, uint8_t* out, uint64_t nbytes, ThreadPool& pool) {
   int64_t elements = 1;
   for (int64_t d : t.dims) elements *= d;
+  if (!t.values.empty() && t.type == TensorType::I32) {
+    for (size_t i = 0; i < t.values.size(); ++i) {
+      const auto x = static_cast<int32_t>(t.values[i]);
+      std::memcpy(out + i * 4, &x, 4);
+    }
+    return;
+  }
   if (!t.values.empty()) {
     std::memcpy(out, t.values.data(), t.values.size() * sizeof(float));
     return;
@@ -758,7 +776,7 @@ void validate_spec(const SynthSpec& s) {
   }
   for (const auto& [cls, type] : s.types) {
     const int64_t block = type_info(type).block_size;
-    if (cls == TensorClass::Norm || cls == TensorClass::Router) continue;
+    if (cls == TensorClass::Norm || cls == TensorClass::Router || cls == TensorClass::Index) continue;
     std::vector<int64_t> rows = {s.n_embd};
     if (cls == TensorClass::ExpertsDown) rows = {s.n_ff_exp};
     if (cls == TensorClass::AttnOut) {

