@@ -253,7 +253,11 @@ TEST(Loader, DeepSeek4BadInputIsOneLineErrors) {
       {[](GgufWriter&) {}, "", "blk.2.attn_compressor_ape.weight", "blk.2.attn_compressor_ape.weight"},
   };
   for (size_t i = 0; i < cases.size(); ++i) {
-    const auto& [edit, drop, reshape, want] = cases[i];
+    // Not a structured binding: clang 14 cannot capture one in the lambda.
+    const Edit& edit = std::get<0>(cases[i]);
+    const std::string& drop = std::get<1>(cases[i]);
+    const std::string& reshape = std::get<2>(cases[i]);
+    const std::string& want = std::get<3>(cases[i]);
     const auto path = rewrite_model("deepseek4-" + std::to_string(i) + ".gguf",
                                     [&](GgufWriter& w, const GgufModel&) { edit(w); }, drop, reshape, "tiny-deepseek4");
     const std::string err = load_error(path);
