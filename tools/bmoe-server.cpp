@@ -311,6 +311,8 @@ class Server {
     job->n = request.n * request.prompts;
     job->choice_prompts = std::move(request.choice_prompts);
     job->t_max_predict_ms = request.t_max_predict_ms;
+    job->return_progress = request.return_progress && request.stream;
+    job->timings_per_token = request.timings_per_token && request.stream;
     if (worker_.submit(job)) return job;
     refuse(res, style);
     return nullptr;
@@ -387,7 +389,7 @@ class Server {
     if (!job) return;
     Completion c{chat, std::move(request.reply), request.include_usage, new_response_id(chat ? "chatcmpl" : "cmpl"),
                  static_cast<int64_t>(std::time(nullptr)), model_name_, job->n, request.logprobs(),
-                 worker_.model().tokenizer.get(), request.prompts, request.return_tokens};
+                 worker_.model().tokenizer.get(), request.prompts, request.return_tokens, request.ping_seconds};
     const Answer answer{[c](const Job& j) { return full_response(c, j.results); },
                         [](const Job& j) { return job_error(j); }};
     respond(req, res, job, answer, request.stream ? std::make_shared<StreamWriter>(c) : nullptr);

@@ -12,7 +12,9 @@ const std::set<std::string>& llama_server_fields() {
       "dynatemp_exponent", "top_n_sigma", "xtc_probability", "xtc_threshold", "dry_multiplier", "dry_base",
       "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers", "min_keep", "samplers",
       "reasoning_format", "reasoning_budget_tokens", "continue_final_message", "return_tokens",
-      "post_sampling_probs", "timings_per_token", "t_max_predict_ms", "repetition_penalty"};
+      "post_sampling_probs", "timings_per_token", "t_max_predict_ms", "repetition_penalty",
+      // What llama.cpp's own web UI sends with every chat request.
+      "return_progress", "sse_ping_interval", "reasoning_control", "backend_sampling", "thinking_budget_tokens"};
   return kFields;
 }
 
@@ -97,9 +99,10 @@ void check_llama_neutral_fields(const json& body) {
   if (bool_field(body, "post_sampling_probs", false)) {
     bad_request("'post_sampling_probs' is not supported: bmoe reports the model's own probabilities", "post_sampling_probs");
   }
-  if (bool_field(body, "timings_per_token", false)) {
-    bad_request("'timings_per_token' is not supported: the last chunk carries the timings", "timings_per_token");
-  }
+  // reasoning_control arms llama-server's endpoint that ends reasoning at runtime (bmoe has none);
+  // backend_sampling samples on a GPU backend where there is one (bmoe samples on the CPU).
+  bool_field(body, "reasoning_control", false);
+  bool_field(body, "backend_sampling", false);
 }
 
 }  // namespace bmoe

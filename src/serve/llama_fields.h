@@ -19,7 +19,7 @@ const std::set<std::string>& llama_server_fields();
 void read_llama_sampling(const nlohmann::ordered_json& body, const Tokenizer* tok, SamplerConfig& s);
 
 // The fields accepted only where they change nothing bmoe does: n_keep (bmoe never shifts the
-// context), post_sampling_probs and timings_per_token false.
+// context), post_sampling_probs false, reasoning_control and backend_sampling (booleans).
 void check_llama_neutral_fields(const nlohmann::ordered_json& body);
 
 }  // namespace bmoe

@@ -416,11 +416,15 @@ json describe_tools(json messages, const json& tools) {
   return messages;
 }
 
-// llama-server's reasoning_budget_tokens: -1 (no limit) or 0 (no reasoning, as thinking off).
+// llama-server's reasoning_budget_tokens (or its older name thinking_budget_tokens): -1 (no
+// limit) or 0 (no reasoning, as thinking off).
 bool reasoning_budget_is_zero(const json& body) {
-  const int64_t budget = int_field(body, "reasoning_budget_tokens", -1, -1, 1 << 24);
-  if (budget > 0) bad_request("'reasoning_budget_tokens' must be -1 (no limit) or 0 (no reasoning)", "reasoning_budget_tokens");
-  return budget == 0;
+  for (const char* key : {"reasoning_budget_tokens", "thinking_budget_tokens"}) {
+    const int64_t budget = int_field(body, key, -1, -1, 1 << 24);
+    if (budget > 0) bad_request(fmt::format("'{}' must be -1 (no limit) or 0 (no reasoning)", key), key);
+    if (budget == 0) return true;
+  }
+  return false;
 }
 
 // Whether the answer thinks: the server's default, chat_template_kwargs.enable_thinking, and a
@@ -649,6 +653,9 @@ CompletionRequest parse_completion_request(const std::string& text, bool chat, c
     r.include_usage = bool_field(so, "include_usage", false);
   }
   r.return_tokens = bool_field(body, "return_tokens", false);
+  r.return_progress = bool_field(body, "return_progress", false);
+  r.timings_per_token = bool_field(body, "timings_per_token", false);
+  r.ping_seconds = static_cast<double>(int_field(body, "sse_ping_interval", 1, -1, INT32_MAX));
   r.t_max_predict_ms = std::max<int64_t>(0, int_field(body, "t_max_predict_ms", -1, -1, INT64_MAX / 2));
   r.params = sampling_params(body, context, context.n_predict > 0 ? context.n_predict : (chat ? context.n_ctx : 16));
   r.params.logprobs = logprobs_field(body, chat);

@@ -27,6 +27,40 @@ class MetricsText {
   std::string out_;
 };
 
+// llama-server's live telemetry of one choice: prompt_progress events while its prompt is read
+// (return_progress) and the timings so far with each piece (timings_per_token).
+class ChoiceTelemetry {
+ public:
+  ChoiceTelemetry(Job& job, int index, const std::vector<int32_t>& prompt, const std::vector<int32_t>& history)
+      : job_(job), index_(index), total_(static_cast<int>(prompt.size())) {
+    // What prefill_reusing keeps: the common prefix, less the last prompt token (evaluated again).
+    const auto diff = std::mismatch(prompt.begin(), prompt.end(), history.begin(), history.end());
+    cache_ = std::min(static_cast<int>(diff.first - prompt.begin()), std::max(total_ - 1, 0));
+  }
+
+  // Session::prefill_reusing's progress: one event per whole token more done.
+  void prompt_read(double done) {
+    const int processed = std::min(static_cast<int>(done), total_);
+    if (!job_.return_progress || processed <= last_processed_) return;
+    last_processed_ = processed;
+    job_.push({index_, {}, std::nullopt, {}, PromptProgress{total_, cache_, processed, clock_.seconds() * 1e3}, std::nullopt});
+  }
+
+  // A piece of text; `fed` is the session's history length (the sampled tokens before this one).
+  std::optional<LiveTimings> piece(size_t fed) {
+    if (!job_.timings_per_token) return std::nullopt;
+    if (!prompt_ms_) prompt_ms_ = clock_.seconds() * 1e3;
+    const int predicted = static_cast<int>(fed) - total_ + 1;
+    return LiveTimings{cache_, total_ - cache_, std::max(predicted, 1), *prompt_ms_, clock_.seconds() * 1e3 - *prompt_ms_};
+  }
+
+ private:
+  Job& job_;
+  int index_, total_, cache_ = 0, last_processed_ = -1;
+  Stopwatch clock_;
+  std::optional<double> prompt_ms_;
+};
+
 void add_request_metrics(MetricsText& m, const Counters& c, size_t depth, size_t capacity, bool busy) {
   m.add("bmoe_requests_total", "counter", "Completion requests by outcome.",
         fmt::format("bmoe_requests_total{{outcome=\"ok\"}} {}\nbmoe_requests_total{{outcome=\"rejected_busy\"}} {}\n"
@@ -282,12 +316,14 @@ GenerateResult DecodeWorker::run_choice(Job& job, int index, std::string& error)
   };
   try {
     const std::vector<int32_t>& prompt = job.choice_prompts.empty() ? job.prompt : job.choice_prompts[static_cast<size_t>(index)];
-    result = generate(*session_, prompt, params, [this, &job, index, &in_time](const std::string& piece) {
+    ChoiceTelemetry telemetry(job, index, prompt, session_->history());
+    result = generate(*session_, prompt, params, [this, &job, index, &in_time, &telemetry](const std::string& piece) {
       publish_progress();
-      job.push({index, piece, std::nullopt, {}});
+      job.push({index, piece, std::nullopt, {}, std::nullopt, telemetry.piece(session_->history().size())});
       return in_time(piece);
     }, &job.cancel, [&job, index](const TokenLogprob& lp) { job.push({index, {}, lp, {}}); },
-    [this](double done, int total, double) {  // "reading prompt n/N" in the web chat's status
+    [this, &telemetry](double done, int total, double) {  // "reading prompt n/N" in the web chat's status
+      telemetry.prompt_read(done);
       std::lock_guard<std::mutex> lock(mutex_);
       prompt_done_ = static_cast<int>(done);
       prompt_total_ = total;

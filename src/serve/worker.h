@@ -28,13 +28,29 @@ namespace bmoe {
 inline constexpr const char* kShuttingDown =
     "the server is shutting down (SIGTERM or SIGINT): the request was not completed";
 
+// llama-server's prompt_progress (return_progress): the prompt's tokens, those kept from the
+// KV cache, those done so far (kept ones included) and the milliseconds since it started.
+struct PromptProgress {
+  int total = 0, cache = 0, processed = 0;
+  double time_ms = 0;
+};
+
+// llama-server's timings so far (timings_per_token), as timings_of counts them for a whole choice.
+struct LiveTimings {
+  int cache_n = 0, prompt_n = 0, predicted_n = 0;
+  double prompt_ms = 0, predicted_ms = 0;
+};
+
 // One step of a job's output, in order: a piece of a choice's text, a token's
-// log-probabilities, or the end of a choice other than the last (the last ends with the job).
+// log-probabilities, the prompt's progress, or the end of a choice other than the last (the
+// last ends with the job).
 struct JobEvent {
   int choice = 0;
   std::string text;
   std::optional<TokenLogprob> logprob;
   std::string finish;  // GenerateResult::finish_reason of the choice that ended
+  std::optional<PromptProgress> progress;  // Job::return_progress: an event of its own
+  std::optional<LiveTimings> timings;      // Job::timings_per_token: with each piece
 };
 
 struct Job {
@@ -43,6 +59,9 @@ struct Job {
   int n = 1;  // choices, generated one after the other; choice i is seeded params.sampler.seed + i
   std::vector<std::vector<int32_t>> choice_prompts;  // when set, choice i answers choice_prompts[i]
   int64_t t_max_predict_ms = 0;  // > 0: past this, a choice ends at its first line break
+  // llama-server's return_progress and timings_per_token: progress events while the prompt is
+  // read, timings with each piece (with --parallel 1; the slots leave them out).
+  bool return_progress = false, timings_per_token = false;
   // An embeddings job (set instead of a prompt): each input's pooled vector goes to `embeddings`.
   std::vector<std::vector<int32_t>> embed_inputs;
   Pooling pooling = Pooling::Mean;

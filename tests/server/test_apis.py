@@ -128,6 +128,39 @@ class LlamaFieldsTest(unittest.TestCase):
         self.assertLess(len(cut), len(text))
         self.assertEqual(limited["choices"][0]["finish_reason"], "stop")
 
+    def test_llama_cpp_web_ui_request_streams_progress_and_timings(self):
+        # The fields llama.cpp's own web UI sends with every chat request (tools/ui's chat
+        # service): prompt progress events, timings in every chunk, pings, its reasoning switches.
+        body = {"messages": [{"role": "user", "content": "Count with me, one two three four"}], "max_tokens": 8,
+                "ignore_eos": True, "return_progress": True, "sse_ping_interval": 1, "reasoning_format": "auto",
+                "reasoning_control": True, "timings_per_token": True, "backend_sampling": False,
+                "thinking_budget_tokens": -1, "chat_template_kwargs": {"enable_thinking": True}}
+        events = self.server.stream("/v1/chat/completions", body)
+        self.assertEqual(events[-1], "[DONE]")
+        end = events[-2]
+        progress = [e["prompt_progress"] for e in events[:-1] if "prompt_progress" in e]
+        self.assertTrue(progress, events[:3])
+        total = end["usage"]["prompt_tokens"]
+        self.assertEqual({p["total"] for p in progress}, {total})
+        self.assertEqual(progress[-1]["processed"], total)
+        self.assertEqual([p["processed"] for p in progress], sorted(p["processed"] for p in progress))
+        first_text = next(i for i, e in enumerate(events[:-1]) if e["choices"] and e["choices"][0]["delta"].get("content"))
+        self.assertLess(events.index(next(e for e in events if "prompt_progress" in e)), first_text)
+        timed = [e["timings"] for e in events[first_text:-2] if "timings" in e]
+        self.assertTrue(timed, events)
+        counts = [t["predicted_n"] for t in timed]
+        self.assertEqual(counts, sorted(counts))
+        self.assertGreaterEqual(counts[0], 1)
+        self.assertLessEqual(counts[-1], end["timings"]["predicted_n"])
+        self.assertEqual(end["timings"]["predicted_n"], 8)
+        self.assertTrue(all(t["prompt_n"] == timed[0]["prompt_n"] for t in timed))
+        # Without the fields: neither progress nor per-chunk timings.
+        plain = self.server.stream("/v1/chat/completions", {k: body[k] for k in ("messages", "max_tokens")})
+        self.assertFalse([e for e in plain[:-2] if "prompt_progress" in e or "timings" in e])
+        for field, value in (("sse_ping_interval", "x"), ("thinking_budget_tokens", 7), ("return_progress", 3)):
+            status, resp = self.chat(**{field: value})
+            self.assertEqual((status, resp["error"]["param"]), (400, field))
+
     def test_continue_final_message_goes_on_from_the_assistant_text(self):
         messages = [{"role": "user", "content": "Count"}, {"role": "assistant", "content": "One two"}]
         status, resp = self.server.post("/v1/chat/completions", {"messages": messages, "max_tokens": 4,
