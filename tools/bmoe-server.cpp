@@ -305,6 +305,9 @@ class Server {
 
   // A request's job, on the worker's queue; nullptr (after a 503) when it is full.
   std::shared_ptr<Job> submit(CompletionRequest& request, httplib::Response& res, ApiStyle style) {
+    if (request.reasoning_budget.tokens > 0 && worker_.run().config.parallel > 1) {  // the slots keep no budget
+      throw RequestError(400, "invalid_request_error", "a reasoning budget needs --parallel 1", "reasoning_budget_tokens");
+    }
     auto job = std::make_shared<Job>();
     job->params = std::move(request.params);
     job->prompt = std::move(request.prompt);
@@ -313,6 +316,7 @@ class Server {
     job->t_max_predict_ms = request.t_max_predict_ms;
     job->return_progress = request.return_progress && request.stream;
     job->timings_per_token = request.timings_per_token && request.stream;
+    job->reasoning_budget = request.reasoning_budget;
     if (worker_.submit(job)) return job;
     refuse(res, style);
     return nullptr;

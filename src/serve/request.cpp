@@ -416,16 +416,14 @@ json describe_tools(json messages, const json& tools) {
   return messages;
 }
 
-// llama-server's reasoning_budget_tokens (or its older name thinking_budget_tokens): -1 (no
-// limit) or 0 (no reasoning, as thinking off).
-bool reasoning_budget_is_zero(const json& body) {
-  for (const char* key : {"reasoning_budget_tokens", "thinking_budget_tokens"}) {
-    const int64_t budget = int_field(body, key, -1, -1, 1 << 24);
-    if (budget > 0) bad_request(fmt::format("'{}' must be -1 (no limit) or 0 (no reasoning)", key), key);
-    if (budget == 0) return true;
-  }
-  return false;
+// llama-server's reasoning_budget_tokens (or its older name thinking_budget_tokens): -1 no
+// limit, 0 no reasoning (as thinking off), n > 0 the close tag forced after n reasoning tokens.
+int reasoning_budget(const json& body) {
+  const char* key = body.contains("reasoning_budget_tokens") ? "reasoning_budget_tokens" : "thinking_budget_tokens";
+  return static_cast<int>(int_field(body, key, -1, -1, 1 << 24));
 }
+
+bool reasoning_budget_is_zero(const json& body) { return reasoning_budget(body) == 0; }
 
 // Whether the answer thinks: the server's default, chat_template_kwargs.enable_thinking, and a
 // reasoning budget of 0.
@@ -547,6 +545,20 @@ ReplyOptions reply_options(const RequestContext& o, const json& tools, ToolForma
   return r;
 }
 
+// A positive reasoning budget, for the worker: the tags of the template's think block and
+// whether the prompt opened it. Refused where it cannot hold: a completion, harmony's channels,
+// log-probabilities (the forced tag is not sampled).
+void read_reasoning_budget(const json& body, bool chat, CompletionRequest& r) {
+  const int budget = reasoning_budget(body);
+  if (budget <= 0) return;
+  const char* key = body.contains("reasoning_budget_tokens") ? "reasoning_budget_tokens" : "thinking_budget_tokens";
+  if (!chat) bad_request(fmt::format("'{}' > 0 needs a chat request (a template's think block)", key), key);
+  if (r.reply.harmony) bad_request(fmt::format("'{}' > 0: harmony's analysis channel has no close tag to force", key), key);
+  if (r.logprobs()) bad_request(fmt::format("'{}' > 0 cannot be combined with log-probabilities", key), key);
+  r.reasoning_budget = {budget, r.reply.reasoning_tags.open, r.reply.reasoning_tags.close,
+                        prompt_opens_think_block(r.reply.prompt_tail, r.reply.reasoning_tags.open)};
+}
+
 // The fields a completion body may hold: OpenAI's documented ones, llama-server's top_k, min_p,
 // repeat_penalty, repeat_last_n, ignore_eos, grammar, json_schema, chat_template_kwargs and the
 // rest of its own (serve/llama_fields.h). What bmoe does with each: README ("Request fields").
@@ -665,6 +677,7 @@ CompletionRequest parse_completion_request(const std::string& text, bool chat, c
   const json tools = offered_tools(body, chat, context, choice, tool_format);
   r.params.grammar = output_grammar(body, choice, tools, tool_format);
   read_prompts(body, chat, context, tools, tool_format, r);
+  read_reasoning_budget(body, chat, r);
   return r;
 }
 

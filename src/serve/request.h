@@ -12,6 +12,7 @@
 #include "chat/chat.h"
 #include "chat/reply.h"
 #include "engine/generate.h"
+#include "serve/worker.h"
 #include "text/tokenizer.h"
 
 namespace bmoe {
@@ -65,6 +66,7 @@ struct CompletionRequest {
   // seconds of silence before a keep-alive comment (sse_ping_interval; <= 0: none).
   bool return_progress = false, timings_per_token = false;
   double ping_seconds = 1;
+  ReasoningBudget reasoning_budget;  // reasoning_budget_tokens > 0 (serve/worker.h)
   // Log-probabilities asked for (params.logprobs is the number of alternatives, -1 for none).
   bool logprobs() const { return params.logprobs >= 0; }
 };

@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -53,6 +54,15 @@ struct JobEvent {
   std::optional<LiveTimings> timings;      // Job::timings_per_token: with each piece
 };
 
+// llama-server's reasoning_budget_tokens > 0: after `tokens` tokens inside the think block (the
+// prompt's, or one the answer opens with `open`), the answer is made to write `close` and goes
+// on from there (with --parallel 1; the server refuses a budget with more slots).
+struct ReasoningBudget {
+  int tokens = -1;  // <= 0: no budget
+  std::string open, close;
+  bool opened_by_prompt = false;
+};
+
 struct Job {
   std::vector<int32_t> prompt;
   GenerateParams params;
@@ -62,6 +72,7 @@ struct Job {
   // llama-server's return_progress and timings_per_token: progress events while the prompt is
   // read, timings with each piece (with --parallel 1; the slots leave them out).
   bool return_progress = false, timings_per_token = false;
+  ReasoningBudget reasoning_budget;
   // An embeddings job (set instead of a prompt): each input's pooled vector goes to `embeddings`.
   std::vector<std::vector<int32_t>> embed_inputs;
   Pooling pooling = Pooling::Mean;
@@ -172,6 +183,8 @@ class DecodeWorker {
   Slot* free_slot_for(const Job& job);
   void record(const std::vector<GenerateResult>& results, bool failed, bool cancelled);
   GenerateResult run_choice(Job& job, int index, std::string& error);
+  GenerateResult generate_choice(Job& job, int index, const std::vector<int32_t>& prompt, GenerateParams params,
+                                 const std::function<bool(const std::string&)>& in_time);
   void publish_progress();
   static void finish(Job& job, std::vector<GenerateResult> results, const std::string& error, int status = 500);
 

@@ -9,11 +9,13 @@ Anthropic's x-api-key, each API's error shape, count_tokens, store false.
 import json
 import os
 import sys
+import tempfile
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
 from test_server import Server  # noqa: E402
 from common import synth  # noqa: E402
+from templates import load_templates  # noqa: E402
 
 # Every llama-server field at the value its server uses when the field is absent.
 LLAMA_DEFAULTS = {
@@ -110,7 +112,7 @@ class LlamaFieldsTest(unittest.TestCase):
         self.assertEqual(len(choice["tokens"]), resp["usage"]["completion_tokens"])
         self.assertEqual(len(choice["logprobs"]["top_logprobs"][0]), 2)
         self.assertEqual(self.chat(reasoning_budget_tokens=0, reasoning_format="none")[0], 200)
-        for field, value in (("reasoning_budget_tokens", 5), ("post_sampling_probs", True), ("reasoning_format", "x")):
+        for field, value in (("reasoning_budget_tokens", -2), ("post_sampling_probs", True), ("reasoning_format", "x")):
             status, resp = self.chat(**{field: value})
             self.assertEqual((status, resp["error"]["param"]), (400, field))
 
@@ -157,7 +159,7 @@ class LlamaFieldsTest(unittest.TestCase):
         # Without the fields: neither progress nor per-chunk timings.
         plain = self.server.stream("/v1/chat/completions", {k: body[k] for k in ("messages", "max_tokens")})
         self.assertFalse([e for e in plain[:-2] if "prompt_progress" in e or "timings" in e])
-        for field, value in (("sse_ping_interval", "x"), ("thinking_budget_tokens", 7), ("return_progress", 3)):
+        for field, value in (("sse_ping_interval", "x"), ("thinking_budget_tokens", -3), ("return_progress", 3)):
             status, resp = self.chat(**{field: value})
             self.assertEqual((status, resp["error"]["param"]), (400, field))
 
@@ -171,6 +173,61 @@ class LlamaFieldsTest(unittest.TestCase):
         self.assertLess(resp["usage"]["prompt_tokens"], fresh["usage"]["prompt_tokens"])
         status, resp = self.server.post("/v1/chat/completions", {"messages": messages[:1], "continue_final_message": True})
         self.assertEqual((status, resp["error"]["param"]), (400, "continue_final_message"))
+
+
+class ReasoningBudgetTest(unittest.TestCase):
+    """llama-server's reasoning_budget_tokens > 0 on Qwen3.5's template (its generation prompt
+    opens the think block): after that many reasoning tokens the close tag is forced and the
+    answer goes on as content."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.template_dir = tempfile.TemporaryDirectory()
+        path = os.path.join(cls.template_dir.name, "qwen3.5.jinja")
+        with open(path, "w") as f:
+            f.write(load_templates()["qwen3.5"])
+        model = synth("tiny-qwen3moe-qwen3", "tiny-qwen3moe", "--vocab", "qwen3")
+        cls.server = Server(model, "-c", "1024", "--chat-template-file", path)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop()
+        cls.template_dir.cleanup()
+
+    def chat(self, **fields):
+        body = {"messages": [{"role": "user", "content": "Think, then answer"}], "max_tokens": 24, "temperature": 0,
+                "ignore_eos": True, "return_tokens": True, **fields}
+        return self.server.post("/v1/chat/completions", body)
+
+    def test_the_close_tag_is_forced_after_the_budget(self):
+        _, close = self.server.post("/tokenize", {"content": "</think>"})
+        _, free = self.chat()
+        free_tokens = free["choices"][0]["tokens"]
+        self.assertNotIn(close["tokens"][0], free_tokens)  # greedy, this model never ends its reasoning
+        self.assertFalse(free["choices"][0]["message"].get("content"), free)
+        for name in ("reasoning_budget_tokens", "thinking_budget_tokens"):
+            status, resp = self.chat(**{name: 5})
+            self.assertEqual(status, 200, resp)
+            choice = resp["choices"][0]
+            tokens = choice["tokens"]
+            self.assertEqual(tokens[:5], free_tokens[:5])  # the reasoning as it was, cut at 5
+            self.assertEqual(tokens[5:5 + len(close["tokens"])], close["tokens"])
+            self.assertEqual(resp["usage"]["completion_tokens"], 24)
+            self.assertEqual(len(tokens), 24)
+            self.assertTrue(choice["message"]["reasoning_content"], choice)
+            self.assertTrue(choice["message"]["content"], choice)
+        # Streamed: the same split.
+        events = self.server.stream("/v1/chat/completions", {
+            "messages": [{"role": "user", "content": "Think, then answer"}], "max_tokens": 24, "temperature": 0,
+            "ignore_eos": True, "reasoning_budget_tokens": 5})
+        deltas = [e["choices"][0]["delta"] for e in events[:-1] if e["choices"]]
+        self.assertEqual("".join(d.get("content") or "" for d in deltas), choice["message"]["content"])
+        self.assertEqual("".join(d.get("reasoning_content") or "" for d in deltas), choice["message"]["reasoning_content"])
+        # A budget larger than the answer changes nothing; log-probabilities with a budget are refused.
+        _, roomy = self.chat(reasoning_budget_tokens=100)
+        self.assertEqual(roomy["choices"][0]["tokens"], free_tokens)
+        status, resp = self.chat(reasoning_budget_tokens=5, logprobs=True)
+        self.assertEqual((status, resp["error"]["param"]), (400, "reasoning_budget_tokens"))
 
 
 class OtherApisHttpTest(unittest.TestCase):
