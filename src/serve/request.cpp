@@ -550,7 +550,7 @@ ReplyOptions reply_options(const RequestContext& o, const json& tools, ToolForma
 // log-probabilities (the forced tag is not sampled).
 void read_reasoning_budget(const json& body, bool chat, CompletionRequest& r) {
   const int budget = reasoning_budget(body);
-  if (budget <= 0) return;
+  if (budget <= 0 || budget >= r.params.max_tokens) return;  // none, or one the answer cannot reach
   const char* key = body.contains("reasoning_budget_tokens") ? "reasoning_budget_tokens" : "thinking_budget_tokens";
   if (!chat) bad_request(fmt::format("'{}' > 0 needs a chat request (a template's think block)", key), key);
   if (r.reply.harmony) bad_request(fmt::format("'{}' > 0: harmony's analysis channel has no close tag to force", key), key);

@@ -203,6 +203,21 @@ describe("thinking and reasoning parts", () => {
     assert.equal(final.content[0].thinking, on.content[0].thinking);
   });
 
+  test("Anthropic: budget_tokens ends the thinking block after that many tokens", async () => {
+    const client = server.anthropic();
+    const ask = (budget) => ({ model: "tiny", max_tokens: 12, temperature: 0, thinking: { type: "enabled", budget_tokens: budget },
+                               messages: [{ role: "user", content: "Think about it" }] });
+    const free = await client.messages.create(ask(1024));  // more than max_tokens: never reached
+    assert.deepEqual(free.content.map((b) => b.type), ["thinking"]);  // greedy, this model never closes it
+    const cut = await client.messages.create(ask(3));
+    assert.deepEqual(cut.content.map((b) => b.type), ["thinking", "text"]);
+    assert.ok(free.content[0].thinking.startsWith(cut.content[0].thinking.trimEnd()));
+    assert.ok(cut.content[0].thinking.length < free.content[0].thinking.length);
+    assert.equal(cut.usage.output_tokens, free.usage.output_tokens);
+    const streamed = await client.messages.stream(ask(3)).finalMessage();
+    assert.deepEqual(streamed.content, cut.content);
+  });
+
   test("Responses: a reasoning item before the message", async () => {
     const client = server.openai();
     const r = await client.responses.create({ model: "tiny", input: "Think about it", max_output_tokens: 8, temperature: 0 });
