@@ -460,6 +460,7 @@ std::vector<int32_t> chat_prompt(const json& body, const RequestContext& o, cons
   const ChatTemplate& tmpl = o.chat_template ? *o.chat_template : kChatML;
   ChatInputs in;
   in.enable_thinking = !thinking_off(body, o);
+  in.add_generation_prompt = bool_field(body, "add_generation_prompt", true);  // vLLM's and llama-server's
   in.messages = chat_messages(body, tmpl.is_jinja() || described);
   if (described) {
     in.messages = describe_tools(std::move(in.messages), tools);
@@ -555,7 +556,9 @@ void read_reasoning_budget(const json& body, bool chat, CompletionRequest& r) {
   if (!chat) bad_request(fmt::format("'{}' > 0 needs a chat request (a template's think block)", key), key);
   if (r.reply.harmony) bad_request(fmt::format("'{}' > 0: harmony's analysis channel has no close tag to force", key), key);
   if (r.logprobs()) bad_request(fmt::format("'{}' > 0 cannot be combined with log-probabilities", key), key);
-  r.reasoning_budget = {budget, r.reply.reasoning_tags.open, r.reply.reasoning_tags.close,
+  // llama-server's reasoning_budget_message: written before the close tag.
+  const std::string message = string_member(body, "reasoning_budget_message");
+  r.reasoning_budget = {budget, r.reply.reasoning_tags.open, message + r.reply.reasoning_tags.close,
                         prompt_opens_think_block(r.reply.prompt_tail, r.reply.reasoning_tags.open)};
 }
 
@@ -671,7 +674,8 @@ CompletionRequest parse_completion_request(const std::string& text, bool chat, c
   r.t_max_predict_ms = std::max<int64_t>(0, int_field(body, "t_max_predict_ms", -1, -1, INT64_MAX / 2));
   r.params = sampling_params(body, context, context.n_predict > 0 ? context.n_predict : (chat ? context.n_ctx : 16));
   r.params.logprobs = logprobs_field(body, chat);
-  r.n = static_cast<int>(int_field(body, "n", 1, 1, 128));  // OpenAI's limit
+  // OpenAI's limit; llama-server's n_cmpl is the same count.
+  r.n = static_cast<int>(int_field(body, body.contains("n_cmpl") ? "n_cmpl" : "n", 1, 1, 128));
   ToolChoice choice;
   ToolFormat tool_format = ToolFormat::None;
   const json tools = offered_tools(body, chat, context, choice, tool_format);

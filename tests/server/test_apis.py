@@ -163,6 +163,35 @@ class LlamaFieldsTest(unittest.TestCase):
             status, resp = self.chat(**{field: value})
             self.assertEqual((status, resp["error"]["param"]), (400, field))
 
+    def test_add_generation_prompt_n_cmpl_and_the_other_fields_at_their_defaults(self):
+        # llama-server's remaining request fields (tools/server/server-schema.cpp) at the values
+        # it uses when they are absent.
+        rest = {"verbose": False, "n_indent": 0, "n_discard": 0, "n_cache_reuse": 0, "t_max_prompt_ms": -1,
+                "response_fields": [], "lora": [], "adaptive_target": -1.0, "adaptive_decay": 0.9, "n_cmpl": 1,
+                "reasoning_budget_message": "", "add_generation_prompt": True}
+        for send in (self.chat, self.complete):
+            status, resp = send(**rest)
+            self.assertEqual(status, 200, resp)
+        # add_generation_prompt false: the template's assistant header is left out.
+        _, header = self.chat(max_tokens=1)
+        status, bare = self.chat(max_tokens=1, add_generation_prompt=False)
+        self.assertEqual(status, 200, bare)
+        self.assertLess(bare["usage"]["prompt_tokens"], header["usage"]["prompt_tokens"])
+        # llama.cpp's web UI continues an answer with both fields.
+        messages = [{"role": "user", "content": "Count"}, {"role": "assistant", "content": "One two"}]
+        _, alone = self.server.post("/v1/chat/completions", {"messages": messages, "max_tokens": 2, "continue_final_message": True})
+        status, both = self.server.post("/v1/chat/completions", {"messages": messages, "max_tokens": 2, "continue_final_message": True,
+                                                                 "add_generation_prompt": False})
+        self.assertEqual(status, 200, both)
+        self.assertEqual(both["usage"]["prompt_tokens"], alone["usage"]["prompt_tokens"])
+        # n_cmpl is n.
+        status, resp = self.complete(n_cmpl=2, temperature=0)
+        self.assertEqual((status, len(resp["choices"])), (200, 2), resp)
+        for field, value in (("verbose", True), ("n_indent", 2), ("lora", [{"id": 0, "scale": 1}]), ("adaptive_target", 0.5),
+                             ("response_fields", ["content"]), ("add_generation_prompt", "no"), ("n_cmpl", 0)):
+            status, resp = self.chat(**{field: value})
+            self.assertEqual((status, resp["error"]["param"]), (400, field))
+
     def test_continue_final_message_goes_on_from_the_assistant_text(self):
         messages = [{"role": "user", "content": "Count"}, {"role": "assistant", "content": "One two"}]
         status, resp = self.server.post("/v1/chat/completions", {"messages": messages, "max_tokens": 4,
@@ -223,6 +252,10 @@ class ReasoningBudgetTest(unittest.TestCase):
         deltas = [e["choices"][0]["delta"] for e in events[:-1] if e["choices"]]
         self.assertEqual("".join(d.get("content") or "" for d in deltas), choice["message"]["content"])
         self.assertEqual("".join(d.get("reasoning_content") or "" for d in deltas), choice["message"]["reasoning_content"])
+        # llama-server's reasoning_budget_message goes before the close tag.
+        _, told = self.chat(reasoning_budget_tokens=5, reasoning_budget_message=" Time is up.")
+        self.assertTrue(told["choices"][0]["message"]["reasoning_content"].rstrip().endswith("Time is up."), told)
+        self.assertEqual(told["choices"][0]["tokens"][:5], free_tokens[:5])
         # A budget larger than the answer changes nothing; log-probabilities with a budget are refused.
         _, roomy = self.chat(reasoning_budget_tokens=100)
         self.assertEqual(roomy["choices"][0]["tokens"], free_tokens)
