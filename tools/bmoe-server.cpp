@@ -150,7 +150,8 @@ class Server {
     http.Get("/metrics", guarded([this](const httplib::Request&, httplib::Response& res) {
       res.set_content(worker_.prometheus(), "text/plain; version=0.0.4");
     }));
-    http.Post("/v1/chat/completions", guarded([this](const httplib::Request& req, httplib::Response& res) {
+    // llama-server also answers these OpenAI routes without "/v1" (a base URL without it).
+    http.Post(R"((?:/v1)?/chat/completions)", guarded([this](const httplib::Request& req, httplib::Response& res) {
       complete(req, res, true);
     }));
     http.Post("/v1/completions", guarded([this](const httplib::Request& req, httplib::Response& res) {
@@ -160,8 +161,8 @@ class Server {
     install_responses(http);
     install_embeddings(http);
     // A GET on a POST route is 405 with Allow, not 404 (the route exists).
-    for (const char* path : {"/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize", "/v1/messages",
-                             "/v1/messages/count_tokens", "/v1/responses", "/v1/embeddings"}) {
+    for (const char* path : {R"((?:/v1)?/chat/completions)", "/v1/completions", "/tokenize", "/detokenize", "/v1/messages",
+                             "/v1/messages/count_tokens", R"((?:/v1)?/responses)", "/v1/embeddings"}) {
       http.Get(path, [](const httplib::Request& req, httplib::Response& res) {
         res.set_header("Allow", "POST");
         send_json(res, 405, error_body("invalid_request_error", fmt::format("{} takes POST, not GET", req.path)));
@@ -188,7 +189,7 @@ class Server {
 
   // /health, the web chat page and /stats.
   void install_pages(httplib::Server& http) {
-    http.Get("/health", [](const httplib::Request&, httplib::Response& res) { send_json(res, 200, {{"status", "ok"}}); });
+    http.Get(R"((?:/v1)?/health)", [](const httplib::Request&, httplib::Response& res) { send_json(res, 200, {{"status", "ok"}}); });
     // The web chat page: open without the API key (it holds no data; the page asks for the
     // key and sends it with its own requests).
     http.Get("/", [](const httplib::Request&, httplib::Response& res) {
@@ -201,7 +202,7 @@ class Server {
   json model_object() const { return {{"id", model_name_}, {"object", "model"}, {"created", 0}, {"owned_by", "bmoe"}}; }
 
   void install_models(httplib::Server& http) {
-    http.Get("/v1/models", guarded([this](const httplib::Request&, httplib::Response& res) {
+    http.Get(R"((?:/v1)?/models)", guarded([this](const httplib::Request&, httplib::Response& res) {
       send_json(res, 200, {{"object", "list"}, {"data", json::array({model_object()})}});
     }));
     http.Get(R"(/v1/models/(.+))", guarded([this](const httplib::Request& req, httplib::Response& res) {
@@ -352,7 +353,7 @@ class Server {
 
   // OpenAI's Responses API (serve/responses_api.h).
   void install_responses(httplib::Server& http) {
-    http.Post("/v1/responses", guarded([this](const httplib::Request& req, httplib::Response& res) {
+    http.Post(R"((?:/v1)?/responses)", guarded([this](const httplib::Request& req, httplib::Response& res) {
       ResponsesRequest request = parse_responses_request(req.body, request_context(), responses_);
       const bool stream = request.chat.stream;
       std::string id = new_response_id("resp");

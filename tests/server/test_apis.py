@@ -288,6 +288,23 @@ class OtherApisHttpTest(unittest.TestCase):
         status, resp = self.post("/v1/responses", {"model": "m", "input": "Hi", "bogus": 1})
         self.assertEqual((status, resp["error"]["param"]), (400, "bogus"))  # OpenAI's shape
 
+    def test_llama_server_paths_without_v1(self):
+        # llama-server also answers the OpenAI routes without "/v1" (a client whose base URL
+        # lacks it), /models and /v1/health.
+        ask = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "temperature": 0}
+        _, want = self.post("/v1/chat/completions", ask)
+        status, got = self.post("/chat/completions", ask)
+        self.assertEqual(status, 200, got)
+        self.assertEqual(got["choices"][0]["message"], want["choices"][0]["message"])
+        status, resp = self.post("/responses", {"model": "m", "input": "Hi", "max_output_tokens": 2})
+        self.assertEqual((status, resp["object"]), (200, "response"), resp)
+        status, text = self.server.get("/models", headers={"Authorization": "Bearer k"})
+        self.assertEqual(status, 200, text)
+        self.assertEqual(json.loads(text)["data"][0]["object"], "model")
+        self.assertEqual(self.server.get("/v1/health")[0], 200)
+        self.assertEqual(self.server.get("/chat/completions")[0], 405)
+        self.assertEqual(self.post("/chat/completions", ask, key="wrong")[0], 401)
+
     def test_count_tokens_equals_usage(self):
         ask = {"model": "m", "system": "Be brief", "messages": [{"role": "user", "content": "Hi there"}]}
         status, counted = self.post("/v1/messages/count_tokens", ask)
