@@ -36,6 +36,7 @@
 #include "run_options.h"
 #include "serve/anthropic_messages.h"
 #include "serve/embeddings.h"
+#include "serve/native_completion.h"
 #include "serve/request.h"
 #include "serve/responses_api.h"
 #include "serve/response.h"
@@ -157,11 +158,12 @@ class Server {
     http.Post("/v1/completions", guarded([this](const httplib::Request& req, httplib::Response& res) {
       complete(req, res, false);
     }));
+    http.Post("/completion", guarded([this](const httplib::Request& req, httplib::Response& res) { complete_native(req, res); }));
     install_anthropic(http);
     install_responses(http);
     install_embeddings(http);
     // A GET on a POST route is 405 with Allow, not 404 (the route exists).
-    for (const char* path : {R"((?:/v1)?/chat/completions)", "/v1/completions", "/tokenize", "/detokenize", "/v1/messages",
+    for (const char* path : {R"((?:/v1)?/chat/completions)", "/v1/completions", "/completion", "/tokenize", "/detokenize", "/v1/messages",
                              "/v1/messages/count_tokens", R"((?:/v1)?/responses)", "/v1/embeddings"}) {
       http.Get(path, [](const httplib::Request& req, httplib::Response& res) {
         res.set_header("Allow", "POST");
@@ -398,6 +400,21 @@ class Server {
     const Answer answer{[c](const Job& j) { return full_response(c, j.results); },
                         [](const Job& j) { return job_error(j); }};
     respond(req, res, job, answer, request.stream ? std::make_shared<StreamWriter>(c) : nullptr);
+  }
+
+  // llama-server's own /completion (serve/native_completion.h): /v1/completions' request, with
+  // n_predict unlimited by default (up to the context) and its own answer shape.
+  void complete_native(const httplib::Request& req, httplib::Response& res) {
+    RequestContext context = request_context();
+    if (context.n_predict <= 0) context.n_predict = context.n_ctx;
+    CompletionRequest request = parse_completion_request(req.body, false, context);
+    NativeCompletion c{model_name_, worker_.model().tokenizer.get(), request.params.stop, request.return_tokens,
+                       request.n * request.prompts, request.timings_per_token};
+    request.timings_per_token = true;  // exact tokens_predicted in each streamed piece
+    const std::shared_ptr<Job> job = submit(request, res, ApiStyle::OpenAI);
+    if (!job) return;
+    const Answer answer{[c](const Job& j) { return native_response(c, j); }, [](const Job& j) { return job_error(j); }};
+    respond(req, res, job, answer, request.stream ? std::make_shared<NativeStream>(c) : nullptr);
   }
 
   // A job the worker did not take: 503, shutting down or busy.

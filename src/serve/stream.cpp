@@ -8,9 +8,6 @@ namespace bmoe {
 
 using json = nlohmann::ordered_json;
 
-namespace {
-
-// timings_per_token: the running choice's figures, with timings_of's names.
 json live_timings_json(const LiveTimings& t) {
   return {{"cache_n", t.cache_n},
           {"prompt_n", t.prompt_n},
@@ -22,8 +19,6 @@ json live_timings_json(const LiveTimings& t) {
           {"predicted_per_token_ms", t.predicted_n > 0 ? t.predicted_ms / t.predicted_n : 0.0},
           {"predicted_per_second", t.predicted_ms > 0 ? t.predicted_n * 1e3 / t.predicted_ms : 0.0}};
 }
-
-}  // namespace
 
 StreamWriter::StreamWriter(const Completion& c)
     : c_(c), opened_(static_cast<size_t>(c.n), false), called_(static_cast<size_t>(c.n), false),

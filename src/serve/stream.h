@@ -25,6 +25,9 @@ struct StreamSink {
   std::function<void()> done;                     // the stream is complete
 };
 
+// timings_per_token: the running choice's figures, with timings_of's names.
+nlohmann::ordered_json live_timings_json(const LiveTimings& t);
+
 // A job's answer as a stream, written one provider call at a time.
 class JobStream {
  public:

@@ -192,6 +192,38 @@ class LlamaFieldsTest(unittest.TestCase):
             status, resp = self.chat(**{field: value})
             self.assertEqual((status, resp["error"]["param"]), (400, field))
 
+    def test_native_completion_endpoint(self):
+        # llama-server's own POST /completion: the answer in `content`, its counts and timings;
+        # streamed, one object per piece and a last one with stop true (no [DONE]).
+        _, oai = self.complete(temperature=0, max_tokens=10, ignore_eos=True)
+        status, resp = self.server.post("/completion", {"prompt": "One two three", "n_predict": 10, "temperature": 0,
+                                                       "ignore_eos": True, "return_tokens": True})
+        self.assertEqual(status, 200, resp)
+        self.assertEqual(resp["content"], oai["choices"][0]["text"])
+        self.assertTrue(resp["stop"])
+        self.assertEqual((resp["tokens_predicted"], resp["stop_type"]), (10, "limit"))
+        self.assertEqual(len(resp["tokens"]), 10)
+        self.assertEqual(resp["tokens_evaluated"], oai["usage"]["prompt_tokens"])
+        self.assertEqual(resp["timings"]["predicted_n"], 10)
+        status, text = self.server.request("POST", "/completion", {"prompt": "One two three", "n_predict": 10,
+                                                                  "temperature": 0, "ignore_eos": True, "stream": True})
+        self.assertEqual(status, 200, text)
+        events = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: ")]
+        self.assertNotIn("[DONE]", text)
+        self.assertTrue(all(not e["stop"] for e in events[:-1]))
+        self.assertTrue(events[-1]["stop"])
+        self.assertEqual(events[-1]["tokens_predicted"], 10)
+        self.assertEqual("".join(e["content"] for e in events), resp["content"])  # the last one carries none
+        # A stop word: stop_type "word", the word named and left out.
+        word = resp["content"].split()[1] if len(resp["content"].split()) > 1 else resp["content"][2:4]
+        _, cut = self.server.post("/completion", {"prompt": "One two three", "n_predict": 10, "temperature": 0,
+                                                 "ignore_eos": True, "stop": [word]})
+        self.assertEqual((cut["stop_type"], cut["stopping_word"]), ("word", word), (word, cut))
+        self.assertTrue(resp["content"].startswith(cut["content"]))
+        status, resp = self.server.post("/completion", {"prompt": "x", "bogus": 1})
+        self.assertEqual((status, resp["error"]["param"]), (400, "bogus"))
+        self.assertEqual(self.server.get("/completion")[0], 405)
+
     def test_continue_final_message_goes_on_from_the_assistant_text(self):
         messages = [{"role": "user", "content": "Count"}, {"role": "assistant", "content": "One two"}]
         status, resp = self.server.post("/v1/chat/completions", {"messages": messages, "max_tokens": 4,
