@@ -164,7 +164,8 @@ class Server {
     install_embeddings(http);
     // A GET on a POST route is 405 with Allow, not 404 (the route exists).
     for (const char* path : {R"((?:/v1)?/chat/completions)", "/v1/completions", "/completion", "/tokenize", "/detokenize", "/v1/messages",
-                             "/v1/messages/count_tokens", R"((?:/v1)?/responses)", "/v1/embeddings"}) {
+                             "/v1/messages/count_tokens", R"((?:/v1)?/responses)", R"((?:/v1)?/responses/input_tokens)",
+                             "/v1/embeddings"}) {
       http.Get(path, [](const httplib::Request& req, httplib::Response& res) {
         res.set_header("Allow", "POST");
         send_json(res, 405, error_body("invalid_request_error", fmt::format("{} takes POST, not GET", req.path)));
@@ -353,8 +354,12 @@ class Server {
     }));
   }
 
-  // OpenAI's Responses API (serve/responses_api.h).
+  // OpenAI's Responses API (serve/responses_api.h), and its input-token count.
   void install_responses(httplib::Server& http) {
+    http.Post(R"((?:/v1)?/responses/input_tokens)", guarded([this](const httplib::Request& req, httplib::Response& res) {
+      const ResponsesRequest request = parse_responses_request(req.body, request_context(), responses_);
+      send_json(res, 200, {{"object", "response.input_tokens"}, {"input_tokens", request.chat.prompt.size()}});
+    }));
     http.Post(R"((?:/v1)?/responses)", guarded([this](const httplib::Request& req, httplib::Response& res) {
       ResponsesRequest request = parse_responses_request(req.body, request_context(), responses_);
       const bool stream = request.chat.stream;

@@ -256,6 +256,11 @@ describe("OpenAI Responses with the openai client", () => {
     assert.equal(streamed, whole.output_text);
     assert.equal(final.output_text, whole.output_text);
     assert.equal(final.usage.output_tokens, whole.usage.output_tokens);
+    const { max_output_tokens: _, temperature: __, ...counted } = ask({ tools });
+    const count = await client.responses.inputTokens.count(counted);
+    assert.equal(count.object, "response.input_tokens");
+    const withTools = await client.responses.create(ask({ tools, max_output_tokens: 1 }));
+    assert.equal(count.input_tokens, withTools.usage.input_tokens);
   });
 
   test("function tools: a call that follows the schema, its output sent back by previous_response_id", async () => {

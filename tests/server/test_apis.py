@@ -337,6 +337,17 @@ class OtherApisHttpTest(unittest.TestCase):
         self.assertEqual(self.server.get("/chat/completions")[0], 405)
         self.assertEqual(self.post("/chat/completions", ask, key="wrong")[0], 401)
 
+    def test_responses_input_tokens_equals_usage(self):
+        # OpenAI's POST /v1/responses/input_tokens (client.responses.inputTokens.count()).
+        ask = {"model": "m", "instructions": "Be brief", "input": [{"role": "user", "content": "Hi there"}]}
+        status, counted = self.post("/v1/responses/input_tokens", ask)
+        self.assertEqual(status, 200, counted)
+        self.assertEqual(counted["object"], "response.input_tokens")
+        _, resp = self.post("/v1/responses", {**ask, "max_output_tokens": 2})
+        self.assertEqual(counted["input_tokens"], resp["usage"]["input_tokens"])
+        status, resp = self.post("/v1/responses/input_tokens", {**ask, "bogus": 1})
+        self.assertEqual((status, resp["error"]["param"]), (400, "bogus"))
+
     def test_count_tokens_equals_usage(self):
         ask = {"model": "m", "system": "Be brief", "messages": [{"role": "user", "content": "Hi there"}]}
         status, counted = self.post("/v1/messages/count_tokens", ask)
