@@ -36,6 +36,7 @@
 #include "run_options.h"
 #include "serve/anthropic_messages.h"
 #include "serve/embeddings.h"
+#include "serve/native_completion.h"
 #include "serve/request.h"
 #include "serve/responses_api.h"
 #include "serve/response.h"
@@ -150,18 +151,21 @@ class Server {
     http.Get("/metrics", guarded([this](const httplib::Request&, httplib::Response& res) {
       res.set_content(worker_.prometheus(), "text/plain; version=0.0.4");
     }));
-    http.Post("/v1/chat/completions", guarded([this](const httplib::Request& req, httplib::Response& res) {
+    // llama-server also answers these OpenAI routes without "/v1" (a base URL without it).
+    http.Post(R"((?:/v1)?/chat/completions)", guarded([this](const httplib::Request& req, httplib::Response& res) {
       complete(req, res, true);
     }));
     http.Post("/v1/completions", guarded([this](const httplib::Request& req, httplib::Response& res) {
       complete(req, res, false);
     }));
+    http.Post("/completion", guarded([this](const httplib::Request& req, httplib::Response& res) { complete_native(req, res); }));
     install_anthropic(http);
     install_responses(http);
     install_embeddings(http);
     // A GET on a POST route is 405 with Allow, not 404 (the route exists).
-    for (const char* path : {"/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize", "/v1/messages",
-                             "/v1/messages/count_tokens", "/v1/responses", "/v1/embeddings"}) {
+    for (const char* path : {R"((?:/v1)?/chat/completions)", "/v1/completions", "/completion", "/tokenize", "/detokenize", "/v1/messages",
+                             "/v1/messages/count_tokens", R"((?:/v1)?/responses)", R"((?:/v1)?/responses/input_tokens)",
+                             "/v1/embeddings"}) {
       http.Get(path, [](const httplib::Request& req, httplib::Response& res) {
         res.set_header("Allow", "POST");
         send_json(res, 405, error_body("invalid_request_error", fmt::format("{} takes POST, not GET", req.path)));
@@ -188,7 +192,7 @@ class Server {
 
   // /health, the web chat page and /stats.
   void install_pages(httplib::Server& http) {
-    http.Get("/health", [](const httplib::Request&, httplib::Response& res) { send_json(res, 200, {{"status", "ok"}}); });
+    http.Get(R"((?:/v1)?/health)", [](const httplib::Request&, httplib::Response& res) { send_json(res, 200, {{"status", "ok"}}); });
     // The web chat page: open without the API key (it holds no data; the page asks for the
     // key and sends it with its own requests).
     http.Get("/", [](const httplib::Request&, httplib::Response& res) {
@@ -201,7 +205,7 @@ class Server {
   json model_object() const { return {{"id", model_name_}, {"object", "model"}, {"created", 0}, {"owned_by", "bmoe"}}; }
 
   void install_models(httplib::Server& http) {
-    http.Get("/v1/models", guarded([this](const httplib::Request&, httplib::Response& res) {
+    http.Get(R"((?:/v1)?/models)", guarded([this](const httplib::Request&, httplib::Response& res) {
       send_json(res, 200, {{"object", "list"}, {"data", json::array({model_object()})}});
     }));
     http.Get(R"(/v1/models/(.+))", guarded([this](const httplib::Request& req, httplib::Response& res) {
@@ -305,12 +309,18 @@ class Server {
 
   // A request's job, on the worker's queue; nullptr (after a 503) when it is full.
   std::shared_ptr<Job> submit(CompletionRequest& request, httplib::Response& res, ApiStyle style) {
+    if (request.reasoning_budget.tokens > 0 && worker_.run().config.parallel > 1) {  // the slots keep no budget
+      throw RequestError(400, "invalid_request_error", "a reasoning budget needs --parallel 1", "reasoning_budget_tokens");
+    }
     auto job = std::make_shared<Job>();
     job->params = std::move(request.params);
     job->prompt = std::move(request.prompt);
     job->n = request.n * request.prompts;
     job->choice_prompts = std::move(request.choice_prompts);
     job->t_max_predict_ms = request.t_max_predict_ms;
+    job->return_progress = request.return_progress && request.stream;
+    job->timings_per_token = request.timings_per_token && request.stream;
+    job->reasoning_budget = request.reasoning_budget;
     if (worker_.submit(job)) return job;
     refuse(res, style);
     return nullptr;
@@ -344,9 +354,13 @@ class Server {
     }));
   }
 
-  // OpenAI's Responses API (serve/responses_api.h).
+  // OpenAI's Responses API (serve/responses_api.h), and its input-token count.
   void install_responses(httplib::Server& http) {
-    http.Post("/v1/responses", guarded([this](const httplib::Request& req, httplib::Response& res) {
+    http.Post(R"((?:/v1)?/responses/input_tokens)", guarded([this](const httplib::Request& req, httplib::Response& res) {
+      const ResponsesRequest request = parse_responses_request(req.body, request_context(), responses_);
+      send_json(res, 200, {{"object", "response.input_tokens"}, {"input_tokens", request.chat.prompt.size()}});
+    }));
+    http.Post(R"((?:/v1)?/responses)", guarded([this](const httplib::Request& req, httplib::Response& res) {
       ResponsesRequest request = parse_responses_request(req.body, request_context(), responses_);
       const bool stream = request.chat.stream;
       std::string id = new_response_id("resp");
@@ -387,10 +401,25 @@ class Server {
     if (!job) return;
     Completion c{chat, std::move(request.reply), request.include_usage, new_response_id(chat ? "chatcmpl" : "cmpl"),
                  static_cast<int64_t>(std::time(nullptr)), model_name_, job->n, request.logprobs(),
-                 worker_.model().tokenizer.get(), request.prompts, request.return_tokens};
+                 worker_.model().tokenizer.get(), request.prompts, request.return_tokens, request.ping_seconds};
     const Answer answer{[c](const Job& j) { return full_response(c, j.results); },
                         [](const Job& j) { return job_error(j); }};
     respond(req, res, job, answer, request.stream ? std::make_shared<StreamWriter>(c) : nullptr);
+  }
+
+  // llama-server's own /completion (serve/native_completion.h): /v1/completions' request, with
+  // n_predict unlimited by default (up to the context) and its own answer shape.
+  void complete_native(const httplib::Request& req, httplib::Response& res) {
+    RequestContext context = request_context();
+    if (context.n_predict <= 0) context.n_predict = context.n_ctx;
+    CompletionRequest request = parse_completion_request(req.body, false, context);
+    NativeCompletion c{model_name_, worker_.model().tokenizer.get(), request.params.stop, request.return_tokens,
+                       request.n * request.prompts, request.timings_per_token};
+    request.timings_per_token = true;  // exact tokens_predicted in each streamed piece
+    const std::shared_ptr<Job> job = submit(request, res, ApiStyle::OpenAI);
+    if (!job) return;
+    const Answer answer{[c](const Job& j) { return native_response(c, j); }, [](const Job& j) { return job_error(j); }};
+    respond(req, res, job, answer, request.stream ? std::make_shared<NativeStream>(c) : nullptr);
   }
 
   // A job the worker did not take: 503, shutting down or busy.

@@ -116,11 +116,15 @@ void tool_choice_of(const json& choice, json& chat) {
   if (bool_field(choice, "disable_parallel_tool_use", false)) chat["parallel_tool_calls"] = false;
 }
 
-// thinking {type: enabled (budget_tokens) | disabled}: the template's enable_thinking.
+// thinking {type: enabled (budget_tokens) | disabled}: the template's enable_thinking, and the
+// budget as llama-server's reasoning_budget_tokens (the close tag forced after that many).
 void thinking_of(const json& thinking, json& chat) {
   const std::string type = thinking.is_object() ? string_member(thinking, "type") : "";
   if (type != "enabled" && type != "disabled") bad_request("'thinking' must be {\"type\": \"enabled\"} or {\"type\": \"disabled\"}", "thinking");
   chat["chat_template_kwargs"] = {{"enable_thinking", type == "enabled"}};
+  if (type == "enabled" && thinking.contains("budget_tokens") && !thinking["budget_tokens"].is_null()) {
+    chat["reasoning_budget_tokens"] = int_field(thinking, "budget_tokens", 1, 1, 1 << 24);
+  }
 }
 
 }  // namespace

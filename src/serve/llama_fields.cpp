@@ -12,7 +12,12 @@ const std::set<std::string>& llama_server_fields() {
       "dynatemp_exponent", "top_n_sigma", "xtc_probability", "xtc_threshold", "dry_multiplier", "dry_base",
       "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers", "min_keep", "samplers",
       "reasoning_format", "reasoning_budget_tokens", "continue_final_message", "return_tokens",
-      "post_sampling_probs", "timings_per_token", "t_max_predict_ms", "repetition_penalty"};
+      "post_sampling_probs", "timings_per_token", "t_max_predict_ms", "repetition_penalty",
+      // What llama.cpp's own web UI sends with every chat request.
+      "return_progress", "sse_ping_interval", "reasoning_control", "backend_sampling", "thinking_budget_tokens",
+      // The rest of llama-server's (tools/server/server-schema.cpp) a client may send.
+      "verbose", "n_indent", "n_discard", "n_cache_reuse", "t_max_prompt_ms", "response_fields", "lora",
+      "adaptive_target", "adaptive_decay", "n_cmpl", "reasoning_budget_message", "add_generation_prompt"};
   return kFields;
 }
 
@@ -92,14 +97,37 @@ void read_llama_sampling(const json& body, const Tokenizer* tok, SamplerConfig& 
   read_dry_breakers(body, tok, s);
 }
 
+// Accepted only at llama-server's default, what bmoe does: a 400 naming the field otherwise.
+void only_llama_default(const json& body, const char* key, const json& neutral, const char* why) {
+  if (body.contains(key) && !body[key].is_null() && body[key] != neutral) {
+    bad_request(fmt::format("'{}' is not supported (only {}): {}", key, neutral.dump(), why), key);
+  }
+}
+
 void check_llama_neutral_fields(const json& body) {
   int_field(body, "n_keep", 0, -1, 1 << 24);  // llama-server keeps these on a context shift; bmoe never shifts
+  int_field(body, "n_discard", 0, 0, 1 << 24);
+  int_field(body, "n_cache_reuse", 0, 0, 1 << 24);  // reuse by KV shifting; bmoe reuses the common prefix
+  int_field(body, "t_max_prompt_ms", -1, -1, INT64_MAX / 2);  // llama-server reads it and does nothing yet
+  only_llama_default(body, "verbose", false, "bmoe adds no debug fields");
+  only_llama_default(body, "n_indent", 0, "bmoe does not indent");
+  only_llama_default(body, "response_fields", json::array(), "the answer has all its fields");
+  only_llama_default(body, "lora", json::array(), "bmoe loads no adapters");
+  if (number_field(body, "adaptive_target", -1.0, -1e9, 1.0) >= 0) {
+    bad_request("'adaptive_target' is not supported (only negative: off): bmoe has no adaptive-p sampler", "adaptive_target");
+  }
+  number_field(body, "adaptive_decay", 0.9, 0.0, 0.99);  // used only with adaptive_target
+  if (body.contains("reasoning_budget_message") && !body["reasoning_budget_message"].is_string() &&
+      !body["reasoning_budget_message"].is_null()) {
+    bad_request("'reasoning_budget_message' must be a string", "reasoning_budget_message");
+  }
   if (bool_field(body, "post_sampling_probs", false)) {
     bad_request("'post_sampling_probs' is not supported: bmoe reports the model's own probabilities", "post_sampling_probs");
   }
-  if (bool_field(body, "timings_per_token", false)) {
-    bad_request("'timings_per_token' is not supported: the last chunk carries the timings", "timings_per_token");
-  }
+  // reasoning_control arms llama-server's endpoint that ends reasoning at runtime (bmoe has none);
+  // backend_sampling samples on a GPU backend where there is one (bmoe samples on the CPU).
+  bool_field(body, "reasoning_control", false);
+  bool_field(body, "backend_sampling", false);
 }
 
 }  // namespace bmoe

@@ -416,12 +416,14 @@ json describe_tools(json messages, const json& tools) {
   return messages;
 }
 
-// llama-server's reasoning_budget_tokens: -1 (no limit) or 0 (no reasoning, as thinking off).
-bool reasoning_budget_is_zero(const json& body) {
-  const int64_t budget = int_field(body, "reasoning_budget_tokens", -1, -1, 1 << 24);
-  if (budget > 0) bad_request("'reasoning_budget_tokens' must be -1 (no limit) or 0 (no reasoning)", "reasoning_budget_tokens");
-  return budget == 0;
+// llama-server's reasoning_budget_tokens (or its older name thinking_budget_tokens): -1 no
+// limit, 0 no reasoning (as thinking off), n > 0 the close tag forced after n reasoning tokens.
+int reasoning_budget(const json& body) {
+  const char* key = body.contains("reasoning_budget_tokens") ? "reasoning_budget_tokens" : "thinking_budget_tokens";
+  return static_cast<int>(int_field(body, key, -1, -1, 1 << 24));
 }
+
+bool reasoning_budget_is_zero(const json& body) { return reasoning_budget(body) == 0; }
 
 // Whether the answer thinks: the server's default, chat_template_kwargs.enable_thinking, and a
 // reasoning budget of 0.
@@ -458,6 +460,7 @@ std::vector<int32_t> chat_prompt(const json& body, const RequestContext& o, cons
   const ChatTemplate& tmpl = o.chat_template ? *o.chat_template : kChatML;
   ChatInputs in;
   in.enable_thinking = !thinking_off(body, o);
+  in.add_generation_prompt = bool_field(body, "add_generation_prompt", true);  // vLLM's and llama-server's
   in.messages = chat_messages(body, tmpl.is_jinja() || described);
   if (described) {
     in.messages = describe_tools(std::move(in.messages), tools);
@@ -541,6 +544,22 @@ ReplyOptions reply_options(const RequestContext& o, const json& tools, ToolForma
   r.tool_list = tools;
   r.prompt_tail = prompt_tail(prompt, *o.tokenizer);
   return r;
+}
+
+// A positive reasoning budget, for the worker: the tags of the template's think block and
+// whether the prompt opened it. Refused where it cannot hold: a completion, harmony's channels,
+// log-probabilities (the forced tag is not sampled).
+void read_reasoning_budget(const json& body, bool chat, CompletionRequest& r) {
+  const int budget = reasoning_budget(body);
+  if (budget <= 0 || budget >= r.params.max_tokens) return;  // none, or one the answer cannot reach
+  const char* key = body.contains("reasoning_budget_tokens") ? "reasoning_budget_tokens" : "thinking_budget_tokens";
+  if (!chat) bad_request(fmt::format("'{}' > 0 needs a chat request (a template's think block)", key), key);
+  if (r.reply.harmony) bad_request(fmt::format("'{}' > 0: harmony's analysis channel has no close tag to force", key), key);
+  if (r.logprobs()) bad_request(fmt::format("'{}' > 0 cannot be combined with log-probabilities", key), key);
+  // llama-server's reasoning_budget_message: written before the close tag.
+  const std::string message = string_member(body, "reasoning_budget_message");
+  r.reasoning_budget = {budget, r.reply.reasoning_tags.open, message + r.reply.reasoning_tags.close,
+                        prompt_opens_think_block(r.reply.prompt_tail, r.reply.reasoning_tags.open)};
 }
 
 // The fields a completion body may hold: OpenAI's documented ones, llama-server's top_k, min_p,
@@ -649,15 +668,20 @@ CompletionRequest parse_completion_request(const std::string& text, bool chat, c
     r.include_usage = bool_field(so, "include_usage", false);
   }
   r.return_tokens = bool_field(body, "return_tokens", false);
+  r.return_progress = bool_field(body, "return_progress", false);
+  r.timings_per_token = bool_field(body, "timings_per_token", false);
+  r.ping_seconds = static_cast<double>(int_field(body, "sse_ping_interval", 1, -1, INT32_MAX));
   r.t_max_predict_ms = std::max<int64_t>(0, int_field(body, "t_max_predict_ms", -1, -1, INT64_MAX / 2));
   r.params = sampling_params(body, context, context.n_predict > 0 ? context.n_predict : (chat ? context.n_ctx : 16));
   r.params.logprobs = logprobs_field(body, chat);
-  r.n = static_cast<int>(int_field(body, "n", 1, 1, 128));  // OpenAI's limit
+  // OpenAI's limit; llama-server's n_cmpl is the same count.
+  r.n = static_cast<int>(int_field(body, body.contains("n_cmpl") ? "n_cmpl" : "n", 1, 1, 128));
   ToolChoice choice;
   ToolFormat tool_format = ToolFormat::None;
   const json tools = offered_tools(body, chat, context, choice, tool_format);
   r.params.grammar = output_grammar(body, choice, tools, tool_format);
   read_prompts(body, chat, context, tools, tool_format, r);
+  read_reasoning_budget(body, chat, r);
   return r;
 }
 

@@ -12,6 +12,7 @@
 #include "chat/chat.h"
 #include "chat/reply.h"
 #include "engine/generate.h"
+#include "serve/worker.h"
 #include "text/tokenizer.h"
 
 namespace bmoe {
@@ -61,6 +62,11 @@ struct CompletionRequest {
   int prompts = 1;
   bool return_tokens = false;  // llama-server's: each choice also lists its token ids
   int64_t t_max_predict_ms = 0;  // llama-server's: > 0 ends an answer at a line break past it
+  // llama-server's streaming extras: prompt_progress chunks, timings in every chunk, and the
+  // seconds of silence before a keep-alive comment (sse_ping_interval; <= 0: none).
+  bool return_progress = false, timings_per_token = false;
+  double ping_seconds = 1;
+  ReasoningBudget reasoning_budget;  // reasoning_budget_tokens > 0 (serve/worker.h)
   // Log-probabilities asked for (params.logprobs is the number of alternatives, -1 for none).
   bool logprobs() const { return params.logprobs >= 0; }
 };

@@ -30,6 +30,7 @@ struct Completion {
   const Tokenizer* tokenizer = nullptr;  // for the tokens' text in logprobs
   int prompts = 1;             // completions with a list of prompts: n / prompts choices each
   bool return_tokens = false;  // each whole choice lists its token ids (llama-server's "tokens")
+  double ping_seconds = 1;     // a stream's keep-alive comment after this long silent (<= 0: none)
 };
 
 // A new response id: "<prefix>-" and hex digits from the clock and a counter.

@@ -8,6 +8,18 @@ namespace bmoe {
 
 using json = nlohmann::ordered_json;
 
+json live_timings_json(const LiveTimings& t) {
+  return {{"cache_n", t.cache_n},
+          {"prompt_n", t.prompt_n},
+          {"prompt_ms", t.prompt_ms},
+          {"prompt_per_token_ms", t.prompt_n > 0 ? t.prompt_ms / t.prompt_n : 0.0},
+          {"prompt_per_second", t.prompt_ms > 0 ? t.prompt_n * 1e3 / t.prompt_ms : 0.0},
+          {"predicted_n", t.predicted_n},
+          {"predicted_ms", t.predicted_ms},
+          {"predicted_per_token_ms", t.predicted_n > 0 ? t.predicted_ms / t.predicted_n : 0.0},
+          {"predicted_per_second", t.predicted_ms > 0 ? t.predicted_n * 1e3 / t.predicted_ms : 0.0}};
+}
+
 StreamWriter::StreamWriter(const Completion& c)
     : c_(c), opened_(static_cast<size_t>(c.n), false), called_(static_cast<size_t>(c.n), false),
       offsets_(static_cast<size_t>(c.n), 0) {
@@ -24,7 +36,7 @@ bool StreamWriter::step(Job& job, const StreamSink& sink) {
   const bool done = job.done;
   lock.unlock();
   if (!write_events(events)) return false;
-  if (!done) return events.empty() ? send(": keep-alive\n\n") : true;
+  if (!done) return events.empty() ? ping() : true;
   if (!finish_stream(job)) return false;
   sink.done();
   return true;
@@ -39,14 +51,27 @@ bool StreamWriter::open(int choice) {
   return send(sse(first));
 }
 
+// A comment line after c.ping_seconds without output keeps proxies from closing the stream
+// (llama-server's sse_ping_interval; <= 0: none).
+bool StreamWriter::ping() {
+  if (c_.ping_seconds <= 0 || quiet_.seconds() < c_.ping_seconds) return true;
+  return send(": keep-alive\n\n");
+}
+
 bool StreamWriter::write_events(const std::deque<JobEvent>& events) {
   std::string text;
   std::vector<TokenLogprob> lps;
   for (size_t i = 0; i < events.size(); ++i) {
     const JobEvent& e = events[i];
+    if (e.progress) {  // comes before the choice's first piece: nothing is held back
+      if (!write_progress(e.choice, *e.progress)) return false;
+      continue;
+    }
     text += e.text;
     if (e.logprob) lps.push_back(*e.logprob);
-    const bool last_of_run = i + 1 == events.size() || events[i + 1].choice != e.choice || !e.finish.empty();
+    if (e.timings) timings_ = e.timings;
+    const bool last_of_run = i + 1 == events.size() || events[i + 1].choice != e.choice || !e.finish.empty() ||
+                             events[i + 1].progress;
     if (!last_of_run) continue;
     if (!write_piece(e.choice, text, lps, !e.finish.empty())) return false;
     if (!e.finish.empty() && !send(sse(finish_chunk(e.choice, e.finish)))) return false;
@@ -54,6 +79,13 @@ bool StreamWriter::write_events(const std::deque<JobEvent>& events) {
     lps.clear();
   }
   return true;
+}
+
+// llama-server's prompt_progress chunk: an empty delta (chat) or text, with the progress.
+bool StreamWriter::write_progress(int choice, const PromptProgress& p) {
+  json out = chunk(c_, choice, nullptr, nullptr);
+  out["prompt_progress"] = {{"total", p.total}, {"cache", p.cache}, {"processed", p.processed}, {"time_ms", p.time_ms}};
+  return send(sse(out));
 }
 
 // A choice's text (chat: split into reasoning, content and tool calls) with its tokens'
@@ -81,6 +113,7 @@ bool StreamWriter::write_delta(int choice, const ReplyDelta& d, const std::vecto
     if (!d.content.empty()) choice_json["delta"]["content"] = d.content;
   }
   if (c_.logprobs) choice_json["logprobs"] = logprobs_of(c_, lps, offsets_[k]);
+  if (timings_) out["timings"] = live_timings_json(*timings_);
   return send(sse(out));
 }
 

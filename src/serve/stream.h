@@ -7,10 +7,12 @@
 #include <deque>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "chat/reply.h"
+#include "core/timer.h"
 #include "serve/response.h"
 #include "serve/worker.h"
 #include "text/sampler.h"
@@ -22,6 +24,9 @@ struct StreamSink {
   std::function<bool(const std::string&)> write;  // false: the client is gone
   std::function<void()> done;                     // the stream is complete
 };
+
+// timings_per_token: the running choice's figures, with timings_of's names.
+nlohmann::ordered_json live_timings_json(const LiveTimings& t);
 
 // A job's answer as a stream, written one provider call at a time.
 class JobStream {
@@ -40,9 +45,14 @@ class StreamWriter : public JobStream {
   bool step(Job& job, const StreamSink& sink) override;
 
  private:
-  bool send(const std::string& text) { return sink_->write(text); }
+  bool send(const std::string& text) {
+    quiet_.reset();
+    return sink_->write(text);
+  }
   bool open(int choice);
+  bool ping();
   bool write_events(const std::deque<JobEvent>& events);
+  bool write_progress(int choice, const PromptProgress& p);
   bool write_piece(int choice, const std::string& text, const std::vector<TokenLogprob>& lps, bool ending);
   bool write_delta(int choice, const ReplyDelta& d, const std::vector<TokenLogprob>& lps);
   bool write_tool_calls(int choice);
@@ -56,6 +66,8 @@ class StreamWriter : public JobStream {
   std::vector<bool> called_;  // the choice ended in tool calls
   std::vector<int64_t> offsets_;  // completions' text_offset, per choice
   const StreamSink* sink_ = nullptr;
+  std::optional<LiveTimings> timings_;  // the latest, sent with each piece (timings_per_token)
+  Stopwatch quiet_;                      // since the last output: when to ping
 };
 
 }  // namespace bmoe

@@ -27,6 +27,90 @@ class MetricsText {
   std::string out_;
 };
 
+// llama-server's live telemetry of one choice: prompt_progress events while its prompt is read
+// (return_progress) and the timings so far with each piece (timings_per_token).
+class ChoiceTelemetry {
+ public:
+  ChoiceTelemetry(Job& job, int index, const std::vector<int32_t>& prompt, const std::vector<int32_t>& history)
+      : job_(job), index_(index), total_(static_cast<int>(prompt.size())) {
+    // What prefill_reusing keeps: the common prefix, less the last prompt token (evaluated again).
+    const auto diff = std::mismatch(prompt.begin(), prompt.end(), history.begin(), history.end());
+    cache_ = std::min(static_cast<int>(diff.first - prompt.begin()), std::max(total_ - 1, 0));
+  }
+
+  // Session::prefill_reusing's progress: one event per whole token more done.
+  void prompt_read(double done) {
+    const int processed = std::min(static_cast<int>(done), total_);
+    if (!job_.return_progress || processed <= last_processed_) return;
+    last_processed_ = processed;
+    job_.push({index_, {}, std::nullopt, {}, PromptProgress{total_, cache_, processed, clock_.seconds() * 1e3}, std::nullopt});
+  }
+
+  // A piece of text; `fed` is the session's history length (the sampled tokens before this one).
+  std::optional<LiveTimings> piece(size_t fed) {
+    if (!job_.timings_per_token) return std::nullopt;
+    if (!prompt_ms_) prompt_ms_ = clock_.seconds() * 1e3;
+    const int predicted = static_cast<int>(fed) - total_ + 1;
+    return LiveTimings{cache_, total_ - cache_, std::max(predicted, 1), *prompt_ms_, clock_.seconds() * 1e3 - *prompt_ms_};
+  }
+
+ private:
+  Job& job_;
+  int index_, total_, cache_ = 0, last_processed_ = -1;
+  Stopwatch clock_;
+  std::optional<double> prompt_ms_;
+};
+
+// reasoning_budget_tokens > 0: counts the answer's tokens inside its think block; spent once
+// the budget is reached before the block closed (the piece callback then stops the answer).
+class BudgetWatch {
+ public:
+  BudgetWatch(const ReasoningBudget& b, size_t prompt_size) : b_(b) {
+    if (b_.tokens > 0 && b_.opened_by_prompt) start_ = prompt_size;
+  }
+
+  // A piece; `fed` is the session's history length (this piece's token not yet in it). False:
+  // the budget is spent now.
+  bool piece(const std::string& piece, size_t fed) {
+    if (b_.tokens <= 0 || spent_ || closed_) return true;
+    text_ += piece;
+    if (!start_) {
+      const size_t at = text_.find(b_.open);
+      if (at == std::string::npos) return true;
+      start_ = fed;
+      text_.erase(0, at + b_.open.size());
+    }
+    if (text_.find(b_.close) != std::string::npos) {
+      closed_ = true;
+      return true;
+    }
+    spent_ = fed + 1 - *start_ >= static_cast<size_t>(b_.tokens);
+    return !spent_;
+  }
+  bool spent() const { return spent_; }
+
+ private:
+  const ReasoningBudget& b_;
+  std::optional<size_t> start_;  // history length where the reasoning began
+  std::string text_;             // the answer's text since then
+  bool spent_ = false, closed_ = false;
+};
+
+// A choice cut by its reasoning budget, with the close tag written: its tokens and text.
+void append_forced(GenerateResult& r, const std::vector<int32_t>& tokens, const std::string& text) {
+  r.tokens.insert(r.tokens.end(), tokens.begin(), tokens.end());
+  r.text += text;
+}
+
+// The answer after the forced close tag, appended to the part before it.
+void append_rest(GenerateResult& r, const GenerateResult& rest) {
+  append_forced(r, rest.tokens, rest.text);
+  r.finish_reason = rest.finish_reason;
+  r.decode_seconds += rest.prefill_seconds + rest.decode_seconds;
+  r.drafted += rest.drafted;
+  r.accepted += rest.accepted;
+}
+
 void add_request_metrics(MetricsText& m, const Counters& c, size_t depth, size_t capacity, bool busy) {
   m.add("bmoe_requests_total", "counter", "Completion requests by outcome.",
         fmt::format("bmoe_requests_total{{outcome=\"ok\"}} {}\nbmoe_requests_total{{outcome=\"rejected_busy\"}} {}\n"
@@ -282,16 +366,7 @@ GenerateResult DecodeWorker::run_choice(Job& job, int index, std::string& error)
   };
   try {
     const std::vector<int32_t>& prompt = job.choice_prompts.empty() ? job.prompt : job.choice_prompts[static_cast<size_t>(index)];
-    result = generate(*session_, prompt, params, [this, &job, index, &in_time](const std::string& piece) {
-      publish_progress();
-      job.push({index, piece, std::nullopt, {}});
-      return in_time(piece);
-    }, &job.cancel, [&job, index](const TokenLogprob& lp) { job.push({index, {}, lp, {}}); },
-    [this](double done, int total, double) {  // "reading prompt n/N" in the web chat's status
-      std::lock_guard<std::mutex> lock(mutex_);
-      prompt_done_ = static_cast<int>(done);
-      prompt_total_ = total;
-    });
+    result = generate_choice(job, index, prompt, params, in_time);
   } catch (const std::exception& e) {
     error = e.what();
     session_->reset();  // the KV cache may be half-written
@@ -299,6 +374,41 @@ GenerateResult DecodeWorker::run_choice(Job& job, int index, std::string& error)
   if (timed_out && result.finish_reason == "cancelled" && !job.cancel.load()) result.finish_reason = "stop";
   std::lock_guard<std::mutex> lock(mutex_);
   prompt_done_ = prompt_total_ = 0;
+  return result;
+}
+
+// One choice's answer, its pieces and log-probabilities streamed as events; with a reasoning
+// budget spent, the close tag is written and the answer goes on from there (the kept prefix
+// makes that second call read only the tag).
+GenerateResult DecodeWorker::generate_choice(Job& job, int index, const std::vector<int32_t>& prompt, GenerateParams params,
+                                             const std::function<bool(const std::string&)>& in_time) {
+  ChoiceTelemetry telemetry(job, index, prompt, session_->history());
+  BudgetWatch budget(job.reasoning_budget, prompt.size());
+  const auto on_piece = [&](const std::string& piece) {
+    publish_progress();
+    const size_t fed = session_->history().size();
+    job.push({index, piece, std::nullopt, {}, std::nullopt, telemetry.piece(fed)});
+    return budget.piece(piece, fed) && in_time(piece);
+  };
+  const auto on_logprob = [&job, index](const TokenLogprob& lp) { job.push({index, {}, lp, {}}); };
+  GenerateResult result = generate(*session_, prompt, params, on_piece, &job.cancel, on_logprob,
+                                   [this, &telemetry](double done, int total, double) {  // the web chat's "reading prompt n/N"
+                                     telemetry.prompt_read(done);
+                                     std::lock_guard<std::mutex> lock(mutex_);
+                                     prompt_done_ = static_cast<int>(done);
+                                     prompt_total_ = total;
+                                   });
+  if (!budget.spent() || result.finish_reason != "cancelled" || job.cancel.load()) return result;
+  const std::string& close = job.reasoning_budget.close;
+  append_forced(result, session_->tokenize(close, true), close);
+  job.push({index, close, std::nullopt, {}, std::nullopt, telemetry.piece(session_->history().size())});
+  params.max_tokens -= static_cast<int>(result.tokens.size());
+  result.finish_reason = "length";
+  if (params.max_tokens <= 0) return result;
+  std::vector<int32_t> next = prompt;
+  next.insert(next.end(), result.tokens.begin(), result.tokens.end());
+  params.grammar_after.clear();  // the tag is written: a grammar holds from here
+  append_rest(result, generate(*session_, next, params, on_piece, &job.cancel, on_logprob));
   return result;
 }
 

@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -28,13 +29,38 @@ namespace bmoe {
 inline constexpr const char* kShuttingDown =
     "the server is shutting down (SIGTERM or SIGINT): the request was not completed";
 
+// llama-server's prompt_progress (return_progress): the prompt's tokens, those kept from the
+// KV cache, those done so far (kept ones included) and the milliseconds since it started.
+struct PromptProgress {
+  int total = 0, cache = 0, processed = 0;
+  double time_ms = 0;
+};
+
+// llama-server's timings so far (timings_per_token), as timings_of counts them for a whole choice.
+struct LiveTimings {
+  int cache_n = 0, prompt_n = 0, predicted_n = 0;
+  double prompt_ms = 0, predicted_ms = 0;
+};
+
 // One step of a job's output, in order: a piece of a choice's text, a token's
-// log-probabilities, or the end of a choice other than the last (the last ends with the job).
+// log-probabilities, the prompt's progress, or the end of a choice other than the last (the
+// last ends with the job).
 struct JobEvent {
   int choice = 0;
   std::string text;
   std::optional<TokenLogprob> logprob;
   std::string finish;  // GenerateResult::finish_reason of the choice that ended
+  std::optional<PromptProgress> progress;  // Job::return_progress: an event of its own
+  std::optional<LiveTimings> timings;      // Job::timings_per_token: with each piece
+};
+
+// llama-server's reasoning_budget_tokens > 0: after `tokens` tokens inside the think block (the
+// prompt's, or one the answer opens with `open`), the answer is made to write `close` and goes
+// on from there (with --parallel 1; the server refuses a budget with more slots).
+struct ReasoningBudget {
+  int tokens = -1;  // <= 0: no budget
+  std::string open, close;
+  bool opened_by_prompt = false;
 };
 
 struct Job {
@@ -43,6 +69,10 @@ struct Job {
   int n = 1;  // choices, generated one after the other; choice i is seeded params.sampler.seed + i
   std::vector<std::vector<int32_t>> choice_prompts;  // when set, choice i answers choice_prompts[i]
   int64_t t_max_predict_ms = 0;  // > 0: past this, a choice ends at its first line break
+  // llama-server's return_progress and timings_per_token: progress events while the prompt is
+  // read, timings with each piece (with --parallel 1; the slots leave them out).
+  bool return_progress = false, timings_per_token = false;
+  ReasoningBudget reasoning_budget;
   // An embeddings job (set instead of a prompt): each input's pooled vector goes to `embeddings`.
   std::vector<std::vector<int32_t>> embed_inputs;
   Pooling pooling = Pooling::Mean;
@@ -153,6 +183,8 @@ class DecodeWorker {
   Slot* free_slot_for(const Job& job);
   void record(const std::vector<GenerateResult>& results, bool failed, bool cancelled);
   GenerateResult run_choice(Job& job, int index, std::string& error);
+  GenerateResult generate_choice(Job& job, int index, const std::vector<int32_t>& prompt, GenerateParams params,
+                                 const std::function<bool(const std::string&)>& in_time);
   void publish_progress();
   static void finish(Job& job, std::vector<GenerateResult> results, const std::string& error, int status = 500);
 

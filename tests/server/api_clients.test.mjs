@@ -3,11 +3,12 @@
 // answers (a greedy stream equals the whole answer), tools with a result sent back, thinking /
 // reasoning parts where the template opens a think block, structured output, previous_response_id,
 // and errors surfacing as each client's APIError with its API's body. /v1/embeddings through the
-// openai client (base64 by default) equals llama.cpp's last-token embedding of the same text.
+// openai client (base64 by default) equals llama.cpp's last-token embedding of the same text, on
+// the tiny model and on a one-layer cut of the real Qwen3-30B-A3B shape.
 // Run: BMOE_BUILD=build node --test tests/server/api_clients.test.mjs (CTest: server.api_clients).
 import assert from "node:assert/strict";
 import { spawn, execFileSync } from "node:child_process";
-import { mkdirSync, readFileSync, writeFileSync } from "node:fs";
+import { mkdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import net from "node:net";
 import path from "node:path";
 import { after, before, describe, test } from "node:test";
@@ -203,6 +204,21 @@ describe("thinking and reasoning parts", () => {
     assert.equal(final.content[0].thinking, on.content[0].thinking);
   });
 
+  test("Anthropic: budget_tokens ends the thinking block after that many tokens", async () => {
+    const client = server.anthropic();
+    const ask = (budget) => ({ model: "tiny", max_tokens: 12, temperature: 0, thinking: { type: "enabled", budget_tokens: budget },
+                               messages: [{ role: "user", content: "Think about it" }] });
+    const free = await client.messages.create(ask(1024));  // more than max_tokens: never reached
+    assert.deepEqual(free.content.map((b) => b.type), ["thinking"]);  // greedy, this model never closes it
+    const cut = await client.messages.create(ask(3));
+    assert.deepEqual(cut.content.map((b) => b.type), ["thinking", "text"]);
+    assert.ok(free.content[0].thinking.startsWith(cut.content[0].thinking.trimEnd()));
+    assert.ok(cut.content[0].thinking.length < free.content[0].thinking.length);
+    assert.equal(cut.usage.output_tokens, free.usage.output_tokens);
+    const streamed = await client.messages.stream(ask(3)).finalMessage();
+    assert.deepEqual(streamed.content, cut.content);
+  });
+
   test("Responses: a reasoning item before the message", async () => {
     const client = server.openai();
     const r = await client.responses.create({ model: "tiny", input: "Think about it", max_output_tokens: 8, temperature: 0 });
@@ -240,6 +256,11 @@ describe("OpenAI Responses with the openai client", () => {
     assert.equal(streamed, whole.output_text);
     assert.equal(final.output_text, whole.output_text);
     assert.equal(final.usage.output_tokens, whole.usage.output_tokens);
+    const { max_output_tokens: _, temperature: __, ...counted } = ask({ tools });
+    const count = await client.responses.inputTokens.count(counted);
+    assert.equal(count.object, "response.input_tokens");
+    const withTools = await client.responses.create(ask({ tools, max_output_tokens: 1 }));
+    assert.equal(count.input_tokens, withTools.usage.input_tokens);
   });
 
   test("function tools: a call that follows the schema, its output sent back by previous_response_id", async () => {
@@ -320,5 +341,47 @@ describe("embeddings with the openai client", () => {
     assert.equal(bad.param, "encoding_format");
     const empty = await rejection(client.embeddings.create({ model: "tiny", input: [] }));
     assert.equal(empty.status, 400);
+  });
+});
+
+// A one-layer cut of the real Qwen3-30B-A3B shape (Q4_K, the real vocabulary, 0.7 GB; deleted
+// afterwards unless BMOE_KEEP_TEST_MODELS=1): the same tolerance as on the tiny model.
+describe("embeddings on a cut of the real shape", () => {
+  const file = path.join(models, "api-clients-qwen3-30b-a3b-1l-q4k.gguf");
+  let server, skipped = "";
+  before(async () => {
+    mkdirSync(models, { recursive: true });
+    try {
+      execFileSync(tool("bmoe-synth"), ["--preset", "qwen3-30b-a3b", "--layers", "1", "--type", "all=Q4_K", "-o", file],
+                   { stdio: "pipe" });
+    } catch (e) {
+      if (!String(e.stderr).includes("not enough free disk")) throw e;
+      skipped = "skipped: not enough free disk for the cut";
+      return;
+    }
+    server = await startServer(file, "-c", "512", "--pooling", "last");
+  });
+  after(async () => {
+    if (server) assert.equal(await server.stop(), 0);
+    if (!process.env.BMOE_KEEP_TEST_MODELS) rmSync(file, { force: true });
+  });
+
+  test("batched inputs equal llama.cpp's last-token embeddings", async (t) => {
+    if (skipped) return t.skip(skipped);
+    const texts = ["The capital of France is", "Mixture of experts stream from flash"];
+    const r = await server.openai().embeddings.create({ model: "cut", input: texts, encoding_format: "float" });
+    const llama = await getLlama({ gpu: false, build: "never", logLevel: "error" });
+    const reference = await llama.loadModel({ modelPath: file });
+    const context = await reference.createEmbeddingContext({ contextSize: 512, threads: Number(threads) });
+    for (let i = 0; i < texts.length; ++i) {
+      const want = Array.from((await context.getEmbeddingFor(texts[i])).vector);
+      const norm = Math.hypot(...want);
+      const cosine = want.reduce((sum, x, k) => sum + (x / norm) * r.data[i].embedding[k], 0);
+      assert.equal(r.data[i].embedding.length, want.length);
+      assert.ok(cosine > 0.999, `cosine ${cosine} for "${texts[i]}"`);
+      t.diagnostic(`cosine ${cosine} for "${texts[i]}"`);
+    }
+    await context.dispose();
+    await reference.dispose();
   });
 });

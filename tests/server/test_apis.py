@@ -9,11 +9,13 @@ Anthropic's x-api-key, each API's error shape, count_tokens, store false.
 import json
 import os
 import sys
+import tempfile
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
 from test_server import Server  # noqa: E402
 from common import synth  # noqa: E402
+from templates import load_templates  # noqa: E402
 
 # Every llama-server field at the value its server uses when the field is absent.
 LLAMA_DEFAULTS = {
@@ -110,7 +112,7 @@ class LlamaFieldsTest(unittest.TestCase):
         self.assertEqual(len(choice["tokens"]), resp["usage"]["completion_tokens"])
         self.assertEqual(len(choice["logprobs"]["top_logprobs"][0]), 2)
         self.assertEqual(self.chat(reasoning_budget_tokens=0, reasoning_format="none")[0], 200)
-        for field, value in (("reasoning_budget_tokens", 5), ("post_sampling_probs", True), ("reasoning_format", "x")):
+        for field, value in (("reasoning_budget_tokens", -2), ("post_sampling_probs", True), ("reasoning_format", "x")):
             status, resp = self.chat(**{field: value})
             self.assertEqual((status, resp["error"]["param"]), (400, field))
 
@@ -128,6 +130,100 @@ class LlamaFieldsTest(unittest.TestCase):
         self.assertLess(len(cut), len(text))
         self.assertEqual(limited["choices"][0]["finish_reason"], "stop")
 
+    def test_llama_cpp_web_ui_request_streams_progress_and_timings(self):
+        # The fields llama.cpp's own web UI sends with every chat request (tools/ui's chat
+        # service): prompt progress events, timings in every chunk, pings, its reasoning switches.
+        body = {"messages": [{"role": "user", "content": "Count with me, one two three four"}], "max_tokens": 8,
+                "ignore_eos": True, "return_progress": True, "sse_ping_interval": 1, "reasoning_format": "auto",
+                "reasoning_control": True, "timings_per_token": True, "backend_sampling": False,
+                "thinking_budget_tokens": -1, "chat_template_kwargs": {"enable_thinking": True}}
+        events = self.server.stream("/v1/chat/completions", body)
+        self.assertEqual(events[-1], "[DONE]")
+        end = events[-2]
+        progress = [e["prompt_progress"] for e in events[:-1] if "prompt_progress" in e]
+        self.assertTrue(progress, events[:3])
+        total = end["usage"]["prompt_tokens"]
+        self.assertEqual({p["total"] for p in progress}, {total})
+        self.assertEqual(progress[-1]["processed"], total)
+        self.assertEqual([p["processed"] for p in progress], sorted(p["processed"] for p in progress))
+        first_text = next(i for i, e in enumerate(events[:-1]) if e["choices"] and e["choices"][0]["delta"].get("content"))
+        self.assertLess(events.index(next(e for e in events if "prompt_progress" in e)), first_text)
+        timed = [e["timings"] for e in events[first_text:-2] if "timings" in e]
+        self.assertTrue(timed, events)
+        counts = [t["predicted_n"] for t in timed]
+        self.assertEqual(counts, sorted(counts))
+        self.assertGreaterEqual(counts[0], 1)
+        self.assertLessEqual(counts[-1], end["timings"]["predicted_n"])
+        self.assertEqual(end["timings"]["predicted_n"], 8)
+        self.assertTrue(all(t["prompt_n"] == timed[0]["prompt_n"] for t in timed))
+        # Without the fields: neither progress nor per-chunk timings.
+        plain = self.server.stream("/v1/chat/completions", {k: body[k] for k in ("messages", "max_tokens")})
+        self.assertFalse([e for e in plain[:-2] if "prompt_progress" in e or "timings" in e])
+        for field, value in (("sse_ping_interval", "x"), ("thinking_budget_tokens", -3), ("return_progress", 3)):
+            status, resp = self.chat(**{field: value})
+            self.assertEqual((status, resp["error"]["param"]), (400, field))
+
+    def test_add_generation_prompt_n_cmpl_and_the_other_fields_at_their_defaults(self):
+        # llama-server's remaining request fields (tools/server/server-schema.cpp) at the values
+        # it uses when they are absent.
+        rest = {"verbose": False, "n_indent": 0, "n_discard": 0, "n_cache_reuse": 0, "t_max_prompt_ms": -1,
+                "response_fields": [], "lora": [], "adaptive_target": -1.0, "adaptive_decay": 0.9, "n_cmpl": 1,
+                "reasoning_budget_message": "", "add_generation_prompt": True}
+        for send in (self.chat, self.complete):
+            status, resp = send(**rest)
+            self.assertEqual(status, 200, resp)
+        # add_generation_prompt false: the template's assistant header is left out.
+        _, header = self.chat(max_tokens=1)
+        status, bare = self.chat(max_tokens=1, add_generation_prompt=False)
+        self.assertEqual(status, 200, bare)
+        self.assertLess(bare["usage"]["prompt_tokens"], header["usage"]["prompt_tokens"])
+        # llama.cpp's web UI continues an answer with both fields.
+        messages = [{"role": "user", "content": "Count"}, {"role": "assistant", "content": "One two"}]
+        _, alone = self.server.post("/v1/chat/completions", {"messages": messages, "max_tokens": 2, "continue_final_message": True})
+        status, both = self.server.post("/v1/chat/completions", {"messages": messages, "max_tokens": 2, "continue_final_message": True,
+                                                                 "add_generation_prompt": False})
+        self.assertEqual(status, 200, both)
+        self.assertEqual(both["usage"]["prompt_tokens"], alone["usage"]["prompt_tokens"])
+        # n_cmpl is n.
+        status, resp = self.complete(n_cmpl=2, temperature=0)
+        self.assertEqual((status, len(resp["choices"])), (200, 2), resp)
+        for field, value in (("verbose", True), ("n_indent", 2), ("lora", [{"id": 0, "scale": 1}]), ("adaptive_target", 0.5),
+                             ("response_fields", ["content"]), ("add_generation_prompt", "no"), ("n_cmpl", 0)):
+            status, resp = self.chat(**{field: value})
+            self.assertEqual((status, resp["error"]["param"]), (400, field))
+
+    def test_native_completion_endpoint(self):
+        # llama-server's own POST /completion: the answer in `content`, its counts and timings;
+        # streamed, one object per piece and a last one with stop true (no [DONE]).
+        _, oai = self.complete(temperature=0, max_tokens=10, ignore_eos=True)
+        status, resp = self.server.post("/completion", {"prompt": "One two three", "n_predict": 10, "temperature": 0,
+                                                       "ignore_eos": True, "return_tokens": True})
+        self.assertEqual(status, 200, resp)
+        self.assertEqual(resp["content"], oai["choices"][0]["text"])
+        self.assertTrue(resp["stop"])
+        self.assertEqual((resp["tokens_predicted"], resp["stop_type"]), (10, "limit"))
+        self.assertEqual(len(resp["tokens"]), 10)
+        self.assertEqual(resp["tokens_evaluated"], oai["usage"]["prompt_tokens"])
+        self.assertEqual(resp["timings"]["predicted_n"], 10)
+        status, text = self.server.request("POST", "/completion", {"prompt": "One two three", "n_predict": 10,
+                                                                  "temperature": 0, "ignore_eos": True, "stream": True})
+        self.assertEqual(status, 200, text)
+        events = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: ")]
+        self.assertNotIn("[DONE]", text)
+        self.assertTrue(all(not e["stop"] for e in events[:-1]))
+        self.assertTrue(events[-1]["stop"])
+        self.assertEqual(events[-1]["tokens_predicted"], 10)
+        self.assertEqual("".join(e["content"] for e in events), resp["content"])  # the last one carries none
+        # A stop word: stop_type "word", the word named and left out.
+        word = resp["content"].split()[1] if len(resp["content"].split()) > 1 else resp["content"][2:4]
+        _, cut = self.server.post("/completion", {"prompt": "One two three", "n_predict": 10, "temperature": 0,
+                                                 "ignore_eos": True, "stop": [word]})
+        self.assertEqual((cut["stop_type"], cut["stopping_word"]), ("word", word), (word, cut))
+        self.assertTrue(resp["content"].startswith(cut["content"]))
+        status, resp = self.server.post("/completion", {"prompt": "x", "bogus": 1})
+        self.assertEqual((status, resp["error"]["param"]), (400, "bogus"))
+        self.assertEqual(self.server.get("/completion")[0], 405)
+
     def test_continue_final_message_goes_on_from_the_assistant_text(self):
         messages = [{"role": "user", "content": "Count"}, {"role": "assistant", "content": "One two"}]
         status, resp = self.server.post("/v1/chat/completions", {"messages": messages, "max_tokens": 4,
@@ -138,6 +234,65 @@ class LlamaFieldsTest(unittest.TestCase):
         self.assertLess(resp["usage"]["prompt_tokens"], fresh["usage"]["prompt_tokens"])
         status, resp = self.server.post("/v1/chat/completions", {"messages": messages[:1], "continue_final_message": True})
         self.assertEqual((status, resp["error"]["param"]), (400, "continue_final_message"))
+
+
+class ReasoningBudgetTest(unittest.TestCase):
+    """llama-server's reasoning_budget_tokens > 0 on Qwen3.5's template (its generation prompt
+    opens the think block): after that many reasoning tokens the close tag is forced and the
+    answer goes on as content."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.template_dir = tempfile.TemporaryDirectory()
+        path = os.path.join(cls.template_dir.name, "qwen3.5.jinja")
+        with open(path, "w") as f:
+            f.write(load_templates()["qwen3.5"])
+        model = synth("tiny-qwen3moe-qwen3", "tiny-qwen3moe", "--vocab", "qwen3")
+        cls.server = Server(model, "-c", "1024", "--chat-template-file", path)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop()
+        cls.template_dir.cleanup()
+
+    def chat(self, **fields):
+        body = {"messages": [{"role": "user", "content": "Think, then answer"}], "max_tokens": 24, "temperature": 0,
+                "ignore_eos": True, "return_tokens": True, **fields}
+        return self.server.post("/v1/chat/completions", body)
+
+    def test_the_close_tag_is_forced_after_the_budget(self):
+        _, close = self.server.post("/tokenize", {"content": "</think>"})
+        _, free = self.chat()
+        free_tokens = free["choices"][0]["tokens"]
+        self.assertNotIn(close["tokens"][0], free_tokens)  # greedy, this model never ends its reasoning
+        self.assertFalse(free["choices"][0]["message"].get("content"), free)
+        for name in ("reasoning_budget_tokens", "thinking_budget_tokens"):
+            status, resp = self.chat(**{name: 5})
+            self.assertEqual(status, 200, resp)
+            choice = resp["choices"][0]
+            tokens = choice["tokens"]
+            self.assertEqual(tokens[:5], free_tokens[:5])  # the reasoning as it was, cut at 5
+            self.assertEqual(tokens[5:5 + len(close["tokens"])], close["tokens"])
+            self.assertEqual(resp["usage"]["completion_tokens"], 24)
+            self.assertEqual(len(tokens), 24)
+            self.assertTrue(choice["message"]["reasoning_content"], choice)
+            self.assertTrue(choice["message"]["content"], choice)
+        # Streamed: the same split.
+        events = self.server.stream("/v1/chat/completions", {
+            "messages": [{"role": "user", "content": "Think, then answer"}], "max_tokens": 24, "temperature": 0,
+            "ignore_eos": True, "reasoning_budget_tokens": 5})
+        deltas = [e["choices"][0]["delta"] for e in events[:-1] if e["choices"]]
+        self.assertEqual("".join(d.get("content") or "" for d in deltas), choice["message"]["content"])
+        self.assertEqual("".join(d.get("reasoning_content") or "" for d in deltas), choice["message"]["reasoning_content"])
+        # llama-server's reasoning_budget_message goes before the close tag.
+        _, told = self.chat(reasoning_budget_tokens=5, reasoning_budget_message=" Time is up.")
+        self.assertTrue(told["choices"][0]["message"]["reasoning_content"].rstrip().endswith("Time is up."), told)
+        self.assertEqual(told["choices"][0]["tokens"][:5], free_tokens[:5])
+        # A budget larger than the answer changes nothing; log-probabilities with a budget are refused.
+        _, roomy = self.chat(reasoning_budget_tokens=100)
+        self.assertEqual(roomy["choices"][0]["tokens"], free_tokens)
+        status, resp = self.chat(reasoning_budget_tokens=5, logprobs=True)
+        self.assertEqual((status, resp["error"]["param"]), (400, "reasoning_budget_tokens"))
 
 
 class OtherApisHttpTest(unittest.TestCase):
@@ -164,6 +319,34 @@ class OtherApisHttpTest(unittest.TestCase):
         self.assertEqual((status, resp["error"]["type"]), (400, "invalid_request_error"))
         status, resp = self.post("/v1/responses", {"model": "m", "input": "Hi", "bogus": 1})
         self.assertEqual((status, resp["error"]["param"]), (400, "bogus"))  # OpenAI's shape
+
+    def test_llama_server_paths_without_v1(self):
+        # llama-server also answers the OpenAI routes without "/v1" (a client whose base URL
+        # lacks it), /models and /v1/health.
+        ask = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "temperature": 0}
+        _, want = self.post("/v1/chat/completions", ask)
+        status, got = self.post("/chat/completions", ask)
+        self.assertEqual(status, 200, got)
+        self.assertEqual(got["choices"][0]["message"], want["choices"][0]["message"])
+        status, resp = self.post("/responses", {"model": "m", "input": "Hi", "max_output_tokens": 2})
+        self.assertEqual((status, resp["object"]), (200, "response"), resp)
+        status, text = self.server.get("/models", headers={"Authorization": "Bearer k"})
+        self.assertEqual(status, 200, text)
+        self.assertEqual(json.loads(text)["data"][0]["object"], "model")
+        self.assertEqual(self.server.get("/v1/health")[0], 200)
+        self.assertEqual(self.server.get("/chat/completions")[0], 405)
+        self.assertEqual(self.post("/chat/completions", ask, key="wrong")[0], 401)
+
+    def test_responses_input_tokens_equals_usage(self):
+        # OpenAI's POST /v1/responses/input_tokens (client.responses.inputTokens.count()).
+        ask = {"model": "m", "instructions": "Be brief", "input": [{"role": "user", "content": "Hi there"}]}
+        status, counted = self.post("/v1/responses/input_tokens", ask)
+        self.assertEqual(status, 200, counted)
+        self.assertEqual(counted["object"], "response.input_tokens")
+        _, resp = self.post("/v1/responses", {**ask, "max_output_tokens": 2})
+        self.assertEqual(counted["input_tokens"], resp["usage"]["input_tokens"])
+        status, resp = self.post("/v1/responses/input_tokens", {**ask, "bogus": 1})
+        self.assertEqual((status, resp["error"]["param"]), (400, "bogus"))
 
     def test_count_tokens_equals_usage(self):
         ask = {"model": "m", "system": "Be brief", "messages": [{"role": "user", "content": "Hi there"}]}

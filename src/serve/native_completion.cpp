@@ -1,0 +1,95 @@
+#include "serve/native_completion.h"
+
+#include <algorithm>
+#include <chrono>
+#include <mutex>
+
+#include "serve/response.h"
+
+namespace bmoe {
+
+using json = nlohmann::ordered_json;
+
+namespace {
+
+// Why a choice ended, as llama-server names it, and the stop string that ended it: the answer's
+// tokens decode to more than its text exactly when a stop string cut the text.
+std::pair<std::string, std::string> stop_of(const NativeCompletion& c, const GenerateResult& r) {
+  if (r.finish_reason == "length") return {"limit", ""};
+  if (r.finish_reason != "stop") return {"none", ""};
+  const std::string decoded = c.tokenizer->decode(r.tokens);
+  if (decoded.size() > r.text.size() && decoded.starts_with(r.text)) {
+    const std::string_view rest = std::string_view(decoded).substr(r.text.size());
+    for (const std::string& word : c.stop) {
+      if (rest.starts_with(word)) return {"word", word};
+    }
+  }
+  return {"eos", ""};
+}
+
+const std::vector<int32_t>& prompt_of(const Job& job, int index) {
+  return job.choice_prompts.empty() ? job.prompt : job.choice_prompts[static_cast<size_t>(index)];
+}
+
+}  // namespace
+
+json native_result(const NativeCompletion& c, const Job& job, int index) {
+  const GenerateResult& r = job.results[static_cast<size_t>(index)];
+  const auto [stop_type, word] = stop_of(c, r);
+  return {{"index", index},
+          {"content", r.text},
+          {"tokens", c.return_tokens ? json(r.tokens) : json::array()},
+          {"id_slot", 0},
+          {"stop", true},
+          {"model", c.model},
+          {"tokens_predicted", r.tokens.size()},
+          {"tokens_evaluated", r.prompt_tokens},
+          {"prompt", c.tokenizer->decode(prompt_of(job, index))},
+          {"has_new_line", r.text.find('\n') != std::string::npos},
+          {"truncated", false},
+          {"stop_type", stop_type},
+          {"stopping_word", word},
+          {"tokens_cached", r.reused_tokens},
+          {"timings", timings_of({r})}};
+}
+
+json native_response(const NativeCompletion& c, const Job& job) {
+  if (job.results.size() == 1 && c.n == 1) return native_result(c, job, 0);
+  json all = json::array();
+  for (size_t i = 0; i < job.results.size(); ++i) all.push_back(native_result(c, job, static_cast<int>(i)));
+  return all;
+}
+
+bool NativeStream::step(Job& job, const StreamSink& sink) {
+  std::unique_lock<std::mutex> lock(job.mutex);
+  job.changed.wait_for(lock, std::chrono::seconds(1), [&] { return job.done || !job.events.empty(); });
+  std::deque<JobEvent> events;
+  events.swap(job.events);
+  const bool done = job.done;
+  lock.unlock();
+  for (const JobEvent& e : events) {
+    if (e.text.empty()) continue;
+    if (pieces_.size() <= static_cast<size_t>(e.choice)) pieces_.resize(static_cast<size_t>(e.choice) + 1, 0);
+    int& predicted = pieces_[static_cast<size_t>(e.choice)];
+    predicted = e.timings ? e.timings->predicted_n : predicted + 1;
+    json piece = {{"index", e.choice}, {"content", e.text}, {"tokens", json::array()}, {"stop", false},
+                  {"id_slot", 0}, {"tokens_predicted", predicted}, {"tokens_evaluated", prompt_of(job, e.choice).size()}};
+    if (c_.timings_per_token && e.timings) piece["timings"] = live_timings_json(*e.timings);
+    if (!sink.write(sse(piece))) return false;
+  }
+  if (!done) return events.empty() ? sink.write(": keep-alive\n\n") : true;
+  if (!job.error.empty()) {
+    if (!sink.write(sse(job_error(job)))) return false;
+  } else {
+    for (size_t i = 0; i < job.results.size(); ++i) {
+      json last = native_result(c_, job, static_cast<int>(i));
+      last["content"] = "";  // as llama-server: the pieces carried it
+      last["tokens"] = json::array();
+      if (!sink.write(sse(last))) return false;
+    }
+  }
+  sink.done();
+  return true;
+}
+
+}  // namespace bmoe
