@@ -113,23 +113,27 @@ void q6_K_row(const void* w, const Q8KGroup& g, int64_t n, float* out) {
                                              : _mm256_permute2x128_si256(scales16, scales16, 0x11);
       __m256i parts[4];
       q6_K_parts(x[b], half, parts);
-      __m256i s[4];
-      for (int part = 0; part < 4; ++part) s[part] = _mm256_shuffle_epi8(half_scales, q6_scale_pick(part));
+      // Part by part over the rows: eight sums, one part and its scales live (AVX2 has sixteen
+      // vector registers; all four parts' scales at once spilled).
+#pragma GCC unroll 4
+      for (int part = 0; part < 4; ++part) {
+        const __m256i s = _mm256_shuffle_epi8(half_scales, q6_scale_pick(part));
 #pragma GCC unroll 8
-      for (int t = 0; t < kUsed; ++t) {
-        const int8_t* q8 = g.y[t][b].qs + 128 * half;
-        for (int part = 0; part < 4; ++part) {
-          const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q8 + 32 * part));
-          isum[t] = madd16_add(isum[t], s[part], _mm256_maddubs_epi16(parts[part], qy));
+        for (int t = 0; t < kUsed; ++t) {
+          const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g.y[t][b].qs + 128 * half + 32 * part));
+          isum[t] = madd16_add(isum[t], s, _mm256_maddubs_epi16(parts[part], qy));
         }
       }
     }
     const float dx = f16(x[b].d);
+    const __m256i neg32_scales = q6_neg32_scales(scales16);
+    alignas(32) float d[kActs];  // each pair's dy * dx (as the one-row kernel, commuted)
+    _mm256_store_ps(d, _mm256_mul_ps(g.scales(b), _mm256_set1_ps(dx)));
 #pragma GCC unroll 8
     for (int t = 0; t < kUsed; ++t) {
       const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g.y[t][b].bsums));
-      const __m256i offset = _mm256_slli_epi32(_mm256_madd_epi16(bsums, scales16), 5);
-      acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(g.y[t][b].d * dx), _mm256_cvtepi32_ps(_mm256_sub_epi32(isum[t], offset)), acc[t]);
+      const __m256i isum8 = madd16_add(isum[t], bsums, neg32_scales);
+      acc[t] = _mm256_fmadd_ps(_mm256_broadcast_ss(&d[t]), _mm256_cvtepi32_ps(isum8), acc[t]);
     }
   }
 #pragma GCC unroll 8

@@ -376,13 +376,14 @@ void q6_K_row(const void* w, const Q8KGroup& g, int64_t n, float* out) {
         isum[t] = madd16_add_512(madd16_add_512(isum[t], s01, _mm512_maddubs_epi16(q01, y01)), s23, _mm512_maddubs_epi16(q23, y23));
       }
     }
-    const float dx = f16(x[b].d);
+    const __m256i neg32_scales = q6_neg32_scales(scales16);
+    alignas(32) float d[kActs];  // each pair's dy * dx (as the one-row kernel, commuted)
+    _mm256_store_ps(d, _mm256_mul_ps(g.scales(b), _mm256_set1_ps(f16(x[b].d))));
 #pragma GCC unroll 8
     for (int t = 0; t < kUsed; ++t) {
       const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g.y[t][b].bsums));
-      const __m256i offset = _mm256_slli_epi32(_mm256_madd_epi16(bsums, scales16), 5);
-      const __m256i isum8 = _mm256_sub_epi32(fold_halves(isum[t]), offset);
-      acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(g.y[t][b].d * dx), _mm256_cvtepi32_ps(isum8), acc[t]);
+      const __m256i isum8 = madd16_add(fold_halves(isum[t]), bsums, neg32_scales);
+      acc[t] = _mm256_fmadd_ps(_mm256_broadcast_ss(&d[t]), _mm256_cvtepi32_ps(isum8), acc[t]);
     }
   }
 #pragma GCC unroll 8

@@ -163,6 +163,13 @@ inline __m256i k_pair_add(__m256i acc, __m256i lo, __m256i hi, const int8_t* q8,
   return madd16_add(acc, _mm256_maddubs_epi16(hi, y1), _mm256_set1_epi16(scale1));
 }
 
+// Q6_K's -32 per quant comes back through the activation sums: 32 * madd(bsums, scales16) is
+// taken off each lane. This is -32 * scale as int16 (|scale| <= 128: fits), so that
+// madd16_add(lanes, bsums, it) does the subtraction in one multiply-add (the same integers).
+inline __m256i q6_neg32_scales(__m256i scales16) {
+  return _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(scales16, 5));
+}
+
 // pshufb indices that fill the low 128-bit lane with int16 scale 2 * part of a lane's eight
 // and the high lane with scale 2 * part + 1: one shuffle per 32 quants instead of two scalar
 // broadcasts and an insert (Q6_K 15.5-17.5 -> 19.7 GB/s in L2 on AMD EPYC, same results).
