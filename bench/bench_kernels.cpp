@@ -62,6 +62,8 @@ void run(benchmark::State& state, TensorType type, Isa isa, bool rows_at_once, i
     benchmark::DoNotOptimize(out.data());
   }
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(m.weights.size()));
+  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * static_cast<double>(m.rows * m.cols) * static_cast<double>(state.iterations()),
+                                                 benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
 }
 
 // Two activation rows (a batch of 2): with the pair kernel (arm64 i8mm) or one row at a time.
@@ -182,7 +184,34 @@ BMOE_PEAK(peak_int8_avx2, "avx2,fma", __m256i, 32, _mm256_set1_epi8(3), _mm256_s
           _mm256_add_epi32(acc[k], _mm256_madd_epi16(_mm256_maddubs_epi16(a[k], b), _mm256_set1_epi16(1))))
 BMOE_PEAK(peak_f32_avx512, "avx2,fma,avx512f", __m512, 16, _mm512_set1_ps(1.0001f), _mm512_set1_ps(0.9999f),
           _mm512_fmadd_ps(a[k], b, acc[k]))
+BMOE_PEAK(peak_f32_avx2, "avx2,fma", __m256, 8, _mm256_set1_ps(1.0001f), _mm256_set1_ps(0.9999f),
+          _mm256_fmadd_ps(a[k], b, acc[k]))
+// VNNI: one vpdpbusd does the maddubs + madd + add above (and vpdpwssd the scaled madd + add).
+BMOE_PEAK(peak_int8_avx512_vnni, "avx2,fma,avx512f,avx512bw,avx512vnni", __m512i, 64, _mm512_set1_epi8(3),
+          _mm512_set1_epi8(5), _mm512_dpbusd_epi32(acc[k], a[k], b))
+BMOE_PEAK(peak_int8_avx_vnni, "avx2,fma,avxvnni", __m256i, 32, _mm256_set1_epi8(3), _mm256_set1_epi8(5),
+          _mm256_dpbusd_avx_epi32(acc[k], a[k], b))
 #endif
+
+// Memory bandwidth, STREAM's triad a = b + s * c on f32 arrays far larger than the caches
+// (3 x 64 MiB), on `threads` threads each taking its own slice; 12 bytes counted per element
+// (the write-allocate read of `a` is not counted, as STREAM does not).
+void triad(benchmark::State& state, int threads) {
+  constexpr size_t kElems = size_t{16} << 20;
+  std::vector<float> a(kElems, 0.0f), b(kElems, 1.0f), c(kElems, 2.0f);
+  ThreadPool pool(threads);
+  for (auto _ : state) {
+    pool.run(threads, [&](int64_t task, int) {
+      const size_t begin = kElems * static_cast<size_t>(task) / static_cast<size_t>(threads);
+      const size_t end = kElems * static_cast<size_t>(task + 1) / static_cast<size_t>(threads);
+      for (size_t i = begin; i < end; ++i) a[i] = b[i] + 3.0f * c[i];
+    });
+    benchmark::DoNotOptimize(a.data());
+    benchmark::ClobberMemory();
+  }
+  state.counters["threads"] = threads;
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(3 * kElems * sizeof(float)));
+}
 
 void register_all() {
   const TensorType types[] = {TensorType::Q4_K, TensorType::Q6_K, TensorType::Q5_K, TensorType::Q8_0,
@@ -240,7 +269,13 @@ int main(int argc, char** argv) {
     benchmark::RegisterBenchmark("peak/int8-avx512", bmoe::peak_int8_avx512);
     benchmark::RegisterBenchmark("peak/f32-avx512", bmoe::peak_f32_avx512);
   }
+  if (bmoe::cpu_features().avx2) benchmark::RegisterBenchmark("peak/f32-avx2", bmoe::peak_f32_avx2);
+  if (bmoe::cpu_features().avx512vnni) benchmark::RegisterBenchmark("peak/int8-avx512-vnni", bmoe::peak_int8_avx512_vnni);
+  if (bmoe::cpu_features().avx_vnni) benchmark::RegisterBenchmark("peak/int8-avx-vnni", bmoe::peak_int8_avx_vnni);
 #endif
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  benchmark::RegisterBenchmark("triad/1", [](benchmark::State& s) { bmoe::triad(s, 1); })->UseRealTime();
+  if (cores > 1) benchmark::RegisterBenchmark("triad/all", [cores](benchmark::State& s) { bmoe::triad(s, cores); })->UseRealTime();
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   return 0;

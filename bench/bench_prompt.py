@@ -6,8 +6,10 @@ For each model (cuts of real shapes, written once) and each prompt length, the s
 bmoe-cli (--prompt-ids, its "prompt:" line) and to llama.cpp through node-llama-cpp (the time
 from feeding the ids to the first generated token). After one untimed warm-up of each engine,
 runs alternate (bmoe, llama.cpp, bmoe, ...). Prints a markdown table with medians and the ratio.
+--isa-ab avx512 adds a bmoe run under BMOE_ISA=avx512 to each round (A/B of a kernel path, same
+alternation; its own column).
 
-    bench/bench_prompt.py [--lengths 128,512,2048] [--threads 2] [--repeats 2] [--models qwen,gpt-oss]
+    bench/bench_prompt.py [--lengths 128,512,2048] [--threads 2] [--repeats 2] [--models qwen,gpt-oss] [--isa-ab avx512]
 """
 import argparse
 import json
@@ -35,10 +37,11 @@ def prompt_ids(model, length):
     return (ids * (length // len(ids) + 1))[:length]
 
 
-def run_bmoe_prompt(model, ids, threads, extra=()):
+def run_bmoe_prompt(model, ids, threads, extra=(), isa=None):
+    env = dict(os.environ, **({"BMOE_ISA": isa} if isa else {}))
     p = subprocess.run([tool("bmoe-cli"), "-m", model, "--prompt-ids", ",".join(map(str, ids)), "-n", "1",
                         "-t", str(threads), "-c", str(max(4096, len(ids) + 64)),
-                        *resident_unless_streamed(extra)], capture_output=True, text=True)
+                        *resident_unless_streamed(extra)], capture_output=True, text=True, env=env)
     m = PROMPT_RE.search(p.stderr)
     if p.returncode != 0 or not m:
         log(p.stderr[-2000:])
@@ -72,6 +75,7 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--models", default="qwen,gpt-oss")
+    ap.add_argument("--isa-ab", help="also run bmoe under this BMOE_ISA value in each round")
     args = ap.parse_args()
     lengths = [int(x) for x in args.lengths.split(",")]
     rows = []
@@ -84,17 +88,23 @@ def main():
         run_llama_prompt(model, warm, args.threads)
         for n in lengths:
             ids = prompt_ids(model, n)
-            ours, theirs = [], []
+            ours, theirs, alt = [], [], []
             for r in range(args.repeats):
                 ours.append(run_bmoe_prompt(model, ids, args.threads))
                 theirs.append(run_llama_prompt(model, ids, args.threads))
-                log(f"{preset} {layers}l, {n} tokens, repeat {r + 1}: bmoe {ours[-1]} tok/s, llama.cpp {theirs[-1]} tok/s")
+                if args.isa_ab:
+                    alt.append(run_bmoe_prompt(model, ids, args.threads, isa=args.isa_ab))
+                log(f"{preset} {layers}l, {n} tokens, repeat {r + 1}: bmoe {ours[-1]} tok/s, llama.cpp {theirs[-1]} tok/s"
+                    + (f", bmoe BMOE_ISA={args.isa_ab} {alt[-1]} tok/s" if args.isa_ab else ""))
             a, b = median(ours), median(theirs)
-            rows.append((f"{preset}, {layers} layers", n, ours, theirs, a / b))
-    print("| model | prompt tokens | bmoe tok/s | llama.cpp tok/s | ratio |\n|---|---|---|---|---|")
-    for name, n, ours, theirs, ratio in rows:
+            rows.append((f"{preset}, {layers} layers", n, ours, theirs, a / b, alt))
+    ab = f" bmoe BMOE_ISA={args.isa_ab} tok/s | ratio |" if args.isa_ab else ""
+    print(f"| model | prompt tokens | bmoe tok/s | llama.cpp tok/s | ratio |{ab}\n|---|---|---|---|---|"
+          + ("---|---|" if args.isa_ab else ""))
+    for name, n, ours, theirs, ratio, alt in rows:
         fmt = lambda v: " / ".join(f"{x:.1f}" if x else "n/a" for x in v)
-        print(f"| {name} | {n} | {fmt(ours)} | {fmt(theirs)} | **{ratio:.2f}x** |")
+        extra = f" {fmt(alt)} | {median(alt) / median(theirs):.2f}x |" if alt else ""
+        print(f"| {name} | {n} | {fmt(ours)} | {fmt(theirs)} | **{ratio:.2f}x** |{extra}")
     print(f"\nresident, -t {args.threads}, {args.repeats} alternated runs each (ratio of medians), "
           f"llama.cpp = node-llama-cpp 3.21.1 (mmap, flash attention auto, its default batch), {machine()}")
 

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "core/cpu_features.h"
@@ -427,11 +428,18 @@ TEST(Dispatch, Avx512KernelsEqualAvx2BitForBit) {
     TensorType type;
     DotFn avx2, avx512;
   };
+  const bool vnni = cpu_features().avx512vnni;
   const Pair pairs[] = {{TensorType::Q4_K, avx2::dot_q4_K, avx512::dot_q4_K},
-                        {TensorType::Q6_K, avx2::dot_q6_K, avx512::dot_q6_K}};
+                        {TensorType::Q6_K, avx2::dot_q6_K, avx512::dot_q6_K},
+                        {TensorType::Q4_K, avx2::dot_q4_K, avx512_vnni::dot_q4_K},
+                        {TensorType::Q6_K, avx2::dot_q6_K, avx512_vnni::dot_q6_K}};
   Rng rng(81);
   for (const Pair& p : pairs) {
-    EXPECT_EQ(kernels(p.type).dot, p.avx512) << type_name(p.type) << ": the dispatcher should pick the AVX-512 kernel";
+    const bool is_vnni = p.avx512 == avx512_vnni::dot_q4_K || p.avx512 == avx512_vnni::dot_q6_K;
+    if (is_vnni && !vnni) continue;  // not on this CPU (or BMOE_ISA=avx512 narrowed it)
+    if (is_vnni == vnni) {
+      EXPECT_EQ(kernels(p.type).dot, p.avx512) << type_name(p.type) << ": the dispatcher's pick";
+    }
     for (int trial = 0; trial < 40; ++trial) {
       const int64_t n = 256 * (1 + static_cast<int64_t>(rng.below(12)));
       const auto w = random_raw_blocks(rng, p.type, n);
@@ -441,8 +449,8 @@ TEST(Dispatch, Avx512KernelsEqualAvx2BitForBit) {
       EXPECT_TRUE(std::isfinite(want));
     }
   }
-  // The eight-row MXFP4 kernel, odd block counts (the AVX2 fallback) included.
-  EXPECT_EQ(kernels(TensorType::MXFP4).dot_rows, &avx512::dot_rows_mxfp4);
+  // The eight-row MXFP4 kernels, odd block counts (the AVX2 fallback) included.
+  EXPECT_EQ(kernels(TensorType::MXFP4).dot_rows, vnni ? &avx512_vnni::dot_rows_mxfp4 : &avx512::dot_rows_mxfp4);
   for (int trial = 0; trial < 20; ++trial) {
     const int64_t n = 32 * (1 + static_cast<int64_t>(rng.below(40)));
     const size_t stride = row_bytes(TensorType::MXFP4, n) + type_info(TensorType::MXFP4).block_bytes * static_cast<size_t>(trial % 3);
@@ -452,8 +460,102 @@ TEST(Dispatch, Avx512KernelsEqualAvx2BitForBit) {
     avx2::dot_rows_mxfp4(rows.data(), stride, qa.data(), n, want);
     avx512::dot_rows_mxfp4(rows.data(), stride, qa.data(), n, got);
     for (int r = 0; r < kDotRows; ++r) EXPECT_EQ(float_bits(got[r]), float_bits(want[r])) << "MXFP4 rows, n=" << n << " row " << r;
+    if (!vnni) continue;
+    avx512_vnni::dot_rows_mxfp4(rows.data(), stride, qa.data(), n, got);
+    for (int r = 0; r < kDotRows; ++r) EXPECT_EQ(float_bits(got[r]), float_bits(want[r])) << "MXFP4 VNNI rows, n=" << n << " row " << r;
   }
-  EXPECT_EQ(active_isa_name(), "avx2+avx512");
+  EXPECT_EQ(active_isa_name(), cpu_features().avx512vnni || cpu_features().avx_vnni ? "avx2+avx512+vnni" : "avx2+avx512");
+}
+#endif
+
+#if defined(__x86_64__)
+// Every x86 tile kernel of an integer type that this CPU can run, with the instruction set it
+// needs: the plain AVX2 one first (the one the others must equal).
+struct TileVariant {
+  const char* name;
+  bool runs;
+  DotTileFn q4_K, q5_K, q6_K, q8_0, q4_0, mxfp4;
+  DotTileFn of(TensorType t) const {
+    switch (t) {
+      case TensorType::Q4_K: return q4_K;
+      case TensorType::Q5_K: return q5_K;
+      case TensorType::Q6_K: return q6_K;
+      case TensorType::Q8_0: return q8_0;
+      case TensorType::Q4_0: return q4_0;
+      case TensorType::MXFP4: return mxfp4;
+      default: return nullptr;
+    }
+  }
+};
+
+std::vector<TileVariant> x86_tile_variants() {
+  const CpuFeatures& f = cpu_features();
+  return {{"avx2", f.avx2, avx2::dot_tile_q4_K, avx2::dot_tile_q5_K, avx2::dot_tile_q6_K, avx2::dot_tile_q8_0,
+           avx2::dot_tile_q4_0, avx2::dot_tile_mxfp4},
+          {"avx2-vnni", f.avx_vnni, avx2_vnni::dot_tile_q4_K, avx2_vnni::dot_tile_q5_K, avx2_vnni::dot_tile_q6_K,
+           avx2_vnni::dot_tile_q8_0, avx2_vnni::dot_tile_q4_0, avx2_vnni::dot_tile_mxfp4},
+          {"avx512", f.avx512bw, avx512::dot_tile_q4_K, nullptr, avx512::dot_tile_q6_K, avx512::dot_tile_q8_0,
+           avx512::dot_tile_q4_0, avx512::dot_tile_mxfp4},
+          {"avx512-vnni", f.avx512vnni, avx512_vnni::dot_tile_q4_K, nullptr, avx512_vnni::dot_tile_q6_K,
+           avx512_vnni::dot_tile_q8_0, avx512_vnni::dot_tile_q4_0, avx512_vnni::dot_tile_mxfp4}};
+}
+
+// The VNNI tile kernels (vpdpbusd / vpdpwssd) and the AVX-512 ones return exactly what the
+// AVX2 maddubs ones return, for every (row, activation) pair: whole, half and partial tiles
+// (the sixteen-row Q4_K tiles too), lone activations, padded strides, small and large
+// activations (the latter reaching +-127 in every block).
+TEST(Dispatch, VnniAndAvx512TileKernelsEqualAvx2TilesBitForBit) {
+  if (!cpu_features().avx2) GTEST_SKIP() << "no AVX2";
+  Rng rng(93);
+  int checked = 0;
+  const TensorType types[] = {TensorType::Q4_K, TensorType::Q5_K, TensorType::Q6_K, TensorType::Q8_0, TensorType::Q4_0, TensorType::MXFP4};
+  const std::vector<TileVariant> variants = x86_tile_variants();
+  for (TensorType t : types) {
+    for (int trial = 0; trial < 10; ++trial) {
+      const int64_t n = 256 * (1 + static_cast<int64_t>(rng.below(6))) + (trial % 4 == 3 ? 32 : 0);
+      if (n % type_info(t).block_size != 0) continue;
+      const int rows = 1 + static_cast<int>(rng.below(9));
+      const int n_act = 1 + static_cast<int>(rng.below(40));  // AVX-512 Q4_K: tiles of 16, then of 8
+      const size_t stride = row_bytes(t, n) + type_info(t).block_bytes * static_cast<size_t>(trial % 3);
+      const std::vector<uint8_t> w = random_rows(rng, t, n, rows, stride);
+      std::vector<std::vector<uint8_t>> acts;
+      std::vector<const void*> ptrs;
+      for (int a = 0; a < n_act; ++a) acts.push_back(random_activations(rng, kernels(t), n, trial % 2 ? 1.0 : 50.0));
+      for (const auto& a : acts) ptrs.push_back(a.data());
+      std::vector<float> want(static_cast<size_t>(n_act * rows)), got(want.size());
+      variants[0].of(t)(w.data(), stride, rows, ptrs.data(), n_act, n, want.data(), rows);
+      for (const TileVariant& v : variants) {
+        if (!v.runs || v.of(t) == nullptr) continue;
+        std::fill(got.begin(), got.end(), -1.0f);
+        v.of(t)(w.data(), stride, rows, ptrs.data(), n_act, n, got.data(), rows);
+        for (size_t i = 0; i < want.size(); ++i) {
+          ASSERT_EQ(float_bits(got[i]), float_bits(want[i])) << v.name << " " << type_name(t) << " n=" << n << " out " << i;
+        }
+        ++checked;
+      }
+    }
+  }
+  if (!cpu_features().avx_vnni && !cpu_features().avx512bw) GTEST_SKIP() << "no VNNI or AVX-512 on this CPU (or BMOE_ISA narrowed it)";
+  EXPECT_GE(checked, 90);  // at least two variants (AVX2 and a wider or VNNI form) on 45+ shapes
+}
+
+// The dispatcher installs the widest tile kernel the (possibly BMOE_ISA-narrowed) CPU runs: the
+// ctest runs of this binary under BMOE_ISA=avx512, avx2-vnni and avx2 check each choice.
+TEST(Dispatch, TileKernelFollowsCpuFeatures) {
+  if (active_isa() != Isa::Avx2) GTEST_SKIP() << "not the x86 SIMD path";
+  const std::vector<TileVariant> variants = x86_tile_variants();
+  const TensorType types[] = {TensorType::Q4_K, TensorType::Q5_K, TensorType::Q6_K, TensorType::Q8_0, TensorType::Q4_0, TensorType::MXFP4};
+  for (TensorType t : types) {
+    DotTileFn want = nullptr;
+    for (const TileVariant& v : variants) {
+      if (v.runs && v.of(t) != nullptr) want = v.of(t);
+    }
+    EXPECT_EQ(kernels(t).dot_tile, want) << type_name(t);
+  }
+  const char* force = std::getenv("BMOE_ISA");
+  const std::string forced = force != nullptr ? force : "";
+  EXPECT_FALSE(forced == "avx512" && (cpu_features().avx512vnni || cpu_features().avx_vnni));
+  EXPECT_FALSE(forced == "avx2-vnni" && cpu_features().avx512bw);
 }
 #endif
 

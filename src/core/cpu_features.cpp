@@ -44,6 +44,31 @@ bool has_avx512bw() {
   __asm__("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
   return (xcr0_lo & 0xE6u) == 0xE6u;
 }
+
+// AVX-512 VNNI: CPUID leaf 7 subleaf 0, ECX bit 11 (usable with avx512bw's OS state).
+bool has_avx512vnni() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 11)) != 0;
+}
+
+// AVX-VNNI (VEX): CPUID leaf 7 subleaf 1, EAX bit 4 (ymm state, as avx2 needs).
+bool has_avx_vnni() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) && (eax & (1u << 4)) != 0;
+}
+
+// BMOE_ISA narrows the detected set (see cpu_features.h); an unknown value changes nothing.
+void narrow(CpuFeatures& f, const char* force) {
+  if (force == nullptr) return;
+  const bool avx2_only = std::strcmp(force, "avx2") == 0, avx2_vnni = std::strcmp(force, "avx2-vnni") == 0;
+  if (std::strcmp(force, "scalar") == 0) f = CpuFeatures{};
+  if (avx2_only || avx2_vnni) f.avx512bw = f.avx512vnni = false;
+  if (avx2_only || std::strcmp(force, "avx512") == 0) f.avx512vnni = f.avx_vnni = false;
+}
+#else
+void narrow(CpuFeatures& f, const char* force) {
+  if (force != nullptr && std::strcmp(force, "scalar") == 0) f = CpuFeatures{};
+}
 #endif
 
 CpuFeatures detect() {
@@ -52,6 +77,8 @@ CpuFeatures detect() {
   __builtin_cpu_init();
   f.avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c();
   f.avx512bw = f.avx2 && has_avx512bw();
+  f.avx512vnni = f.avx512bw && has_avx512vnni();
+  f.avx_vnni = f.avx2 && has_avx_vnni();
   f.amd = is_amd();
 #elif defined(__aarch64__)
   f.neon = true;
@@ -66,9 +93,7 @@ CpuFeatures detect() {
   (void)hw2;
 #endif
 #endif
-  const char* force = std::getenv("BMOE_ISA");
-  if (force != nullptr && std::strcmp(force, "scalar") == 0) f = CpuFeatures{};
-  if (force != nullptr && std::strcmp(force, "avx2") == 0) f.avx512bw = false;
+  narrow(f, std::getenv("BMOE_ISA"));
   return f;
 }
 
@@ -81,7 +106,10 @@ const CpuFeatures& cpu_features() {
 
 std::string active_isa_name() {
   const CpuFeatures& f = cpu_features();
-  if (f.avx2) return f.avx512bw ? "avx2+avx512" : "avx2";
+  if (f.avx2) {
+    const std::string base = f.avx512bw ? "avx2+avx512" : "avx2";
+    return base + (f.avx512vnni || f.avx_vnni ? "+vnni" : "");
+  }
   if (f.neon) return f.dotprod ? (f.i8mm ? "neon-i8mm" : "neon-dotprod") : "neon";
   return "scalar";
 }

@@ -63,13 +63,18 @@ KernelTable avx2_table() {
     t.add(TensorType::Q4_K, TensorType::Q8_K, ref::dequantize_q4_K, avx512::dot_q4_K);
     t.add(TensorType::Q6_K, TensorType::Q8_K, ref::dequantize_q6_K, avx512::dot_q6_K);
   }
+  if (cpu_features().avx512vnni) {
+    t.add(TensorType::Q4_K, TensorType::Q8_K, ref::dequantize_q4_K, avx512_vnni::dot_q4_K);
+    t.add(TensorType::Q6_K, TensorType::Q8_K, ref::dequantize_q6_K, avx512_vnni::dot_q6_K);
+  }
   // Eight Q8_0 rows at once read a matrix from DRAM faster on the Intel Xeon we measured
   // (12.7 vs 9.7 GB/s, one core) and slower on AMD EPYC (20-22 vs 28-30 GB/s; gpt-oss-20b cut
   // 22.3 -> 26.7 tok/s without it): eight concurrent row streams against one sequential one.
   // The results are the same either way.
   if (!cpu_features().amd) t.add_rows(TensorType::Q8_0, avx2::dot_rows_q8_0);
   t.add_rows(TensorType::Q4_0, avx2::dot_rows_q4_0);
-  t.add_rows(TensorType::MXFP4, cpu_features().avx512bw ? avx512::dot_rows_mxfp4 : avx2::dot_rows_mxfp4);
+  t.add_rows(TensorType::MXFP4, cpu_features().avx512vnni ? avx512_vnni::dot_rows_mxfp4
+                                 : cpu_features().avx512bw ? avx512::dot_rows_mxfp4 : avx2::dot_rows_mxfp4);
   // Batches: one weight row against eight activation rows (same results as the kernels above).
   t.add_tile(TensorType::F32, avx2::dot_tile_f32);
   t.add_tile(TensorType::F16, avx2::dot_tile_f16);
@@ -80,12 +85,29 @@ KernelTable avx2_table() {
   t.add_tile(TensorType::Q4_K, avx2::dot_tile_q4_K);
   t.add_tile(TensorType::Q5_K, avx2::dot_tile_q5_K);
   t.add_tile(TensorType::Q6_K, avx2::dot_tile_q6_K);
+  if (cpu_features().avx_vnni) {
+    t.add_tile(TensorType::Q4_0, avx2_vnni::dot_tile_q4_0);
+    t.add_tile(TensorType::Q8_0, avx2_vnni::dot_tile_q8_0);
+    t.add_tile(TensorType::MXFP4, avx2_vnni::dot_tile_mxfp4);
+    t.add_tile(TensorType::Q4_K, avx2_vnni::dot_tile_q4_K);
+    t.add_tile(TensorType::Q5_K, avx2_vnni::dot_tile_q5_K);
+    t.add_tile(TensorType::Q6_K, avx2_vnni::dot_tile_q6_K);
+  }
   if (cpu_features().avx512bw) {
     t.add_tile(TensorType::Q4_K, avx512::dot_tile_q4_K);
     t.add_tile(TensorType::Q6_K, avx512::dot_tile_q6_K);
     t.add_tile(TensorType::Q8_0, avx512::dot_tile_q8_0);
     t.add_tile(TensorType::Q4_0, avx512::dot_tile_q4_0);
     t.add_tile(TensorType::MXFP4, avx512::dot_tile_mxfp4);
+  }
+  // VNNI: one vpdpbusd / vpdpwssd for each maddubs + madd (+ add); the same int32 lanes. The
+  // AVX-VNNI tiles above serve the types with no AVX-512 tile (Q5_K) and AVX2-only CPUs.
+  if (cpu_features().avx512vnni) {
+    t.add_tile(TensorType::Q4_K, avx512_vnni::dot_tile_q4_K);
+    t.add_tile(TensorType::Q6_K, avx512_vnni::dot_tile_q6_K);
+    t.add_tile(TensorType::Q8_0, avx512_vnni::dot_tile_q8_0);
+    t.add_tile(TensorType::Q4_0, avx512_vnni::dot_tile_q4_0);
+    t.add_tile(TensorType::MXFP4, avx512_vnni::dot_tile_mxfp4);
   }
   return t;
 }

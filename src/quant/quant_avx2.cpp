@@ -274,7 +274,7 @@ float dot_q4_K(const void* w, const void* a, int64_t n) {
       const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qs + 32 * chunk));
       const __m256i lo = _mm256_and_si256(q, low_mask);
       const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low_mask);
-      isum = _mm256_add_epi32(isum, k_pair(lo, hi, y[b].qs + 64 * chunk, sc[2 * chunk], sc[2 * chunk + 1]));
+      isum = k_pair_add(isum, lo, hi, y[b].qs + 64 * chunk, sc[2 * chunk], sc[2 * chunk + 1]);
     }
     acc = std::fma(static_cast<float>(hsum_i32(isum)), f16(x[b].d) * y[b].d, acc);
     acc_min = std::fma(static_cast<float>(k_min_term(mins16, y[b].bsums)), f16(x[b].dmin) * y[b].d, acc_min);
@@ -306,7 +306,7 @@ float dot_q5_K(const void* w, const void* a, int64_t n) {
       const __m256i h1 = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bit1), bit1), sixteen);
       const __m256i lo = _mm256_or_si256(_mm256_and_si256(q, low_mask), h0);
       const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), low_mask), h1);
-      isum = _mm256_add_epi32(isum, k_pair(lo, hi, y[b].qs + 64 * chunk, sc[2 * chunk], sc[2 * chunk + 1]));
+      isum = k_pair_add(isum, lo, hi, y[b].qs + 64 * chunk, sc[2 * chunk], sc[2 * chunk + 1]);
     }
     const float d = y[b].d * f16(x[b].d);
     const float dmin = y[b].d * f16(x[b].dmin);

@@ -50,17 +50,34 @@ BMOE_DOT_TILE(dot_tile_f16);
 BMOE_DOT_TILE(dot_tile_bf16);
 }  // namespace bmoe::avx2
 
-// AVX-512 F + BW versions of the heaviest AVX2 kernels, equal to them bit for bit; the AVX2
-// table uses them where cpu_features().avx512bw.
-namespace bmoe::avx512 {
-float dot_q4_K(const void* w, const void* a, int64_t n);
-float dot_q6_K(const void* w, const void* a, int64_t n);
-void dot_rows_mxfp4(const void* w, size_t stride, const void* a, int64_t n, float* out);
+// The AVX2 integer tile kernels with AVX-VNNI (quant_avx2_vnni_tiles.cpp), equal to avx2's bit
+// for bit; the AVX2 table uses them where cpu_features().avx_vnni and no AVX-512 tile stands in.
+namespace bmoe::avx2_vnni {
 BMOE_DOT_TILE(dot_tile_q4_K);
+BMOE_DOT_TILE(dot_tile_q5_K);
 BMOE_DOT_TILE(dot_tile_q6_K);
 BMOE_DOT_TILE(dot_tile_q8_0);
 BMOE_DOT_TILE(dot_tile_q4_0);
 BMOE_DOT_TILE(dot_tile_mxfp4);
+}  // namespace bmoe::avx2_vnni
+
+// AVX-512 F + BW versions of the heaviest AVX2 kernels, equal to them bit for bit; the AVX2
+// table uses them where cpu_features().avx512bw, the avx512_vnni ones (the same bodies with
+// vpdpbusd / vpdpwssd, quant_avx512_kernels.h) where also cpu_features().avx512vnni.
+#define BMOE_AVX512_INT_KERNELS                                                         \
+  float dot_q4_K(const void* w, const void* a, int64_t n);                             \
+  float dot_q6_K(const void* w, const void* a, int64_t n);                             \
+  void dot_rows_mxfp4(const void* w, size_t stride, const void* a, int64_t n, float* out); \
+  BMOE_DOT_TILE(dot_tile_q4_K);                                                        \
+  BMOE_DOT_TILE(dot_tile_q6_K);                                                        \
+  BMOE_DOT_TILE(dot_tile_q8_0);                                                        \
+  BMOE_DOT_TILE(dot_tile_q4_0);                                                        \
+  BMOE_DOT_TILE(dot_tile_mxfp4);
+namespace bmoe::avx512_vnni {
+BMOE_AVX512_INT_KERNELS
+}  // namespace bmoe::avx512_vnni
+namespace bmoe::avx512 {
+BMOE_AVX512_INT_KERNELS
 void gemm_f32(float* c, int64_t ldc, const float* a, int64_t lda, const float* b, int64_t ldb, int64_t m,
               int64_t k, int64_t n);
 }  // namespace bmoe::avx512

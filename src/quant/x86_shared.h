@@ -14,8 +14,39 @@
 
 #include "quant/blocks.h"
 
+// How the including file's kernels do their int8 multiply-adds: 0 maddubs + madd (+ add), 1
+// AVX-VNNI (VEX vpdpbusd / vpdpwssd on ymm), 2 AVX-512 VNNI (EVEX, with VL for ymm). The int32
+// lanes are the same in every form: vpdpbusd sums the four u8 x s8 products that maddubs + madd
+// sum, and maddubs never saturates on what the kernels pass it (|pair| <= 2 x 128 x 128 only
+// at -32768, which fits: quants are unsigned <= 63, or |x| <= 128 against a signed byte).
+#ifndef BMOE_X86_VNNI
+#define BMOE_X86_VNNI 0
+#endif
+
 namespace bmoe::x86 {
 namespace {
+
+// Per int32 lane, the sum of its four u8 x s8 products.
+inline __m256i dot4_u8s8(__m256i u, __m256i s) {
+#if BMOE_X86_VNNI == 1
+  return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
+#elif BMOE_X86_VNNI == 2
+  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+#else
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
+}
+
+// acc + madd(a, b): int16 products summed in pairs into the int32 lanes.
+inline __m256i madd16_add(__m256i acc, __m256i a, __m256i b) {
+#if BMOE_X86_VNNI == 1
+  return _mm256_dpwssd_avx_epi32(acc, a, b);
+#elif BMOE_X86_VNNI == 2
+  return _mm256_dpwssd_epi32(acc, a, b);
+#else
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
+#endif
+}
 
 // Horizontal sum in the association ggml uses: (a0+a4 + a2+a6) + (a1+a5 + a3+a7), so that sums
 // of the same lanes round identically.
@@ -77,8 +108,7 @@ inline int k_min_term(__m128i mins16, const int16_t* bsums) {
 inline __m256i dot_i8_pairs(__m256i x, __m256i y) {
   const __m256i ax = _mm256_sign_epi8(x, x);
   const __m256i sy = _mm256_sign_epi8(y, x);
-  const __m256i dot16 = _mm256_maddubs_epi16(ax, sy);
-  return _mm256_madd_epi16(dot16, _mm256_set1_epi16(1));
+  return dot4_u8s8(ax, sy);
 }
 
 // 32 nibbles of 16 bytes: low nibbles in the first 16 lanes, high nibbles in the last 16.
@@ -124,14 +154,20 @@ inline __m256i unpack_nibbles_broadcast(const uint8_t* p) {
   return _mm256_and_si256(shifted, _mm256_set1_epi8(0x0F));
 }
 
-// Weighted sum of two 32-element sub-blocks: scale0 * <lo, q8a> + scale1 * <hi, q8b>,
+// acc + the weighted sum of two 32-element sub-blocks: scale0 * <lo, q8a> + scale1 * <hi, q8b>,
 // where lo/hi hold unsigned quants (< 128).
-inline __m256i k_pair(__m256i lo, __m256i hi, const int8_t* q8, int16_t scale0, int16_t scale1) {
+inline __m256i k_pair_add(__m256i acc, __m256i lo, __m256i hi, const int8_t* q8, int16_t scale0, int16_t scale1) {
   const __m256i y0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q8));
   const __m256i y1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q8 + 32));
-  const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, y0), _mm256_set1_epi16(scale0));
-  const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, y1), _mm256_set1_epi16(scale1));
-  return _mm256_add_epi32(p0, p1);
+  acc = madd16_add(acc, _mm256_maddubs_epi16(lo, y0), _mm256_set1_epi16(scale0));
+  return madd16_add(acc, _mm256_maddubs_epi16(hi, y1), _mm256_set1_epi16(scale1));
+}
+
+// Q6_K's -32 per quant comes back through the activation sums: 32 * madd(bsums, scales16) is
+// taken off each lane. This is -32 * scale as int16 (|scale| <= 128: fits), so that
+// madd16_add(lanes, bsums, it) does the subtraction in one multiply-add (the same integers).
+inline __m256i q6_neg32_scales(__m256i scales16) {
+  return _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(scales16, 5));
 }
 
 // pshufb indices that fill the low 128-bit lane with int16 scale 2 * part of a lane's eight

@@ -21,12 +21,12 @@ namespace {
 
 constexpr int kActs = 8;  // activation rows per tile: one per float lane
 
-// What the eight activation rows of a tile share across every weight row: pointers and, per
-// block, their scales; with `sums`, for K-quants the sums of each sub-block pair (the min
+// What the N (eight unless said) activation rows of a tile share across every weight row:
+// pointers and, per block, their scales; with `sums`, for K-quants the sums of each sub-block pair (the min
 // terms), for Q8_0 each block's sum (kernels that take quants with an offset).
-template <typename ActBlock>
+template <typename ActBlock, int N = kActs>
 struct ActGroup {
-  const ActBlock* y[kActs];
+  const ActBlock* y[N];
   std::vector<float> d;          // [block][act]
   // [block][i][act]: an int16 pair, the act's activation sums of sub-blocks 2i and 2i + 1
   // (Q8_K bsums[4i] + bsums[4i + 1] and bsums[4i + 2] + bsums[4i + 3]).
@@ -34,45 +34,46 @@ struct ActGroup {
   std::vector<int32_t> block_sums;  // [block][act]: sum of a Q8_0 block's 32 quants
 
   ActGroup(const void* const* acts, int64_t blocks, bool sums) {
-    for (int t = 0; t < kActs; ++t) y[t] = static_cast<const ActBlock*>(acts[t]);
-    d.resize(static_cast<size_t>(blocks) * kActs);
+    for (int t = 0; t < N; ++t) y[t] = static_cast<const ActBlock*>(acts[t]);
+    d.resize(static_cast<size_t>(blocks) * N);
     for (int64_t b = 0; b < blocks; ++b) {
-      for (int t = 0; t < kActs; ++t) d[static_cast<size_t>(b * kActs + t)] = scale_of(y[t][b]);
+      for (int t = 0; t < N; ++t) d[static_cast<size_t>(b * N + t)] = scale_of(y[t][b]);
     }
     if (!sums) return;
     if constexpr (std::is_same_v<ActBlock, BlockQ8_K>) {
       fill_pair_sums(blocks);
     } else {
-      block_sums.resize(static_cast<size_t>(blocks) * kActs);
+      block_sums.resize(static_cast<size_t>(blocks) * N);
       for (int64_t b = 0; b < blocks; ++b) {
-        for (int t = 0; t < kActs; ++t) {
+        for (int t = 0; t < N; ++t) {
           int sum = 0;
           for (int8_t q : y[t][b].qs) sum += q;
-          block_sums[static_cast<size_t>(b * kActs + t)] = sum;
+          block_sums[static_cast<size_t>(b * N + t)] = sum;
         }
       }
     }
   }
   // Lanes 0-7: the eight activations' sums of block b; lanes 8-15 of block b + 1.
-  const int32_t* sums_at(int64_t b) const { return &block_sums[static_cast<size_t>(b * kActs)]; }
+  const int32_t* sums_at(int64_t b) const { return &block_sums[static_cast<size_t>(b * N)]; }
   void fill_pair_sums(int64_t blocks) {
-    pair_sums.resize(static_cast<size_t>(blocks) * 4 * kActs);
+    pair_sums.resize(static_cast<size_t>(blocks) * 4 * N);
     for (int64_t b = 0; b < blocks; ++b) {
-      for (int t = 0; t < kActs; ++t) {
+      for (int t = 0; t < N; ++t) {
         const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[t][b].bsums));
         const __m256i sums = _mm256_madd_epi16(bsums, _mm256_set1_epi16(1));
         const __m128i packed = _mm_packs_epi32(_mm256_castsi256_si128(sums), _mm256_extracti128_si256(sums, 1));
         alignas(16) int32_t pairs[4];
         _mm_store_si128(reinterpret_cast<__m128i*>(pairs), packed);
-        for (int i = 0; i < 4; ++i) pair_sums[static_cast<size_t>((b * 4 + i) * kActs + t)] = pairs[i];
+        for (int i = 0; i < 4; ++i) pair_sums[static_cast<size_t>((b * 4 + i) * N + t)] = pairs[i];
       }
     }
   }
-  __m256 scales(int64_t b) const { return _mm256_loadu_ps(&d[static_cast<size_t>(b * kActs)]); }
+  // scales() and min_terms(): eight rows (N = 8) in one 256-bit vector.
+  __m256 scales(int64_t b) const { return _mm256_loadu_ps(&d[static_cast<size_t>(b * N)]); }
   // Lane t: sum over sub-blocks j of mins[j] * (act t's activation sum of sub-block j): the
   // integer k_min_term of each pair. Four multiply-adds of int16 pairs, one per two sub-blocks.
   __m256i min_terms(int64_t b, __m128i mins16) const {
-    const auto* sums = reinterpret_cast<const __m256i*>(&pair_sums[static_cast<size_t>(b * 4 * kActs)]);
+    const auto* sums = reinterpret_cast<const __m256i*>(&pair_sums[static_cast<size_t>(b * 4 * N)]);
     const __m256i m01 = _mm256_broadcastd_epi32(mins16);
     const __m256i m23 = _mm256_broadcastd_epi32(_mm_shuffle_epi32(mins16, 0x55));
     const __m256i m45 = _mm256_broadcastd_epi32(_mm_shuffle_epi32(mins16, 0xAA));

@@ -1,0 +1,35 @@
+// AVX2 tile kernels with AVX-VNNI (VEX vpdpbusd / vpdpwssd, for CPUs with AVX2 and AVX-VNNI but
+// no AVX-512): the bodies in quant_avx2_tiles_kernels.h; equal bit for bit to the plain AVX2 tiles.
+#if defined(__x86_64__)
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <type_traits>
+#include <vector>
+
+#include "quant/blocks.h"
+#include "quant/quant.h"
+#include "quant/simd_kernels.h"
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c,avxvnni"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avxvnni")
+#endif
+
+#define BMOE_X86_VNNI 1
+#include "quant/x86_shared.h"  // after the target pragma: compiled for AVX2 + AVX-VNNI
+#include "quant/x86_tiles.h"
+#define BMOE_AVX2_TILES_NS avx2_vnni
+#include "quant/quant_avx2_tiles_kernels.h"
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
+#endif  // __x86_64__
