@@ -503,7 +503,7 @@ class ParallelCliRun {
   size_t next_ = 0;
   std::map<int, ParallelSequence> running_;  // by ParallelDecode id
   std::vector<double> step_seconds_;
-  uint64_t decode_bytes_ = 0, decode_lookups_ = 0, decode_hits_ = 0;  // in decode steps
+  uint64_t decode_bytes_ = 0, decode_lookups_ = 0, decode_hits_ = 0, decode_allocations_ = 0;  // in decode steps
   int generated_ = 0;
   double prefill_seconds_ = 0;
 };
@@ -520,6 +520,7 @@ void ParallelCliRun::run() {
     decode_bytes_ += after.bytes_read - before.bytes_read;
     decode_lookups_ += after.requests - before.requests;
     decode_hits_ += after.hits - before.hits;
+    decode_allocations_ += after.buffer_allocations - before.buffer_allocations;
     for (int id : ended) finish(id);
   }
   report(clock.seconds() - prefill_seconds_);
@@ -576,11 +577,12 @@ void ParallelCliRun::report(double seconds) const {
   fmt::print(stderr, "parallel: token latency p50 {:.1f} ms, p95 {:.1f} ms over {} steps; prompts read in {:.3f} s\n",
              percentile(step_seconds_, 0.5) * 1e3, percentile(step_seconds_, 0.95) * 1e3, step_seconds_.size(), prefill_seconds_);
   fmt::print(stderr, "parallel: flash {:.2f} MiB per generated token ({:.1f} MiB in decode steps, hit {:.1f} %); "
-             "experts {} distinct of {} routed ({:.2f})\n",
+             "experts {} distinct of {} routed ({:.2f}); {} expert buffers allocated\n",
              generated_ ? mib / generated_ : 0.0, mib,
              decode_lookups_ ? 100.0 * static_cast<double>(decode_hits_) / static_cast<double>(decode_lookups_) : 0.0,
              b.distinct_experts(), b.routed_slots(),
-             b.routed_slots() ? static_cast<double>(b.distinct_experts()) / static_cast<double>(b.routed_slots()) : 1.0);
+             b.routed_slots() ? static_cast<double>(b.distinct_experts()) / static_cast<double>(b.routed_slots()) : 1.0,
+             decode_allocations_);
 }
 
 int run_parallel(const CliOptions& o) {
