@@ -39,9 +39,11 @@ FLASH_RE = re.compile(r"flash ([\d.]+) MiB per generated token \(([\d.]+) MiB in
 
 def run(model, batch, cache, args, prefix):
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
-        f.write("\n".join(PROMPTS[i % len(PROMPTS)] for i in range(batch)) + "\n")
+        f.write("\n".join(PROMPTS[i % len(PROMPTS)] for i in range(args.sequences or batch)) + "\n")
         prompts = f.name
     flags = ["--moe-stream", "--cache-mb", str(cache), *(args.extra.split() if cache > 0 else [])]
+    if args.route_replay:
+        flags += ["--route-replay", args.route_replay, "--route-replay-stride", str(args.stride)]
     cmd = [*prefix, tool("bmoe-cli"), "-m", model, "-f", prompts, "--parallel", str(batch), "-n", str(args.tokens),
            "-t", str(args.threads), "-c", str(512 * batch), "--ignore-eos", "--temp", "0", *flags]
     start = time.time()
@@ -68,6 +70,10 @@ def main():
     ap.add_argument("--tokens", type=int, default=32, help="tokens per sequence")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--extra", default="--overlap", help="bmoe-cli flags for the runs with a cache")
+    ap.add_argument("--route-replay", default=None, metavar="TRACE",
+                    help="force the routing from this trace, sequence i from its decode step i x --stride")
+    ap.add_argument("--stride", type=int, default=16, help="trace steps between two sequences' replays")
+    ap.add_argument("--sequences", type=int, default=0, help="prompts per run, the same at every B (default: B)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     ensure_model(args.model, args.preset, "--vocab", "tiny")
@@ -93,8 +99,11 @@ def main():
             rows.append(f"| {cache} | {batch} | {r['tok_s']:.2f} | {r['tok_s'] / base['tok_s']:.2f}x | {r['p50_ms']:.0f} / "
                         f"{r['p95_ms']:.0f} | {r['mib_per_token']:.1f} | {r['mib_per_token'] / base['mib_per_token']:.2f} | "
                         f"{r['hit_pct']:.1f} | {r['distinct'] / r['routed']:.2f} |")
+    routing = (f"routing replayed from {os.path.basename(args.route_replay)}, sequence i from its decode step i x {args.stride}"
+               if args.route_replay else "the model's own routing (random weights)")
+    runs = f"{args.sequences} sequences per run, B at once" if args.sequences else "B sequences per run"
     print(f"{os.path.basename(args.model)}, --moe-stream under a {args.ram_gib:g} GiB cgroup cap, {args.threads} threads, "
-          f"{args.tokens} tokens per sequence, greedy, the model's own routing (random weights)\n")
+          f"{args.tokens} tokens per sequence, {runs}, greedy, {routing}\n")
     print("| cache MiB | B | aggregate tok/s | vs B=1 | token latency p50 / p95 ms | flash MiB / token | vs B=1 | hit % | "
           "distinct / routed experts |")
     print("|---|---|---|---|---|---|---|---|---|")

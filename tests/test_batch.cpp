@@ -4,15 +4,20 @@
 // one is cancelled; the rows of a step share the experts they chose.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cctype>
+#include <map>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "core/thread_pool.h"
 #include "engine/generate.h"
 #include "engine/loader.h"
+#include "engine/routing.h"
+#include "moe/route_trace.h"
 #include "moe/streaming_experts.h"
 #include "test_util.h"
 
@@ -143,6 +148,95 @@ INSTANTIATE_TEST_SUITE_P(Families, BatchIdentity,
                            for (char& ch : n) ch = std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
                            return n;
                          });
+
+// --route-replay under --parallel: each sequence replays its own stretch of one trace, so a
+// batch's rows route as a real model's conversations would. A trace of random routing (seeded):
+// [phase][step][layer] -> the experts of its slots.
+using TraceSteps = std::vector<std::vector<std::vector<std::vector<int32_t>>>>;
+
+TraceSteps write_trace(const std::string& path, const ModelConfig& c, int prompt_steps, int decode_steps) {
+  RouteTraceWriter writer(path, "test", c.arch, c.n_layer, c.n_expert, c.n_expert_used, {}, {});
+  std::mt19937 rng(5);
+  TraceSteps steps(2);
+  for (int phase = 0; phase < 2; ++phase) {
+    for (int step = 0; step < (phase == 0 ? prompt_steps : decode_steps); ++step) {
+      auto& layers = steps[static_cast<size_t>(phase)].emplace_back(static_cast<size_t>(c.n_layer));
+      for (int layer = 0; layer < c.n_layer; ++layer) {
+        std::vector<int32_t> ids(static_cast<size_t>(c.n_expert));
+        for (int e = 0; e < c.n_expert; ++e) ids[static_cast<size_t>(e)] = e;
+        std::shuffle(ids.begin(), ids.end(), rng);
+        ids.resize(static_cast<size_t>(c.n_expert_used));
+        for (size_t slot = 0; slot < ids.size(); ++slot) {
+          writer.write({0, phase, step, layer, static_cast<int>(slot), ids[slot], 1.0f / static_cast<float>(slot + 1), 0, 0});
+        }
+        layers[static_cast<size_t>(layer)] = ids;
+      }
+    }
+  }
+  return steps;
+}
+
+// The experts each decode row of one sequence was routed to, by (position, layer).
+using RouteLog = std::map<std::pair<int, int>, std::vector<int32_t>>;
+
+void replay_into(Session& s, RouteReplayer& replay, RouteLog& log) {
+  s.state().set_route_hook([&replay, &log](RouteEvent& e) {
+    replay.on_route(e);
+    if (!e.prefill) log[{e.position, e.layer}] = *e.experts;
+  });
+}
+
+TEST(BatchReplay, EachSequenceRoutesAsItsOwnReplayAlone) {
+  const std::string path = test_model_path("tiny-qwen3moe", 4);
+  auto model = open_model(path, true);
+  const ModelConfig& c = model->transformer->config();
+  const std::string trace_path = ::testing::TempDir() + "batch-replay.route.csv";
+  const int decode_steps = 30, stride = 7, n = 3;
+  const TraceSteps trace = write_trace(trace_path, c, 6, decode_steps);
+  const RouteReplayer replayer(trace_path, c);
+  std::vector<Job> js = jobs();
+  js.resize(n);
+  for (Job& j : js) j.limit = 20;
+
+  std::vector<RouteLog> want(n), got(n);
+  std::vector<std::vector<int32_t>> want_tokens(n);
+  std::vector<RouteReplayer> replays;
+  for (int i = 0; i < n; ++i) replays.push_back(replayer.starting_at(i * stride));
+  ThreadPool pool(2);
+  for (int i = 0; i < n; ++i) {
+    RouteReplayer alone_replay = replayer.starting_at(i * stride);
+    Session s(*model, pool, kCtx, 64, js[static_cast<size_t>(i)].sampler);
+    replay_into(s, alone_replay, want[static_cast<size_t>(i)]);
+    want_tokens[static_cast<size_t>(i)] = generate(s, prompt_of(*model, js[static_cast<size_t>(i)]), params_of(js[static_cast<size_t>(i)])).tokens;
+  }
+  std::vector<std::unique_ptr<Session>> sessions;
+  ParallelDecode batch(*model, pool);
+  for (int i = 0; i < n; ++i) {
+    const Job& j = js[static_cast<size_t>(i)];
+    sessions.push_back(std::make_unique<Session>(*model, pool, kCtx, 64, j.sampler));
+    replay_into(*sessions.back(), replays[static_cast<size_t>(i)], got[static_cast<size_t>(i)]);
+    sessions.back()->prefill(prompt_of(*model, j));
+    batch.add(*sessions.back(), j.limit, params_of(j));
+  }
+  std::vector<std::vector<int32_t>> got_tokens(n);
+  while (batch.running() > 0) {
+    for (int id : batch.step()) got_tokens[static_cast<size_t>(id)] = batch.take(id).tokens;
+  }
+  for (int i = 0; i < n; ++i) {
+    const size_t si = static_cast<size_t>(i);
+    EXPECT_EQ(got_tokens[si], want_tokens[si]) << "sequence " << i;
+    EXPECT_EQ(got[si], want[si]) << "sequence " << i;
+    // The replay forced the trace's routing from this sequence's own offset: decode token j of
+    // sequence i took the trace's decode step i x stride + j.
+    const int first = static_cast<int>(prompt_of(*model, js[si]).size());
+    ASSERT_FALSE(got[si].empty());
+    for (const auto& [key, experts] : got[si]) {
+      const size_t step = static_cast<size_t>(i * stride + key.first - first) % decode_steps;
+      EXPECT_EQ(experts, trace[1][step][static_cast<size_t>(key.second)]) << "sequence " << i << " position " << key.first;
+    }
+  }
+  EXPECT_LT(batch.batch().distinct_experts(), batch.batch().routed_slots());
+}
 
 }  // namespace
 }  // namespace bmoe

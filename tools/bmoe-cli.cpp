@@ -62,6 +62,7 @@ struct CliOptions {
   std::string metrics;
   std::string route_trace;
   std::string route_replay;
+  int route_replay_stride = 16;  // --parallel: sequence i replays the trace from step i x this
   bool progress = false;
   bool interactive = false;
   bool parallel = false;  // --parallel given (even 1): the prompts of -f, one per line
@@ -100,6 +101,10 @@ void add_flags(CLI::App& app, CliOptions& o) {
   app.add_option("--route-trace", o.route_trace, "record every routing decision to a CSV trace");
   app.add_option("--route-replay", o.route_replay,
                  "BENCHMARK ONLY, LOSSY: force each step's routing from a recorded trace (changes the output)");
+  app.add_option("--route-replay-stride", o.route_replay_stride,
+                 "with --parallel and --route-replay: sequence i (line i of -f, from 0) replays the trace from its "
+                 "step i x N (default 16)")
+      ->check(CLI::NonNegativeNumber);
   app.add_flag("--progress", o.progress, "print a live per-token status line on stderr");
   app.add_flag("-i,--interactive", o.interactive,
                "chat in the terminal with the model's chat format; the model, KV cache and expert cache stay "
@@ -468,6 +473,7 @@ struct ParallelSequence {
   size_t index = 0;
   std::unique_ptr<Session> session;
   std::vector<int32_t> prompt;
+  std::unique_ptr<RouteReplayer> replay;  // --route-replay: this sequence's stretch of the trace
 };
 
 class ParallelCliRun {
@@ -475,6 +481,11 @@ class ParallelCliRun {
   ParallelCliRun(const CliOptions& o, LoadedRun& loaded, ThreadPool& pool)
       : o_(o), loaded_(loaded), pool_(pool), batch_(*loaded.model, pool), prompts_(prompt_lines(o)) {
     batch_.set_routing_options(loaded.config.routing());
+    if (!o.route_replay.empty()) {
+      trace_ = std::make_unique<RouteReplayer>(o.route_replay, loaded.model->transformer->config());
+      fmt::print(stderr, "route-replay: forcing routing from {} ({} prompt, {} decode steps), sequence i from step i x {} "
+                 "(lossy, benchmark only)\n", o.route_replay, trace_->prompt_steps(), trace_->decode_steps(), o.route_replay_stride);
+    }
   }
   void run();
 
@@ -487,11 +498,12 @@ class ParallelCliRun {
   LoadedRun& loaded_;
   ThreadPool& pool_;
   ParallelDecode batch_;
+  std::unique_ptr<RouteReplayer> trace_;  // --route-replay, shared by the sequences' replays
   std::vector<std::string> prompts_;
   size_t next_ = 0;
   std::map<int, ParallelSequence> running_;  // by ParallelDecode id
   std::vector<double> step_seconds_;
-  uint64_t decode_bytes_ = 0, decode_lookups_ = 0, decode_hits_ = 0;  // in decode steps
+  uint64_t decode_bytes_ = 0, decode_lookups_ = 0, decode_hits_ = 0, decode_allocations_ = 0;  // in decode steps
   int generated_ = 0;
   double prefill_seconds_ = 0;
 };
@@ -508,6 +520,7 @@ void ParallelCliRun::run() {
     decode_bytes_ += after.bytes_read - before.bytes_read;
     decode_lookups_ += after.requests - before.requests;
     decode_hits_ += after.hits - before.hits;
+    decode_allocations_ += after.buffer_allocations - before.buffer_allocations;
     for (int id : ended) finish(id);
   }
   report(clock.seconds() - prefill_seconds_);
@@ -518,6 +531,10 @@ void ParallelCliRun::admit() {
   ParallelSequence q;
   q.index = next_++;
   q.session = open_session(loaded_, pool_, sampler_config(o_));
+  if (trace_) {
+    q.replay = std::make_unique<RouteReplayer>(trace_->starting_at(static_cast<int>(q.index) * o_.route_replay_stride));
+    q.session->state().set_route_hook([replay = q.replay.get()](RouteEvent& e) { replay->on_route(e); });
+  }
   q.prompt = q.session->tokenize(chat_prompt(o_, loaded_, prompts_[q.index]), true);
   if (static_cast<int>(q.prompt.size()) >= c.sequence_ctx()) {
     fail("prompt {} has {} tokens, more than a sequence's context of {} (raise -c)", q.index + 1, q.prompt.size(), c.sequence_ctx());
@@ -560,17 +577,18 @@ void ParallelCliRun::report(double seconds) const {
   fmt::print(stderr, "parallel: token latency p50 {:.1f} ms, p95 {:.1f} ms over {} steps; prompts read in {:.3f} s\n",
              percentile(step_seconds_, 0.5) * 1e3, percentile(step_seconds_, 0.95) * 1e3, step_seconds_.size(), prefill_seconds_);
   fmt::print(stderr, "parallel: flash {:.2f} MiB per generated token ({:.1f} MiB in decode steps, hit {:.1f} %); "
-             "experts {} distinct of {} routed ({:.2f})\n",
+             "experts {} distinct of {} routed ({:.2f}); {} expert buffers allocated\n",
              generated_ ? mib / generated_ : 0.0, mib,
              decode_lookups_ ? 100.0 * static_cast<double>(decode_hits_) / static_cast<double>(decode_lookups_) : 0.0,
              b.distinct_experts(), b.routed_slots(),
-             b.routed_slots() ? static_cast<double>(b.distinct_experts()) / static_cast<double>(b.routed_slots()) : 1.0);
+             b.routed_slots() ? static_cast<double>(b.distinct_experts()) / static_cast<double>(b.routed_slots()) : 1.0,
+             decode_allocations_);
 }
 
 int run_parallel(const CliOptions& o) {
   if (!o.prompt.empty() || !o.prompt_ids.empty()) fail("--parallel reads its prompts from -f FILE, one per line (not -p/--prompt-ids)");
-  if (!o.teacher_force.empty() || !o.csv.empty() || !o.route_trace.empty() || !o.route_replay.empty() || !o.dump_logits.empty()) {
-    fail("--parallel runs without --teacher-force, --csv, --route-trace, --route-replay and --dump-logits");
+  if (!o.teacher_force.empty() || !o.csv.empty() || !o.route_trace.empty() || !o.dump_logits.empty()) {
+    fail("--parallel runs without --teacher-force, --csv, --route-trace and --dump-logits");
   }
   LoadedRun loaded = load_run(run_config(o.run));
   ThreadPool pool(loaded.config.thread_count());

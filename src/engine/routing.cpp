@@ -42,6 +42,7 @@ RouteReplayer::RouteReplayer(const std::string& path, const ModelConfig& config)
   if (trace.n_expert > config.n_expert) {
     fail("{}: the trace routes over {} experts, the model has {}", path, trace.n_expert, config.n_expert);
   }
+  auto replay = std::make_shared<Steps>();
   std::map<std::pair<int, int>, Step> steps;  // (phase, step) -> per-layer choices
   for (const RouteRecord& r : trace.records) {
     if (r.turn != trace.records.front().turn || r.layer >= config.n_layer) continue;
@@ -55,19 +56,30 @@ RouteReplayer::RouteReplayer(const std::string& path, const ModelConfig& config)
     for (auto& slots : step) {
       slots.erase(std::remove_if(slots.begin(), slots.end(), [](const auto& p) { return p.first < 0; }), slots.end());
     }
-    (key.first == 0 ? prompt_ : decode_).push_back(std::move(step));
+    (key.first == 0 ? replay->prompt : replay->decode).push_back(std::move(step));
   }
-  if (decode_.empty()) fail("{}: the trace has no decode steps to replay", path);
+  if (replay->decode.empty()) fail("{}: the trace has no decode steps to replay", path);
+  steps_ = std::move(replay);
+}
+
+RouteReplayer RouteReplayer::starting_at(int offset) const {
+  if (offset < 0) fail("internal: a route replay from step {}", offset);
+  RouteReplayer r;
+  r.steps_ = steps_;
+  r.offset_ = offset;
+  return r;
 }
 
 void RouteReplayer::on_route(RouteEvent& e) {
+  const std::vector<Step>& prompt = steps_->prompt;
+  const std::vector<Step>& decode = steps_->decode;
   const Step* step;
   if (e.prefill) {
-    step = prompt_.empty() ? &decode_[static_cast<size_t>(e.position) % decode_.size()]
-                           : &prompt_[static_cast<size_t>(e.position) % prompt_.size()];
+    const size_t i = static_cast<size_t>(offset_) + static_cast<size_t>(e.position);
+    step = prompt.empty() ? &decode[i % decode.size()] : &prompt[i % prompt.size()];
   } else {
     if (first_decode_position_ < 0 || e.position < first_decode_position_) first_decode_position_ = e.position;
-    step = &decode_[static_cast<size_t>(e.position - first_decode_position_) % decode_.size()];
+    step = &decode[(static_cast<size_t>(offset_) + static_cast<size_t>(e.position - first_decode_position_)) % decode.size()];
   }
   const auto& slots = (*step)[static_cast<size_t>(e.layer)];
   if (slots.empty()) return;  // the trace skipped this layer: keep the model's own routing

@@ -77,6 +77,7 @@ StreamingOptions streaming_options(const RunConfig& c, const ModelConfig& cfg, u
   so.affinity_window = c.affinity_prefetch();
   so.affinity_reads = affinity_reads(c, cfg);
   so.top_k = cfg.n_expert_used;
+  so.visit_experts = std::min(cfg.n_expert, cfg.n_expert_used * std::max(1, c.parallel));
   so.cache_bytes = cache_bytes;
   so.policy = c.cache_policy;
   so.io_threads = c.io_threads;

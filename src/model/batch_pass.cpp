@@ -71,8 +71,9 @@ void BatchPass::begin(std::span<InferenceState* const> states, std::span<const i
   }
 }
 
-// Per layer: each state's mixer on its own row (its KV rows or recurrent state), then the layer's
-// FFN on all rows at once.
+// Per layer: the mixer on every row at once where its kind can (attention: projections and output
+// batched, each row attending over its own sequence's KV rows), else each state's mixer on its own
+// row (the recurrent kinds); then the layer's FFN on all rows at once.
 void BatchPass::run_layers(std::span<InferenceState* const> states) {
   const ModelWeights& w = model_.weights();
   const int n = static_cast<int>(states.size()), E = cfg_.n_embd;
@@ -82,11 +83,15 @@ void BatchPass::run_layers(std::span<InferenceState* const> states) {
   const FfnContext ffn{experts_, model_.experts()};
   for (int l = 0; l < cfg_.n_layer; ++l) {
     const LayerWeights& L = w.layers[static_cast<size_t>(l)];
-    for (int i = 0; i < n; ++i) {
-      InferenceState& s = *states[static_cast<size_t>(i)];
-      std::copy_n(residual_.row(i), E, s.residual_.row(0));
-      s.mixers_.at(l).forward(L, l, LayerPass{pool_, cfg_, s.residual_, s.positions_.data(), 1, false});
-      std::copy_n(s.residual_.row(0), E, residual_.row(i));
+    units_.clear();
+    for (InferenceState* s : states) units_.push_back(&s->mixers_.at(l));
+    if (!units_[0]->forward_sequences(units_, L, l, pass)) {
+      for (int i = 0; i < n; ++i) {
+        InferenceState& s = *states[static_cast<size_t>(i)];
+        std::copy_n(residual_.row(i), E, s.residual_.row(0));
+        units_[static_cast<size_t>(i)]->forward(L, l, LayerPass{pool_, cfg_, s.residual_, s.positions_.data(), 1, false});
+        std::copy_n(s.residual_.row(0), E, residual_.row(i));
+      }
     }
     ffns_.at(l).forward(L, l, pass, ffn);
   }

@@ -1,6 +1,7 @@
 // One decode step for several sequences at once (continuous batching). Each sequence keeps its
-// own state in its InferenceState (KV rows or recurrent state, position, logits) and runs its
-// mixers on its own row; the FFNs then run on every row together, so a routed expert that
+// own state in its InferenceState (KV rows or recurrent state, position, logits); the attention
+// mixers project every row at once and attend each row over its own sequence's KV rows (the
+// recurrent mixers run each sequence's row alone); the FFNs then run on every row together, so a routed expert that
 // several sequences chose is asked of the ExpertSource once (read once when streamed) and
 // computed for all their rows in one pass. The kernels give a row the same bits in any batch
 // (design.md, section 3), so each sequence's logits equal those of a one-token eval() of its
@@ -15,6 +16,7 @@
 #include "core/thread_pool.h"
 #include "model/ffn.h"
 #include "model/matmul.h"
+#include "model/mixers.h"
 #include "model/residual.h"
 #include "model/routed_experts.h"
 #include "model/transformer.h"
@@ -56,6 +58,7 @@ class BatchPass : private ResidualRouter {
   RoutedExperts experts_;
   ResidualStream residual_;
   std::vector<int> positions_;
+  std::vector<Mixer*> units_;  // during a layer: each row's sequence's mixer unit
   HeadScratch head_;
   RoutingHooks hooks_;  // last: destroyed first, as in InferenceState
 };

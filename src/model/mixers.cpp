@@ -37,25 +37,46 @@ class AttentionMixer final : public Mixer {
   }
 
   void forward(const LayerWeights& weights, int layer, const LayerPass& pass) override {
-    const AttentionWeights& L = *weights.attention;
-    const bool gated = pass.cfg.mixer_at(layer) == MixerKind::GatedAttention;
-    pre_norm(pass, weights.attn_norm, h_);
-    project(L, layer, pass, gated);
-    prepare_rows(L, layer, pass);
-    attend(L, layer, pass, gated);
-    output(L, pass);
+    KvCache* own = &cache_;
+    run(weights, layer, pass, std::span<KvCache* const>(&own, 1));
+  }
+
+  // The projections, norms, RoPE and output of every row at once; each row's K and V stored in,
+  // and its query attending over, its own sequence's cache (rows are decode rows, as alone).
+  bool forward_sequences(std::span<Mixer* const> units, const LayerWeights& weights, int layer,
+                         const LayerPass& pass) override {
+    if (pass.batch_path || units.size() != static_cast<size_t>(pass.n)) return false;
+    caches_.clear();
+    for (Mixer* u : units) {
+      auto* unit = dynamic_cast<AttentionMixer*>(u);
+      if (unit == nullptr) return false;
+      caches_.push_back(&unit->cache_);
+    }
+    run(weights, layer, pass, caches_);
+    return true;
   }
 
   uint64_t kv_bytes() const override { return cache_.bytes(); }
 
  private:
+  // caches: one for all rows (a sequence's own pass) or one per row (a batch of sequences).
+  void run(const LayerWeights& weights, int layer, const LayerPass& pass, std::span<KvCache* const> caches) {
+    const AttentionWeights& L = *weights.attention;
+    const bool gated = pass.cfg.mixer_at(layer) == MixerKind::GatedAttention;
+    pre_norm(pass, weights.attn_norm, h_);
+    project(L, layer, pass, gated);
+    prepare_rows(L, layer, pass, caches);
+    attend(L, layer, pass, gated, caches);
+    output(L, pass);
+  }
   void project(const AttentionWeights& L, int layer, const LayerPass& pass, bool gated);
   void split_query_gate(int n, int n_head, int head_dim);
-  void prepare_rows(const AttentionWeights& L, int layer, const LayerPass& pass);
-  void attend(const AttentionWeights& L, int layer, const LayerPass& pass, bool gated);
+  void prepare_rows(const AttentionWeights& L, int layer, const LayerPass& pass, std::span<KvCache* const> caches);
+  void attend(const AttentionWeights& L, int layer, const LayerPass& pass, bool gated, std::span<KvCache* const> caches);
   void output(const AttentionWeights& L, const LayerPass& pass);
 
   KvCache cache_;
+  std::vector<KvCache*> caches_;  // forward_sequences: each row's sequence's cache
   std::vector<float> h_, q_, k_, v_, gate_, attn_, proj_;
   Activations acts_;
   ActivationBuffer out_act_;
@@ -112,7 +133,8 @@ void AttentionMixer::split_query_gate(int n, int n_head, int head_dim) {
 
 // Per row: q/k norms (per head or over all heads), the weightless v norm, RoPE, then the row's
 // K and V into the cache.
-void AttentionMixer::prepare_rows(const AttentionWeights& L, int layer, const LayerPass& pass) {
+void AttentionMixer::prepare_rows(const AttentionWeights& L, int layer, const LayerPass& pass,
+                                  std::span<KvCache* const> caches) {
   const ModelConfig& c = pass.cfg;
   const int H = c.n_head, HKV = c.n_head_kv_at(layer);
   const int dk = c.head_dim_at(layer), dv = c.head_dim_v_at(layer);
@@ -136,11 +158,12 @@ void AttentionMixer::prepare_rows(const AttentionWeights& L, int layer, const La
     const float* freq_factors = L.rope_freqs.empty() ? nullptr : L.rope_freqs.data();
     ops::rope(q, H, dk, pass.positions[i], rope, freq_factors);
     ops::rope(k, HKV, dk, pass.positions[i], rope, freq_factors);
-    cache_.store(layer, pass.positions[i], k, v);
+    caches[caches.size() == 1 ? 0 : static_cast<size_t>(i)]->store(layer, pass.positions[i], k, v);
   }
 }
 
-void AttentionMixer::attend(const AttentionWeights& L, int layer, const LayerPass& pass, bool gated) {
+void AttentionMixer::attend(const AttentionWeights& L, int layer, const LayerPass& pass, bool gated,
+                            std::span<KvCache* const> caches) {
   const ModelConfig& c = pass.cfg;
   const int dk = c.head_dim_at(layer), dv = c.head_dim_v_at(layer);
   const int64_t attn_width = static_cast<int64_t>(c.n_head) * dv;
@@ -155,10 +178,18 @@ void AttentionMixer::attend(const AttentionWeights& L, int layer, const LayerPas
   p.sinks = L.attn_sinks.empty() ? nullptr : L.attn_sinks.data();
   // An f32 cache is compared against llama.cpp's classic path (its flash attention rounds to
   // f16 whatever the cache type); an f16 cache follows its default flash attention.
-  p.numerics = cache_.type() == KvType::F32 ? AttentionNumerics::Classic : AttentionNumerics::Flash;
+  p.numerics = caches[0]->type() == KvType::F32 ? AttentionNumerics::Classic : AttentionNumerics::Flash;
   p.batch_path = pass.batch_path;
   attn_.resize(static_cast<size_t>(pass.n * attn_width));
-  attention(pass.pool, cache_, layer, p, q_.data(), pass.positions, pass.n, attn_.data());
+  if (caches.size() == 1) {
+    attention(pass.pool, *caches[0], layer, p, q_.data(), pass.positions, pass.n, attn_.data());
+  } else {
+    const int64_t q_width = static_cast<int64_t>(c.n_head) * dk;
+    for (int i = 0; i < pass.n; ++i) {
+      attention(pass.pool, *caches[static_cast<size_t>(i)], layer, p, q_.data() + i * q_width, pass.positions + i, 1,
+                attn_.data() + i * attn_width);
+    }
+  }
   if (gated) {
     const float* gate = gate_.data();
     for (size_t i = 0; i < static_cast<size_t>(pass.n * attn_width); ++i) attn_[i] *= 1.0f / (1.0f + std::exp(-gate[i]));

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "model/attention.h"
@@ -22,6 +23,14 @@ class Mixer {
   virtual ~Mixer() = default;
   // Runs `layer` (of this unit's kind) on the pass's rows.
   virtual void forward(const LayerWeights& L, int layer, const LayerPass& pass) = 0;
+  // Several sequences' decode rows in one pass (continuous batching): row i is the next token of
+  // the sequence whose unit of this kind is units[i]. A kind whose dense work does not depend on
+  // a sequence's state runs it on all rows at once (one pass over its weights, in this unit's
+  // scratch) and each row's state-bound work in units[i], and returns true; the others return
+  // false, and the caller then runs each row in its own unit with forward().
+  virtual bool forward_sequences(std::span<Mixer* const> units, const LayerWeights& L, int layer, const LayerPass& pass) {
+    return false;
+  }
   virtual uint64_t kv_bytes() const { return 0; }
   // The recurrent kinds: bytes of their state, a copy of it (save), back to that copy
   // (restore), the empty state of a new sequence (clear).

@@ -60,7 +60,7 @@ void StreamingExperts::reserve_buffers() {
   if (streamed == 0) return;
   // One visit's misses that the cache does not keep, and a few for the evictions of the next
   // visit (two small experts evicted for one large one leave one over).
-  const int per_visit = std::max(options_.top_k, 1) + 4;
+  const int per_visit = std::max(options_.visit_experts > 0 ? options_.visit_experts : options_.top_k, 1) + 4;
   for (const auto& [size, layers] : layers_of_size) {
     const double share = static_cast<double>(layers) / streamed;
     const auto cached = static_cast<int>(static_cast<double>(options_.cache_bytes) * share / static_cast<double>(size));

@@ -69,6 +69,10 @@ struct StreamingOptions {
   int affinity_reads = 0;  // 0: top_k / 2, at least 1
   double affinity_min_score = AffinityOptions{}.min_score;
   int top_k = 0;
+  // Experts one layer visit may route at most (0: top_k): a step of B sequences (--parallel)
+  // routes up to B x top_k. The pool keeps buffers for that many misses beyond the cache, so a
+  // wide step recycles them instead of faulting (and the kernel zeroing) fresh pages each visit.
+  int visit_experts = 0;
   // Target read size; longer windows are split into equal reads of 2/3 to 3/2 of this so every
   // lane stays busy to the end of a layer. A multiple of the O_DIRECT alignment (4 KiB).
   uint64_t read_chunk_bytes = 1 << 20;
