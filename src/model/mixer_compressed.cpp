@@ -395,10 +395,20 @@ void CompressedAttentionMixer::select_rows(const CompressedAttentionWeights& L, 
     }
     score[static_cast<size_t>(r)] = static_cast<float>(sum);
   }
-  std::partial_sort(rows.begin(), rows.begin() + top_k, rows.end(), [&](int a, int b) {
-    return score[static_cast<size_t>(a)] > score[static_cast<size_t>(b)] || (score[static_cast<size_t>(a)] == score[static_cast<size_t>(b)] && a < b);
-  });
-  rows.resize(static_cast<size_t>(top_k));
+  // Ties are common (a row whose every head's dot is negative scores exactly 0), and which tied
+  // rows llama.cpp keeps is whatever std::partial_sort on the score alone leaves first, over
+  // its graph's width: the visible rows, then -inf up to a multiple of 256 (at least 256; the
+  // widest query of its batch sets it, here the row's own). The same call picks the same rows.
+  const int width = std::max(256, (visible + 255) / 256 * 256), keep = std::min(width, top_k);
+  score.resize(static_cast<size_t>(width), -INFINITY);
+  std::vector<int> order(static_cast<size_t>(width));
+  std::iota(order.begin(), order.end(), 0);
+  std::partial_sort(order.begin(), order.begin() + keep, order.end(),
+                    [&](int a, int b) { return score[static_cast<size_t>(a)] > score[static_cast<size_t>(b)]; });
+  rows.clear();
+  for (int j = 0; j < keep; ++j) {
+    if (order[static_cast<size_t>(j)] < visible) rows.push_back(order[static_cast<size_t>(j)]);
+  }
   std::sort(rows.begin(), rows.end());
 }
 
