@@ -360,7 +360,7 @@ TEST(Glm4Moe, BadNextnBlocksAreOneLineErrors) {
 // Rows decoded one at a time after a long prompt are replayed on the decode path, the prompt's
 // rows on the batch path: a rewind into the decoded part gives the state of the first run.
 TEST(RecurrentRewind, ReplayKeepsEachRowsAttentionPath) {
-  for (const char* preset : {"tiny-qwen35moe", "tiny-lfm2moe", "tiny-bailingmoe3"}) {
+  for (const char* preset : {"tiny-qwen35moe", "tiny-lfm2moe", "tiny-bailingmoe3", "tiny-deepseek4"}) {
     auto model = load_model(test_model_path(preset), LoadOptions{});
     ThreadPool pool(2);
     const auto prompt = some_tokens(100, 1), decoded = some_tokens(10, 2);
@@ -377,7 +377,7 @@ TEST(RecurrentRewind, ReplayKeepsEachRowsAttentionPath) {
 // A cut before the saved state clears it and drops the saved copy, which holds tokens that are
 // gone: a later rewind must not restore it.
 TEST(RecurrentRewind, AClearedStateForgetsItsSavedCopy) {
-  for (const char* preset : {"tiny-qwen35moe", "tiny-lfm2moe", "tiny-bailingmoe3"}) {
+  for (const char* preset : {"tiny-qwen35moe", "tiny-lfm2moe", "tiny-bailingmoe3", "tiny-deepseek4"}) {
     auto model = load_model(test_model_path(preset), LoadOptions{});
     ThreadPool pool(2);
     const auto first = some_tokens(20, 3), second = some_tokens(16, 4);
@@ -395,7 +395,7 @@ TEST(RecurrentRewind, AClearedStateForgetsItsSavedCopy) {
 // An eval that fails part-way (here: a layer hook throws) leaves the state as if it had not
 // run, with and without a saved copy to go back to.
 TEST(RecurrentRewind, AFailedEvalLeavesNoTrace) {
-  for (const char* preset : {"tiny-qwen35moe", "tiny-lfm2moe", "tiny-bailingmoe3"}) {
+  for (const char* preset : {"tiny-qwen35moe", "tiny-lfm2moe", "tiny-bailingmoe3", "tiny-deepseek4"}) {
     auto model = load_model(test_model_path(preset), LoadOptions{});
     ThreadPool pool(2);
     const auto t = some_tokens(8, 5);
@@ -412,6 +412,45 @@ TEST(RecurrentRewind, AFailedEvalLeavesNoTrace) {
       EXPECT_EQ(a.eval(t.data() + 3, n), fresh.eval(t.data() + 3, n)) << preset << ", " << n << " tokens";
     }
   }
+}
+
+// deepseek4's bounded state (rings of the window and the pending blocks plus a slack) gives, bit
+// for bit, the logits of a state that keeps every position (slack >= context), past the raw
+// ring (window 16 + 32), the HCA block (128) and the HCA ring (128 + 32); through passes on the
+// batch path longer than the slack, on the decode path, one-token steps; through rewinds within
+// the slack (in place), beyond it (the saved copy restored and replayed) and before the saved
+// copy (replayed from the start). Its ring bytes do not grow with the context.
+TEST(DeepSeek4State, BoundedRingsGiveTheKeepEverythingLogits) {
+  auto model = load_model(test_model_path("tiny-deepseek4"), LoadOptions{});
+  ThreadPool pool(2);
+  const int n_ctx = 512;
+  InferenceState all(*model->transformer, pool, n_ctx, KvType::F16, n_ctx), ring(*model->transformer, pool, n_ctx);
+  const auto t = some_tokens(260, 6), u = some_tokens(60, 7);
+  int at = 0;
+  auto both = [&](const std::vector<int32_t>& v, int from, int n, const char* what) {
+    ASSERT_EQ(all.n_past(), ring.n_past());
+    const std::vector<float> want = all.eval(v.data() + from, n, true);
+    EXPECT_EQ(ring.eval(v.data() + from, n, true), want) << what << " at " << all.n_past() - n;
+  };
+  for (int n : {100, 70, 20}) {  // batch path (>= 64 rows, longer than the slack), decode path
+    both(t, at, n, "pass");
+    at += n;
+  }
+  for (; at < 215; ++at) both(t, at, 1, "step");
+  // In place; the copy saved by the 3-token pass restored and replayed; before that copy.
+  for (const auto [back, steps] : {std::pair{10, 45}, std::pair{40, 5}, std::pair{200, 5}}) {
+    all.truncate(at - back);
+    ring.truncate(at - back);
+    at -= back;
+    both(u, 0, 3, "after a rewind");
+    at += 3;
+    for (int i = 3; i < 3 + steps; ++i, ++at) both(u, i, 1, "step after a rewind");
+  }
+  const ModelConfig& c = model->transformer->config();
+  InferenceState longer(*model->transformer, pool, 8 * n_ctx);
+  EXPECT_EQ(static_cast<int64_t>(ring.recurrent_bytes()), c.recurrent_state_bytes());
+  EXPECT_EQ(longer.recurrent_bytes(), ring.recurrent_bytes());
+  EXPECT_LT(ring.recurrent_bytes() + ring.kv_bytes(), all.recurrent_bytes() + all.kv_bytes());
 }
 
 // The gated delta rule against its textbook form in double precision: S <- decay * S, then

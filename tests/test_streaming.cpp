@@ -823,6 +823,41 @@ TEST(Streaming, LongPromptBatchesEqualResident) {
   }
 }
 
+// deepseek4 past its window, its first HCA block and its rings: a prompt of 200 tokens in
+// passes of 64, decoding, a next turn that reuses the prefix 36 tokens back (beyond the rings'
+// slack: the rings saved at the last prompt pass restored and the tokens replayed) and decoding
+// again give the resident model's tokens streamed.
+TEST(Streaming, DeepSeek4LongContextAndRewindEqualResident) {
+  const std::string path = test_model_path("tiny-deepseek4", 4);
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 200; ++i) prompt.push_back(static_cast<int32_t>((i * 7919 + 13) % 400 + 3));
+  auto run = [&](LoadedModel& model) {
+    ThreadPool pool(2);
+    Session s(model, pool, 512, 64, SamplerConfig{});
+    s.prefill(prompt);
+    std::vector<int32_t> out;
+    auto decode = [&](int n) {
+      for (int i = 0; i < n; ++i) {
+        out.push_back(s.sample());
+        s.accept(out.back());
+      }
+    };
+    decode(40);
+    std::vector<int32_t> next = prompt;  // the next turn keeps 4 of the 40 answered tokens
+    next.insert(next.end(), out.begin(), out.begin() + 4);
+    next.insert(next.end(), {prompt[5], prompt[6]});
+    EXPECT_EQ(s.prefill_reusing(next), 204);
+    decode(8);
+    return out;
+  };
+  auto resident = load_model(path, LoadOptions{});
+  const std::vector<int32_t> want = run(*resident);
+  for (const StreamConfig& c : {StreamConfig{0, 4}, StreamConfig{10, 4, true, DenseWeights::Anon, true, "", 2}}) {
+    auto model = streamed(path, c);
+    EXPECT_EQ(run(*model), want) << c.cache_mib_x10;
+  }
+}
+
 TEST(StreamingFaults, FailedReadIsAnErrorNotAWrongToken) {
   const std::string path = test_model_path("tiny-qwen3moe", 4);
   auto model = streamed(path, {25, 2});

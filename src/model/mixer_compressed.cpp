@@ -12,10 +12,15 @@
 //    way (ratio 4, its own widths) and Hadamard-rotated, as llama.cpp stores them;
 //  - the output is de-roped at the query's position (V carries RoPE), then the grouped low-rank
 //    projection: group g of consecutive heads through its slab of wo_a, concatenated, wo_b.
-// The per-sequence state keeps every position's raw row and compressor inputs and every
-// completed block's rows, so a rewind only moves the sequence length back: a row depends only on
-// tokens up to its own position (docs/families/deepseek4.md, section 4).
+// The per-sequence state keeps every completed block's rows, and the raw rows and compressor
+// inputs of the newest positions only, in rings keyed by position: the window (or the blocks
+// still pending) plus a slack. A row depends only on tokens up to its own position, so a rewind
+// of up to the slack only moves the sequence length back; a longer one restores the copy saved
+// at the last multi-token pass and replays (InferenceState::truncate). Passes longer than the
+// slack store and attend in chunks of the slack, so a pass never overwrites a ring row one of
+// its own rows still reads (docs/families/deepseek4.md, section 4).
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -70,15 +75,39 @@ struct Query {
   }
 };
 
+// A compressor's per-token inputs (f32 values and position-biased scores) in a ring of `slots`
+// positions, slot pos % slots.
+struct CompressorRing {
+  int slots = 0, width = 0;
+  std::vector<float> kv, score;
+  void init(int n, int w) {
+    slots = n;
+    width = w;
+    kv.assign(static_cast<size_t>(n) * w, 0.0f);
+    score.assign(static_cast<size_t>(n) * w, 0.0f);
+  }
+  size_t at(int pos) const { return static_cast<size_t>(pos % slots) * width; }
+  uint64_t bytes() const { return (kv.size() + score.size()) * sizeof(float); }
+};
+
+// The part of a layer's state a rewind beyond the slack restores: the rings.
+struct Rings {
+  Rows raw;                    // [window + slack]: the roped kv of the newest positions
+  CompressorRing comp, index;  // the compressor's and (ratio 4) the indexer compressor's inputs
+};
+
 // One layer's per-sequence state.
 struct LayerState {
   int ratio = 0;
-  Rows raw;                   // [n_ctx][head_dim]: each position's roped kv
-  std::vector<float> kv, score;          // [n_ctx][width]: the compressor's per-token inputs (f32)
-  Rows comp;                  // [n_ctx / ratio][head_dim]: completed blocks
-  std::vector<float> idx_kv, idx_score;  // the indexer compressor's per-token inputs (ratio 4)
-  Rows idx;                   // [n_ctx / 4][indexer head size], Hadamard-rotated
+  int raw_slots = 0;  // raw row of position p: slot p % raw_slots
+  Rings live, saved;
+  Rows comp;  // [n_ctx / ratio][head_dim]: completed blocks
+  Rows idx;   // [n_ctx / 4][indexer head size], Hadamard-rotated
 };
+
+// Ring sizes: positions a pass or rewind may still read, plus the slack (or the whole context
+// when that is less: such a ring never wraps).
+int ring_slots(int needed, int slack, int n_ctx) { return static_cast<int>(std::min<int64_t>(int64_t{needed} + slack, n_ctx)); }
 
 // The orthonormal Sylvester-Hadamard matrix of size n (n a power of two), row-major.
 std::vector<float> hadamard(int n) {
@@ -123,24 +152,30 @@ struct AttendRow {
 
 class CompressedAttentionMixer final : public Mixer {
  public:
-  CompressedAttentionMixer(const ModelConfig& c, int n_ctx, KvType kv_type)
-      : n_ctx_(n_ctx), kv_type_(kv_type), hadamard_(hadamard(std::max(1, c.csa.indexer_head_dim))) {
+  CompressedAttentionMixer(const ModelConfig& c, int n_ctx, KvType kv_type, int rewind_slack)
+      : n_ctx_(n_ctx), chunk_(std::max(1, rewind_slack)), hadamard_(hadamard(std::max(1, c.csa.indexer_head_dim))) {
     const int D = c.head_dim, ID = c.csa.indexer_head_dim;
     layers_.resize(static_cast<size_t>(c.n_layer));
     for (int l = 0; l < c.n_layer; ++l) {
       if (c.mixer_at(l) != MixerKind::CompressedAttention) continue;
       LayerState& s = layers_[static_cast<size_t>(l)];
       s.ratio = c.csa.ratio_at(l);
-      s.raw.init(n_ctx, D, kv_type);
-      if (s.ratio == 0) continue;
-      const int width = (s.ratio == 4 ? 2 : 1) * D;
-      s.kv.assign(static_cast<size_t>(n_ctx) * width, 0.0f);
-      s.score.assign(static_cast<size_t>(n_ctx) * width, 0.0f);
-      s.comp.init(n_ctx / s.ratio + 1, D, kv_type);
-      if (s.ratio != 4) continue;
-      s.idx_kv.assign(static_cast<size_t>(n_ctx) * 2 * ID, 0.0f);
-      s.idx_score.assign(static_cast<size_t>(n_ctx) * 2 * ID, 0.0f);
-      s.idx.init(n_ctx / 4 + 1, ID, kv_type);
+      s.raw_slots = ring_slots(c.sliding_at(l), chunk_, n_ctx);
+      s.live.raw.init(s.raw_slots, D, kv_type);
+      wraps_ = wraps_ || s.raw_slots < n_ctx;
+      if (s.ratio != 0) {
+        // A block completing at p reads the inputs of p - pending + 1 .. p (ratio 4 overlaps the
+        // previous block).
+        const int pending = s.ratio == 4 ? 2 * s.ratio : s.ratio;
+        s.live.comp.init(ring_slots(pending, chunk_, n_ctx), (s.ratio == 4 ? 2 : 1) * D);
+        s.comp.init(n_ctx / s.ratio + 1, D, kv_type);
+        wraps_ = wraps_ || s.live.comp.slots < n_ctx;
+      }
+      if (s.ratio == 4) {
+        s.live.index.init(s.live.comp.slots, 2 * ID);
+        s.idx.init(n_ctx / 4 + 1, ID, kv_type);
+      }
+      s.saved = s.live;
     }
   }
 
@@ -151,30 +186,50 @@ class CompressedAttentionMixer final : public Mixer {
     sinks_ = &L.sinks;
     pre_norm(pass, weights.attn_norm, h_);
     project(L, s, pass);
-    prepare_rows(L, layer, s, pass);
-    if (s.ratio != 0) compress(L, s, pass);
-    attend(L, layer, s, pass);
+    prepare_rows(L, layer, pass);
+    attn_.resize(static_cast<size_t>(pass.n) * pass.cfg.n_head * pass.cfg.head_dim);
+    for (int first = 0; first < pass.n; first += chunk_) {
+      const int end = std::min(pass.n, first + chunk_);
+      store_rows(L, s, pass, first, end);
+      if (s.ratio != 0) compress(L, s, pass, first, end);
+      attend(L, layer, s, pass, first, end);
+    }
     output(L, layer, pass);
   }
 
+  // The completed blocks' rows: what grows with the context.
   uint64_t kv_bytes() const override {
     uint64_t total = 0;
-    for (const LayerState& s : layers_) {
-      total += s.raw.bytes() + s.comp.bytes() + s.idx.bytes();
-      total += (s.kv.size() + s.score.size() + s.idx_kv.size() + s.idx_score.size()) * sizeof(float);
-    }
+    for (const LayerState& s : layers_) total += s.comp.bytes() + s.idx.bytes();
     return total;
   }
+  // The rings (live; the saved copy is as large).
+  uint64_t recurrent_bytes() const override {
+    uint64_t total = 0;
+    for (const LayerState& s : layers_) total += s.live.raw.bytes() + s.live.comp.bytes() + s.live.index.bytes();
+    return total;
+  }
+  void save_state() override {
+    for (LayerState& s : layers_) s.saved = s.live;
+  }
+  void restore_state() override {
+    for (LayerState& s : layers_) s.live = s.saved;
+  }
+  // A new sequence reads no ring row nor block row before writing it: nothing to reset.
+  void clear_state() override {}
+  int rewind_reach() const override { return wraps_ ? chunk_ : INT_MAX; }
 
  private:
   void project(const CompressedAttentionWeights& L, const LayerState& s, const LayerPass& pass);
-  void prepare_rows(const CompressedAttentionWeights& L, int layer, LayerState& s, const LayerPass& pass);
-  void compress(const CompressedAttentionWeights& L, LayerState& s, const LayerPass& pass);
-  void compress_block(const float* kv, const float* score, int ratio, int width, int first, const Vector& norm,
-                      int64_t block, bool rotate, const LayerPass& pass, Rows& out);
+  void prepare_rows(const CompressedAttentionWeights& L, int layer, const LayerPass& pass);
+  void store_rows(const CompressedAttentionWeights& L, LayerState& s, const LayerPass& pass, int first, int end);
+  void compress(const CompressedAttentionWeights& L, LayerState& s, const LayerPass& pass, int first, int end);
+  void compress_block(const CompressorRing& ring, int ratio, int width, int first, const Vector& norm, int64_t block,
+                      bool rotate, const LayerPass& pass, Rows& out);
   void select_rows(const CompressedAttentionWeights& L, const LayerState& s, const LayerPass& pass, int i,
                    std::vector<int>& rows);
-  void attend(const CompressedAttentionWeights& L, int layer, const LayerState& s, const LayerPass& pass);
+  void attend(const CompressedAttentionWeights& L, int layer, const LayerState& s, const LayerPass& pass, int first,
+              int end);
   void attend_head(const LayerState& s, const LayerPass& pass, const AttendRow& row, int head, float* out) const;
   void output(const CompressedAttentionWeights& L, int layer, const LayerPass& pass);
 
@@ -182,7 +237,8 @@ class CompressedAttentionMixer final : public Mixer {
 
   const Vector* sinks_ = nullptr;  // the layer's, during forward()
   int n_ctx_;
-  KvType kv_type_;
+  int chunk_;           // rows a pass stores and attends at a time: the rewind slack
+  bool wraps_ = false;  // some ring is shorter than the context
   std::vector<float> hadamard_;
   std::vector<LayerState> layers_;
   std::vector<float> h_, qa_, qr_, q_, kv_, ckv_, cgate_, ikv_, igate_, iq_, iw_, attn_, z_, proj_;
@@ -226,12 +282,10 @@ void CompressedAttentionMixer::project(const CompressedAttentionWeights& L, cons
   run_matmuls(pass.pool, q_jobs);
 }
 
-// Per row: the weightless per-head q norm, the kv norm, RoPE on the last n_rot dims, the raw row
-// stored; the compressors' per-token inputs (scores biased by position in the block) stored.
-void CompressedAttentionMixer::prepare_rows(const CompressedAttentionWeights& L, int layer, LayerState& s,
-                                            const LayerPass& pass) {
+// Per row: the weightless per-head q norm, the kv norm, RoPE on the last n_rot dims.
+void CompressedAttentionMixer::prepare_rows(const CompressedAttentionWeights& L, int layer, const LayerPass& pass) {
   const ModelConfig& c = pass.cfg;
-  const int H = c.n_head, D = c.head_dim, R = c.rope.n_rot, ID = c.csa.indexer_head_dim;
+  const int H = c.n_head, D = c.head_dim, R = c.rope.n_rot;
   const RopeConfig& rope = rope_of(c, layer);
   for (int i = 0; i < pass.n; ++i) {
     const int pos = pass.positions[i];
@@ -241,34 +295,43 @@ void CompressedAttentionMixer::prepare_rows(const CompressedAttentionWeights& L,
     float* kv = kv_.data() + static_cast<size_t>(i) * D;
     ops::rms_norm(kv, L.kv_norm.data(), kv, D, c.norm_eps);
     ops::rope(kv + (D - R), 1, D, pos, rope);
-    s.raw.store(pos, kv);
-    auto keep = [&](const std::vector<float>& a, const std::vector<float>& g, const Vector& ape, int width,
-                    std::vector<float>& kv_state, std::vector<float>& score_state) {
-      const size_t at = static_cast<size_t>(pos) * width, from = static_cast<size_t>(i) * width;
-      const float* bias = ape.data() + static_cast<size_t>(pos % s.ratio) * width;
-      for (int j = 0; j < width; ++j) {
-        kv_state[at + j] = a[from + j];
-        score_state[at + j] = g[from + j] + bias[j];
-      }
-    };
-    if (s.ratio != 0) keep(ckv_, cgate_, L.comp_ape, static_cast<int>(L.comp_kv.rows), s.kv, s.score);
-    if (s.ratio == 4) keep(ikv_, igate_, L.idx_comp_ape, 2 * ID, s.idx_kv, s.idx_score);
   }
 }
 
-// The blocks the pass's rows complete, in order, before any row attends (a block is visible to
-// the token that completes it and to later tokens of the same pass).
-void CompressedAttentionMixer::compress(const CompressedAttentionWeights& L, LayerState& s, const LayerPass& pass) {
+// Rows [first, end) into the rings: the raw row, the compressors' per-token inputs (scores
+// biased by position in the block).
+void CompressedAttentionMixer::store_rows(const CompressedAttentionWeights& L, LayerState& s, const LayerPass& pass,
+                                          int first, int end) {
+  const int D = pass.cfg.head_dim;
+  auto keep = [&](int i, const std::vector<float>& a, const std::vector<float>& g, const Vector& ape, CompressorRing& ring) {
+    const int pos = pass.positions[i], width = ring.width;
+    const size_t at = ring.at(pos), from = static_cast<size_t>(i) * width;
+    const float* bias = ape.data() + static_cast<size_t>(pos % s.ratio) * width;
+    for (int j = 0; j < width; ++j) {
+      ring.kv[at + j] = a[from + j];
+      ring.score[at + j] = g[from + j] + bias[j];
+    }
+  };
+  for (int i = first; i < end; ++i) {
+    s.live.raw.store(pass.positions[i] % s.raw_slots, kv_.data() + static_cast<size_t>(i) * D);
+    if (s.ratio != 0) keep(i, ckv_, cgate_, L.comp_ape, s.live.comp);
+    if (s.ratio == 4) keep(i, ikv_, igate_, L.idx_comp_ape, s.live.index);
+  }
+}
+
+// The blocks rows [first, end) complete, in order, before any of them attends (a block is
+// visible to the token that completes it and to later tokens of the same pass).
+void CompressedAttentionMixer::compress(const CompressedAttentionWeights& L, LayerState& s, const LayerPass& pass,
+                                        int first, int end) {
   const ModelConfig& c = pass.cfg;
-  for (int i = 0; i < pass.n; ++i) {
+  for (int i = first; i < end; ++i) {
     const int pos = pass.positions[i];
     if ((pos + 1) % s.ratio != 0) continue;
-    const int first = pos + 1 - s.ratio;
+    const int block_first = pos + 1 - s.ratio;
     const int64_t block = pos / s.ratio;
-    compress_block(s.kv.data(), s.score.data(), s.ratio, c.head_dim, first, L.comp_norm, block, false, pass, s.comp);
+    compress_block(s.live.comp, s.ratio, c.head_dim, block_first, L.comp_norm, block, false, pass, s.comp);
     if (s.ratio == 4) {
-      compress_block(s.idx_kv.data(), s.idx_score.data(), 4, c.csa.indexer_head_dim, first, L.idx_comp_norm, block, true,
-                     pass, s.idx);
+      compress_block(s.live.index, 4, c.csa.indexer_head_dim, block_first, L.idx_comp_norm, block, true, pass, s.idx);
     }
   }
 }
@@ -276,12 +339,11 @@ void CompressedAttentionMixer::compress(const CompressedAttentionWeights& L, Lay
 // One block's row: per feature a softmax over its candidate tokens' scores weighting their
 // values (ratio 4: the previous block's first halves, then this block's second halves; before
 // the first block, weight 0), RMS-normed, roped at the block's first position, stored.
-void CompressedAttentionMixer::compress_block(const float* kv, const float* score, int ratio, int width, int first,
+void CompressedAttentionMixer::compress_block(const CompressorRing& ring, int ratio, int width, int first,
                                               const Vector& norm, int64_t block, bool rotate, const LayerPass& pass,
                                               Rows& out) {
   const ModelConfig& c = pass.cfg;
   const bool overlap = ratio == 4;
-  const int stride = overlap ? 2 * width : width;
   const int candidates = overlap ? 2 * ratio : ratio;
   std::vector<float> row(static_cast<size_t>(width)), w(static_cast<size_t>(candidates)), v(static_cast<size_t>(candidates));
   for (int j = 0; j < width; ++j) {
@@ -290,8 +352,8 @@ void CompressedAttentionMixer::compress_block(const float* kv, const float* scor
       const int p = prev ? first - ratio + t : first + (overlap ? t - ratio : t);
       const int col = overlap && !prev ? width + j : j;
       const bool missing = p < 0;
-      w[static_cast<size_t>(t)] = missing ? -INFINITY : score[static_cast<size_t>(p) * stride + col];
-      v[static_cast<size_t>(t)] = missing ? 0.0f : kv[static_cast<size_t>(p) * stride + col];
+      w[static_cast<size_t>(t)] = missing ? -INFINITY : ring.score[ring.at(p) + col];
+      v[static_cast<size_t>(t)] = missing ? 0.0f : ring.kv[ring.at(p) + col];
     }
     ops::softmax(w.data(), candidates);
     double sum = 0.0;  // ggml's row sum accumulates in double
@@ -333,19 +395,30 @@ void CompressedAttentionMixer::select_rows(const CompressedAttentionWeights& L, 
     }
     score[static_cast<size_t>(r)] = static_cast<float>(sum);
   }
-  std::partial_sort(rows.begin(), rows.begin() + top_k, rows.end(), [&](int a, int b) {
-    return score[static_cast<size_t>(a)] > score[static_cast<size_t>(b)] || (score[static_cast<size_t>(a)] == score[static_cast<size_t>(b)] && a < b);
-  });
-  rows.resize(static_cast<size_t>(top_k));
+  // Ties are common (a row whose every head's dot is negative scores exactly 0), and which tied
+  // rows llama.cpp keeps is whatever std::partial_sort on the score alone leaves first, over
+  // its graph's width: the visible rows, then -inf up to a multiple of 256 (at least 256; the
+  // widest query of its batch sets it, here the row's own). The same call picks the same rows.
+  const int width = std::max(256, (visible + 255) / 256 * 256), keep = std::min(width, top_k);
+  score.resize(static_cast<size_t>(width), -INFINITY);
+  std::vector<int> order(static_cast<size_t>(width));
+  std::iota(order.begin(), order.end(), 0);
+  std::partial_sort(order.begin(), order.begin() + keep, order.end(),
+                    [&](int a, int b) { return score[static_cast<size_t>(a)] > score[static_cast<size_t>(b)]; });
+  rows.clear();
+  for (int j = 0; j < keep; ++j) {
+    if (order[static_cast<size_t>(j)] < visible) rows.push_back(order[static_cast<size_t>(j)]);
+  }
   std::sort(rows.begin(), rows.end());
 }
 
+// Rows [first, end) of the pass attend (their attention into attn_).
 void CompressedAttentionMixer::attend(const CompressedAttentionWeights& L, int layer, const LayerState& s,
-                                      const LayerPass& pass) {
+                                      const LayerPass& pass, int first, int end) {
   const ModelConfig& c = pass.cfg;
   const int H = c.n_head, D = c.head_dim;
   rows_.resize(static_cast<size_t>(pass.n));
-  for (int i = 0; i < pass.n; ++i) {
+  for (int i = first; i < end; ++i) {
     AttendRow& row = rows_[static_cast<size_t>(i)];
     row.pos = pass.positions[i];
     row.first_raw = std::max(0, row.pos - c.sliding_at(layer) + 1);
@@ -358,9 +431,8 @@ void CompressedAttentionMixer::attend(const CompressedAttentionWeights& L, int l
       select_rows(L, s, pass, i, row.comp_rows);
     }
   }
-  attn_.resize(static_cast<size_t>(pass.n) * H * D);
-  pass.pool.run(int64_t{pass.n} * H, [&](int64_t job, int) {
-    const int i = static_cast<int>(job / H), h = static_cast<int>(job % H);
+  pass.pool.run(int64_t{end - first} * H, [&](int64_t job, int) {
+    const int i = first + static_cast<int>(job / H), h = static_cast<int>(job % H);
     attend_head(s, pass, rows_[static_cast<size_t>(i)], h, attn_.data() + (static_cast<size_t>(i) * H + h) * D);
   });
   (void)L;
@@ -380,10 +452,10 @@ void CompressedAttentionMixer::attend_head(const LayerState& s, const LayerPass&
   const int n_raw = row.pos - row.first_raw + 1;
   const int n_keys = n_raw + static_cast<int>(row.comp_rows.size());
   auto key = [&](int k) -> std::pair<const Rows*, int64_t> {
-    if (k < n_raw) return {&s.raw, row.first_raw + k};
+    if (k < n_raw) return {&s.live.raw, (row.first_raw + k) % s.raw_slots};
     return {&s.comp, row.comp_rows[static_cast<size_t>(k - n_raw)]};
   };
-  const bool flash = s.raw.f16() && pass.n < kAttentionBatchRows && !pass.batch_path;
+  const bool flash = s.live.raw.f16() && pass.n < kAttentionBatchRows && !pass.batch_path;
   if (flash) {
     Query query;
     query.set(q, D, true);
@@ -471,8 +543,8 @@ void CompressedAttentionMixer::output(const CompressedAttentionWeights& L, int l
 
 }  // namespace
 
-std::unique_ptr<Mixer> make_compressed_attention(const ModelConfig& c, int n_ctx, KvType kv_type) {
-  return std::make_unique<CompressedAttentionMixer>(c, n_ctx, kv_type);
+std::unique_ptr<Mixer> make_compressed_attention(const ModelConfig& c, int n_ctx, KvType kv_type, int rewind_slack) {
+  return std::make_unique<CompressedAttentionMixer>(c, n_ctx, kv_type, rewind_slack);
 }
 
 }  // namespace bmoe::mixer_units

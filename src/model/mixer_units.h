@@ -34,6 +34,6 @@ class LayerStates {
 
 std::unique_ptr<Mixer> make_kimi_delta(const ModelConfig& c);
 std::unique_ptr<Mixer> make_latent_attention(const ModelConfig& c, int n_ctx, KvType kv_type);
-std::unique_ptr<Mixer> make_compressed_attention(const ModelConfig& c, int n_ctx, KvType kv_type);
+std::unique_ptr<Mixer> make_compressed_attention(const ModelConfig& c, int n_ctx, KvType kv_type, int rewind_slack);
 
 }  // namespace bmoe::mixer_units

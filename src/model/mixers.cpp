@@ -399,14 +399,14 @@ Unit unit_of(MixerKind kind) {
   return Unit::Attention;
 }
 
-std::unique_ptr<Mixer> make_unit(Unit unit, const ModelConfig& c, int n_ctx, KvType kv_type) {
+std::unique_ptr<Mixer> make_unit(Unit unit, const ModelConfig& c, int n_ctx, KvType kv_type, int rewind_slack) {
   switch (unit) {
     case Unit::Attention: return std::make_unique<AttentionMixer>(c, n_ctx, kv_type);
     case Unit::DeltaNet: return std::make_unique<DeltaNetMixer>(c);
     case Unit::ShortConv: return std::make_unique<ShortConvMixer>(c);
     case Unit::KimiDelta: return mixer_units::make_kimi_delta(c);
     case Unit::LatentAttention: return mixer_units::make_latent_attention(c, n_ctx, kv_type);
-    case Unit::CompressedAttention: return mixer_units::make_compressed_attention(c, n_ctx, kv_type);
+    case Unit::CompressedAttention: return mixer_units::make_compressed_attention(c, n_ctx, kv_type, rewind_slack);
     case Unit::kCount: break;
   }
   return nullptr;
@@ -442,6 +442,22 @@ void LayerStates::clear() {
 
 }  // namespace mixer_units
 
+namespace {
+
+// deepseek4's rings with the default slack, in floats (mixer_compressed.cpp): the f16 raw rows
+// of the window, the compressors' f32 inputs (values and scores) of their pending blocks.
+int64_t compressed_ring_floats(const ModelConfig& c, int layer) {
+  const int ratio = c.csa.ratio_at(layer), D = c.head_dim, ID = c.csa.indexer_head_dim;
+  int64_t floats = int64_t{c.sliding_at(layer) + kRewindSlack} * D / 2;
+  if (ratio == 0) return floats;
+  const int64_t slots = (ratio == 4 ? 2 * ratio : ratio) + kRewindSlack;
+  floats += slots * 2 * (ratio == 4 ? 2 : 1) * D;
+  if (ratio == 4) floats += slots * 2 * 2 * ID;
+  return floats;
+}
+
+}  // namespace
+
 int64_t recurrent_state_floats(const ModelConfig& c, int layer) {
   const ModelConfig::DeltaNet& d = c.delta_net;
   switch (c.mixer_at(layer)) {
@@ -451,10 +467,10 @@ int64_t recurrent_state_floats(const ModelConfig& c, int layer) {
     case MixerKind::KimiDelta:  // the q | k | v convolution histories, then head_dim^2 per head
       return int64_t{3} * c.kda.inner(c.n_head) * (c.kda.conv_kernel - 1) +
              int64_t{c.n_head} * c.kda.head_dim * c.kda.head_dim;
+    case MixerKind::CompressedAttention: return compressed_ring_floats(c, layer);
     case MixerKind::Attention:
     case MixerKind::GatedAttention:
-    case MixerKind::LatentAttention:
-    case MixerKind::CompressedAttention: return 0;
+    case MixerKind::LatentAttention: return 0;
   }
   return 0;
 }
@@ -465,13 +481,12 @@ int64_t kv_bytes_per_token(const ModelConfig& c, int layer) {
     return int64_t{2} * c.mla.cache_row() + int64_t{2} * c.mla.kv_lora_rank;  // f16 latent | rope key, latent again as V
   }
   if (c.mixer_at(layer) == MixerKind::CompressedAttention) {
-    // The f16 raw row, and per token the compressor inputs (f32 values and scores) and its share
-    // of the compressed rows (mixer_compressed.cpp keeps every position's).
+    // Per token only its share of the f16 compressed rows: the raw rows and compressor inputs
+    // live in fixed rings (compressed_ring_floats).
     const int ratio = c.csa.ratio_at(layer), D = c.head_dim, ID = c.csa.indexer_head_dim;
-    if (ratio == 0) return int64_t{2} * D;
-    const int64_t width = (ratio == 4 ? 2 : 1) * int64_t{D};
-    int64_t bytes = int64_t{2} * D + 2 * width * 4 + int64_t{2} * D / ratio;
-    if (ratio == 4) bytes += int64_t{2} * 2 * ID * 4 + int64_t{2} * ID / 4;
+    if (ratio == 0) return 0;
+    int64_t bytes = int64_t{2} * D / ratio;
+    if (ratio == 4) bytes += int64_t{2} * ID / 4;
     return bytes;
   }
   return int64_t{c.n_head_kv_at(layer)} * (c.head_dim_at(layer) + c.head_dim_v_at(layer)) * 2;  // f16 K and V
@@ -489,13 +504,13 @@ int64_t ModelConfig::kv_bytes_per_token() const {
   return total;
 }
 
-Mixers::Mixers(const ModelConfig& c, int n_ctx, KvType kv_type) {
+Mixers::Mixers(const ModelConfig& c, int n_ctx, KvType kv_type, int rewind_slack) {
   Mixer* made[static_cast<int>(Unit::kCount)] = {};
   for (int l = 0; l < c.n_layer; ++l) {
     const Unit unit = unit_of(c.mixer_at(l));
     Mixer*& m = made[static_cast<int>(unit)];
     if (m == nullptr) {
-      units_.push_back(make_unit(unit, c, n_ctx, kv_type));
+      units_.push_back(make_unit(unit, c, n_ctx, kv_type, rewind_slack));
       m = units_.back().get();
     }
     by_layer_.push_back(m);
@@ -524,6 +539,12 @@ void Mixers::restore_state() {
 
 void Mixers::clear_state() {
   for (const auto& u : units_) u->clear_state();
+}
+
+int Mixers::rewind_reach() const {
+  int reach = INT_MAX;
+  for (const auto& u : units_) reach = std::min(reach, u->rewind_reach());
+  return reach;
 }
 
 }  // namespace bmoe

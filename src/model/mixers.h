@@ -5,6 +5,8 @@
 // shared by that kind's layers, so scratch is sized once per kind, not per layer.
 #pragma once
 
+#include <climits>
+
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -38,7 +40,15 @@ class Mixer {
   virtual void save_state() {}
   virtual void restore_state() {}
   virtual void clear_state() {}
+  // How many of the newest positions a rewind may forget by moving the sequence length back
+  // alone; a longer rewind restores the saved copy and replays (InferenceState::truncate). The
+  // recurrent kinds cannot forget in place, a full KV cache can forget anything.
+  virtual int rewind_reach() const { return recurrent_bytes() > 0 ? 0 : INT_MAX; }
 };
+
+// Positions beyond its sliding window that a bounded state (deepseek4's raw ring) keeps, so a
+// rewind of up to this many tokens (a rejected draft, a re-rendered turn end) needs no replay.
+inline constexpr int kRewindSlack = 32;
 
 // f32 floats of one sequence's recurrent state in `layer` (0 for the attention kinds).
 int64_t recurrent_state_floats(const ModelConfig& c, int layer);
@@ -48,13 +58,15 @@ int64_t kv_bytes_per_token(const ModelConfig& c, int layer);
 // The units of one sequence, and which runs each layer.
 class Mixers {
  public:
-  Mixers(const ModelConfig& c, int n_ctx, KvType kv_type);
+  // rewind_slack: see kRewindSlack (at least n_ctx: bounded states keep every position).
+  Mixers(const ModelConfig& c, int n_ctx, KvType kv_type, int rewind_slack = kRewindSlack);
   Mixer& at(int layer) { return *by_layer_[static_cast<size_t>(layer)]; }
   uint64_t kv_bytes() const;
   uint64_t recurrent_bytes() const;
   void save_state();
   void restore_state();
   void clear_state();
+  int rewind_reach() const;  // the least of the units'
 
  private:
   std::vector<std::unique_ptr<Mixer>> units_;

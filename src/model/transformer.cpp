@@ -13,22 +13,30 @@ namespace bmoe {
 Transformer::Transformer(ModelConfig config, ModelWeights weights, ExpertSource* experts)
     : config_(std::move(config)), weights_(std::move(weights)), experts_(experts) {}
 
-InferenceState::InferenceState(Transformer& model, ThreadPool& pool, int n_ctx, KvType kv_type)
+InferenceState::InferenceState(Transformer& model, ThreadPool& pool, int n_ctx, KvType kv_type, int rewind_slack)
     : model_(model), cfg_(model.config_), pool_(pool), n_ctx_(n_ctx),
-      mixers_(model.config_, n_ctx > 0 ? n_ctx : 1, kv_type),
+      mixers_(model.config_, n_ctx > 0 ? n_ctx : 1, kv_type, rewind_slack),
       ffns_(model.config_),
       experts_(model.config_, model.weights_, pool, hooks_, *this) {
   if (n_ctx <= 0) fail("context size must be positive");
+  rewind_reach_ = mixers_.rewind_reach();
 }
 
 void InferenceState::truncate(int n) {
   n = std::clamp(n, 0, n_past_);
   forget_hidden_rows(n);
-  if (!cfg_.has_recurrent_layers()) {
+  if (!rewinds_by_replay()) {
     n_past_ = n;
     return;
   }
   if (n == n_past_ && !recurrent_dirty_) return;
+  if (!recurrent_dirty_ && n_past_ - n <= rewind_reach_) {  // the state still holds what n needs
+    n_past_ = n;
+    tokens_.resize(static_cast<size_t>(n));
+    token_batch_path_.resize(static_cast<size_t>(n));
+    if (checkpoint_pos_ > n) checkpoint_pos_ = -1;  // the copy holds tokens that are gone
+    return;
+  }
   int start = 0;
   if (!recurrent_dirty_ && checkpoint_pos_ >= 0 && checkpoint_pos_ <= n) {
     mixers_.restore_state();
@@ -110,7 +118,7 @@ void InferenceState::begin_rows(const int32_t* tokens, int n) {
     fail("context is full: {} tokens do not fit in a context of {} (raise -c)", n_past_ + n, n_ctx_);
   }
   embed(tokens, n);
-  if (!cfg_.has_recurrent_layers()) return;
+  if (!rewinds_by_replay()) return;
   if (n > 1) {
     mixers_.save_state();
     checkpoint_pos_ = n_past_;
@@ -125,7 +133,7 @@ void InferenceState::begin_rows(const int32_t* tokens, int n) {
 // Layers that ran have moved the recurrent state on: go back to the copy begin_rows took, or,
 // after a one-token eval (no copy), rebuild it before the next use.
 void InferenceState::abandon_rows(int n) {
-  if (!cfg_.has_recurrent_layers()) return;
+  if (!rewinds_by_replay()) return;
   tokens_.resize(static_cast<size_t>(n_past_));
   token_batch_path_.resize(static_cast<size_t>(n_past_));
   if (n > 1) mixers_.restore_state();

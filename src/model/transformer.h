@@ -57,7 +57,10 @@ void output_logits(ThreadPool& pool, const Transformer& model, ResidualStream& r
 class InferenceState : private ResidualRouter {
  public:
   friend class BatchPass;  // runs one decode row of several states (batch_pass.h)
-  InferenceState(Transformer& model, ThreadPool& pool, int n_ctx, KvType kv_type = KvType::F16);
+  // rewind_slack: positions a bounded state keeps beyond its window (kRewindSlack; n_ctx or
+  // more keeps every position, as a full KV cache does).
+  InferenceState(Transformer& model, ThreadPool& pool, int n_ctx, KvType kv_type = KvType::F16,
+                 int rewind_slack = kRewindSlack);
 
   // Runs tokens at positions [n_past, n_past + n). Returns logits of the last token, or of
   // every token when all_logits (row i = token i).
@@ -78,9 +81,10 @@ class InferenceState : private ResidualRouter {
   int n_past() const { return n_past_; }
   int n_ctx() const { return n_ctx_; }
   // Forgets positions >= n (prefix reuse keeps the cache rows below n). A recurrent state
-  // cannot forget: it goes back to the state saved at the start of the last multi-token
-  // eval() (or to the empty state) and runs the tokens from there to n again, each row on the
-  // attention path it first took, which gives the state those tokens gave the first time.
+  // cannot forget, nor a bounded one (deepseek4's rings) further back than its slack: it goes
+  // back to the state saved at the start of the last multi-token eval() (or to the empty
+  // state) and runs the tokens from there to n again, each row on the attention path it first
+  // took, which gives the state those tokens gave the first time.
   // truncate(n_past()) also repairs a state that a failed eval() left half updated.
   void truncate(int n);
   size_t recurrent_bytes() const { return mixers_.recurrent_bytes(); }
@@ -101,6 +105,9 @@ class InferenceState : private ResidualRouter {
 
  private:
   void replay(int start, int end);
+  // Whether some unit cannot forget every position in place (recurrent or bounded state): then
+  // evals book their tokens and save the state for truncate's replay.
+  bool rewinds_by_replay() const { return rewind_reach_ < n_ctx_; }
   void embed(const int32_t* tokens, int n);
   void advance(const int32_t* tokens, int n);  // eval() up to the output norm
   void begin_rows(const int32_t* tokens, int n);
@@ -120,6 +127,7 @@ class InferenceState : private ResidualRouter {
   ThreadPool& pool_;
   const int n_ctx_;
   int n_past_ = 0;
+  int rewind_reach_ = 0;  // positions a truncate may drop without a replay (Mixers::rewind_reach)
   std::function<void(int)> layer_hook_;
 
   // The layer kinds' units: mixers with their per-sequence state (KV rows, recurrent state),

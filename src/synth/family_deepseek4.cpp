@@ -109,6 +109,17 @@ SynthSpec preset(const std::string& name) {
     s.swiglu_clamp_shexp = {10.0f};
     q4_k_m_mix(s);
     bf16_dense(s);
+  } else if (name == "deepseek-v4-flash-cut") {
+    // Flash's widths in the fewest layers that keep every layer kind it has: window only +
+    // hash-routed, CSA + hash-routed, HCA + biased, CSA + biased (ratios [0, 4, 128, 4], two
+    // hash layers). Experts in MXFP4, as the reference conversion holds them (~15 GB).
+    s = preset("deepseek-v4-flash");
+    s.name = name;
+    s.n_layer = 4;
+    s.compress_ratios = {0, 4, 128, 4};
+    s.n_hash_layers = 2;
+    s.types[TensorClass::Experts] = TensorType::MXFP4;
+    s.types[TensorClass::ExpertsDown] = TensorType::MXFP4;
   } else {
     fail("internal: {} is not a {} preset", name, "deepseek4");
   }
@@ -124,7 +135,7 @@ void validate(const SynthSpec& s) {
 }  // namespace
 
 const SynthFamily& deepseek4_synth() {
-  static const SynthFamily family{"deepseek4", {"tiny-deepseek4", "tiny-deepseek4-mtp", "deepseek-v4-flash"}, preset, set_deepseek4_metadata, false,
+  static const SynthFamily family{"deepseek4", {"tiny-deepseek4", "tiny-deepseek4-mtp", "deepseek-v4-flash", "deepseek-v4-flash-cut"}, preset, set_deepseek4_metadata, false,
                                   validate};
   return family;
 }
