@@ -339,6 +339,27 @@ INSTANTIATE_TEST_SUITE_P(Families, MtpIdentity, ::testing::Values("tiny-qwen35mo
                            return n;
                          });
 
+// The MTP head's compute and expert reads belong to the step that drafts: the records (the run's
+// tok/s and MiB per token) count them, and the profile's three kinds of step add up to them.
+TEST(MtpIdentity, TheHeadsCostCountsInTheRecords) {
+  auto model = mtp_model(test_model_path("tiny-qwen35moe", 3), true);
+  ThreadPool pool(2);
+  Session s(*model, pool, 256, 64, SamplerConfig{});
+  GenerateParams p;
+  p.max_tokens = 48;
+  p.ignore_eos = true;
+  p.draft.max_draft = 3;
+  p.draft.mtp = true;
+  const GenerateResult r = generate(s, model->tokenizer->encode("the harbour town woke slowly", false, false), p);
+  const DraftProfile& d = r.draft_profile;
+  EXPECT_GT(d.drafter.bytes_read, 0u) << "the streamed head read none of its experts";
+  EXPECT_GT(d.verify.steps, 0);
+  uint64_t recorded = 0;
+  for (const TokenRecord& t : s.records()) recorded += t.bytes_read;
+  EXPECT_EQ(recorded, d.plain.bytes_read + d.verify.bytes_read + d.drafter.bytes_read);
+  EXPECT_EQ(d.plain.steps + d.verify.steps, static_cast<int64_t>(r.tokens.size() - 1 - r.accepted));
+}
+
 // The head's rows are its own KV state: a batch equals the same rows one at a time, bit for bit,
 // and running again from an earlier position (after other rows were written there) gives what
 // the first run gave, so the head rewinds exactly with the trunk.
