@@ -360,6 +360,39 @@ TEST(MtpIdentity, TheHeadsCostCountsInTheRecords) {
   EXPECT_EQ(d.plain.steps + d.verify.steps, static_cast<int64_t>(r.tokens.size() - 1 - r.accepted));
 }
 
+// Routing forced by position (as --route-replay forces a trace's) stays forced when a rejected
+// draft rewinds a hybrid model's recurrent state and replays the kept rows: drafted output
+// equals plain decoding under the same routing.
+TEST(Speculative, ForcedRoutingHoldsThroughARecurrentRewind) {
+  auto model = load_model(test_model_path("tiny-qwen35moe", 3), LoadOptions{});
+  const auto force = [](RouteEvent& e) {
+    const int a = 7 * e.position + e.layer;
+    for (size_t i = 0; i < e.experts->size(); ++i) (*e.experts)[i] = (a + static_cast<int>(i)) % e.n_expert;
+  };
+  const std::vector<int32_t> prompt = model->tokenizer->encode("x y z x y z x y z x y z", false, false);
+  auto run = [&](const DraftConfig& draft) {
+    ThreadPool pool(2);
+    Session s(*model, pool, 256, 64, SamplerConfig{});
+    s.state().set_route_hook(force);
+    GenerateParams p;
+    p.max_tokens = 48;
+    p.ignore_eos = true;
+    p.draft = draft;
+    return generate(s, prompt, p);
+  };
+  const GenerateResult plain = run(DraftConfig{});
+  // The plain run's own tokens, each right with probability 0.6: drafts kept and rejected.
+  DraftConfig oracle;
+  oracle.max_draft = 3;
+  oracle.oracle = prompt;
+  oracle.oracle.insert(oracle.oracle.end(), plain.tokens.begin(), plain.tokens.end());
+  oracle.oracle_accept = 0.6;
+  const GenerateResult drafted = run(oracle);
+  EXPECT_EQ(drafted.tokens, plain.tokens);
+  EXPECT_GT(drafted.accepted, 0);
+  EXPECT_GT(drafted.drafted, drafted.accepted) << "no rejection: no rewind was replayed";
+}
+
 // The head's rows are its own KV state: a batch equals the same rows one at a time, bit for bit,
 // and running again from an earlier position (after other rows were written there) gives what
 // the first run gave, so the head rewinds exactly with the trunk.
