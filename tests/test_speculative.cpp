@@ -105,6 +105,13 @@ TEST(MtpDrafter, RunsTheHeadOverNewTrunkRowsThenChainsOnItsOwnOutput) {
   EXPECT_EQ(head.calls, (std::vector<Call>{{4, 3, 14}, {5, 4, 20}}));
   // Nothing new from the trunk: no guess.
   EXPECT_TRUE(drafter.propose({10, 11, 12, 13, 14, 20}, 2).empty());
+  // A pause left six trunk rows (positions 5..10): the head is caught up on the newest
+  // kMtpMaxCatchUp of them only (the prompt's first catch-up was whole).
+  ASSERT_EQ(kMtpMaxCatchUp, 4);
+  head.calls.clear();
+  head.pending = {{5.0f}, {6.0f}, {7.0f}, {8.0f}, {9.0f}, {10.0f}};
+  EXPECT_EQ(drafter.propose({10, 11, 12, 13, 14, 20, 30, 31, 32, 33, 34, 35}, 1), (std::vector<int32_t>{36}));
+  EXPECT_EQ(head.calls, (std::vector<Call>{{8, 7, 32}, {9, 8, 33}, {10, 9, 34}, {11, 10, 35}}));
 }
 
 TEST(MtpDrafter, RefusesMoreHiddenStatesThanPositions) {
@@ -165,7 +172,13 @@ TEST(OracleOverMtpDrafter, RunsTheHeadAndProposesTheOraclesTokens) {
 
 TEST(DraftController, GrowsOnFullAcceptanceShrinksOnRejectionAndPausesWhenLow) {
   DraftController c(DraftConfig{6, 4, 1, {}});
-  EXPECT_EQ(c.length(), 6);
+  EXPECT_EQ(c.length(), 1) << "an untried drafter starts with the cheapest try";
+  for (int want = 2; want <= 6; ++want) {
+    c.report(c.length(), c.length());
+    EXPECT_EQ(c.length(), want);
+  }
+  c.report(6, 6);
+  EXPECT_EQ(c.length(), 6) << "up to --draft";
   c.report(6, 2);
   EXPECT_EQ(c.length(), 3);  // the accepted prefix plus one
   c.report(3, 3);
@@ -180,7 +193,21 @@ TEST(DraftController, GrowsOnFullAcceptanceShrinksOnRejectionAndPausesWhenLow) {
   EXPECT_GT(plain, 1);
   EXPECT_LT(plain, 100) << "the pause runs out";
   EXPECT_GT(c.length(), 0);
-  EXPECT_EQ(c.accepted_total(), 5);
+  EXPECT_EQ(c.accepted_total(), 1 + 2 + 3 + 4 + 5 + 6 + 2 + 3);
+}
+
+// A drafter that is never right costs few verifications: two fruitless ones pause it at first,
+// one after each pause, and the pauses double (the policy behind --mtp's cost at 0 %
+// acceptance; a drafter right 70 % of the time is paused by two misses in a row only).
+TEST(DraftController, AUselessDrafterIsTriedRarely) {
+  DraftController c(DraftConfig{3, 4, 1, {}});
+  std::vector<int> tries;  // the steps that verified a draft
+  for (int step = 0; step < 200; ++step) {
+    const int length = c.length();
+    if (length > 0) tries.push_back(step);
+    c.report(length, 0);
+  }
+  EXPECT_EQ(tries, (std::vector<int>{0, 1, 34, 99}));
 }
 
 // A drafter that is never right: each pause after another is twice as long, so drafting costs

@@ -21,6 +21,7 @@ class SessionMtpHead : public MtpHead {
  private:
   InferenceState& trunk_;
   NextnHead head_;
+  int origin_ = 0;  // the trunk position of the head's position 0 (it restarts after a gap)
 };
 
 }  // namespace bmoe
