@@ -320,7 +320,9 @@ std::unique_ptr<LoadedModel> mtp_model(const std::string& path, bool streamed) {
   return model;
 }
 
-GenerateResult run_mtp(LoadedModel& model, const std::vector<int32_t>& prompt, int draft) {
+// `records`, when given, gets the session's token records.
+GenerateResult run_mtp(LoadedModel& model, const std::vector<int32_t>& prompt, int draft,
+                       std::vector<TokenRecord>* records = nullptr) {
   ThreadPool pool(2);
   Session s(model, pool, 256, 64, SamplerConfig{});
   EXPECT_NE(s.mtp_head(), nullptr);
@@ -329,7 +331,9 @@ GenerateResult run_mtp(LoadedModel& model, const std::vector<int32_t>& prompt, i
   p.ignore_eos = true;
   p.draft.max_draft = draft;
   p.draft.mtp = true;
-  return generate(s, prompt, p);
+  GenerateResult r = generate(s, prompt, p);
+  if (records) *records = s.records();
+  return r;
 }
 
 // --mtp drafts from the model's own MTP block; verification keeps only what plain greedy
@@ -370,19 +374,13 @@ INSTANTIATE_TEST_SUITE_P(Families, MtpIdentity, ::testing::Values("tiny-qwen35mo
 // tok/s and MiB per token) count them, and the profile's three kinds of step add up to them.
 TEST(MtpIdentity, TheHeadsCostCountsInTheRecords) {
   auto model = mtp_model(test_model_path("tiny-qwen35moe", 3), true);
-  ThreadPool pool(2);
-  Session s(*model, pool, 256, 64, SamplerConfig{});
-  GenerateParams p;
-  p.max_tokens = 48;
-  p.ignore_eos = true;
-  p.draft.max_draft = 3;
-  p.draft.mtp = true;
-  const GenerateResult r = generate(s, model->tokenizer->encode("the harbour town woke slowly", false, false), p);
+  std::vector<TokenRecord> records;
+  const GenerateResult r = run_mtp(*model, model->tokenizer->encode("the harbour town woke slowly", false, false), 3, &records);
   const DraftProfile& d = r.draft_profile;
   EXPECT_GT(d.drafter.bytes_read, 0u) << "the streamed head read none of its experts";
   EXPECT_GT(d.verify.steps, 0);
   uint64_t recorded = 0;
-  for (const TokenRecord& t : s.records()) recorded += t.bytes_read;
+  for (const TokenRecord& t : records) recorded += t.bytes_read;
   EXPECT_EQ(recorded, d.plain.bytes_read + d.verify.bytes_read + d.drafter.bytes_read);
   EXPECT_EQ(d.plain.steps + d.verify.steps, static_cast<int64_t>(r.tokens.size() - 1 - r.accepted));
 }

@@ -67,9 +67,13 @@ int32_t greedy_guess(const MtpStep& step) {
 }  // namespace
 
 std::vector<MtpStep> mtp_steps(MtpHead& head, const std::vector<int32_t>& sequence, int max_tokens, int max_catch_up) {
+  return mtp_steps_over(head, head.take_hidden_states(), sequence, max_tokens, max_catch_up);
+}
+
+std::vector<MtpStep> mtp_steps_over(MtpHead& head, std::vector<std::vector<float>> rows,
+                                    const std::vector<int32_t>& sequence, int max_tokens, int max_catch_up) {
   // The trunk evaluated every position but the last (the token about to be fed); the new hidden
   // states end at the one before it.
-  std::vector<std::vector<float>> rows = head.take_hidden_states();
   if (rows.size() + 1 > sequence.size()) {
     fail("MTP head: {} hidden states for a sequence of {} tokens", rows.size(), sequence.size());
   }

@@ -113,6 +113,9 @@ class MtpHead {
 // guesses, never to the output (verification decides).
 std::vector<MtpStep> mtp_steps(MtpHead& head, const std::vector<int32_t>& sequence, int max_tokens,
                                int max_catch_up = 0);
+// mtp_steps over trunk rows already taken from the head (take_hidden_states' order).
+std::vector<MtpStep> mtp_steps_over(MtpHead& head, std::vector<std::vector<float>> rows,
+                                    const std::vector<int32_t>& sequence, int max_tokens, int max_catch_up = 0);
 
 // The most trunk rows MtpDrafter catches its head up on after its first proposal.
 constexpr int kMtpMaxCatchUp = 4;
