@@ -9,8 +9,10 @@ run must print exactly the plain run's tokens (checked). Plain decoding is run f
 the table compares with their mean.
 
 Per run: tok/s, acceptance (kept / drafted), tokens per forward pass (generated tokens over
-trunk passes), and, streamed, flash MiB per *generated* token. Model: the family's real shape
-(bmoe-synth preset with its MTP block), its own routing (random weights), greedy.
+trunk passes), and, streamed, flash MiB per *generated* token; bmoe-cli's profile of the
+verification passes and the drafter (time, distinct expert lookups and MiB per pass or call).
+Model: the family's real shape (bmoe-synth preset with its MTP block), greedy, its own routing
+(random weights) or a real trace's (--route-replay in --stream).
 
     bench/bench_mtp.py --model /work/models-mtp/qwen36-cut4.gguf --out bench/results/DATE/mtp-resident
     bench/bench_mtp.py --model M --stream "--moe-stream --cache-mb 3000 --overlap" --ram-gib 11 --out ...
@@ -32,6 +34,9 @@ PROMPT = ("Write a detailed essay about the history of computing, from the abacu
 GEN_RE = re.compile(r"generation: (\d+) tokens, ([\d.]+) s/token, ([\d.]+) tok/s")
 READ_RE = re.compile(r"flash read ([\d.]+) MiB/tok")
 SPEC_RE = re.compile(r"speculative: drafted (\d+), accepted (\d+) \([\d.]+ %\), (\d+) verify passes")
+# bmoe-cli's per-step profile: "  verify: N steps, R rows each, T ms, L expert lookups, M MiB read"
+STEP_RE = re.compile(r"  (plain|verify|drafter): (\d+) steps, ([\d.]+) [a-z ]+ each, ([\d.]+) ms, ([\d.]+) expert lookups, "
+                     r"([\d.]+) MiB read")
 
 
 def run(args, flags, tag):
@@ -64,8 +69,22 @@ def run(args, flags, tag):
         r["drafted"], r["accepted"] = int(ms.group(1)), int(ms.group(2))
         passes -= r["accepted"]  # a kept draft token rode on an earlier pass
     r["tokens_per_pass"] = len(r["tokens"]) / max(1, passes)
+    for kind, steps, rows, ms, lookups, mib in STEP_RE.findall(p.stderr):
+        r[kind] = {"steps": int(steps), "rows": float(rows), "ms": float(ms), "lookups": float(lookups), "mib": float(mib)}
     log(f"  {tag}: {r['tok_s']:.2f} tok/s" + (f", {r['mib_per_token']:.1f} MiB/tok" if "mib_per_token" in r else ""))
     return r
+
+
+def route_replay(flags):
+    f = flags.split()
+    return f[f.index("--route-replay") + 1] if "--route-replay" in f else ""
+
+
+def step_cell(c, rows):
+    if not c or not c["steps"]:
+        return "—"
+    return (f"{c['steps']}, " + (f"{c['rows']:.2f}, " if rows else "") +
+            f"{c['ms']:.0f}, {c['lookups']:.1f}, {c['mib']:.1f}")
 
 
 def main():
@@ -97,18 +116,22 @@ def main():
     base_mib = sum(r.get("mib_per_token", 0) for r in plain) / len(plain)
     table = [f"Plain decoding: {base:.2f} tok/s (first {plain[0]['tok_s']:.2f}, last {plain[1]['tok_s']:.2f})"
              + (f", {base_mib:.1f} flash MiB per token" if base_mib else "") + ".", "",
-             "| set acceptance | k | tok/s | vs plain | measured acceptance | tokens/pass | flash MiB per generated token | tokens = plain |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| set acceptance | k | tok/s | vs plain | measured acceptance | tokens/pass | flash MiB per generated token | tokens = plain "
+             "| verify: passes, rows, ms, expert lookups, MiB | drafter: calls, ms, expert lookups, MiB (per call) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "k" not in r:
             continue
         acc = f"{100 * r['accepted'] / r['drafted']:.0f} % of {r['drafted']}" if r.get("drafted") else "none drafted"
         mib = f"{r['mib_per_token']:.1f}" if "mib_per_token" in r else "— (resident)"
         table.append(f"| {r['set_accept']:.0%} | {r['k']} | {r['tok_s']:.2f} | {r['tok_s'] / base:.2f}x | {acc} | "
-                     f"{r['tokens_per_pass']:.2f} | {mib} | {'yes' if r['tokens'] == plain[0]['tokens'] else '**NO**'} |")
+                     f"{r['tokens_per_pass']:.2f} | {mib} | {'yes' if r['tokens'] == plain[0]['tokens'] else '**NO**'} | "
+                     f"{step_cell(r.get('verify'), True)} | {step_cell(r.get('drafter'), False)} |")
     header = [f"# MTP drafting: {os.path.basename(args.model)}", "",
-              f"{datetime.date.today()}, {machine()}; {args.tokens} tokens, {args.threads} threads, greedy, the "
-              f"model's own routing (random weights); flags: `{args.stream or 'resident'}`"
+              f"{datetime.date.today()}, {machine()}; {args.tokens} tokens, {args.threads} threads, greedy, "
+              + (f"routing replayed from `{os.path.basename(replay)}` (the MTP head's own layer routes itself)"
+                 if (replay := route_replay(args.stream)) else "the model's own routing (random weights)")
+              + f"; flags: `{args.stream or 'resident'}`"
               + (f", cgroup cap {args.ram_gib} GiB" if args.ram_gib else "") + ".", ""]
     with open(os.path.join(args.out, "results.md"), "w") as f:
         f.write("\n".join(header + table) + "\n")

@@ -105,6 +105,13 @@ TEST(MtpDrafter, RunsTheHeadOverNewTrunkRowsThenChainsOnItsOwnOutput) {
   EXPECT_EQ(head.calls, (std::vector<Call>{{4, 3, 14}, {5, 4, 20}}));
   // Nothing new from the trunk: no guess.
   EXPECT_TRUE(drafter.propose({10, 11, 12, 13, 14, 20}, 2).empty());
+  // A pause left six trunk rows (positions 5..10): the head is caught up on the newest
+  // kMtpMaxCatchUp of them only (the prompt's first catch-up was whole).
+  ASSERT_EQ(kMtpMaxCatchUp, 4);
+  head.calls.clear();
+  head.pending = {{5.0f}, {6.0f}, {7.0f}, {8.0f}, {9.0f}, {10.0f}};
+  EXPECT_EQ(drafter.propose({10, 11, 12, 13, 14, 20, 30, 31, 32, 33, 34, 35}, 1), (std::vector<int32_t>{36}));
+  EXPECT_EQ(head.calls, (std::vector<Call>{{8, 7, 32}, {9, 8, 33}, {10, 9, 34}, {11, 10, 35}}));
 }
 
 TEST(MtpDrafter, RefusesMoreHiddenStatesThanPositions) {
@@ -165,7 +172,13 @@ TEST(OracleOverMtpDrafter, RunsTheHeadAndProposesTheOraclesTokens) {
 
 TEST(DraftController, GrowsOnFullAcceptanceShrinksOnRejectionAndPausesWhenLow) {
   DraftController c(DraftConfig{6, 4, 1, {}});
-  EXPECT_EQ(c.length(), 6);
+  EXPECT_EQ(c.length(), 1) << "an untried drafter starts with the cheapest try";
+  for (int want = 2; want <= 6; ++want) {
+    c.report(c.length(), c.length());
+    EXPECT_EQ(c.length(), want);
+  }
+  c.report(6, 6);
+  EXPECT_EQ(c.length(), 6) << "up to --draft";
   c.report(6, 2);
   EXPECT_EQ(c.length(), 3);  // the accepted prefix plus one
   c.report(3, 3);
@@ -180,7 +193,21 @@ TEST(DraftController, GrowsOnFullAcceptanceShrinksOnRejectionAndPausesWhenLow) {
   EXPECT_GT(plain, 1);
   EXPECT_LT(plain, 100) << "the pause runs out";
   EXPECT_GT(c.length(), 0);
-  EXPECT_EQ(c.accepted_total(), 5);
+  EXPECT_EQ(c.accepted_total(), 1 + 2 + 3 + 4 + 5 + 6 + 2 + 3);
+}
+
+// A drafter that is never right costs few verifications: two fruitless ones pause it at first,
+// one after each pause, and the pauses double (the policy behind --mtp's cost at 0 %
+// acceptance; a drafter right 70 % of the time is paused by two misses in a row only).
+TEST(DraftController, AUselessDrafterIsTriedRarely) {
+  DraftController c(DraftConfig{3, 4, 1, {}});
+  std::vector<int> tries;  // the steps that verified a draft
+  for (int step = 0; step < 200; ++step) {
+    const int length = c.length();
+    if (length > 0) tries.push_back(step);
+    c.report(length, 0);
+  }
+  EXPECT_EQ(tries, (std::vector<int>{0, 1, 34, 99}));
 }
 
 // A drafter that is never right: each pause after another is twice as long, so drafting costs
@@ -293,7 +320,9 @@ std::unique_ptr<LoadedModel> mtp_model(const std::string& path, bool streamed) {
   return model;
 }
 
-GenerateResult run_mtp(LoadedModel& model, const std::vector<int32_t>& prompt, int draft) {
+// `records`, when given, gets the session's token records.
+GenerateResult run_mtp(LoadedModel& model, const std::vector<int32_t>& prompt, int draft,
+                       std::vector<TokenRecord>* records = nullptr) {
   ThreadPool pool(2);
   Session s(model, pool, 256, 64, SamplerConfig{});
   EXPECT_NE(s.mtp_head(), nullptr);
@@ -302,7 +331,9 @@ GenerateResult run_mtp(LoadedModel& model, const std::vector<int32_t>& prompt, i
   p.ignore_eos = true;
   p.draft.max_draft = draft;
   p.draft.mtp = true;
-  return generate(s, prompt, p);
+  GenerateResult r = generate(s, prompt, p);
+  if (records) *records = s.records();
+  return r;
 }
 
 // --mtp drafts from the model's own MTP block; verification keeps only what plain greedy
@@ -338,6 +369,54 @@ INSTANTIATE_TEST_SUITE_P(Families, MtpIdentity, ::testing::Values("tiny-qwen35mo
                            for (char& ch : n) ch = std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
                            return n;
                          });
+
+// The MTP head's compute and expert reads belong to the step that drafts: the records (the run's
+// tok/s and MiB per token) count them, and the profile's three kinds of step add up to them.
+TEST(MtpIdentity, TheHeadsCostCountsInTheRecords) {
+  auto model = mtp_model(test_model_path("tiny-qwen35moe", 3), true);
+  std::vector<TokenRecord> records;
+  const GenerateResult r = run_mtp(*model, model->tokenizer->encode("the harbour town woke slowly", false, false), 3, &records);
+  const DraftProfile& d = r.draft_profile;
+  EXPECT_GT(d.drafter.bytes_read, 0u) << "the streamed head read none of its experts";
+  EXPECT_GT(d.verify.steps, 0);
+  uint64_t recorded = 0;
+  for (const TokenRecord& t : records) recorded += t.bytes_read;
+  EXPECT_EQ(recorded, d.plain.bytes_read + d.verify.bytes_read + d.drafter.bytes_read);
+  EXPECT_EQ(d.plain.steps + d.verify.steps, static_cast<int64_t>(r.tokens.size() - 1 - r.accepted));
+}
+
+// Routing forced by position (as --route-replay forces a trace's) stays forced when a rejected
+// draft rewinds a hybrid model's recurrent state and replays the kept rows: drafted output
+// equals plain decoding under the same routing.
+TEST(Speculative, ForcedRoutingHoldsThroughARecurrentRewind) {
+  auto model = load_model(test_model_path("tiny-qwen35moe", 3), LoadOptions{});
+  const auto force = [](RouteEvent& e) {
+    const int a = 7 * e.position + e.layer;
+    for (size_t i = 0; i < e.experts->size(); ++i) (*e.experts)[i] = (a + static_cast<int>(i)) % e.n_expert;
+  };
+  const std::vector<int32_t> prompt = model->tokenizer->encode("x y z x y z x y z x y z", false, false);
+  auto run = [&](const DraftConfig& draft) {
+    ThreadPool pool(2);
+    Session s(*model, pool, 256, 64, SamplerConfig{});
+    s.state().set_route_hook(force);
+    GenerateParams p;
+    p.max_tokens = 48;
+    p.ignore_eos = true;
+    p.draft = draft;
+    return generate(s, prompt, p);
+  };
+  const GenerateResult plain = run(DraftConfig{});
+  // The plain run's own tokens, each right with probability 0.6: drafts kept and rejected.
+  DraftConfig oracle;
+  oracle.max_draft = 3;
+  oracle.oracle = prompt;
+  oracle.oracle.insert(oracle.oracle.end(), plain.tokens.begin(), plain.tokens.end());
+  oracle.oracle_accept = 0.6;
+  const GenerateResult drafted = run(oracle);
+  EXPECT_EQ(drafted.tokens, plain.tokens);
+  EXPECT_GT(drafted.accepted, 0);
+  EXPECT_GT(drafted.drafted, drafted.accepted) << "no rejection: no rewind was replayed";
+}
 
 // The head's rows are its own KV state: a batch equals the same rows one at a time, bit for bit,
 // and running again from an earlier position (after other rows were written there) gives what

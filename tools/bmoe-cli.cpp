@@ -408,6 +408,19 @@ void print_answer(const CliOptions& o, const Tokenizer& tok, const std::vector<i
   fmt::print("{}\n", j.dump());
 }
 
+// Where a drafting run's decode time and expert reads went, per kind of step (each kind's mean).
+void print_draft_profile(const DraftProfile& p) {
+  auto line = [](const char* name, const StepCost& c, const char* rows) {
+    const double n = c.steps > 0 ? static_cast<double>(c.steps) : 1.0;
+    fmt::print(stderr, "  {}: {} steps, {:.2f} {} each, {:.1f} ms, {:.1f} expert lookups, {:.1f} MiB read\n", name, c.steps,
+               static_cast<double>(c.rows) / n, rows, 1e3 * c.seconds / n, static_cast<double>(c.lookups) / n,
+               static_cast<double>(c.bytes_read) / n / 1048576.0);
+  };
+  line("plain", p.plain, "rows");
+  line("verify", p.verify, "rows");
+  line("drafter", p.drafter, "tokens proposed");
+}
+
 // The end-of-run lines on stderr (summary, drafting, prefetch, teacher forcing, dropped experts).
 void print_run_report(LoadedRun& loaded, Session& session, const GenerateParams& params, const GenerateResult& r,
                       const RunSummary& summary) {
@@ -417,6 +430,7 @@ void print_run_report(LoadedRun& loaded, Session& session, const GenerateParams&
     fmt::print(stderr, "speculative: drafted {}, accepted {} ({:.1f} %), {} verify passes, max draft {}\n", r.drafted,
                r.accepted, r.drafted ? 100.0 * static_cast<double>(r.accepted) / static_cast<double>(r.drafted) : 0.0,
                r.verify_steps, params.draft.max_draft);
+    print_draft_profile(r.draft_profile);
   }
   report_prefetch(loaded);
   save_cache_file(loaded);

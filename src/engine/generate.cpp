@@ -49,25 +49,76 @@ struct Drafting {
   Drafting(DraftController c, std::unique_ptr<Drafter> d) : controller(std::move(c)), drafter(std::move(d)) {}
   DraftController controller;
   std::unique_ptr<Drafter> drafter;
+  DraftProfile profile;
+};
+
+void add_cost(StepCost& into, const StepCost& part) {
+  into.steps += part.steps;
+  into.rows += part.rows;
+  into.seconds += part.seconds;
+  into.lookups += part.lookups;
+  into.bytes_read += part.bytes_read;
+}
+
+// Measures a stretch of decoding into a StepCost: wall time and the expert counters' movement.
+class CostMeter {
+ public:
+  explicit CostMeter(const ExpertSource& experts) : experts_(experts), before_(experts.stats()) {}
+  // Adds the stretch so far to `cost` as one step of `rows` rows.
+  void add_to(StepCost& cost, int64_t rows) const {
+    const ExpertStats now = experts_.stats();
+    ++cost.steps;
+    cost.rows += rows;
+    cost.seconds += timer_.seconds();
+    cost.lookups += now.requests - before_.requests;
+    cost.bytes_read += now.bytes_read - before_.bytes_read;
+  }
+
+ private:
+  const ExpertSource& experts_;
+  const ExpertStats before_;
+  const Stopwatch timer_;
 };
 
 // Feeds `token` (just emitted) so that the next one can be sampled. While drafting wants a draft,
 // also proposes and verifies up to `budget` draft tokens; returns the kept ones, already fed, to
-// be emitted in order before sampling again.
+// be emitted in order before sampling again. The drafter runs inside the step, so its cost counts
+// in the step's records.
 std::vector<int32_t> feed_token(Session& session, int32_t token, Drafting* drafting, int budget) {
   const int room = session.state().n_ctx() - session.state().n_past() - 1;
   const int length = drafting ? std::min({drafting->controller.length(), budget, room}) : 0;
   if (length <= 0) {
+    if (!drafting) {
+      session.accept(token);
+      return {};
+    }
+    const CostMeter step(*session.model().experts);
     session.accept(token);
-    if (drafting) drafting->controller.report(0, 0);
+    step.add_to(drafting->profile.plain, 1);
+    drafting->controller.report(0, 0);
     return {};
   }
-  std::vector<int32_t> sequence = session.history();
-  sequence.push_back(token);
-  std::vector<int32_t> draft = drafting->drafter->propose(sequence, length);
-  // Propose's bound, enforced: a longer draft could run past the context.
-  draft.resize(std::min(draft.size(), static_cast<size_t>(length)));
-  const int kept = session.accept_draft(token, draft);
+  std::vector<int32_t> draft;
+  const CostMeter step(*session.model().experts);
+  StepCost drafter;
+  const int kept = session.draft_and_accept(token, [&] {
+    const CostMeter meter(*session.model().experts);
+    std::vector<int32_t> sequence = session.history();
+    sequence.push_back(token);
+    draft = drafting->drafter->propose(sequence, length);
+    // Propose's bound, enforced: a longer draft could run past the context.
+    draft.resize(std::min(draft.size(), static_cast<size_t>(length)));
+    meter.add_to(drafter, static_cast<int64_t>(draft.size()));
+    return draft;
+  });
+  StepCost pass;  // the step less the drafter's part
+  step.add_to(pass, static_cast<int64_t>(draft.size()) + 1);
+  pass.seconds -= drafter.seconds;
+  pass.lookups -= drafter.lookups;
+  pass.bytes_read -= drafter.bytes_read;
+  DraftProfile& profile = drafting->profile;
+  add_cost(draft.empty() ? profile.plain : profile.verify, pass);
+  add_cost(profile.drafter, drafter);
   drafting->controller.report(static_cast<int>(draft.size()), kept);
   draft.resize(static_cast<size_t>(kept));
   return draft;
@@ -169,6 +220,7 @@ GenerateResult DecodeLoop::finish() {
     result_.drafted = c.drafted_total();
     result_.accepted = c.accepted_total();
     result_.verify_steps = c.verify_steps();
+    result_.draft_profile = drafting_->profile;
   }
   if (!keep_going_) result_.finish_reason = "cancelled";
   if (!stop_.stopped()) emit(stop_.push(utf8_.flush()) + stop_.flush());

@@ -43,6 +43,23 @@ struct GenerateParams {
   std::vector<int32_t> forced;
 };
 
+// What one kind of decode step cost a drafting run, summed: its wall time, the expert lookups
+// (one per distinct expert per layer and pass) and the bytes they read. The profile of where a
+// drafting run's time goes (bmoe-cli prints it).
+struct StepCost {
+  int64_t steps = 0;
+  int64_t rows = 0;  // tokens the steps' passes ran (a drafter: tokens it proposed)
+  double seconds = 0;
+  uint64_t lookups = 0;
+  uint64_t bytes_read = 0;
+};
+
+struct DraftProfile {
+  StepCost plain;    // one-token steps (no draft: paused, or the drafter had no guess)
+  StepCost verify;   // verification passes, the drafter's work left out
+  StepCost drafter;  // the drafter's proposals (an MTP head's passes and reads)
+};
+
 struct GenerateResult {
   std::string text;
   std::vector<int32_t> tokens;
@@ -54,6 +71,7 @@ struct GenerateResult {
   int64_t drafted = 0;       // speculative: tokens proposed
   int64_t accepted = 0;      // speculative: proposals kept
   int64_t verify_steps = 0;  // speculative: verification passes
+  DraftProfile draft_profile;  // speculative: where the decode time and reads went
   int forced_steps = 0;      // teacher forcing: steps fed a reference token
   int forced_equal = 0;      // teacher forcing: of those, steps whose own pick equalled it
   std::vector<TokenLogprob> logprobs;  // one per token of `tokens` when GenerateParams::logprobs >= 0

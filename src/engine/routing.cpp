@@ -18,6 +18,7 @@ RouteRecorder::RouteRecorder(const std::string& path, LoadedModel& model) : mode
 }
 
 void RouteRecorder::on_route(const RouteEvent& e) {
+  if (e.replay) return;  // recorded when the rows first ran
   StreamingExperts* streamer = model_.streamer();
   for (size_t s = 0; s < e.experts->size(); ++s) {
     RouteRecord r;

@@ -49,6 +49,7 @@ PrefillRecord Session::prefill(const std::vector<int32_t>& tokens, const Prefill
   state_.set_layer_hook(nullptr);
   state_.set_prefill(false);
   history_.insert(history_.end(), tokens.begin(), tokens.end());
+  if (mtp_head_) mtp_head_->read_prompt(history_);  // the MTP head's pass over the prompt
   sampler_.begin(history_);  // an answer starts here: its penalties look back from this point
   return {static_cast<int>(tokens.size()), timer.seconds()};
 }
@@ -115,7 +116,22 @@ int Session::accept_draft(int32_t token, const std::vector<int32_t>& draft) {
     return 0;
   }
   const StepStart before = step_start();
-  Stopwatch timer;
+  const Stopwatch timer;
+  return verify(token, draft, before, timer);
+}
+
+int Session::draft_and_accept(int32_t token, const std::function<std::vector<int32_t>()>& propose) {
+  const StepStart before = step_start();
+  const Stopwatch timer;
+  const std::vector<int32_t> draft = propose();
+  if (!draft.empty()) return verify(token, draft, before, timer);
+  state_.eval(&token, 1);
+  took(token);
+  record(token, timer.seconds(), before, 0, 1, 1);
+  return 0;
+}
+
+int Session::verify(int32_t token, const std::vector<int32_t>& draft, const StepStart& before, const Stopwatch& timer) {
   std::vector<int32_t> batch;
   batch.reserve(draft.size() + 1);
   batch.push_back(token);

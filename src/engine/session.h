@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/thread_pool.h"
+#include "core/timer.h"
 #include "engine/loader.h"
 #include "engine/mtp_head.h"
 #include "model/transformer.h"
@@ -98,6 +99,10 @@ class Session {
   // results do not depend on the batch size). The pass's cost is split over the kept tokens'
   // records.
   int accept_draft(int32_t token, const std::vector<int32_t>& draft);
+  // accept_draft with the draft made by `propose` inside the step, so that the drafter's compute
+  // and expert reads (an MTP head's) count in the kept tokens' records as the pass's do; an
+  // empty draft is a plain step (accept) that still carries the drafter's cost.
+  int draft_and_accept(int32_t token, const std::function<std::vector<int32_t>()>& propose);
   const std::vector<float>& logits() const { return *logits_; }
 
   InferenceState& state() { return state_; }
@@ -121,6 +126,8 @@ class Session {
   };
   StepStart step_start() const;
   void record(int32_t token, double wall_seconds, const StepStart& before, int share, int of, int batch);
+  // The verification pass of accept_draft, its step begun at `before` / `timer`.
+  int verify(int32_t token, const std::vector<int32_t>& draft, const StepStart& before, const Stopwatch& timer);
   // After `token` was fed (alone or in a batch): the logits, history and sampler move on.
   void took(int32_t token);
   LoadedModel& model_;

@@ -98,7 +98,8 @@ class MtpHead {
   // pairs hidden row i (the hidden state of the position before it: the trunk's, the head's own
   // output for a chained guess, zeros for position 0) with tokens[i]. Returns the last row's
   // step: the logits of the token after it and the head's output. Writes the head's own cache
-  // rows there and drops those after.
+  // rows there and drops those after. A position past the rows the head holds starts its cache
+  // afresh there (the positions between are never seen; mtp_steps' capped catch-up).
   virtual MtpStep draft(int position, std::span<const float> hidden, std::span<const int32_t> tokens) = 0;
 };
 
@@ -106,7 +107,18 @@ class MtpHead {
 // over the trunk's new hidden states (the last row's step guesses the token after the sequence),
 // then chained on its own greedy picks and outputs, `max_tokens` steps in all (none without new
 // trunk rows). Fails (bmoe::Error) on more hidden states than the sequence has positions.
-std::vector<MtpStep> mtp_steps(MtpHead& head, const std::vector<int32_t>& sequence, int max_tokens);
+// With max_catch_up > 0, the head is run over at most that many of the newest trunk rows: it
+// restarts after the gap (MtpHead::draft), so a long pause of drafting is not paid for by one
+// wide head pass whose experts a streamed model reads; the skipped rows' context is lost to its
+// guesses, never to the output (verification decides).
+std::vector<MtpStep> mtp_steps(MtpHead& head, const std::vector<int32_t>& sequence, int max_tokens,
+                               int max_catch_up = 0);
+// mtp_steps over trunk rows already taken from the head (take_hidden_states' order).
+std::vector<MtpStep> mtp_steps_over(MtpHead& head, std::vector<std::vector<float>> rows,
+                                    const std::vector<int32_t>& sequence, int max_tokens, int max_catch_up = 0);
+
+// The most trunk rows MtpDrafter catches its head up on after its first proposal.
+constexpr int kMtpMaxCatchUp = 4;
 
 // Drafts with an MtpHead: runs the head over the trunk's new hidden states in one pass (its
 // cache follows the sequence, and the last row gives the first guess), then chains the head on
@@ -119,6 +131,7 @@ class MtpDrafter : public Drafter {
 
  private:
   MtpHead& head_;
+  bool caught_up_ = false;  // the head has seen the prompt: later catch-ups are capped
 };
 
 // Benchmark drafter (--mtp with --draft-oracle): runs the MTP drafter, so the head's compute and
@@ -167,7 +180,7 @@ class DraftController {
  private:
   DraftConfig config_;
   int length_;
-  double acceptance_ = 1.0;  // moving average of accepted / drafted
+  double acceptance_;        // moving average of accepted / drafted
   int pause_ = 0;            // plain steps left before drafting again
   int next_pause_;           // the next pause's length: doubles while pauses follow each other
   int64_t drafted_total_ = 0;

@@ -126,6 +126,7 @@ void RoutedExperts::report_route(int layer, int token, const float* logits, cons
   ev.position = positions[token];
   ev.row = token;
   ev.prefill = hooks_.prefill;
+  ev.replay = hooks_.replay;
   ev.logits = logits;
   ev.n_expert = cfg_.n_expert;
   ev.experts = &route.experts;

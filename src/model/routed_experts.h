@@ -27,6 +27,9 @@ struct RouteEvent {
   int position = 0;     // token position in the sequence
   int row = 0;          // the token's row in the pass (a batch of sequences: which sequence)
   bool prefill = false; // part of the prompt (set by the caller with set_prefill)
+  // A recurrent rewind's replay of rows routed before: a hook that forces routing forces it
+  // again (so the replayed rows equal their first run), one that records skips them.
+  bool replay = false;
   const float* logits = nullptr;  // router logits, n_expert values
   int n_expert = 0;
   std::vector<int32_t>* experts;  // selected ids, slot order
@@ -39,6 +42,7 @@ struct RoutingHooks {
   RouteHook route;
   std::unique_ptr<RouterHook> router;
   bool prefill = false;  // the next evals process prompt tokens (reported to the route hook)
+  bool replay = false;   // the next evals replay rows for a rewind (reported to the route hook)
 };
 
 class RoutedExperts {

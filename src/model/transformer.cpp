@@ -58,8 +58,7 @@ void InferenceState::replay(int start, int end) {
   n_past_ = start;
   tokens_.resize(static_cast<size_t>(start));
   token_batch_path_.resize(static_cast<size_t>(start));
-  RouteHook hook = std::move(hooks_.route);  // replayed routes were reported the first time
-  hooks_.route = nullptr;
+  hooks_.replay = true;  // the route hook sees these rows as replayed (RouteEvent::replay)
   std::function<void(int)> layer_hook = std::move(layer_hook_);
   layer_hook_ = nullptr;
   replaying_ = true;  // the replayed rows' hidden states were kept (or taken) the first time
@@ -76,13 +75,13 @@ void InferenceState::replay(int start, int end) {
   } catch (...) {
     replay_batch_path_ = false;
     replaying_ = false;
-    hooks_.route = std::move(hook);
+    hooks_.replay = false;
     layer_hook_ = std::move(layer_hook);
     throw;
   }
   replay_batch_path_ = false;
   replaying_ = false;
-  hooks_.route = std::move(hook);
+  hooks_.replay = false;
   layer_hook_ = std::move(layer_hook);
 }
 

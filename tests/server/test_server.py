@@ -7,6 +7,7 @@ generation; a bounded load test loses no request and leaves the server alive wit
 import http.client
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -460,6 +461,37 @@ class ServerTest(unittest.TestCase):
         wait_until(lambda: cancelled() > before and self.server.metric("bmoe_busy") == 0.0, 120)
         self.assertGreater(cancelled(), before)
         self.assertEqual(self.server.metric("bmoe_busy"), 0.0)
+
+
+class ServerMtpTest(unittest.TestCase):
+    """--mtp on bmoe-server: the model's MTP block drafts, verification keeps only what greedy
+    decoding gives, so a completion equals the one of a server without it, and the timings and
+    /metrics count the drafts (tiny-qwen35moe: a hybrid trunk, so rejected drafts roll the
+    recurrent state back)."""
+
+    def test_mtp_completion_equals_plain(self):
+        model = synth("tiny-qwen35moe", "tiny-qwen35moe")
+        body = {"prompt": "the harbour town woke slowly", "max_tokens": 40, "temperature": 0, "ignore_eos": True}
+        answers = {}
+        for name, flags in (("plain", ()), ("mtp", ("--mtp", "--draft", "3"))):
+            server = Server(model, "-c", "512", *flags)
+            try:
+                status, answers[name] = server.post("/v1/completions", body)
+                self.assertEqual(status, 200, answers[name])
+                status, metrics = server.get("/metrics")
+                self.assertEqual(status, 200)
+                answers[name + "-metrics"] = metrics
+            finally:
+                server.stop()
+        plain, mtp = answers["plain"], answers["mtp"]
+        self.assertEqual(mtp["choices"][0]["text"], plain["choices"][0]["text"])
+        self.assertEqual(mtp["usage"]["completion_tokens"], 40)
+        drafted = mtp["timings"]["draft_n"]
+        self.assertGreater(drafted, 0, "the MTP head never drafted")
+        counted = re.search(r"^bmoe_draft_tokens_total (\S+)$", answers["mtp-metrics"], re.M)
+        self.assertIsNotNone(counted, answers["mtp-metrics"])
+        self.assertEqual(float(counted.group(1)), drafted)
+        self.assertNotIn("draft_n", plain["timings"])
 
 
 class ServerParallelTest(unittest.TestCase):
