@@ -26,7 +26,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cgroup import MemoryCap, drop_page_cache  # noqa: E402
+from cgroup import run_capped  # noqa: E402
 from common import REPO, log, machine, tool  # noqa: E402
 
 PROMPT = ("Write a detailed essay about the history of computing, from the abacus and the "
@@ -42,17 +42,7 @@ STEP_RE = re.compile(r"  (plain|verify|drafter): (\d+) steps, ([\d.]+) [a-z ]+ e
 def run(args, flags, tag):
     cmd = [tool("bmoe-cli"), "-m", args.model, "-p", PROMPT, "-n", str(args.tokens), "-t", str(args.threads),
            "--ignore-eos", "--json", *args.stream.split(), *flags]
-    cap = MemoryCap(f"bmoe-mtp-{os.getpid()}", int(args.ram_gib * (1 << 30))) if args.ram_gib > 0 else None
-    if args.ram_gib > 0:
-        drop_page_cache()
-    try:
-        if cap:
-            cap.__enter__()
-            cmd = cap.prefix() + cmd
-        p = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=args.timeout)
-    finally:
-        if cap:
-            cap.__exit__(None, None, None)
+    p = run_capped(cmd, "bmoe-mtp", args.ram_gib, capture_output=True, text=True, cwd=REPO, timeout=args.timeout)
     with open(os.path.join(args.out, tag + ".log"), "w") as f:
         f.write(p.stderr)
     m = GEN_RE.search(p.stderr)

@@ -26,7 +26,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cgroup import MemoryCap, available as cgroup_available, drop_page_cache  # noqa: E402
+from cgroup import run_capped, available as cgroup_available, drop_page_cache  # noqa: E402
 from common import REPO, log, machine, tool  # noqa: E402
 
 REPETITIVE = ("Rename the variable total to sum in this function and print the whole function again:\n"
@@ -50,16 +50,9 @@ FORCED_RE = re.compile(r"teacher-forced: (\d+) of (\d+) next tokens")
 def run(args, prompt, flags, tag):
     cmd = [tool("bmoe-cli"), "-m", args.model, "-p", prompt, "-n", str(args.tokens), "-t", str(args.threads),
            "--ignore-eos", "--json", *args.stream.split(), *flags]
-    cap = MemoryCap(f"bmoe-spec-{os.getpid()}", int(args.ram_gib * (1 << 30))) if args.ram_gib > 0 else None
-    drop_page_cache()
-    try:
-        if cap:
-            cap.__enter__()
-            cmd = cap.prefix() + cmd
-        p = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=args.timeout)
-    finally:
-        if cap:
-            cap.__exit__(None, None, None)
+    if args.ram_gib <= 0:
+        drop_page_cache()  # every run starts cold, capped or not
+    p = run_capped(cmd, "bmoe-spec", args.ram_gib, capture_output=True, text=True, cwd=REPO, timeout=args.timeout)
     with open(os.path.join(args.out, tag + ".log"), "w") as f:
         f.write(p.stderr)
     m = GEN_RE.search(p.stderr)

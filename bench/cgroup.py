@@ -71,3 +71,13 @@ def drop_page_cache():
             f.write("3")
     except OSError:
         pass
+
+
+def run_capped(cmd, name, ram_gib, **kwargs):
+    """subprocess.run(cmd) inside a cap of ram_gib GiB (none when ram_gib <= 0), from a cold
+    page cache when capped; keyword arguments go to subprocess.run."""
+    if ram_gib <= 0:
+        return subprocess.run(cmd, **kwargs)
+    drop_page_cache()
+    with MemoryCap(f"{name}-{os.getpid()}", int(ram_gib * (1 << 30))) as cap:
+        return subprocess.run(cap.prefix() + cmd, **kwargs)
