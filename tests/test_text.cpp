@@ -393,6 +393,47 @@ TEST(Sampler, TokenLogprobIsTheLogSoftmaxWithTheTopTokens) {
   EXPECT_EQ(token_logprob(logits, 5, 0, 50).top.size(), 5u);  // at most the vocabulary
 }
 
+// llama-server's post_sampling_probs: the distribution after the chain, worked by hand.
+// Logits 3, 2, 1, 0, -2: top-k 4 drops -2; min-p 0.1 (before the temperature) drops 0, whose
+// e^-3 = 0.05 of the best is under 0.1; at temperature 0.5 the three left weigh 1, e^-2, e^-4
+// (0.867, 0.117, 0.016): top-p 0.95 needs the first two (0.984). What is left is 1 : e^-2.
+TEST(Sampler, LastDistributionIsTheChainsWorkedByHand) {
+  const float logits[] = {3.0f, 2.0f, 1.0f, 0.0f, -2.0f};
+  SamplerConfig c;
+  c.temperature = 0.5f;
+  c.top_k = 4;
+  c.min_p = 0.1f;
+  c.top_p = 0.95f;
+  const double p0 = 1.0 / (1.0 + std::exp(-2.0));
+  int seen[2] = {0, 0};
+  for (uint64_t seed = 1; seed <= 200; ++seed) {
+    c.seed = seed;
+    Sampler s(c);
+    const int32_t pick = s.sample(logits, 5);
+    ASSERT_TRUE(pick == 0 || pick == 1) << pick;
+    ++seen[pick];
+    const TokenLogprob d = s.last_distribution(pick, 3);
+    ASSERT_EQ(d.top.size(), 2u);  // three asked for, two left with a probability
+    EXPECT_EQ(d.top[0].first, 0);
+    EXPECT_EQ(d.top[1].first, 1);
+    EXPECT_NEAR(std::exp(d.top[0].second), p0, 1e-6);
+    EXPECT_NEAR(std::exp(d.top[1].second), 1.0 - p0, 1e-6);
+    EXPECT_EQ(d.logprob, d.top[static_cast<size_t>(pick)].second);
+  }
+  EXPECT_GT(seen[0], seen[1]);
+  EXPECT_GT(seen[1], 0);
+  // Greedy: llama.cpp's temperature 0 leaves the best token alone, at probability 1.
+  c.temperature = 0.0f;
+  Sampler g(c);
+  const int32_t best = g.sample(logits, 5);
+  const TokenLogprob d = g.last_distribution(best, 3);
+  EXPECT_EQ(best, 0);
+  EXPECT_EQ(d.logprob, 0.0f);
+  ASSERT_EQ(d.top.size(), 1u);
+  EXPECT_EQ(d.top[0], (std::pair<int32_t, float>{0, 0.0f}));
+  EXPECT_TRUE(g.last_distribution(best, 0).top.empty());
+}
+
 }  // namespace
 
 TEST(Tokenizer, ToolCallMarkersArePrinted) {

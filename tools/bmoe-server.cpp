@@ -401,7 +401,8 @@ class Server {
     if (!job) return;
     Completion c{chat, std::move(request.reply), request.include_usage, new_response_id(chat ? "chatcmpl" : "cmpl"),
                  static_cast<int64_t>(std::time(nullptr)), model_name_, job->n, request.logprobs(),
-                 worker_.model().tokenizer.get(), request.prompts, request.return_tokens, request.ping_seconds};
+                 worker_.model().tokenizer.get(), request.prompts, request.return_tokens, request.ping_seconds,
+                 request.params.post_sampling_probs};
     const Answer answer{[c](const Job& j) { return full_response(c, j.results); },
                         [](const Job& j) { return job_error(j); }};
     respond(req, res, job, answer, request.stream ? std::make_shared<StreamWriter>(c) : nullptr);
@@ -414,7 +415,8 @@ class Server {
     if (context.n_predict <= 0) context.n_predict = context.n_ctx;
     CompletionRequest request = parse_completion_request(req.body, false, context);
     NativeCompletion c{model_name_, worker_.model().tokenizer.get(), request.params.stop, request.return_tokens,
-                       request.n * request.prompts, request.timings_per_token};
+                       request.n * request.prompts, request.timings_per_token, request.logprobs(),
+                       request.params.post_sampling_probs};
     request.timings_per_token = true;  // exact tokens_predicted in each streamed piece
     const std::shared_ptr<Job> job = submit(request, res, ApiStyle::OpenAI);
     if (!job) return;

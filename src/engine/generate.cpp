@@ -246,7 +246,9 @@ bool DecodeLoop::take(int32_t token) {
   result_.tokens.push_back(token);
   if (params_.logprobs >= 0) {  // the logits it was sampled from are still the session's
     const int n_vocab = session_.model().transformer->config().n_vocab;
-    result_.logprobs.push_back(token_logprob(session_.logits().data(), n_vocab, token, params_.logprobs));
+    result_.logprobs.push_back(params_.post_sampling_probs
+                                   ? session_.sampler().last_distribution(token, params_.logprobs)
+                                   : token_logprob(session_.logits().data(), n_vocab, token, params_.logprobs));
     if (hooks_.on_logprob) hooks_.on_logprob(result_.logprobs.back());
   }
   emit(stop_.push(utf8_.push(tok_.token_bytes(token, params_.show_special))));

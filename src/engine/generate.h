@@ -28,6 +28,10 @@ struct GenerateParams {
   // >= 0: report each generated token's log-probability with this many most likely
   // alternatives (GenerateResult::logprobs); turns drafting off, whose kept tokens have no logits.
   int logprobs = -1;
+  // With logprobs: report the probabilities after the sampler's chain (truncation, temperature)
+  // instead of the raw logits' (llama-server's post_sampling_probs); the alternatives are the
+  // candidates left with a probability above zero.
+  bool post_sampling_probs = false;
   // Constrains the answer to this grammar (text/grammar.h): only tokens that keep the text a
   // prefix of a sentence are sampled, and end-of-generation tokens only once it is a whole
   // one; turns drafting off. The answer then ends at the first end token even with ignore_eos.

@@ -77,6 +77,7 @@ class Session {
   // which evaluate the same batches.
   int keep_prefix(const std::vector<int32_t>& prompt);
   int n_batch() const { return n_batch_; }
+  const Sampler& sampler() const { return sampler_; }
   void set_sampler(const SamplerConfig& config) {
     sampler_ = Sampler(config);
     sampled_ = config.temperature > 0.0f;

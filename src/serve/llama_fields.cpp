@@ -121,9 +121,6 @@ void check_llama_neutral_fields(const json& body) {
       !body["reasoning_budget_message"].is_null()) {
     bad_request("'reasoning_budget_message' must be a string", "reasoning_budget_message");
   }
-  if (bool_field(body, "post_sampling_probs", false)) {
-    bad_request("'post_sampling_probs' is not supported: bmoe reports the model's own probabilities", "post_sampling_probs");
-  }
   // reasoning_control arms llama-server's endpoint that ends reasoning at runtime (bmoe has none);
   // backend_sampling samples on a GPU backend where there is one (bmoe samples on the CPU).
   bool_field(body, "reasoning_control", false);

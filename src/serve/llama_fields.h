@@ -19,9 +19,9 @@ const std::set<std::string>& llama_server_fields();
 void read_llama_sampling(const nlohmann::ordered_json& body, const Tokenizer* tok, SamplerConfig& s);
 
 // The fields accepted only where they change nothing bmoe does: n_keep, n_discard (bmoe never
-// shifts the context), n_cache_reuse, t_max_prompt_ms, adaptive_decay, post_sampling_probs
-// false, verbose false, n_indent 0, response_fields and lora empty, adaptive_target negative,
-// reasoning_control and backend_sampling (booleans).
+// shifts the context), n_cache_reuse, t_max_prompt_ms, adaptive_decay, verbose false, n_indent
+// 0, response_fields and lora empty, adaptive_target negative, reasoning_control and
+// backend_sampling (booleans). post_sampling_probs is read with the log-probabilities.
 void check_llama_neutral_fields(const nlohmann::ordered_json& body);
 
 }  // namespace bmoe

@@ -53,10 +53,19 @@ json native_result(const NativeCompletion& c, const Job& job, int index) {
           {"timings", timings_of({r})}};
 }
 
+json native_result_with_probs(const NativeCompletion& c, const Job& job, int index) {
+  json result = native_result(c, job, index);
+  const GenerateResult& r = job.results[static_cast<size_t>(index)];
+  if (c.probs && !r.logprobs.empty()) {
+    result["completion_probabilities"] = probs_json(*c.tokenizer, r.logprobs, c.post_sampling_probs);
+  }
+  return result;
+}
+
 json native_response(const NativeCompletion& c, const Job& job) {
-  if (job.results.size() == 1 && c.n == 1) return native_result(c, job, 0);
+  if (job.results.size() == 1 && c.n == 1) return native_result_with_probs(c, job, 0);
   json all = json::array();
-  for (size_t i = 0; i < job.results.size(); ++i) all.push_back(native_result(c, job, static_cast<int>(i)));
+  for (size_t i = 0; i < job.results.size(); ++i) all.push_back(native_result_with_probs(c, job, static_cast<int>(i)));
   return all;
 }
 
@@ -68,13 +77,22 @@ bool NativeStream::step(Job& job, const StreamSink& sink) {
   const bool done = job.done;
   lock.unlock();
   for (const JobEvent& e : events) {
+    if (pieces_.size() <= static_cast<size_t>(e.choice)) {
+      pieces_.resize(static_cast<size_t>(e.choice) + 1, 0);
+      probs_.resize(static_cast<size_t>(e.choice) + 1);
+    }
+    // A token's probabilities come before its text; a piece carries those of its tokens.
+    if (e.logprob && c_.probs) probs_[static_cast<size_t>(e.choice)].push_back(*e.logprob);
     if (e.text.empty()) continue;
-    if (pieces_.size() <= static_cast<size_t>(e.choice)) pieces_.resize(static_cast<size_t>(e.choice) + 1, 0);
     int& predicted = pieces_[static_cast<size_t>(e.choice)];
     predicted = e.timings ? e.timings->predicted_n : predicted + 1;
     json piece = {{"index", e.choice}, {"content", e.text}, {"tokens", json::array()}, {"stop", false},
                   {"id_slot", 0}, {"tokens_predicted", predicted}, {"tokens_evaluated", prompt_of(job, e.choice).size()}};
     if (c_.timings_per_token && e.timings) piece["timings"] = live_timings_json(*e.timings);
+    if (std::vector<TokenLogprob>& lps = probs_[static_cast<size_t>(e.choice)]; !lps.empty()) {
+      piece["completion_probabilities"] = probs_json(*c_.tokenizer, lps, c_.post_sampling_probs);
+      lps.clear();
+    }
     if (!sink.write(sse(piece))) return false;
   }
   if (!done) return events.empty() ? sink.write(": keep-alive\n\n") : true;
@@ -85,6 +103,10 @@ bool NativeStream::step(Job& job, const StreamSink& sink) {
       json last = native_result(c_, job, static_cast<int>(i));
       last["content"] = "";  // as llama-server: the pieces carried it
       last["tokens"] = json::array();
+      // Tokens whose text never came out (a cut character at the end) keep their probabilities.
+      if (i < probs_.size() && !probs_[i].empty()) {
+        last["completion_probabilities"] = probs_json(*c_.tokenizer, probs_[i], c_.post_sampling_probs);
+      }
       if (!sink.write(sse(last))) return false;
     }
   }

@@ -20,14 +20,20 @@ struct NativeCompletion {
   bool return_tokens = false;            // `tokens` holds the answer's ids (else empty)
   int n = 1;                             // choices; more than one: the answer is a list
   bool timings_per_token = false;        // each streamed piece carries the timings so far
+  bool probs = false;                    // n_probs > 0: the whole answer has completion_probabilities
+  bool post_sampling_probs = false;      // ... the sampler chain's probabilities (prob, top_probs)
 };
 
 // The final object of choice `index` (llama-server's to_json_non_oaicompat).
 nlohmann::ordered_json native_result(const NativeCompletion& c, const Job& job, int index);
+// The same with completion_probabilities where asked for (the whole answer's; a stream's last
+// object has none, as llama-server's).
+nlohmann::ordered_json native_result_with_probs(const NativeCompletion& c, const Job& job, int index);
 // The whole answer: one object, or a list of them for several choices.
 nlohmann::ordered_json native_response(const NativeCompletion& c, const Job& job);
 
-// Streams a job as /completion does. The job should have Job::timings_per_token set: a piece's
+// Streams a job as /completion does; with n_probs, each piece has the completion_probabilities
+// of its tokens. The job should have Job::timings_per_token set: a piece's
 // tokens_predicted is then exact (else it counts pieces, as with --parallel above 1).
 class NativeStream : public JobStream {
  public:
@@ -37,6 +43,7 @@ class NativeStream : public JobStream {
  private:
   NativeCompletion c_;
   std::vector<int> pieces_;  // per choice: pieces sent (tokens_predicted so far)
+  std::vector<std::vector<TokenLogprob>> probs_;  // per choice: probabilities not yet sent
 };
 
 }  // namespace bmoe

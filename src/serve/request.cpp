@@ -674,6 +674,7 @@ CompletionRequest parse_completion_request(const std::string& text, bool chat, c
   r.t_max_predict_ms = std::max<int64_t>(0, int_field(body, "t_max_predict_ms", -1, -1, INT64_MAX / 2));
   r.params = sampling_params(body, context, context.n_predict > 0 ? context.n_predict : (chat ? context.n_ctx : 16));
   r.params.logprobs = logprobs_field(body, chat);
+  r.params.post_sampling_probs = bool_field(body, "post_sampling_probs", false);
   // OpenAI's limit; llama-server's n_cmpl is the same count.
   r.n = static_cast<int>(int_field(body, body.contains("n_cmpl") ? "n_cmpl" : "n", 1, 1, 128));
   ToolChoice choice;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <random>
 
 #include "text/utf8.h"
@@ -35,6 +36,17 @@ json chat_logprobs(const Tokenizer& tok, const std::vector<TokenLogprob>& lps) {
     content.push_back(std::move(entry));
   }
   return {{"content", content}, {"refusal", nullptr}};
+}
+
+// One token of llama-server's list: its id, text, raw bytes and (log-)probability.
+json llama_token(const Tokenizer& tok, int32_t id, float logprob, bool probabilities) {
+  const std::string bytes = tok.token_bytes(id, true);
+  json raw = json::array();
+  for (char b : bytes) raw.push_back(static_cast<unsigned char>(b));
+  json entry = {{"id", id}, {"token", utf8_sanitize(bytes)}, {"bytes", raw}};
+  if (probabilities) entry["prob"] = std::exp(static_cast<double>(logprob));
+  else entry["logprob"] = finite_logprob(logprob);
+  return entry;
 }
 
 // Completions' legacy object: tokens, token_logprobs, top_logprobs ({text: logprob}) and
@@ -169,8 +181,20 @@ json tool_calls_json(const Completion& c, const std::vector<ToolCall>& calls, bo
   return out;
 }
 
+json probs_json(const Tokenizer& tok, const std::vector<TokenLogprob>& lps, bool probabilities) {
+  json out = json::array();
+  for (const TokenLogprob& lp : lps) {
+    json entry = llama_token(tok, lp.token, lp.logprob, probabilities);
+    json& top = entry[probabilities ? "top_probs" : "top_logprobs"] = json::array();
+    for (const auto& [id, logprob] : lp.top) top.push_back(llama_token(tok, id, logprob, probabilities));
+    out.push_back(std::move(entry));
+  }
+  return out;
+}
+
 json logprobs_of(const Completion& c, const std::vector<TokenLogprob>& lps, int64_t& offset) {
   if (!c.logprobs) return nullptr;
+  if (c.post_sampling_probs) return {{"content", probs_json(*c.tokenizer, lps, true)}};
   return c.chat ? chat_logprobs(*c.tokenizer, lps) : completion_logprobs(*c.tokenizer, lps, offset);
 }
 

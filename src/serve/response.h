@@ -31,6 +31,9 @@ struct Completion {
   int prompts = 1;             // completions with a list of prompts: n / prompts choices each
   bool return_tokens = false;  // each whole choice lists its token ids (llama-server's "tokens")
   double ping_seconds = 1;     // a stream's keep-alive comment after this long silent (<= 0: none)
+  // llama-server's post_sampling_probs: the log-probabilities are the sampler chain's, reported
+  // as llama-server does (probs_json below) instead of OpenAI's shapes.
+  bool post_sampling_probs = false;
 };
 
 // A new response id: "<prefix>-" and hex digits from the clock and a counter.
@@ -55,6 +58,12 @@ nlohmann::ordered_json tool_calls_json(const Completion& c, const std::vector<To
 // choices[].logprobs of the tokens `lps` (null unless asked for); `offset` carries
 // completions' text_offset from one streamed chunk to the next.
 nlohmann::ordered_json logprobs_of(const Completion& c, const std::vector<TokenLogprob>& lps, int64_t& offset);
+
+// llama-server's list of per-token probabilities: {id, token, bytes, logprob, top_logprobs:
+// [{id, token, bytes, logprob}]}, or with `probabilities` (post_sampling_probs) the same with
+// prob and top_probs. /completion's completion_probabilities; the OpenAI endpoints' logprobs
+// content with post_sampling_probs.
+nlohmann::ordered_json probs_json(const Tokenizer& tok, const std::vector<TokenLogprob>& lps, bool probabilities);
 
 // The whole answer: one choice per result.
 nlohmann::ordered_json full_response(const Completion& c, const std::vector<GenerateResult>& rs);

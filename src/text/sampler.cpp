@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "core/error.h"
 
@@ -82,8 +83,28 @@ int32_t Sampler::sample(const float* logits, int n_vocab) {
   if (!config_.logit_bias.empty() && !std::isfinite(*std::max_element(logits, logits + n_vocab))) {
     fail("logit_bias bans every token");
   }
-  if (config_.temperature <= 0.0f) return argmax(logits, n_vocab);
+  last_greedy_ = config_.temperature <= 0.0f;
+  if (last_greedy_) return argmax(logits, n_vocab);
   return draw(logits, n_vocab);
+}
+
+TokenLogprob Sampler::last_distribution(int32_t token, int top_n) const {
+  TokenLogprob out;
+  out.token = token;
+  if (last_greedy_) {
+    // llama.cpp's temperature 0 leaves the best token alone at probability 1 (log 1 = 0).
+    if (top_n > 0) out.top.emplace_back(token, 0.0f);
+    return out;
+  }
+  // The candidates are sorted by logit, so by probability too: the head is the top.
+  const std::vector<double> p = candidates_.probabilities();
+  out.logprob = -std::numeric_limits<float>::infinity();
+  for (size_t i = 0; i < p.size(); ++i) {
+    const float lp = p[i] > 0.0 ? static_cast<float>(std::log(p[i])) : -std::numeric_limits<float>::infinity();
+    if (candidates_.items[i].second == token) out.logprob = lp;
+    if (static_cast<int>(out.top.size()) < top_n && p[i] > 0.0) out.top.emplace_back(candidates_.items[i].second, lp);
+  }
+  return out;
 }
 
 

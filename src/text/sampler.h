@@ -78,6 +78,15 @@ class TokenFilter {
   virtual void mask(float* logits, int n_vocab) const = 0;  // -infinity on every refused token
 };
 
+// A chosen token's log-probability under the raw logits (log-softmax, before any temperature or
+// penalty, as OpenAI and llama-server report it) and the `top_n` most likely tokens, best first
+// (lowest id on ties).
+struct TokenLogprob {
+  int32_t token = -1;
+  float logprob = 0.0f;
+  std::vector<std::pair<int32_t, float>> top;
+};
+
 class Sampler {
  public:
   explicit Sampler(SamplerConfig config) : config_(std::move(config)), rng_(config_.seed), mu_(2.0f * config_.mirostat_tau) {}
@@ -96,6 +105,11 @@ class Sampler {
   // Index of the largest logit (lowest index on ties).
   static int32_t argmax(const float* logits, int n_vocab);
 
+  // The distribution the last sample() drew `token` from, after the whole chain (llama-server's
+  // post_sampling_probs): the log of `token`'s probability there and the `top_n` most likely
+  // candidates whose probability is above zero, best first. A greedy pick had probability 1.
+  TokenLogprob last_distribution(int32_t token, int top_n) const;
+
  private:
   // The logits with the penalties applied (a copy; `logits` itself is left alone).
   const float* penalize(const float* logits, int n_vocab);
@@ -105,6 +119,7 @@ class Sampler {
   SamplerConfig config_;
   Rng rng_;
   float mu_;  // Mirostat's running target (2 tau at the start of an answer)
+  bool last_greedy_ = true;  // the last sample() took the argmax (candidates_ is stale then)
   CandidateList candidates_;
   std::vector<int32_t> dry_window_;  // DRY's window of the sequence, oldest first
   std::unordered_map<int32_t, int> answer_counts_;  // tokens of this answer -> occurrences
@@ -113,14 +128,7 @@ class Sampler {
   std::vector<float> masked_;
 };
 
-// A chosen token's log-probability under the raw logits (log-softmax, before any temperature or
-// penalty, as OpenAI and llama-server report it) and the `top_n` most likely tokens, best first
-// (lowest id on ties).
-struct TokenLogprob {
-  int32_t token = -1;
-  float logprob = 0.0f;
-  std::vector<std::pair<int32_t, float>> top;
-};
+// Computes a TokenLogprob from the raw logits (see above).
 TokenLogprob token_logprob(const float* logits, int n_vocab, int32_t token, int top_n);
 
 }  // namespace bmoe
