@@ -7,6 +7,7 @@ answers one choice per prompt of a list. The other APIs over plain HTTP: the API
 Anthropic's x-api-key, each API's error shape, count_tokens, store false.
 """
 import json
+import math
 import os
 import sys
 import tempfile
@@ -112,9 +113,58 @@ class LlamaFieldsTest(unittest.TestCase):
         self.assertEqual(len(choice["tokens"]), resp["usage"]["completion_tokens"])
         self.assertEqual(len(choice["logprobs"]["top_logprobs"][0]), 2)
         self.assertEqual(self.chat(reasoning_budget_tokens=0, reasoning_format="none")[0], 200)
-        for field, value in (("reasoning_budget_tokens", -2), ("post_sampling_probs", True), ("reasoning_format", "x")):
+        for field, value in (("reasoning_budget_tokens", -2), ("reasoning_format", "x")):
             status, resp = self.chat(**{field: value})
             self.assertEqual((status, resp["error"]["param"]), (400, field))
+
+    def test_post_sampling_probs_are_the_chains_distribution(self):
+        # The same seeded draw reported both ways. Top-k 2 at temperature 0.7 leaves the two most
+        # likely tokens in the ratio exp((l0 - l1) / 0.7), l the raw log-probabilities llama-server
+        # reports without the field: each step's post-sampling pair must be that, and sum to 1.
+        fields = {"prompt": "One two three", "n_predict": 8, "n_probs": 2, "temperature": 0.7, "top_k": 2,
+                  "top_p": 1.0, "min_p": 0.0, "seed": 5, "ignore_eos": True}
+        status, raw = self.server.post("/completion", fields)
+        self.assertEqual(status, 200, raw)
+        status, post = self.server.post("/completion", {**fields, "post_sampling_probs": True})
+        self.assertEqual(status, 200, post)
+        raw_steps, post_steps = raw["completion_probabilities"], post["completion_probabilities"]
+        self.assertEqual(len(post_steps), 8)
+        self.assertEqual([s["id"] for s in post_steps], [s["id"] for s in raw_steps])  # reporting changes no draw
+        for r, p in zip(raw_steps, post_steps):
+            self.assertNotIn("logprob", p)
+            tops = p["top_probs"]
+            self.assertEqual([t["id"] for t in tops], [t["id"] for t in r["top_logprobs"]])
+            l0, l1 = (t["logprob"] for t in r["top_logprobs"])
+            self.assertAlmostEqual(tops[0]["prob"], 1 / (1 + math.exp((l1 - l0) / 0.7)), places=4)
+            self.assertAlmostEqual(tops[0]["prob"] + tops[1]["prob"], 1.0, places=5)
+            self.assertEqual(p["prob"], next(t["prob"] for t in tops if t["id"] == p["id"]))
+            self.assertEqual(p["token"], r["token"])
+            self.assertEqual(p["bytes"], r["bytes"])
+        # Streamed, each piece carries its tokens' probabilities: the same list in all.
+        events = self.server.stream("/completion", {**fields, "post_sampling_probs": True})
+        self.assertTrue(events[-1]["stop"])
+        streamed = [s for e in events for s in e.get("completion_probabilities", [])]
+        self.assertEqual([s["id"] for s in streamed], [s["id"] for s in post_steps])
+        for s, p in zip(streamed, post_steps):
+            self.assertAlmostEqual(s["prob"], p["prob"], places=5)
+
+    def test_post_sampling_probs_greedy_and_openai_endpoints(self):
+        # Greedy leaves the pick alone at probability 1, as llama.cpp's temperature 0; the OpenAI
+        # endpoints carry llama-server's list in logprobs.content.
+        status, resp = self.complete(temperature=0, logprobs=3, post_sampling_probs=True)
+        self.assertEqual(status, 200, resp)
+        steps = resp["choices"][0]["logprobs"]["content"]
+        self.assertEqual(len(steps), resp["usage"]["completion_tokens"])
+        for s in steps:
+            self.assertEqual(s["prob"], 1.0)
+            self.assertEqual(s["top_probs"], [{"id": s["id"], "token": s["token"], "bytes": s["bytes"], "prob": 1.0}])
+        status, resp = self.chat(temperature=0.9, top_k=3, seed=2, logprobs=True, top_logprobs=5,
+                                 post_sampling_probs=True)
+        self.assertEqual(status, 200, resp)
+        for s in resp["choices"][0]["logprobs"]["content"]:
+            self.assertLessEqual(len(s["top_probs"]), 3)  # top-k 3 leaves three at most
+            self.assertAlmostEqual(sum(t["prob"] for t in s["top_probs"]), 1.0, places=5)
+            self.assertGreater(s["prob"], 0.0)
 
     def test_t_max_predict_ms_ends_at_a_line_break_past_the_limit(self):
         # A bias on the newline makes line breaks common; greedy, so both answers share a start.
