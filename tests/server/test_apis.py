@@ -405,6 +405,43 @@ class OtherApisHttpTest(unittest.TestCase):
         _, resp = self.post("/v1/messages", {**ask, "max_tokens": 2})
         self.assertEqual(counted["input_tokens"], resp["usage"]["input_tokens"])
 
+    def events(self, path, body):
+        status, text = self.server.request("POST", path, {**body, "stream": True}, headers={"Authorization": "Bearer k"})
+        self.assertEqual(status, 200, text)
+        return [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: ") and line != "data: [DONE]"]
+
+    @staticmethod
+    def runs(types):
+        # The sequence with repeats folded: deltas (and keep-alive pings) are many, their place one.
+        out = []
+        for t in types:
+            if t != "ping" and (not out or out[-1] != t):
+                out.append(t)
+        return out
+
+    def test_streams_send_their_events_in_the_documented_order(self):
+        # OpenAI's Responses: created, in_progress, the message item and its part opened, text
+        # deltas, then everything closed in reverse and completed (or incomplete at the limit);
+        # sequence_number counts every event from 0.
+        events = self.events("/v1/responses", {"model": "m", "input": "Hi", "max_output_tokens": 6, "temperature": 0})
+        self.assertEqual([e["sequence_number"] for e in events], list(range(len(events))))
+        self.assertIn("response.output_text.delta", [e["type"] for e in events])  # greedy here writes text
+        self.assertEqual(self.runs(e["type"] for e in events), [
+            "response.created", "response.in_progress", "response.output_item.added", "response.content_part.added",
+            "response.output_text.delta", "response.output_text.done", "response.content_part.done",
+            "response.output_item.done", events[-1]["type"]])
+        self.assertIn(events[-1]["type"], ("response.completed", "response.incomplete"))
+        text = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+        self.assertEqual(events[-1]["response"]["output"][-1]["content"][0]["text"], text)
+        # Anthropic's Messages: message_start, a text block opened, its deltas, closed, then
+        # message_delta (stop_reason, usage) and message_stop.
+        events = self.events("/v1/messages", {"model": "m", "max_tokens": 6, "temperature": 0,
+                                              "messages": [{"role": "user", "content": "Hi"}]})
+        self.assertEqual(self.runs(e["type"] for e in events), [
+            "message_start", "content_block_start", "content_block_delta", "content_block_stop", "message_delta",
+            "message_stop"])
+        self.assertIn(events[-2]["delta"]["stop_reason"], ("end_turn", "max_tokens"))
+
     def test_store_false_is_not_kept_and_embeddings_answer(self):
         status, resp = self.post("/v1/responses", {"model": "m", "input": "Hi", "max_output_tokens": 2, "store": False})
         self.assertEqual(status, 200, resp)
