@@ -190,6 +190,33 @@ describe("Anthropic Messages with @anthropic-ai/sdk", () => {
   });
 });
 
+describe("Anthropic tools on a template without tool syntax", () => {
+  let server, client;
+  before(async () => {
+    const file = path.join(models, "api-clients-chatml.jinja");
+    writeFileSync(file, "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{%- endfor %}" +
+                        "{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}");
+    server = await startServer(model, "-c", "2048", "--chat-template-file", file);
+    client = server.anthropic();
+  });
+  after(async () => { assert.equal(await server.stop(), 0); });
+  const tools = [{ name: "get_weather", description: "Current weather in a city", input_schema: weatherSchema }];
+  const ask = (extra) => ({ model: "tiny", max_tokens: 300, temperature: 1, tools,
+                            messages: [{ role: "user", content: "Weather in Paris for 2 days?" }], ...extra });
+
+  test("any and a named tool still call (the tools described in a system message); auto is a 400", async () => {
+    for (const choice of [{ type: "any" }, { type: "tool", name: "get_weather" }]) {
+      const r = await client.messages.create(ask({ tool_choice: choice }));
+      assert.equal(r.stop_reason, "tool_use");
+      assertWeather(r.content.find((b) => b.type === "tool_use").input);
+    }
+    const err = await rejection(client.messages.create(ask({ tool_choice: { type: "auto" } })));
+    assert.equal(err.status, 400);
+    assert.equal(err.error.error.type, "invalid_request_error");
+    assert.match(err.error.error.message, /tool/);
+  });
+});
+
 describe("thinking and reasoning parts", () => {
   let server;
   before(async () => { server = await startServer(model, "-c", "1024", "--chat-template-file", thinkingTemplate()); });
