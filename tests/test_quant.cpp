@@ -579,9 +579,9 @@ std::vector<TileVariant> x86_tile_variants() {
            avx2::dot_tile_q4_0, avx2::dot_tile_mxfp4},
           {"avx2-vnni", f.avx_vnni, avx2_vnni::dot_tile_q4_K, avx2_vnni::dot_tile_q5_K, avx2_vnni::dot_tile_q6_K,
            avx2_vnni::dot_tile_q8_0, avx2_vnni::dot_tile_q4_0, avx2_vnni::dot_tile_mxfp4},
-          {"avx512", f.avx512bw, avx512::dot_tile_q4_K, nullptr, avx512::dot_tile_q6_K, avx512::dot_tile_q8_0,
+          {"avx512", f.avx512bw, avx512::dot_tile_q4_K, avx512::dot_tile_q5_K, avx512::dot_tile_q6_K, avx512::dot_tile_q8_0,
            avx512::dot_tile_q4_0, avx512::dot_tile_mxfp4},
-          {"avx512-vnni", f.avx512vnni, avx512_vnni::dot_tile_q4_K, nullptr, avx512_vnni::dot_tile_q6_K,
+          {"avx512-vnni", f.avx512vnni, avx512_vnni::dot_tile_q4_K, avx512_vnni::dot_tile_q5_K, avx512_vnni::dot_tile_q6_K,
            avx512_vnni::dot_tile_q8_0, avx512_vnni::dot_tile_q4_0, avx512_vnni::dot_tile_mxfp4}};
 }
 

@@ -114,15 +114,17 @@ KernelTable avx2_table() {
   }
   if (cpu_features().avx512bw) {
     t.add_tile(TensorType::Q4_K, avx512::dot_tile_q4_K);
+    t.add_tile(TensorType::Q5_K, avx512::dot_tile_q5_K);
     t.add_tile(TensorType::Q6_K, avx512::dot_tile_q6_K);
     t.add_tile(TensorType::Q8_0, avx512::dot_tile_q8_0);
     t.add_tile(TensorType::Q4_0, avx512::dot_tile_q4_0);
     t.add_tile(TensorType::MXFP4, avx512::dot_tile_mxfp4);
   }
   // VNNI: one vpdpbusd / vpdpwssd for each maddubs + madd (+ add); the same int32 lanes. The
-  // AVX-VNNI tiles above serve the types with no AVX-512 tile (Q5_K) and AVX2-only CPUs.
+  // AVX-VNNI tiles above serve AVX2-only CPUs that have it.
   if (cpu_features().avx512vnni) {
     t.add_tile(TensorType::Q4_K, avx512_vnni::dot_tile_q4_K);
+    t.add_tile(TensorType::Q5_K, avx512_vnni::dot_tile_q5_K);
     t.add_tile(TensorType::Q6_K, avx512_vnni::dot_tile_q6_K);
     t.add_tile(TensorType::Q8_0, avx512_vnni::dot_tile_q8_0);
     t.add_tile(TensorType::Q4_0, avx512_vnni::dot_tile_q4_0);

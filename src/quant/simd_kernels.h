@@ -68,7 +68,7 @@ BMOE_DOT_TILE(dot_tile_q4_0);
 BMOE_DOT_TILE(dot_tile_mxfp4);
 }  // namespace bmoe::avx2_vnni
 
-// AVX-512 F + BW versions of the heaviest AVX2 kernels, equal to them bit for bit; the AVX2
+// AVX-512 F + BW versions of the heaviest AVX2 kernels (and the Q5_K tile), equal to them bit for bit; the AVX2
 // table uses them where cpu_features().avx512bw, the avx512_vnni ones (the same bodies with
 // vpdpbusd / vpdpwssd, quant_avx512_kernels.h) where also cpu_features().avx512vnni.
 #define BMOE_AVX512_INT_KERNELS                                                         \
@@ -76,6 +76,7 @@ BMOE_DOT_TILE(dot_tile_mxfp4);
   float dot_q6_K(const void* w, const void* a, int64_t n);                             \
   void dot_rows_mxfp4(const void* w, size_t stride, const void* a, int64_t n, float* out); \
   BMOE_DOT_TILE(dot_tile_q4_K);                                                        \
+  BMOE_DOT_TILE(dot_tile_q5_K);                                                        \
   BMOE_DOT_TILE(dot_tile_q6_K);                                                        \
   BMOE_DOT_TILE(dot_tile_q8_0);                                                        \
   BMOE_DOT_TILE(dot_tile_q4_0);                                                        \
