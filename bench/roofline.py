@@ -14,6 +14,8 @@ Rates are per CPU second (Google Benchmark's default), so a busy machine shows l
 wall time; the kernels run on one core. Each kernel path is run under BMOE_ISA values given by
 --isas ("" = everything the CPU has; "avx512" = AVX-512 without VNNI; "avx2", "avx2-vnni").
 Prints a markdown table; --json keeps the raw numbers, --svg draws the tile kernels' bars.
+Decode's bytes per token (weights + KV) against the bandwidth at each context depth: the
+sibling bench/roofline_decode.py.
 
     bench/roofline.py [--isas avx512,] [--min-time 0.5] [--json out.json] [--svg out.svg]
 """

@@ -3,8 +3,10 @@
 // SIMD paths, including edge values (zeros, extremes, random raw bytes).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -415,9 +417,92 @@ TEST(Dispatch, EightRowQ8_0KernelEqualsOneRowOnEveryVendor) {
   if (active_isa() != Isa::Avx2) GTEST_SKIP() << "no AVX2";
   Rng rng(80);
   const TypeKernels& k = kernels(TensorType::Q8_0);
-  ASSERT_EQ(k.dot, &avx2::dot_q8_0);
-  for (int trial = 0; trial < 10; ++trial) expect_rows_equal_one_row(rng, TensorType::Q8_0, k, avx2::dot_rows_q8_0, trial);
-  EXPECT_EQ(k.dot_rows != nullptr, !cpu_features().amd);
+  const DotRowsFn rows = cpu_features().avx512vnni ? avx512vl_vnni::dot_rows_q8_0
+                         : cpu_features().avx_vnni ? avx2_vnni::dot_rows_q8_0 : avx2::dot_rows_q8_0;
+  for (int trial = 0; trial < 10; ++trial) expect_rows_equal_one_row(rng, TensorType::Q8_0, k, rows, trial);
+  EXPECT_EQ(k.dot_rows, cpu_features().amd ? nullptr : rows);
+}
+
+// Every build of the 256-bit integer one-row and eight-row kernels (quant_x86_rows_kernels.h)
+// this CPU can run, the plain AVX2 one first (the one the VNNI builds must equal).
+struct RowVariant {
+  const char* name;
+  bool runs;
+  DotFn q4_0, q8_0, mxfp4, q4_K, q5_K, q6_K;
+  DotRowsFn rows_q8_0, rows_q4_0, rows_mxfp4;
+  DotFn dot(TensorType t) const {
+    switch (t) {
+      case TensorType::Q4_0: return q4_0;
+      case TensorType::Q8_0: return q8_0;
+      case TensorType::MXFP4: return mxfp4;
+      case TensorType::Q4_K: return q4_K;
+      case TensorType::Q5_K: return q5_K;
+      case TensorType::Q6_K: return q6_K;
+      default: return nullptr;
+    }
+  }
+  DotRowsFn rows(TensorType t) const {
+    return t == TensorType::Q8_0 ? rows_q8_0 : t == TensorType::Q4_0 ? rows_q4_0 : t == TensorType::MXFP4 ? rows_mxfp4 : nullptr;
+  }
+};
+#define BMOE_ROW_VARIANT(label, runs, ns)                                                                        \
+  RowVariant{label, runs, ns::dot_q4_0, ns::dot_q8_0, ns::dot_mxfp4, ns::dot_q4_K, ns::dot_q5_K, ns::dot_q6_K, \
+             ns::dot_rows_q8_0, ns::dot_rows_q4_0, ns::dot_rows_mxfp4}
+
+std::vector<RowVariant> x86_row_variants() {
+  const CpuFeatures& f = cpu_features();
+  return {BMOE_ROW_VARIANT("avx2", f.avx2, avx2), BMOE_ROW_VARIANT("avx2-vnni", f.avx_vnni, avx2_vnni),
+          BMOE_ROW_VARIANT("avx512-vnni (ymm)", f.avx512vnni, avx512vl_vnni)};
+}
+
+// The VNNI one-row and eight-row kernels of decode (vpdpbusd / vpdpwssd, VEX and EVEX) return
+// exactly what the AVX2 maddubs ones return (and the scalar reference, for Q4_0 and MXFP4, whose
+// AVX2 kernels keep its order), on random raw blocks (every quant value, scales of any
+// exponent), several row lengths, padded strides, small and large activations; and the
+// dispatcher installs the widest the (possibly BMOE_ISA-narrowed) CPU runs.
+TEST(Dispatch, VnniRowKernelsEqualAvx2BitForBit) {
+  if (!cpu_features().avx2) GTEST_SKIP() << "no AVX2";
+  Rng rng(94);
+  const TensorType types[] = {TensorType::Q4_0, TensorType::Q8_0, TensorType::MXFP4, TensorType::Q4_K, TensorType::Q5_K, TensorType::Q6_K};
+  const std::vector<RowVariant> variants = x86_row_variants();
+  int checked = 0;
+  for (TensorType t : types) {
+    for (int trial = 0; trial < 20; ++trial) {
+      const int64_t n = 256 * (1 + static_cast<int64_t>(rng.below(12)));
+      const size_t stride = row_bytes(t, n) + type_info(t).block_bytes * static_cast<size_t>(trial % 3);
+      const std::vector<uint8_t> w = random_rows(rng, t, n, kDotRows, stride);
+      const std::vector<uint8_t> qa = random_activations(rng, kernels(t), n, trial % 2 ? 1.0 : 50.0);
+      const float want = variants[0].dot(t)(w.data(), qa.data(), n);
+      if (t == TensorType::Q4_0 || t == TensorType::MXFP4) {
+        ASSERT_EQ(float_bits(want), float_bits(kernels_for_isa(t, Isa::Scalar)->dot(w.data(), qa.data(), n)));
+      }
+      float want_rows[kDotRows], got_rows[kDotRows];
+      if (variants[0].rows(t) != nullptr) variants[0].rows(t)(w.data(), stride, qa.data(), n, want_rows);
+      for (const RowVariant& v : variants) {
+        if (!v.runs) continue;
+        ASSERT_EQ(float_bits(v.dot(t)(w.data(), qa.data(), n)), float_bits(want)) << v.name << " " << type_name(t) << " n=" << n;
+        ++checked;
+        if (v.rows(t) == nullptr) continue;
+        std::fill(std::begin(got_rows), std::end(got_rows), -1.0f);
+        v.rows(t)(w.data(), stride, qa.data(), n, got_rows);
+        for (int r = 0; r < kDotRows; ++r) {
+          ASSERT_EQ(float_bits(got_rows[r]), float_bits(want_rows[r])) << v.name << " " << type_name(t) << " rows, row " << r;
+        }
+      }
+    }
+  }
+  if (active_isa() == Isa::Avx2) {
+    for (TensorType t : types) {
+      if ((t == TensorType::Q4_K || t == TensorType::Q6_K) && cpu_features().avx512bw) continue;  // 512-bit ones
+      DotFn pick = nullptr;
+      for (const RowVariant& v : variants) {
+        if (v.runs) pick = v.dot(t);
+      }
+      EXPECT_EQ(kernels(t).dot, pick) << type_name(t) << ": the dispatcher's pick";
+    }
+  }
+  if (!cpu_features().avx_vnni && !cpu_features().avx512vnni) GTEST_SKIP() << "no VNNI on this CPU (or BMOE_ISA narrowed it)";
+  EXPECT_GE(checked, 240);  // two builds or more on 120 shapes
 }
 
 // The AVX-512 Q4_K, Q6_K and MXFP4 eight-row kernels return exactly what the AVX2 ones return (dispatch installs
@@ -494,9 +579,9 @@ std::vector<TileVariant> x86_tile_variants() {
            avx2::dot_tile_q4_0, avx2::dot_tile_mxfp4},
           {"avx2-vnni", f.avx_vnni, avx2_vnni::dot_tile_q4_K, avx2_vnni::dot_tile_q5_K, avx2_vnni::dot_tile_q6_K,
            avx2_vnni::dot_tile_q8_0, avx2_vnni::dot_tile_q4_0, avx2_vnni::dot_tile_mxfp4},
-          {"avx512", f.avx512bw, avx512::dot_tile_q4_K, nullptr, avx512::dot_tile_q6_K, avx512::dot_tile_q8_0,
+          {"avx512", f.avx512bw, avx512::dot_tile_q4_K, avx512::dot_tile_q5_K, avx512::dot_tile_q6_K, avx512::dot_tile_q8_0,
            avx512::dot_tile_q4_0, avx512::dot_tile_mxfp4},
-          {"avx512-vnni", f.avx512vnni, avx512_vnni::dot_tile_q4_K, nullptr, avx512_vnni::dot_tile_q6_K,
+          {"avx512-vnni", f.avx512vnni, avx512_vnni::dot_tile_q4_K, avx512_vnni::dot_tile_q5_K, avx512_vnni::dot_tile_q6_K,
            avx512_vnni::dot_tile_q8_0, avx512_vnni::dot_tile_q4_0, avx512_vnni::dot_tile_mxfp4}};
 }
 

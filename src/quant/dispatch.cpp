@@ -46,17 +46,36 @@ KernelTable scalar_table() {
 }
 
 #if defined(__x86_64__)
+// One build of quant_x86_rows_kernels.h: the 256-bit integer one-row and eight-row kernels.
+struct X86IntRows {
+  DotFn q4_0, q8_0, mxfp4, q4_K, q5_K, q6_K;
+  DotRowsFn rows_q8_0, rows_q4_0, rows_mxfp4;
+};
+#define BMOE_X86_INT_ROWS(ns)                                                                           \
+  X86IntRows{ns::dot_q4_0, ns::dot_q8_0, ns::dot_mxfp4, ns::dot_q4_K, ns::dot_q5_K, ns::dot_q6_K, \
+             ns::dot_rows_q8_0, ns::dot_rows_q4_0, ns::dot_rows_mxfp4}
+
+// VNNI where the CPU has it: one vpdpbusd / vpdpwssd for each maddubs + madd (+ add), the same
+// int32 lanes, so the same results. The EVEX form where AVX-512 VNNI is there (it has no VEX
+// form on CPUs without AVX-VNNI), else AVX-VNNI's VEX form (AVX2-only CPUs that have it).
+X86IntRows x86_int_rows() {
+  if (cpu_features().avx512vnni) return BMOE_X86_INT_ROWS(avx512vl_vnni);
+  if (cpu_features().avx_vnni) return BMOE_X86_INT_ROWS(avx2_vnni);
+  return BMOE_X86_INT_ROWS(avx2);
+}
+
 KernelTable avx2_table() {
   KernelTable t = scalar_table();
+  const X86IntRows rows = x86_int_rows();
   t.add(TensorType::F32, TensorType::F32, ref::dequantize_f32, avx2::dot_f32);
   t.add(TensorType::F16, TensorType::F32, avx2::dequantize_f16, avx2::dot_f16_f32);
   t.add(TensorType::BF16, TensorType::BF16, ref::dequantize_bf16, avx2::dot_bf16);
-  t.add(TensorType::Q4_0, TensorType::Q8_0, ref::dequantize_q4_0, avx2::dot_q4_0);
-  t.add(TensorType::Q8_0, TensorType::Q8_0, ref::dequantize_q8_0, avx2::dot_q8_0);
-  t.add(TensorType::MXFP4, TensorType::Q8_0, ref::dequantize_mxfp4, avx2::dot_mxfp4);
-  t.add(TensorType::Q4_K, TensorType::Q8_K, ref::dequantize_q4_K, avx2::dot_q4_K);
-  t.add(TensorType::Q5_K, TensorType::Q8_K, ref::dequantize_q5_K, avx2::dot_q5_K);
-  t.add(TensorType::Q6_K, TensorType::Q8_K, ref::dequantize_q6_K, avx2::dot_q6_K);
+  t.add(TensorType::Q4_0, TensorType::Q8_0, ref::dequantize_q4_0, rows.q4_0);
+  t.add(TensorType::Q8_0, TensorType::Q8_0, ref::dequantize_q8_0, rows.q8_0);
+  t.add(TensorType::MXFP4, TensorType::Q8_0, ref::dequantize_mxfp4, rows.mxfp4);
+  t.add(TensorType::Q4_K, TensorType::Q8_K, ref::dequantize_q4_K, rows.q4_K);
+  t.add(TensorType::Q5_K, TensorType::Q8_K, ref::dequantize_q5_K, rows.q5_K);
+  t.add(TensorType::Q6_K, TensorType::Q8_K, ref::dequantize_q6_K, rows.q6_K);
   // AVX-512: the same results, faster on AMD Zen 5 (Q6_K 2.6x, Q4_K 1.3x, MXFP4 rows 1.5x in L2;
   // not measured on Intel cores that lower their clock for 512-bit work: BMOE_ISA=avx2 there).
   if (cpu_features().avx512bw) {
@@ -71,10 +90,10 @@ KernelTable avx2_table() {
   // (12.7 vs 9.7 GB/s, one core) and slower on AMD EPYC (20-22 vs 28-30 GB/s; gpt-oss-20b cut
   // 22.3 -> 26.7 tok/s without it): eight concurrent row streams against one sequential one.
   // The results are the same either way.
-  if (!cpu_features().amd) t.add_rows(TensorType::Q8_0, avx2::dot_rows_q8_0);
-  t.add_rows(TensorType::Q4_0, avx2::dot_rows_q4_0);
+  if (!cpu_features().amd) t.add_rows(TensorType::Q8_0, rows.rows_q8_0);
+  t.add_rows(TensorType::Q4_0, rows.rows_q4_0);
   t.add_rows(TensorType::MXFP4, cpu_features().avx512vnni ? avx512_vnni::dot_rows_mxfp4
-                                 : cpu_features().avx512bw ? avx512::dot_rows_mxfp4 : avx2::dot_rows_mxfp4);
+                                 : cpu_features().avx512bw ? avx512::dot_rows_mxfp4 : rows.rows_mxfp4);
   // Batches: one weight row against eight activation rows (same results as the kernels above).
   t.add_tile(TensorType::F32, avx2::dot_tile_f32);
   t.add_tile(TensorType::F16, avx2::dot_tile_f16);
@@ -95,15 +114,17 @@ KernelTable avx2_table() {
   }
   if (cpu_features().avx512bw) {
     t.add_tile(TensorType::Q4_K, avx512::dot_tile_q4_K);
+    t.add_tile(TensorType::Q5_K, avx512::dot_tile_q5_K);
     t.add_tile(TensorType::Q6_K, avx512::dot_tile_q6_K);
     t.add_tile(TensorType::Q8_0, avx512::dot_tile_q8_0);
     t.add_tile(TensorType::Q4_0, avx512::dot_tile_q4_0);
     t.add_tile(TensorType::MXFP4, avx512::dot_tile_mxfp4);
   }
   // VNNI: one vpdpbusd / vpdpwssd for each maddubs + madd (+ add); the same int32 lanes. The
-  // AVX-VNNI tiles above serve the types with no AVX-512 tile (Q5_K) and AVX2-only CPUs.
+  // AVX-VNNI tiles above serve AVX2-only CPUs that have it.
   if (cpu_features().avx512vnni) {
     t.add_tile(TensorType::Q4_K, avx512_vnni::dot_tile_q4_K);
+    t.add_tile(TensorType::Q5_K, avx512_vnni::dot_tile_q5_K);
     t.add_tile(TensorType::Q6_K, avx512_vnni::dot_tile_q6_K);
     t.add_tile(TensorType::Q8_0, avx512_vnni::dot_tile_q8_0);
     t.add_tile(TensorType::Q4_0, avx512_vnni::dot_tile_q4_0);

@@ -1,5 +1,6 @@
-// AVX2 tile kernels with AVX-VNNI (VEX vpdpbusd / vpdpwssd, for CPUs with AVX2 and AVX-VNNI but
-// no AVX-512): the bodies in quant_avx2_tiles_kernels.h; equal bit for bit to the plain AVX2 tiles.
+// AVX2 tile, one-row and eight-row kernels with AVX-VNNI (VEX vpdpbusd / vpdpwssd, for CPUs with
+// AVX2 and AVX-VNNI): the bodies in quant_avx2_tiles_kernels.h and quant_x86_rows_kernels.h;
+// equal bit for bit to the plain AVX2 ones.
 #if defined(__x86_64__)
 
 #include <immintrin.h>
@@ -25,6 +26,8 @@
 #include "quant/x86_tiles.h"
 #define BMOE_AVX2_TILES_NS avx2_vnni
 #include "quant/quant_avx2_tiles_kernels.h"
+#define BMOE_X86_ROWS_NS avx2_vnni
+#include "quant/quant_x86_rows_kernels.h"  // the one-row and eight-row kernels of decode
 
 #if defined(__clang__)
 #pragma clang attribute pop

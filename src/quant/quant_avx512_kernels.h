@@ -347,6 +347,60 @@ void q4_K_row_wide(const void* w, const Q8KWideGroup& g, int64_t n, float* out) 
   _mm512_storeu_ps(out, _mm512_sub_ps(acc, acc_min));
 }
 
+// Q5_K (avx2::dot_q5_K): as q4_K_row, a chunk's two 32-quant sub-blocks side by side in one
+// 512-bit vector (low nibbles in the low half, high nibbles in the high half, each with its fifth
+// bit from qh), folded to the AVX2 kernel's eight int32 lanes; each pair keeps its own vector
+// accumulator, and the min terms' scalar chain (a product, then an unfused add) runs in the
+// lanes of `acc_min`, as in the AVX2 tile.
+template <int kUsed>
+void q5_K_row(const void* w, const Q8KGroup& g, int64_t n, float* out) {
+  const auto* x = static_cast<const BlockQ5_K*>(w);
+  const __m512i low_mask = _mm512_set1_epi8(0x0F), sixteen = _mm512_set1_epi8(16), one = _mm512_set1_epi8(1);
+  const __m512i nibble_shift = _mm512_setr_epi64(0, 0, 0, 0, 4, 4, 4, 4);
+  const __m512i scale_pick[4] = {repeat_scales(0, 16), repeat_scales(2, 16), repeat_scales(4, 16), repeat_scales(6, 16)};
+  __m256 acc[kActs];
+#pragma GCC unroll 8
+  for (auto& a : acc) a = _mm256_setzero_ps();
+  __m256 acc_min = _mm256_setzero_ps();
+  for (int64_t b = 0; b < n / kQK_K; ++b) {
+    __m128i scales16, mins16;
+    k_scales_mins(x[b].scales, scales16, mins16);
+    const __m512i scales = _mm512_castsi128_si512(scales16);
+    const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qh)));
+    __m512i isum[kActs];
+#pragma GCC unroll 8
+    for (auto& v : isum) v = _mm512_setzero_si512();
+#pragma GCC unroll 4  // whole, as in q4_K_row
+    for (int chunk = 0; chunk < 4; ++chunk) {
+      const __m512i q = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qs + 32 * chunk)));
+      const __m512i nibbles = _mm512_and_si512(_mm512_srlv_epi64(q, nibble_shift), low_mask);
+      // Bit 2 * chunk of qh is the low half's fifth bit, bit 2 * chunk + 1 the high half's (a
+      // 64-bit shift is fine: only each byte's own bit 0 is tested).
+      const __m512i bit_shift = _mm512_setr_epi64(2 * chunk, 2 * chunk, 2 * chunk, 2 * chunk, 2 * chunk + 1, 2 * chunk + 1,
+                                                  2 * chunk + 1, 2 * chunk + 1);
+      const __mmask64 fifth = _mm512_test_epi8_mask(_mm512_srlv_epi64(qh, bit_shift), one);
+      const __m512i q5 = _mm512_or_si512(nibbles, _mm512_maskz_mov_epi8(fifth, sixteen));
+      const __m512i s = _mm512_permutexvar_epi16(scale_pick[chunk], scales);
+#pragma GCC unroll 8
+      for (int t = 0; t < kUsed; ++t) {
+        const __m512i qy = _mm512_loadu_si512(g.y[t][b].qs + 64 * chunk);
+        isum[t] = madd16_add_512(isum[t], s, _mm512_maddubs_epi16(q5, qy));
+      }
+    }
+    const float dx = f16(x[b].d);
+#pragma GCC unroll 8
+    for (int t = 0; t < kUsed; ++t) {
+      acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(g.y[t][b].d * dx), _mm256_cvtepi32_ps(fold_halves(isum[t])), acc[t]);
+    }
+    const __m256 dmin = _mm256_mul_ps(g.scales(b), _mm256_set1_ps(f16(x[b].dmin)));
+    acc_min = _mm256_add_ps(acc_min, _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(g.min_terms(b, mins16))));
+  }
+  alignas(32) float mins[kActs];
+  _mm256_store_ps(mins, acc_min);
+#pragma GCC unroll 8
+  for (int t = 0; t < kUsed; ++t) out[t] = hsum(acc[t]) - mins[t];
+}
+
 // Q6_K: the one-row kernel's two 512-bit part pairs per half-block, folded to the AVX2 kernel's
 // eight int32 lanes; each pair keeps its own vector accumulator.
 template <int kUsed>
@@ -534,6 +588,11 @@ void dot_tile_q4_K(const void* w, size_t stride, int64_t rows, const void* const
   tile<Q8KGroup, q4_K_row<kActs>, q4_K_row<kActs / 2>>(w, stride, rows, acts + wide, n_act - wide, n, out + wide * out_stride,
                                                        out_stride, dot_q4_K, kQK_K, true);
 }
+void dot_tile_q5_K(const void* w, size_t stride, int64_t rows, const void* const* acts, int64_t n_act, int64_t n,
+                   float* out, int64_t out_stride) {
+  tile<Q8KGroup, q5_K_row<kActs>, q5_K_row<kActs / 2>>(w, stride, rows, acts, n_act, n, out, out_stride, avx2::dot_q5_K, kQK_K, true);
+}
+
 void dot_tile_q6_K(const void* w, size_t stride, int64_t rows, const void* const* acts, int64_t n_act, int64_t n,
                    float* out, int64_t out_stride) {
   tile<Q8KGroup, q6_K_row<kActs>, q6_K_row<kActs / 2>>(w, stride, rows, acts, n_act, n, out, out_stride, dot_q6_K, kQK_K, false);

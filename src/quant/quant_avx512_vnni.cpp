@@ -29,6 +29,8 @@
 #include "quant/x86_tiles.h"
 #define BMOE_AVX512_NS avx512_vnni
 #include "quant/quant_avx512_kernels.h"
+#define BMOE_X86_ROWS_NS avx512vl_vnni
+#include "quant/quant_x86_rows_kernels.h"  // the 256-bit one-row and eight-row kernels, EVEX VNNI
 
 #if defined(__clang__)
 #pragma clang attribute pop

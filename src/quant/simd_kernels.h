@@ -10,21 +10,26 @@
   void name(const void* w, size_t stride, int64_t rows, const void* const* acts, int64_t n_act, int64_t n, float* out, \
             int64_t out_stride)
 
+// The integer one-row and eight-row kernels of quant_x86_rows_kernels.h, declared for each
+// namespace that compiles them (avx2, avx2_vnni, avx512vl_vnni).
+#define BMOE_X86_INT_ROW_KERNELS                                                            \
+  float dot_q4_0(const void* w, const void* a, int64_t n);                                  \
+  float dot_q8_0(const void* w, const void* a, int64_t n);                                  \
+  float dot_mxfp4(const void* w, const void* a, int64_t n);                                 \
+  float dot_q4_K(const void* w, const void* a, int64_t n);                                  \
+  float dot_q5_K(const void* w, const void* a, int64_t n);                                  \
+  float dot_q6_K(const void* w, const void* a, int64_t n);                                  \
+  /* kDotRows (8) rows at once; see DotRowsFn. */                                           \
+  void dot_rows_q8_0(const void* w, size_t stride, const void* a, int64_t n, float* out);   \
+  void dot_rows_q4_0(const void* w, size_t stride, const void* a, int64_t n, float* out);   \
+  void dot_rows_mxfp4(const void* w, size_t stride, const void* a, int64_t n, float* out);
+
 namespace bmoe::avx2 {
+BMOE_X86_INT_ROW_KERNELS
 float dot_f32(const void* w, const void* a, int64_t n);
 float dot_f16(const void* w, const void* a, int64_t n);
 float dot_f16_f32(const void* w, const void* a, int64_t n);
 float dot_bf16(const void* w, const void* a, int64_t n);
-float dot_q4_0(const void* w, const void* a, int64_t n);
-float dot_q8_0(const void* w, const void* a, int64_t n);
-float dot_mxfp4(const void* w, const void* a, int64_t n);
-float dot_q4_K(const void* w, const void* a, int64_t n);
-float dot_q5_K(const void* w, const void* a, int64_t n);
-float dot_q6_K(const void* w, const void* a, int64_t n);
-// kDotRows (8) rows at once; see DotRowsFn.
-void dot_rows_q8_0(const void* w, size_t stride, const void* a, int64_t n, float* out);
-void dot_rows_q4_0(const void* w, size_t stride, const void* a, int64_t n, float* out);
-void dot_rows_mxfp4(const void* w, size_t stride, const void* a, int64_t n, float* out);
 void quantize_f16(const float* src, void* dst, int64_t n);
 void dequantize_f16(const void* src, float* dst, int64_t n);
 void f16_scale(uint16_t* acc, float s, int64_t n);
@@ -50,9 +55,11 @@ BMOE_DOT_TILE(dot_tile_f16);
 BMOE_DOT_TILE(dot_tile_bf16);
 }  // namespace bmoe::avx2
 
-// The AVX2 integer tile kernels with AVX-VNNI (quant_avx2_vnni_tiles.cpp), equal to avx2's bit
-// for bit; the AVX2 table uses them where cpu_features().avx_vnni and no AVX-512 tile stands in.
+// The AVX2 integer tile, one-row and eight-row kernels with AVX-VNNI (quant_avx2_vnni_tiles.cpp),
+// equal to avx2's bit for bit; the AVX2 table uses them where cpu_features().avx_vnni and no
+// AVX-512 kernel stands in.
 namespace bmoe::avx2_vnni {
+BMOE_X86_INT_ROW_KERNELS
 BMOE_DOT_TILE(dot_tile_q4_K);
 BMOE_DOT_TILE(dot_tile_q5_K);
 BMOE_DOT_TILE(dot_tile_q6_K);
@@ -61,7 +68,7 @@ BMOE_DOT_TILE(dot_tile_q4_0);
 BMOE_DOT_TILE(dot_tile_mxfp4);
 }  // namespace bmoe::avx2_vnni
 
-// AVX-512 F + BW versions of the heaviest AVX2 kernels, equal to them bit for bit; the AVX2
+// AVX-512 F + BW versions of the heaviest AVX2 kernels (and the Q5_K tile), equal to them bit for bit; the AVX2
 // table uses them where cpu_features().avx512bw, the avx512_vnni ones (the same bodies with
 // vpdpbusd / vpdpwssd, quant_avx512_kernels.h) where also cpu_features().avx512vnni.
 #define BMOE_AVX512_INT_KERNELS                                                         \
@@ -69,6 +76,7 @@ BMOE_DOT_TILE(dot_tile_mxfp4);
   float dot_q6_K(const void* w, const void* a, int64_t n);                             \
   void dot_rows_mxfp4(const void* w, size_t stride, const void* a, int64_t n, float* out); \
   BMOE_DOT_TILE(dot_tile_q4_K);                                                        \
+  BMOE_DOT_TILE(dot_tile_q5_K);                                                        \
   BMOE_DOT_TILE(dot_tile_q6_K);                                                        \
   BMOE_DOT_TILE(dot_tile_q8_0);                                                        \
   BMOE_DOT_TILE(dot_tile_q4_0);                                                        \
@@ -76,6 +84,11 @@ BMOE_DOT_TILE(dot_tile_mxfp4);
 namespace bmoe::avx512_vnni {
 BMOE_AVX512_INT_KERNELS
 }  // namespace bmoe::avx512_vnni
+// The 256-bit integer one-row and eight-row kernels with AVX-512 VNNI's EVEX vpdpbusd / vpdpwssd
+// on ymm (quant_avx512_vnni.cpp), for CPUs with AVX-512 VNNI; equal to avx2's bit for bit.
+namespace bmoe::avx512vl_vnni {
+BMOE_X86_INT_ROW_KERNELS
+}  // namespace bmoe::avx512vl_vnni
 namespace bmoe::avx512 {
 BMOE_AVX512_INT_KERNELS
 void gemm_f32(float* c, int64_t ldc, const float* a, int64_t lda, const float* b, int64_t ldb, int64_t m,
