@@ -1056,6 +1056,59 @@ TEST(RouteTrace, RoundTripsAndReplaysKnownBeladyAndLru) {
   EXPECT_EQ(late.hits, 15u);
 }
 
+// A trace file written by hand: its text, loaded; the error's text, or "" when it loads.
+std::string trace_error(const std::string& text, RouteTrace* loaded = nullptr) {
+  const std::string path = temp_path("malformed.route.csv");
+  {
+    std::ofstream out(path);
+    out << text;
+  }
+  try {
+    RouteTrace t = RouteTrace::load(path);
+    if (loaded) *loaded = std::move(t);
+    return "";
+  } catch (const Error& e) {
+    return e.what();
+  }
+}
+
+TEST(RouteTrace, EachMalformedLineIsOneErrorNamingItsLine) {
+  const std::string head = "# model=m arch=qwen3moe n_layer=2 n_expert=4 n_expert_used=1\n";
+  const std::string columns = "turn,phase,step,layer,slot,expert,weight,residency,expert_bytes\n";
+  const std::string row = "0,1,0,1,0,3,0.5,0,4096\n";
+  const auto expect_error = [](const std::string& text, const std::string& needle) {
+    const std::string e = trace_error(text);
+    EXPECT_NE(e.find(needle), std::string::npos) << "got: '" << e << "' for:\n" << text;
+  };
+  expect_error("", "missing the '# model=... n_layer=...' header");
+  expect_error(head + columns, "no routing records");
+  expect_error(head + "step,layer\n" + row, ":2: expected the column header");
+  expect_error("# model=m n_layer=0 n_expert=4 n_expert_used=1\n", ":1: invalid n_layer");
+  expect_error(head + "# layer=2 expert_bytes=1\n", ":2: layer 2 out of range");
+  expect_error(head + columns + "0,1,x,1,0,3,0.5\n", ":3: 'x' is not an integer");
+  expect_error(head + columns + "0,1,0,1,0,3,heavy\n", ":3: 'heavy' is not a number");
+  expect_error(head + columns + "0,1,0,1,0,3\n", ":3: expected at least 7 columns, got 6");
+  expect_error(head + columns + row + "0,1,0,2,0,3,0.5\n", ":4: record out of range (layer 2, expert 3, phase 1)");
+  expect_error(head + columns + "0,1,0,1,0,4,0.5\n", "record out of range (layer 1, expert 4");
+  expect_error(head + columns + "0,2,0,1,0,3,0.5\n", "record out of range (layer 1, expert 3, phase 2)");
+  // A well-formed one: a layer's size from its '# layer=' line, else from its records.
+  RouteTrace t;
+  ASSERT_EQ(trace_error(head + "# comment\n# layer=0 expert_bytes=100 dense_bytes=7\n\n" + columns + row +
+                            "0,0,1,0,0,2,0.25\n", &t), "");
+  EXPECT_EQ(t.model, "m");
+  EXPECT_EQ(t.arch, "qwen3moe");
+  EXPECT_EQ(t.n_expert_used, 1);
+  EXPECT_EQ(t.expert_bytes, (std::vector<uint64_t>{100, 4096}));
+  EXPECT_EQ(t.dense_bytes, (std::vector<uint64_t>{7, 0}));
+  ASSERT_EQ(t.records.size(), 2u);
+  EXPECT_EQ(t.records[0].layer, 1);
+  EXPECT_EQ(t.records[0].expert, 3);
+  EXPECT_FLOAT_EQ(t.records[0].weight, 0.5f);
+  EXPECT_EQ(t.records[0].expert_bytes, 4096u);
+  EXPECT_EQ(t.records[1].phase, 0);
+  EXPECT_EQ(t.records[1].expert_bytes, 0u);
+}
+
 TEST(RouteTrace, BeladyHorizonKnowsOnlyTheNextTokens) {
   // One layer cycling through experts 0,1,2 one per token, room for two (as above). Knowing two
   // tokens ahead covers the cycle's next reuses: Belady's 18 hits. Knowing one token ahead, a miss

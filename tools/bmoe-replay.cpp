@@ -24,18 +24,19 @@ std::vector<std::string> split(const std::string& s) {
   }
   return out;
 }
-}  // namespace
 
-int main(int argc, char** argv) {
-  CLI::App app{"bmoe-replay: expert cache hit rates of each policy on a routing trace"};
-  app.set_version_flag("--version", bmoe::version_text());
+struct ReplayFlags {
   std::string trace_path, budgets = "1000,2000,3000,4000", policies;
   bool bytes = false;
   ReplayOptions options;
-  app.add_option("trace", trace_path, "route trace CSV (shared/data/route-traces format)")->required();
-  app.add_option("--budgets", budgets, "comma-separated cache budgets in MiB")->capture_default_str();
-  app.add_option("--policies", policies, "comma-separated policies (default: belady, layer-belady + every online policy); belady-hN: Belady knowing only the next N tokens");
-  app.add_flag("--bytes", bytes, "with --prefetch, also print the MiB per token read ahead for nothing");
+};
+
+void add_replay_flags(CLI::App& app, ReplayFlags& f) {
+  ReplayOptions& options = f.options;
+  app.add_option("trace", f.trace_path, "route trace CSV (shared/data/route-traces format)")->required();
+  app.add_option("--budgets", f.budgets, "comma-separated cache budgets in MiB")->capture_default_str();
+  app.add_option("--policies", f.policies, "comma-separated policies (default: belady, layer-belady + every online policy); belady-hN: Belady knowing only the next N tokens");
+  app.add_flag("--bytes", f.bytes, "with --prefetch, also print the MiB per token read ahead for nothing");
   app.add_option("--count-from", options.count_from,
                  "score only the decode tokens from this fraction of them on (0.5: the second half)")
       ->check(CLI::Range(0.0, 0.99))->capture_default_str();
@@ -48,6 +49,78 @@ int main(int argc, char** argv) {
   app.add_option("--prefetch-reads", options.prefetch_reads, "reads ahead per predicted layer (default: top-k / 2)")->check(CLI::Range(0, 64));
   app.add_option("--min-score", options.min_score, "affinity score a guess needs (mean pair probability)")
       ->check(CLI::Range(0.0, 1.0))->capture_default_str();
+}
+
+// The policies to replay: --policies, or the two Belady bounds and every online policy.
+std::vector<std::string> policy_names(const std::string& policies) {
+  std::vector<std::string> names = policies.empty() ? std::vector<std::string>{"belady", "layer-belady"} : split(policies);
+  if (policies.empty()) {
+    for (const auto& n : cache_policy_names()) names.push_back(n);
+  }
+  return names;
+}
+
+std::vector<double> budgets_mib(const std::string& budgets) {
+  std::vector<double> mib;
+  for (const auto& b : split(budgets)) {
+    try {
+      mib.push_back(std::stod(b));
+    } catch (const std::exception&) {
+      fail("--budgets: '{}' is not a number", b);
+    }
+    if (mib.back() < 0) fail("--budgets: negative budget");
+  }
+  return mib;
+}
+
+uint64_t decode_token_count(const RouteTrace& trace) {
+  uint64_t decode_tokens = 0;
+  std::vector<bool> decode;
+  const auto visits = trace_visits(trace, &decode);
+  for (size_t i = 0; i < decode.size(); ++i) decode_tokens += decode[i] ? 1 : 0;
+  return decode_tokens / static_cast<uint64_t>(trace.n_layer);
+}
+
+void print_header(const std::vector<std::string>& names, bool prefetch, bool bytes) {
+  fmt::print("{:>10}", "budget_mib");
+  for (const auto& n : names) fmt::print(" {:>13}", n + "_hit%");
+  if (prefetch) for (const auto& n : names) fmt::print(" {:>15}", n + "_inmem%");
+  for (const auto& n : names) fmt::print(" {:>16}", n + "_MiB/tok");
+  for (const auto& n : names) fmt::print(" {:>16}", n + "_toBelady");
+  if (bytes && prefetch) for (const auto& n : names) fmt::print(" {:>18}", n + "_wasteMiB/tok");
+  fmt::print("\n");
+}
+
+// One budget's row: every policy's replay beside Belady's hit rate without read-ahead.
+void print_row(const RouteTrace& trace, const std::vector<std::string>& names, double mib, const ReplayFlags& f,
+               uint64_t decode_tokens) {
+  const ReplayOptions& options = f.options;
+  const bool prefetch = options.prefetch_window > 0;
+  const auto per_token = [&](uint64_t b) {
+    return static_cast<double>(b) / 1048576.0 / std::max(1.0, static_cast<double>(decode_tokens) * (1.0 - options.count_from));
+  };
+  const uint64_t budget = static_cast<uint64_t>(mib * 1024.0 * 1024.0);
+  std::vector<ReplayResult> results;
+  for (const auto& n : names) results.push_back(replay_trace(trace, n, budget, options));
+  ReplayOptions plain = options;
+  plain.prefetch_window = 0;
+  const double belady = 100.0 * replay_trace(trace, "belady", budget, plain).hit_rate();
+  fmt::print("{:>10.0f}", mib);
+  for (const auto& r : results) fmt::print(" {:>13.1f}", 100.0 * r.hit_rate());
+  if (prefetch) for (const auto& r : results) fmt::print(" {:>15.1f}", 100.0 * r.in_memory_rate());
+  for (const auto& r : results) fmt::print(" {:>16.1f}", per_token(r.bytes_read));
+  for (const auto& r : results) fmt::print(" {:>16.1f}", belady - 100.0 * r.hit_rate());
+  if (f.bytes && prefetch) for (const auto& r : results) fmt::print(" {:>18.1f}", per_token(r.prefetch_wasted_bytes));
+  fmt::print("\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"bmoe-replay: expert cache hit rates of each policy on a routing trace"};
+  app.set_version_flag("--version", bmoe::version_text());
+  ReplayFlags f;
+  add_replay_flags(app, f);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -56,53 +129,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    const RouteTrace trace = RouteTrace::load(trace_path);
-    std::vector<std::string> names = policies.empty() ? std::vector<std::string>{"belady", "layer-belady"} : split(policies);
-    if (policies.empty()) {
-      for (const auto& n : cache_policy_names()) names.push_back(n);
-    }
-    std::vector<double> mib;
-    for (const auto& b : split(budgets)) {
-      try {
-        mib.push_back(std::stod(b));
-      } catch (const std::exception&) {
-        fail("--budgets: '{}' is not a number", b);
-      }
-      if (mib.back() < 0) fail("--budgets: negative budget");
-    }
-    uint64_t decode_tokens = 0;
-    {
-      std::vector<bool> decode;
-      const auto visits = trace_visits(trace, &decode);
-      for (size_t i = 0; i < decode.size(); ++i) decode_tokens += decode[i] ? 1 : 0;
-      decode_tokens /= static_cast<uint64_t>(trace.n_layer);
-    }
-    const bool prefetch = options.prefetch_window > 0;
-    fmt::print("{:>10}", "budget_mib");
-    for (const auto& n : names) fmt::print(" {:>13}", n + "_hit%");
-    if (prefetch) for (const auto& n : names) fmt::print(" {:>15}", n + "_inmem%");
-    for (const auto& n : names) fmt::print(" {:>16}", n + "_MiB/tok");
-    for (const auto& n : names) fmt::print(" {:>16}", n + "_toBelady");
-    if (bytes && prefetch) for (const auto& n : names) fmt::print(" {:>18}", n + "_wasteMiB/tok");
-    fmt::print("\n");
-    const auto per_token = [&](uint64_t b) {
-      return static_cast<double>(b) / 1048576.0 / std::max(1.0, static_cast<double>(decode_tokens) * (1.0 - options.count_from));
-    };
-    for (double m : mib) {
-      const uint64_t budget = static_cast<uint64_t>(m * 1024.0 * 1024.0);
-      std::vector<ReplayResult> results;
-      for (const auto& n : names) results.push_back(replay_trace(trace, n, budget, options));
-      ReplayOptions plain = options;
-      plain.prefetch_window = 0;
-      const double belady = 100.0 * replay_trace(trace, "belady", budget, plain).hit_rate();
-      fmt::print("{:>10.0f}", m);
-      for (const auto& r : results) fmt::print(" {:>13.1f}", 100.0 * r.hit_rate());
-      if (prefetch) for (const auto& r : results) fmt::print(" {:>15.1f}", 100.0 * r.in_memory_rate());
-      for (const auto& r : results) fmt::print(" {:>16.1f}", per_token(r.bytes_read));
-      for (const auto& r : results) fmt::print(" {:>16.1f}", belady - 100.0 * r.hit_rate());
-      if (bytes && prefetch) for (const auto& r : results) fmt::print(" {:>18.1f}", per_token(r.prefetch_wasted_bytes));
-      fmt::print("\n");
-    }
+    const RouteTrace trace = RouteTrace::load(f.trace_path);
+    const std::vector<std::string> names = policy_names(f.policies);
+    const std::vector<double> mib = budgets_mib(f.budgets);
+    const uint64_t decode_tokens = decode_token_count(trace);
+    print_header(names, f.options.prefetch_window > 0, f.bytes);
+    for (double m : mib) print_row(trace, names, m, f, decode_tokens);
     return 0;
   } catch (const std::exception& e) {
     fmt::print(stderr, "error: {}\n", e.what());

@@ -25,6 +25,41 @@ bool takes_value(const CLI::App& app, const std::string& a) {
   return opt != nullptr && opt->get_items_expected_min() > 0;
 }
 
+// llama.cpp flags that are bmoe flags under another name; each takes a value.
+struct RenamedFlag {
+  const char* llama;
+  const char* bmoe;
+};
+constexpr RenamedFlag kRenamedFlags[] = {
+    {"-sys", "--system"}, {"--system-prompt", "--system"}, {"-hf", "--hf-repo"},
+    {"-hfr", "--hf-repo"}, {"-np", "--parallel"},          {"-hff", "--hf-file"},
+};
+
+const char* bmoe_name_of(const std::string& a) {
+  for (const RenamedFlag& r : kRenamedFlags) {
+    if (a == r.llama) return r.bmoe;
+  }
+  return nullptr;
+}
+
+// -ctk / -ctv TYPE: bmoe keeps keys and values in one type, f16 or f32 (--kv-type), so both
+// must name the same one. Returns false where the translation stops (t.error says why, or the
+// value was missing).
+bool translate_kv_type(const std::string& a, const std::string& type, std::string& kv_type, TranslatedArgs& t) {
+  if (type.empty()) return false;
+  if (type != "f16" && type != "f32") {
+    t.error = fmt::format("{} {}: bmoe's KV cache holds f16 or f32 (--kv-type f16|f32), not quantized types", a, type);
+    return false;
+  }
+  if (!kv_type.empty() && kv_type != type) {
+    t.error = "-ctk and -ctv must name the same type: bmoe keeps keys and values in one type (--kv-type)";
+    return false;
+  }
+  if (kv_type.empty()) t.args.insert(t.args.end(), {"--kv-type", type});
+  kv_type = type;
+  return true;
+}
+
 }  // namespace
 
 TranslatedArgs translate_llama_flags(const CLI::App& app, int argc, const char* const* argv) {
@@ -47,18 +82,9 @@ TranslatedArgs translate_llama_flags(const CLI::App& app, int argc, const char* 
     } else if (a == "-ngl" || a == "--n-gpu-layers" || a == "--gpu-layers") {
       const std::string n = next();
       if (!n.empty() && n != "0") t.notes.push_back(fmt::format("note: {} {} ignored: bmoe runs on the CPU only", a, n));
-    } else if (a == "-sys" || a == "--system-prompt") {
-      const std::string text = next();
-      t.args.insert(t.args.end(), {"--system", text});
-    } else if (a == "-hf" || a == "-hfr") {
-      const std::string repo = next();
-      t.args.insert(t.args.end(), {"--hf-repo", repo});
-    } else if (a == "-np") {
-      const std::string n = next();
-      t.args.insert(t.args.end(), {"--parallel", n});
-    } else if (a == "-hff") {
-      const std::string file = next();
-      t.args.insert(t.args.end(), {"--hf-file", file});
+    } else if (const char* renamed = bmoe_name_of(a)) {
+      const std::string value = next();
+      t.args.insert(t.args.end(), {renamed, value});
     } else if (a == "-cnv" || a == "--conversation") {
       t.args.push_back("-i");
     } else if (a == "-no-cnv" || a == "--no-conversation") {
@@ -66,18 +92,7 @@ TranslatedArgs translate_llama_flags(const CLI::App& app, int argc, const char* 
     } else if (a == "--color") {
       t.notes.push_back("note: --color ignored: bmoe prints plain text");
     } else if (a == "-ctk" || a == "--cache-type-k" || a == "-ctv" || a == "--cache-type-v") {
-      const std::string type = next();
-      if (type.empty()) break;
-      if (type != "f16" && type != "f32") {
-        t.error = fmt::format("{} {}: bmoe's KV cache holds f16 or f32 (--kv-type f16|f32), not quantized types", a, type);
-        break;
-      }
-      if (!kv_type.empty() && kv_type != type) {
-        t.error = "-ctk and -ctv must name the same type: bmoe keeps keys and values in one type (--kv-type)";
-        break;
-      }
-      if (kv_type.empty()) t.args.insert(t.args.end(), {"--kv-type", type});
-      kv_type = type;
+      if (!translate_kv_type(a, next(), kv_type, t)) break;
     } else if (a == "-r" || a == "--reverse-prompt") {
       t.error = fmt::format("{}: bmoe has no reverse prompt; in -i chat each answer ends at the model's end-of-turn token", a);
       break;

@@ -102,7 +102,10 @@ std::shared_ptr<const Grammar> grammar_from_flags(const GrammarOptions& o) {
   }
 }
 
-void add_run_flags(CLI::App& app, RunOptions& o) {
+namespace {
+
+// The model, its threads, context and chat template.
+void add_model_flags(CLI::App& app, RunOptions& o) {
   app.add_option("-m,--model", o.config.model, "GGUF model file (any shard of a split model)");
   app.add_option("--hf-repo", o.hf_repo, "-hf: download user/model[:quant] from Hugging Face into llama.cpp's cache and run it");
   app.add_option("--hf-file", o.hf_file, "with --hf-repo: the repository's file to use (default: by the quant tag)");
@@ -124,6 +127,10 @@ void add_run_flags(CLI::App& app, RunOptions& o) {
   app.add_option("--chat-template-file", o.config.chat_template, "a Jinja chat template file (as llama.cpp's flag)")
       ->check(CLI::ExistingFile);
   app.add_flag("--jinja")->description("accepted for llama.cpp compatibility: chat templates are always rendered with Jinja");
+}
+
+// Streaming: the mode, the expert cache, the reads and what is read ahead.
+void add_streaming_flags(CLI::App& app, RunOptions& o) {
   auto* stream = app.add_flag("--moe-stream", o.moe_stream,
                               "read routed experts from flash on demand into a bounded cache (default: when the model "
                               "does not fit in available memory)");
@@ -173,6 +180,10 @@ void add_run_flags(CLI::App& app, RunOptions& o) {
   app.add_option("--cache-file", o.config.cache_file,
                  "streaming: start with the experts listed in FILE read into the cache (if it exists and was saved for "
                  "this model), and save the cache's experts there at exit");
+}
+
+// The lossy knobs and speculative decoding.
+void add_lossy_and_draft_flags(CLI::App& app, RunOptions& o) {
   app.add_option("--route-ahead", o.config.route_ahead,
                  "LOSSY: route each layer from the residual N layers earlier so its reads start early (decode only)")
       ->capture_default_str()->check(CLI::Range(0, 8));
@@ -198,6 +209,14 @@ void add_run_flags(CLI::App& app, RunOptions& o) {
   app.add_option("--draft-seed", o.config.draft_seed, "benchmark only: seed of --draft-accept's corruption")->capture_default_str();
   app.add_flag("--mtp", o.config.mtp,
                "draft with the model's multi-token-prediction (nextn) block: Qwen3.5/3.6 MoE, GLM-4.5/4.6 (needs --draft N)");
+}
+
+}  // namespace
+
+void add_run_flags(CLI::App& app, RunOptions& o) {
+  add_model_flags(app, o);
+  add_streaming_flags(app, o);
+  add_lossy_and_draft_flags(app, o);
 }
 
 namespace {

@@ -37,6 +37,54 @@ long long to_int(const std::string& s, const std::string& path, size_t line_no) 
   }
 }
 
+// A '#' line: the model's header (model, arch, n_layer, n_expert, n_expert_used) or a layer's
+// sizes (layer, expert_bytes, dense_bytes); other comments are ignored.
+void read_header_line(const std::string& line, RouteTrace& t, const std::string& path, size_t line_no) {
+  if (const auto v = header_value(line, "n_layer"); !v.empty()) {
+    t.model = header_value(line, "model");
+    t.arch = header_value(line, "arch");
+    t.n_layer = static_cast<int>(to_int(v, path, line_no));
+    t.n_expert = static_cast<int>(to_int(header_value(line, "n_expert"), path, line_no));
+    t.n_expert_used = static_cast<int>(to_int(header_value(line, "n_expert_used"), path, line_no));
+    if (t.n_layer <= 0 || t.n_layer > 4096) fail("{}:{}: invalid n_layer", path, line_no);
+    t.expert_bytes.assign(static_cast<size_t>(t.n_layer), 0);
+    t.dense_bytes.assign(static_cast<size_t>(t.n_layer), 0);
+  } else if (const auto l = header_value(line, "layer"); !l.empty()) {
+    const long long layer = to_int(l, path, line_no);
+    if (layer < 0 || layer >= t.n_layer) fail("{}:{}: layer {} out of range", path, line_no, layer);
+    t.expert_bytes[static_cast<size_t>(layer)] = static_cast<uint64_t>(to_int(header_value(line, "expert_bytes"), path, line_no));
+    const auto dense = header_value(line, "dense_bytes");
+    if (!dense.empty()) t.dense_bytes[static_cast<size_t>(layer)] = static_cast<uint64_t>(to_int(dense, path, line_no));
+  }
+}
+
+// One CSV row: turn,phase,step,layer,slot,expert,weight[,residency[,expert_bytes]], checked
+// against the header's layer and expert counts.
+RouteRecord read_record(const std::string& line, const RouteTrace& t, const std::string& path, size_t line_no) {
+  std::vector<std::string> f;
+  std::stringstream ss(line);
+  for (std::string cell; std::getline(ss, cell, ',');) f.push_back(cell);
+  if (f.size() < 7) fail("{}:{}: expected at least 7 columns, got {}", path, line_no, f.size());
+  RouteRecord r;
+  r.turn = static_cast<int>(to_int(f[0], path, line_no));
+  r.phase = static_cast<int>(to_int(f[1], path, line_no));
+  r.step = static_cast<int>(to_int(f[2], path, line_no));
+  r.layer = static_cast<int>(to_int(f[3], path, line_no));
+  r.slot = static_cast<int>(to_int(f[4], path, line_no));
+  r.expert = static_cast<int>(to_int(f[5], path, line_no));
+  try {
+    r.weight = std::stof(f[6]);
+  } catch (const std::exception&) {
+    fail("{}:{}: '{}' is not a number", path, line_no, f[6]);
+  }
+  if (f.size() > 7) r.residency = static_cast<int>(to_int(f[7], path, line_no));
+  if (f.size() > 8) r.expert_bytes = static_cast<uint64_t>(to_int(f[8], path, line_no));
+  if (r.layer < 0 || r.layer >= t.n_layer || r.expert < 0 || r.expert >= t.n_expert || (r.phase != 0 && r.phase != 1)) {
+    fail("{}:{}: record out of range (layer {}, expert {}, phase {})", path, line_no, r.layer, r.expert, r.phase);
+  }
+  return r;
+}
+
 }  // namespace
 
 RouteTrace RouteTrace::load(const std::string& path) {
@@ -50,56 +98,19 @@ RouteTrace RouteTrace::load(const std::string& path) {
     ++line_no;
     if (line.empty()) continue;
     if (line[0] == '#') {
-      if (const auto v = header_value(line, "n_layer"); !v.empty()) {
-        t.model = header_value(line, "model");
-        t.arch = header_value(line, "arch");
-        t.n_layer = static_cast<int>(to_int(v, path, line_no));
-        t.n_expert = static_cast<int>(to_int(header_value(line, "n_expert"), path, line_no));
-        t.n_expert_used = static_cast<int>(to_int(header_value(line, "n_expert_used"), path, line_no));
-        if (t.n_layer <= 0 || t.n_layer > 4096) fail("{}:{}: invalid n_layer", path, line_no);
-        t.expert_bytes.assign(static_cast<size_t>(t.n_layer), 0);
-        t.dense_bytes.assign(static_cast<size_t>(t.n_layer), 0);
-      } else if (const auto l = header_value(line, "layer"); !l.empty()) {
-        const long long layer = to_int(l, path, line_no);
-        if (layer < 0 || layer >= t.n_layer) fail("{}:{}: layer {} out of range", path, line_no, layer);
-        t.expert_bytes[static_cast<size_t>(layer)] = static_cast<uint64_t>(to_int(header_value(line, "expert_bytes"), path, line_no));
-        const auto dense = header_value(line, "dense_bytes");
-        if (!dense.empty()) t.dense_bytes[static_cast<size_t>(layer)] = static_cast<uint64_t>(to_int(dense, path, line_no));
-      }
-      continue;
-    }
-    if (!have_columns) {
+      read_header_line(line, t, path, line_no);
+    } else if (!have_columns) {
       if (line.rfind("turn,phase,step,layer,slot,expert,weight", 0) != 0) {
         fail("{}:{}: expected the column header 'turn,phase,step,layer,slot,expert,weight,...'", path, line_no);
       }
       have_columns = true;
-      continue;
+    } else {
+      t.records.push_back(read_record(line, t, path, line_no));
     }
-    std::vector<std::string> f;
-    std::stringstream ss(line);
-    for (std::string cell; std::getline(ss, cell, ',');) f.push_back(cell);
-    if (f.size() < 7) fail("{}:{}: expected at least 7 columns, got {}", path, line_no, f.size());
-    RouteRecord r;
-    r.turn = static_cast<int>(to_int(f[0], path, line_no));
-    r.phase = static_cast<int>(to_int(f[1], path, line_no));
-    r.step = static_cast<int>(to_int(f[2], path, line_no));
-    r.layer = static_cast<int>(to_int(f[3], path, line_no));
-    r.slot = static_cast<int>(to_int(f[4], path, line_no));
-    r.expert = static_cast<int>(to_int(f[5], path, line_no));
-    try {
-      r.weight = std::stof(f[6]);
-    } catch (const std::exception&) {
-      fail("{}:{}: '{}' is not a number", path, line_no, f[6]);
-    }
-    if (f.size() > 7) r.residency = static_cast<int>(to_int(f[7], path, line_no));
-    if (f.size() > 8) r.expert_bytes = static_cast<uint64_t>(to_int(f[8], path, line_no));
-    if (r.layer < 0 || r.layer >= t.n_layer || r.expert < 0 || r.expert >= t.n_expert || (r.phase != 0 && r.phase != 1)) {
-      fail("{}:{}: record out of range (layer {}, expert {}, phase {})", path, line_no, r.layer, r.expert, r.phase);
-    }
-    t.records.push_back(r);
   }
   if (t.n_layer == 0) fail("{}: missing the '# model=... n_layer=...' header", path);
   if (t.records.empty()) fail("{}: no routing records", path);
+  // Layers whose header gave no expert size take the one their records carry.
   for (size_t l = 0; l < t.expert_bytes.size(); ++l) {
     if (t.expert_bytes[l] == 0) {
       for (const RouteRecord& r : t.records) {

