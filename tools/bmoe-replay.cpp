@@ -3,10 +3,13 @@
 // One row per budget (MiB): the budget, then for each policy the decode-phase hit %, the MiB
 // read per decoded token and the distance to Belady's hit % (points); with --prefetch also the
 // % of lookups found in memory (cached or read ahead) and, with --bytes, how much of the MiB
-// per token was read ahead for nothing. --count-from 0.5 scores the second half only.
+// per token was read ahead for nothing. --count-from 0.5 scores the second half only. --timing
+// adds each replay's wall time per decode lookup (the whole simulation: compare policies, e.g.
+// against lru, run in one process).
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <chrono>
 #include <sstream>
 
 #include "core/error.h"
@@ -30,12 +33,13 @@ int main(int argc, char** argv) {
   CLI::App app{"bmoe-replay: expert cache hit rates of each policy on a routing trace"};
   app.set_version_flag("--version", bmoe::version_text());
   std::string trace_path, budgets = "1000,2000,3000,4000", policies;
-  bool bytes = false;
+  bool bytes = false, timing = false;
   ReplayOptions options;
   app.add_option("trace", trace_path, "route trace CSV (shared/data/route-traces format)")->required();
   app.add_option("--budgets", budgets, "comma-separated cache budgets in MiB")->capture_default_str();
   app.add_option("--policies", policies, "comma-separated policies (default: belady, layer-belady + every online policy); belady-hN: Belady knowing only the next N tokens");
   app.add_flag("--bytes", bytes, "with --prefetch, also print the MiB per token read ahead for nothing");
+  app.add_flag("--timing", timing, "also print each replay's wall ns per decode lookup");
   app.add_option("--count-from", options.count_from,
                  "score only the decode tokens from this fraction of them on (0.5: the second half)")
       ->check(CLI::Range(0.0, 0.99))->capture_default_str();
@@ -84,6 +88,7 @@ int main(int argc, char** argv) {
     for (const auto& n : names) fmt::print(" {:>16}", n + "_MiB/tok");
     for (const auto& n : names) fmt::print(" {:>16}", n + "_toBelady");
     if (bytes && prefetch) for (const auto& n : names) fmt::print(" {:>18}", n + "_wasteMiB/tok");
+    if (timing) for (const auto& n : names) fmt::print(" {:>16}", n + "_ns/lookup");
     fmt::print("\n");
     const auto per_token = [&](uint64_t b) {
       return static_cast<double>(b) / 1048576.0 / std::max(1.0, static_cast<double>(decode_tokens) * (1.0 - options.count_from));
@@ -91,7 +96,13 @@ int main(int argc, char** argv) {
     for (double m : mib) {
       const uint64_t budget = static_cast<uint64_t>(m * 1024.0 * 1024.0);
       std::vector<ReplayResult> results;
-      for (const auto& n : names) results.push_back(replay_trace(trace, n, budget, options));
+      std::vector<double> ns;
+      for (const auto& n : names) {
+        const auto start = std::chrono::steady_clock::now();
+        results.push_back(replay_trace(trace, n, budget, options));
+        const std::chrono::duration<double, std::nano> took = std::chrono::steady_clock::now() - start;
+        ns.push_back(took.count() / static_cast<double>(std::max<uint64_t>(1, results.back().lookups)));
+      }
       ReplayOptions plain = options;
       plain.prefetch_window = 0;
       const double belady = 100.0 * replay_trace(trace, "belady", budget, plain).hit_rate();
@@ -101,6 +112,7 @@ int main(int argc, char** argv) {
       for (const auto& r : results) fmt::print(" {:>16.1f}", per_token(r.bytes_read));
       for (const auto& r : results) fmt::print(" {:>16.1f}", belady - 100.0 * r.hit_rate());
       if (bytes && prefetch) for (const auto& r : results) fmt::print(" {:>18.1f}", per_token(r.prefetch_wasted_bytes));
+      if (timing) for (double t : ns) fmt::print(" {:>16.0f}", t);
       fmt::print("\n");
     }
     return 0;
