@@ -18,7 +18,7 @@ double option_value(const std::string& item, const std::string& name) {
     if (used + 1 == item.size() && v >= 0.0) return v;
   } catch (const std::exception&) {
   }
-  fail("cache policy '{}': bad option '{}' (w<tokens>, k<prior>, c<prior>, h<tokens>, t<rate>)", name, item);
+  fail("cache policy '{}': bad option '{}' (w<tokens>, k<prior>, c<prior>, h<tokens>, t<rate>, r<power>)", name, item);
 }
 
 }  // namespace

@@ -47,8 +47,9 @@ struct OptgenOptions {
   double rank_power = 0.0;
 };
 
-// "optgen" alone gives the defaults; "optgen:w32:k2:c8:h128:t0.4" overrides window, key and
-// cell priors, half-life and threshold (for tuning with bmoe-replay). Throws on a bad option.
+// "optgen" alone gives the defaults; "optgen:w32:k2:c8:h128:t0.4:r1" overrides window, key and
+// cell priors, half-life, threshold and rank power (for tuning with bmoe-replay). Throws on a bad
+// option.
 OptgenOptions parse_optgen_options(const std::string& name);
 
 class OptgenPolicy : public CachePolicy {
