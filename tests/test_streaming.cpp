@@ -167,6 +167,8 @@ INSTANTIATE_TEST_SUITE_P(
                       StreamConfig{25, 4, true, DenseWeights::Anon, false, "layer-lfu"},
                       StreamConfig{25, 4, true, DenseWeights::Anon, false, "learned"},
                       StreamConfig{8, 4, true, DenseWeights::Anon, true, "learned"},   // overlap, evicting
+                      StreamConfig{25, 4, true, DenseWeights::Anon, false, "optgen"},
+                      StreamConfig{8, 4, true, DenseWeights::Anon, true, "optgen"},    // overlap, evicting
                       StreamConfig{25, 4, true, DenseWeights::Anon, false, "tinylfu-ewma"},
                       // predictive prefetch: no cache, evicting, overlap, two layers ahead
                       StreamConfig{0, 4, true, DenseWeights::Anon, false, "", 1},
