@@ -1220,7 +1220,9 @@ TEST(OptgenPolicy, StateStaysWithinItsBoundOverAMillionLookups) {
       for (bool h : cache.begin_visit(v).hit) hits += h, ++lookups;
       cache.end_visit();
     }
-    if (token % 4096 == 0) ASSERT_LE(p->state_bytes(), bound) << "after " << lookups << " lookups";
+    if (token % 4096 == 0) {
+      ASSERT_LE(p->state_bytes(), bound) << "after " << lookups << " lookups";
+    }
     if (token == 1000) after_warmup = p->state_bytes();
   }
   EXPECT_LE(p->state_bytes(), bound);
