@@ -22,6 +22,7 @@
 #include "moe/cache_file.h"
 #include "moe/cache_policy.h"
 #include "moe/learned_policy.h"
+#include "moe/optgen_policy.h"
 #include "moe/streaming_experts.h"
 #include <fmt/format.h>
 #include <unistd.h>
@@ -166,6 +167,8 @@ INSTANTIATE_TEST_SUITE_P(
                       StreamConfig{25, 4, true, DenseWeights::Anon, false, "layer-lfu"},
                       StreamConfig{25, 4, true, DenseWeights::Anon, false, "learned"},
                       StreamConfig{8, 4, true, DenseWeights::Anon, true, "learned"},   // overlap, evicting
+                      StreamConfig{25, 4, true, DenseWeights::Anon, false, "optgen"},
+                      StreamConfig{8, 4, true, DenseWeights::Anon, true, "optgen"},    // overlap, evicting
                       StreamConfig{25, 4, true, DenseWeights::Anon, false, "tinylfu-ewma"},
                       // predictive prefetch: no cache, evicting, overlap, two layers ahead
                       StreamConfig{0, 4, true, DenseWeights::Anon, false, "", 1},
@@ -1177,6 +1180,107 @@ TEST(LearnedPolicy, StateStaysWithinItsBoundOverAMillionLookups) {
   }
   EXPECT_LE(p->state_bytes(), bound);
   EXPECT_EQ(p->state_bytes(), after_warmup);  // nothing grows once every expert has been seen
+  EXPECT_GT(hits, 0u);
+  EXPECT_LE(cache.used_bytes(), budget);
+}
+
+namespace {
+// One layer (a visit per token), 1-byte experts, no forgetting and no pull toward the cells: the
+// learned rates are exactly the OPTgen labels.
+std::unique_ptr<OptgenPolicy> bare_optgen(uint64_t budget, int window_tokens) {
+  OptgenOptions o;
+  o.window_tokens = window_tokens;
+  o.key_prior = 0.0;
+  o.half_life_tokens = 1e12;
+  return std::make_unique<OptgenPolicy>(1, budget, o, make_reuse_estimator(1));
+}
+Access single(int expert, uint64_t t) { return {make_expert_key(0, expert), 1, 1.0f, t, t, 1.0f}; }
+}  // namespace
+
+TEST(OptgenPolicy, LabelsACyclicScanAsBeladyWould) {
+  // A B C A B C A B C through 2 bytes. Worked by hand on the occupancy of visits 0..7:
+  // t3 A: [0,3) empty -> hit (occupancy 1 1 1); t4 B: [1,4) 1 1 0 -> hit (2 2 1 at 1..3);
+  // t5 C: [2,5) holds 2 at visit 2 -> miss; t6 A: [3,6) 1 0 0 -> hit; t7 B: [4,7) 1 1 0 -> hit;
+  // t8 C: [5,8) holds 2 at visit 5 -> miss. Belady keeps A and B and never C.
+  auto p = bare_optgen(2, 16);
+  const int order[] = {0, 1, 2, 0, 1, 2, 0, 1, 2};
+  for (uint64_t t = 0; t < 9; ++t) p->on_access(single(order[t], t), false);
+  EXPECT_EQ(p->judged(), 6u);
+  EXPECT_EQ(p->opt_hits(), 4u);
+  EXPECT_DOUBLE_EQ(p->friendly(make_expert_key(0, 0)), 1.0);
+  EXPECT_DOUBLE_EQ(p->friendly(make_expert_key(0, 1)), 1.0);
+  EXPECT_DOUBLE_EQ(p->friendly(make_expert_key(0, 2)), 0.0);
+}
+
+TEST(OptgenPolicy, ACacheLearnsToBypassTheAverseExpert) {
+  // The same scan through a cache of 2 bytes: once C is labelled averse it is read without
+  // caching, and A and B hit every cycle (Belady's 2 of 3; LRU hits nothing here).
+  ExpertCache cache(2, bare_optgen(2, 16));
+  uint64_t late_hits = 0;
+  for (uint64_t t = 0; t < 60; ++t) {
+    const Access a = single(static_cast<int>(t % 3), t);
+    const VisitPlan plan = cache.begin_visit(std::span<const Access>(&a, 1));
+    cache.end_visit();
+    if (t >= 30) late_hits += plan.hit[0] ? 1 : 0;
+  }
+  EXPECT_EQ(late_hits, 20u);
+  EXPECT_FALSE(cache.contains(make_expert_key(0, 2)));
+}
+
+TEST(OptgenPolicy, ReusesBeyondTheWindowAreAverseAndCellsCountRecentTokens) {
+  // Window of 2 tokens (2 visits): A at 0 and 3 is too far apart to judge as a hit.
+  auto p = bare_optgen(4, 2);
+  p->on_access(single(0, 0), false);
+  p->on_access(single(0, 3), false);
+  EXPECT_EQ(p->judged(), 1u);
+  EXPECT_EQ(p->opt_hits(), 0u);
+  // B used at tokens 4, 5 and 7, then accessed at 8: the previous token (7) used it, and 3 of
+  // the 8 tokens before did: cell 1 * 9 + 3.
+  for (uint64_t t : {4, 5, 7, 8}) p->on_access(single(1, t), false);
+  EXPECT_EQ(p->cell(make_expert_key(0, 1)), 12);
+}
+
+TEST(OptgenPolicy, ParsesItsOptionsAndRefusesBadOnes) {
+  const OptgenOptions o = parse_optgen_options("optgen:w8:t0.3:k2");
+  EXPECT_EQ(o.window_tokens, 8);
+  EXPECT_DOUBLE_EQ(o.averse_below, 0.3);
+  EXPECT_DOUBLE_EQ(o.key_prior, 2.0);
+  EXPECT_EQ(parse_optgen_options("optgen").window_tokens, OptgenOptions{}.window_tokens);
+  EXPECT_THROW(parse_optgen_options("optgen:x1"), Error);
+  EXPECT_THROW(parse_optgen_options("optgen:w"), Error);
+  EXPECT_THROW(parse_optgen_options("optgen:w-3"), Error);
+  EXPECT_THROW(make_cache_policy("optgen:", 4, 1000), Error);
+}
+
+TEST(OptgenPolicy, StateStaysWithinItsBoundOverAMillionLookups) {
+  // 4 layers of 64 experts, top-4 random routing, through a cache of 40 experts.
+  const uint64_t budget = 40 * 1000;
+  const OptgenOptions o;
+  auto owned = std::make_unique<OptgenPolicy>(4, budget, o, make_reuse_estimator(4));
+  OptgenPolicy* p = owned.get();
+  ExpertCache cache(budget, std::move(owned));
+  const size_t bound = OptgenPolicy::state_bound(4, 64, o.window_tokens);
+  Rng rng(5);
+  uint64_t time = 0, lookups = 0, hits = 0;
+  size_t after_warmup = 0;
+  for (uint64_t token = 0; lookups < 1000000; ++token) {
+    for (int layer = 0; layer < 4; ++layer) {
+      std::set<int> chosen;
+      while (chosen.size() < 4) chosen.insert(static_cast<int>(rng.below(64)));
+      std::vector<Access> v;
+      for (int e : chosen) v.push_back({make_expert_key(layer, e), 1000, 0.25f, time, token});
+      ++time;
+      for (bool h : cache.begin_visit(v).hit) hits += h, ++lookups;
+      cache.end_visit();
+    }
+    if (token % 4096 == 0) {
+      ASSERT_LE(p->state_bytes(), bound) << "after " << lookups << " lookups";
+    }
+    if (token == 1000) after_warmup = p->state_bytes();
+  }
+  EXPECT_LE(p->state_bytes(), bound);
+  EXPECT_EQ(p->state_bytes(), after_warmup);  // nothing grows once every expert has been seen
+  EXPECT_GT(p->judged(), 0u);
   EXPECT_GT(hits, 0u);
   EXPECT_LE(cache.used_bytes(), budget);
 }

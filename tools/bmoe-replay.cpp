@@ -3,10 +3,13 @@
 // One row per budget (MiB): the budget, then for each policy the decode-phase hit %, the MiB
 // read per decoded token and the distance to Belady's hit % (points); with --prefetch also the
 // % of lookups found in memory (cached or read ahead) and, with --bytes, how much of the MiB
-// per token was read ahead for nothing. --count-from 0.5 scores the second half only.
+// per token was read ahead for nothing. --count-from 0.5 scores the second half only. --timing
+// adds each replay's wall time per decode lookup (the whole simulation: compare policies, e.g.
+// against lru, run in one process).
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <chrono>
 #include <sstream>
 
 #include "core/error.h"
@@ -27,7 +30,7 @@ std::vector<std::string> split(const std::string& s) {
 
 struct ReplayFlags {
   std::string trace_path, budgets = "1000,2000,3000,4000", policies;
-  bool bytes = false;
+  bool bytes = false, timing = false;
   ReplayOptions options;
 };
 
@@ -37,6 +40,7 @@ void add_replay_flags(CLI::App& app, ReplayFlags& f) {
   app.add_option("--budgets", f.budgets, "comma-separated cache budgets in MiB")->capture_default_str();
   app.add_option("--policies", f.policies, "comma-separated policies (default: belady, layer-belady + every online policy); belady-hN: Belady knowing only the next N tokens");
   app.add_flag("--bytes", f.bytes, "with --prefetch, also print the MiB per token read ahead for nothing");
+  app.add_flag("--timing", f.timing, "also print each replay's wall ns per decode lookup");
   app.add_option("--count-from", options.count_from,
                  "score only the decode tokens from this fraction of them on (0.5: the second half)")
       ->check(CLI::Range(0.0, 0.99))->capture_default_str();
@@ -81,14 +85,28 @@ uint64_t decode_token_count(const RouteTrace& trace) {
   return decode_tokens / static_cast<uint64_t>(trace.n_layer);
 }
 
-void print_header(const std::vector<std::string>& names, bool prefetch, bool bytes) {
+void print_header(const std::vector<std::string>& names, bool prefetch, bool bytes, bool timing) {
   fmt::print("{:>10}", "budget_mib");
   for (const auto& n : names) fmt::print(" {:>13}", n + "_hit%");
   if (prefetch) for (const auto& n : names) fmt::print(" {:>15}", n + "_inmem%");
   for (const auto& n : names) fmt::print(" {:>16}", n + "_MiB/tok");
   for (const auto& n : names) fmt::print(" {:>16}", n + "_toBelady");
   if (bytes && prefetch) for (const auto& n : names) fmt::print(" {:>18}", n + "_wasteMiB/tok");
+  if (timing) for (const auto& n : names) fmt::print(" {:>16}", n + "_ns/lookup");
   fmt::print("\n");
+}
+
+// Each policy's replay at one budget, with its wall time per lookup (ns) beside it.
+std::vector<ReplayResult> timed_replays(const RouteTrace& trace, const std::vector<std::string>& names, uint64_t budget,
+                                        const ReplayOptions& options, std::vector<double>& ns) {
+  std::vector<ReplayResult> results;
+  for (const auto& n : names) {
+    const auto start = std::chrono::steady_clock::now();
+    results.push_back(replay_trace(trace, n, budget, options));
+    const std::chrono::duration<double, std::nano> took = std::chrono::steady_clock::now() - start;
+    ns.push_back(took.count() / static_cast<double>(std::max<uint64_t>(1, results.back().lookups)));
+  }
+  return results;
 }
 
 // One budget's row: every policy's replay beside Belady's hit rate without read-ahead.
@@ -100,8 +118,8 @@ void print_row(const RouteTrace& trace, const std::vector<std::string>& names, d
     return static_cast<double>(b) / 1048576.0 / std::max(1.0, static_cast<double>(decode_tokens) * (1.0 - options.count_from));
   };
   const uint64_t budget = static_cast<uint64_t>(mib * 1024.0 * 1024.0);
-  std::vector<ReplayResult> results;
-  for (const auto& n : names) results.push_back(replay_trace(trace, n, budget, options));
+  std::vector<double> ns;
+  const std::vector<ReplayResult> results = timed_replays(trace, names, budget, options, ns);
   ReplayOptions plain = options;
   plain.prefetch_window = 0;
   const double belady = 100.0 * replay_trace(trace, "belady", budget, plain).hit_rate();
@@ -111,6 +129,7 @@ void print_row(const RouteTrace& trace, const std::vector<std::string>& names, d
   for (const auto& r : results) fmt::print(" {:>16.1f}", per_token(r.bytes_read));
   for (const auto& r : results) fmt::print(" {:>16.1f}", belady - 100.0 * r.hit_rate());
   if (f.bytes && prefetch) for (const auto& r : results) fmt::print(" {:>18.1f}", per_token(r.prefetch_wasted_bytes));
+  if (f.timing) for (double t : ns) fmt::print(" {:>16.0f}", t);
   fmt::print("\n");
 }
 
@@ -133,7 +152,7 @@ int main(int argc, char** argv) {
     const std::vector<std::string> names = policy_names(f.policies);
     const std::vector<double> mib = budgets_mib(f.budgets);
     const uint64_t decode_tokens = decode_token_count(trace);
-    print_header(names, f.options.prefetch_window > 0, f.bytes);
+    print_header(names, f.options.prefetch_window > 0, f.bytes, f.timing);
     for (double m : mib) print_row(trace, names, m, f, decode_tokens);
     return 0;
   } catch (const std::exception& e) {

@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "moe/learned_policy.h"
+#include "moe/optgen_policy.h"
 
 namespace bmoe {
 
@@ -318,7 +319,7 @@ class BeladyPolicy : public CachePolicy {
 // exponentially decayed frequency), the expected wait is d + n_layers * (1 - p) / p visits.
 // This keeps experts of layers just ahead (the LRU cliff is evicting exactly those), keeps
 // popular experts, and lets each layer hold as many experts as its routing spread warrants.
-class ReuseDistancePolicy : public CachePolicy {
+class ReuseDistancePolicy : public WaitEstimator {
  public:
   ReuseDistancePolicy(int n_layers, int n_expert_used_hint, double half_life_tokens, bool admission)
       : n_layers_(std::max(1, n_layers)),
@@ -352,7 +353,7 @@ class ReuseDistancePolicy : public CachePolicy {
   }
 
   // Visits until `k` is expected to be needed again (public: horizon Belady falls back on it).
-  double expected_wait(ExpertKey k) const {
+  double expected_wait(ExpertKey k) const override {
     const auto it = score_.find(k);
     const double count = it == score_.end() ? 0.0 : decayed(it->second);
     const double p = std::min(1.0, (count + kPriorWeight * prior_p_) / (norm_ + kPriorWeight));
@@ -435,7 +436,7 @@ class HorizonBeladyPolicy : public CachePolicy {
 }  // namespace
 
 std::vector<std::string> cache_policy_names() {
-  return {"lru", "lfu", "layer-lfu", "ewma", "tinylfu-ewma", "reuse-noadmit", "reuse", "learned"};
+  return {"lru", "lfu", "layer-lfu", "ewma", "tinylfu-ewma", "reuse-noadmit", "reuse", "learned", "optgen"};
 }
 
 const char* default_cache_policy() { return "reuse"; }
@@ -448,10 +449,17 @@ std::unique_ptr<CachePolicy> make_cache_policy(const std::string& name, int n_la
   if (name == "tinylfu-ewma") return std::make_unique<EwmaPolicy>(kEwmaHalfLifeTokens, true);
   if (name == "reuse") return std::make_unique<ReuseDistancePolicy>(n_layers, 0, kReuseHalfLifeTokens, true);
   if (name == "learned") return std::make_unique<LearnedReusePolicy>(n_layers);
+  if (name == "optgen" || name.rfind("optgen:", 0) == 0) {
+    return std::make_unique<OptgenPolicy>(n_layers, budget_bytes, parse_optgen_options(name), make_reuse_estimator(n_layers));
+  }
   if (name == "reuse-noadmit") return std::make_unique<ReuseDistancePolicy>(n_layers, 0, kReuseHalfLifeTokens, false);
   std::string names;
   for (const auto& n : cache_policy_names()) names += (names.empty() ? "" : ", ") + n;
   fail("unknown cache policy '{}' (choices: {})", name, names);
+}
+
+std::unique_ptr<WaitEstimator> make_reuse_estimator(int n_layers) {
+  return std::make_unique<ReuseDistancePolicy>(n_layers, 0, kReuseHalfLifeTokens, true);
 }
 
 std::unique_ptr<CachePolicy> make_belady_policy(std::span<const Access> future) {

@@ -58,6 +58,13 @@ class CachePolicy {
   virtual bool choose_victim(const Access& incoming, const ResidentSet& residents, ExpertKey& victim) = 0;
 };
 
+// A policy that also estimates, for any expert, how many layer visits remain until its next use
+// (`reuse` is one; policies that learn which experts to keep build on its estimate).
+class WaitEstimator : public CachePolicy {
+ public:
+  virtual double expected_wait(ExpertKey k) const = 0;
+};
+
 // Residents and their sizes, with pins for the current visit.
 class ResidentSet {
  public:
@@ -142,9 +149,12 @@ class ExpertCache {
 
 // The online policies, by name: "lru", "lfu", "layer-lfu" (per-layer partition + LFU, as the
 // reference engine), "ewma", "tinylfu-ewma", "reuse-noadmit" and "reuse" (bmoe's, the default;
-// see cache_policy.cpp). n_layers is needed by partitioned policies.
+// see cache_policy.cpp), "learned" (learned_policy.h) and "optgen" (optgen_policy.h; options as
+// "optgen:w16:m4", see parse_optgen_options). n_layers is needed by partitioned policies.
 std::unique_ptr<CachePolicy> make_cache_policy(const std::string& name, int n_layers, uint64_t budget_bytes);
 std::vector<std::string> cache_policy_names();
+// The `reuse` policy as a wait estimator (for policies that refine its ranking).
+std::unique_ptr<WaitEstimator> make_reuse_estimator(int n_layers);
 // The default: the best online policy measured with bmoe-replay on the real trace.
 const char* default_cache_policy();
 
