@@ -540,6 +540,7 @@ Vocabulary make_vocab(const SynthSpec& spec) {
       v.chat_template = kHarmonyTemplate;
     }
     if (spec.arch == "glm4moe") glm4_vocab(v);
+    if (spec.arch == "bailingmoe3") ling_vocab(v);
     return v;
   }
   Vocabulary v = real_vocab(spec.vocab, spec.vocab_file, spec.vocab_size);
@@ -549,6 +550,7 @@ Vocabulary make_vocab(const SynthSpec& spec) {
     v.add_bos = true;
   }
   if (spec.arch == "glm4moe") glm4_vocab(v);
+  if (spec.arch == "bailingmoe3") ling_vocab(v);
   return v;
 }
 
