@@ -26,6 +26,8 @@ MODELS = {
     "gpt-oss": ("gpt-oss-20b", 8),  # MXFP4 experts, Q8_0 attention, sliding window, sinks
     "qwen35": ("qwen3.6-35b-a3b", 8),  # hybrid: 6 Gated DeltaNet + 2 gated attention layers
     "lfm2": ("lfm2-8b-a1b", 8),  # 6 short-convolution + 2 attention layers, 2 dense + 6 MoE
+    "glm-air": ("glm-4.5-air", 4),  # 1 dense + 3 MoE layers, q/k/v biases, partial RoPE, Q8_0 downs
+    "ling": ("ling-v3-mini", 8),  # 6 Kimi Delta + 2 latent attention layers, grouped routing
 }
 PROMPT_RE = re.compile(r"prompt: (\d+) tokens, ([\d.]+) s, ([\d.]+) tok/s")
 

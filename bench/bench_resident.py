@@ -17,7 +17,10 @@ from common import REPO, describe, ensure_model, log, machine, run_bmoe, run_lla
 
 # (preset, layers): cuts small enough to write in seconds and to run resident on 24 GiB.
 FAMILIES = [("qwen3-30b-a3b", 12), ("qwen1.5-moe-a2.7b", 8), ("olmoe-1b-7b", 8), ("mixtral-8x7b", 2),
-            ("gpt-oss-20b", 8), ("gemma-4-26b-a4b", 6), ("qwen3.6-35b-a3b", 8), ("lfm2-8b-a1b", 8)]
+            ("gpt-oss-20b", 8), ("gemma-4-26b-a4b", 6), ("qwen3.6-35b-a3b", 8), ("lfm2-8b-a1b", 8),
+            # GLM-4.5-Air: the dense layer and 3 MoE layers (the nextn block is written, never read);
+            # Ling 3.0 7.9B: 6 Kimi Delta layers (one dense) and 2 latent attention layers.
+            ("glm-4.5-air", 4), ("ling-v3-mini", 8)]
 
 
 def measure(model, args):

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <iterator>
 #include <set>
 #include <unistd.h>
 
@@ -196,6 +197,36 @@ TEST(Tokenizer, Glm4PreTokenizerAndEndOfMessage) {
   EXPECT_TRUE(glm.is_end_of_generation(3));
   EXPECT_TRUE(glm.is_end_of_generation(2));
   EXPECT_FALSE(glm.is_end_of_generation(0));
+}
+
+// Ling's pre-tokenizer (llama.cpp's bailingmoe, bailingmoe2 and llada-moe) splits text as Qwen2's
+// does (its single-newline rule ends a whitespace run at the same place), so on one vocabulary
+// both give the same ids; its files add no BOS.
+TEST(Tokenizer, LingPreTokenizerSplitsAsQwen2) {
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("bmoe-ling-" + std::to_string(::getpid()) + ".gguf")).string();
+  SynthSpec spec = synth_preset("tiny-qwen3moe");
+  spec.n_layer = 1;
+  write_synth_model(spec, path);
+  const Vocabulary qwen = read_vocabulary(*GgufModel::open(path));
+  std::filesystem::remove(path);
+  ASSERT_EQ(qwen.pre, "qwen2");
+  const Tokenizer q(qwen);
+  const std::string pieces[] = {" ", "\n", "\r\n", "\t", "  ", "'s", "'LL", "'Re", "the", "The", "1", "234", "中",
+                                "é", "!", "?!", "-", "\u00a0", "x", "don", "'t"};
+  for (const char* pre : {"bailingmoe", "bailingmoe2", "llada-moe"}) {
+    Vocabulary v = qwen;
+    v.pre = pre;
+    settle_vocabulary(v, std::nullopt);
+    EXPECT_FALSE(v.add_bos) << pre;
+    const Tokenizer ling(v);
+    Rng rng(11);
+    for (int trial = 0; trial < 300; ++trial) {
+      std::string s;
+      for (int i = 0, n = 1 + static_cast<int>(rng.below(12)); i < n; ++i) s += pieces[rng.below(std::size(pieces))];
+      EXPECT_EQ(ling.encode(s, false, false), q.encode(s, false, false)) << pre << ": " << s;
+    }
+  }
 }
 
 // A harmony vocabulary's channel markers are printed (a reply parser reads them) and <|end|>

@@ -544,6 +544,23 @@ TEST(ToolCalls, GlmXml) {
   }
 }
 
+// Ling 3.0 (bailingmoe3) writes GLM's call syntax inside its own turn markers: a newline after the
+// name and before each <arg_value>, none between one pair and the next key; its template is found
+// as glm-xml by the same <arg_key> rule.
+TEST(ToolCalls, LingWritesGlmXml) {
+  EXPECT_EQ(tool_format_of("{{- '<role>ASSISTANT</role>' }}{{- '<tool_call>' + tc.name }}{%- for k, v in args.items() %}"
+                           "{{- '<arg_key>' + k + '</arg_key>' }}{{- '\\n<arg_value>' + v + '</arg_value>' }}{%- endfor %}"
+                           "{{- '\\n</tool_call>' }}{{- '<|role_end|>' }}"),
+            ToolFormat::GlmXml);
+  auto r = parse(ToolFormat::GlmXml,
+                 "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value><arg_key>days</arg_key>\n"
+                 "<arg_value>2</arg_value>\n</tool_call>");
+  ASSERT_TRUE(r.ok);
+  ASSERT_EQ(r.calls.size(), 1u);
+  expect_call(r.calls[0], "get_weather", kParis);
+  EXPECT_EQ(r.rest, "");
+}
+
 TEST(ToolCalls, QwenXml) {
   const std::string paris =
       "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>";

@@ -2,11 +2,70 @@
 // common ones (the family: model/arch_bailingmoe3.cpp).
 #include "synth/synth_family.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace bmoe {
 
 namespace {
+
+// A stand-in for Ling 3.0's chat template, which was not available here (real files carry their
+// own): Ling's turn markers (<role>SYSTEM/HUMAN/ASSISTANT</role> ... <|role_end|>) and its tool
+// calls as <tool_call>NAME, <arg_key>/<arg_value> pairs and </tool_call> (the syntax llama.cpp's
+// parser tests show for Ling 3), so chat and glm-xml tool calls run on synthetic files. It has
+// no thinking switch: Ling 3.0's is not known here.
+const char* const kLingTemplate = R"ling(
+{%- set has_system = messages and messages[0].role == 'system' -%}
+{%- if has_system or tools -%}
+{{- '<role>SYSTEM</role>' -}}
+{%- if has_system -%}{{- messages[0].content -}}{%- endif -%}
+{%- if tools -%}
+{{- '\n\n# Tools\n\nYou may call these functions (JSON signatures, one a line):\n' -}}
+{%- for tool in tools -%}{{- (tool | tojson) + '\n' -}}{%- endfor -%}
+{{- 'Call one as <tool_call>NAME\n<arg_key>KEY</arg_key>\n<arg_value>VALUE</arg_value>\n</tool_call>' -}}
+{%- endif -%}
+{{- '<|role_end|>' -}}
+{%- endif -%}
+{%- for m in messages -%}
+{%- if m.role == 'user' -%}
+{{- '<role>HUMAN</role>' + m.content + '<|role_end|>' -}}
+{%- elif m.role == 'assistant' -%}
+{{- '<role>ASSISTANT</role>' + (m.content if m.content else '') -}}
+{%- if m.tool_calls -%}
+{%- for tc in m.tool_calls -%}
+{%- set f = tc.function if tc.function else tc -%}
+{{- '<tool_call>' + f.name -}}
+{%- for k, v in (f.arguments or {}).items() -%}
+{{- '\n<arg_key>' + k + '</arg_key>\n<arg_value>' + (v if v is string else (v | tojson)) + '</arg_value>' -}}
+{%- endfor -%}
+{{- '\n</tool_call>' -}}
+{%- endfor -%}
+{%- endif -%}
+{{- '<|role_end|>' -}}
+{%- elif m.role == 'tool' -%}
+{{- '<role>OBSERVATION</role><tool_response>' + m.content + '</tool_response><|role_end|>' -}}
+{%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}{{- '<role>ASSISTANT</role>' -}}{%- endif -%}
+)ling";
+
+// The token's id; a token the vocabulary lacks takes its first unused (padding) id, so a
+// vocabulary padded to Ling's size keeps that size, or is appended.
+int32_t place_token(Vocabulary& v, const std::string& text, TokenType type) {
+  const auto it = std::find(v.tokens.begin(), v.tokens.end(), text);
+  if (it != v.tokens.end()) return static_cast<int32_t>(it - v.tokens.begin());
+  const auto unused = std::find(v.types.begin(), v.types.end(), TokenType::Unused);
+  if (unused == v.types.end()) {
+    v.tokens.push_back(text);
+    v.types.push_back(type);
+    return static_cast<int32_t>(v.tokens.size()) - 1;
+  }
+  const auto i = static_cast<size_t>(unused - v.types.begin());
+  v.tokens[i] = text;
+  v.types[i] = type;
+  return static_cast<int32_t>(i);
+}
 
 struct LatentShape {
   int q_lora_rank, kv_lora_rank, qk_nope, qk_rope, v_head_dim;
@@ -112,6 +171,21 @@ SynthSpec preset(const std::string& name) {
 }
 
 }  // namespace
+
+void ling_vocab(Vocabulary& v) {
+  v.pre = "bailingmoe2";
+  v.add_bos = false;
+  for (const char* t : {"<role>", "</role>", "<|role_end|>"}) place_token(v, t, TokenType::Control);
+  for (const char* t : {"<think>", "</think>", "<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>",
+                        "</arg_value>", "<tool_response>", "</tool_response>"}) {
+    place_token(v, t, TokenType::UserDefined);
+  }
+  v.bos = place_token(v, "<|endoftext|>", TokenType::Control);  // BOS and padding in Ling's configs
+  v.pad = v.bos;
+  v.eos = place_token(v, "<|role_end|>", TokenType::Control);  // EOS in Ling 3.0's configs
+  v.eot = v.eos;
+  v.chat_template = kLingTemplate;
+}
 
 const SynthFamily& bailingmoe3_synth() {
   static const SynthFamily family{"bailingmoe3", {"tiny-bailingmoe3", "tiny-bailingmoe3-plain-q", "ling-v3-mini", "ling-v3-flash"},

@@ -580,6 +580,7 @@ Vocabulary vocab_of(const SynthSpec& spec) {
       v.chat_template = kHarmonyTemplate;
     }
     if (spec.arch == "glm4moe") glm4_vocab(v);
+    if (spec.arch == "bailingmoe3") ling_vocab(v);
     return v;
   }
   Vocabulary v = real_vocab(spec.vocab, spec.vocab_file, spec.vocab_size);
@@ -589,6 +590,7 @@ Vocabulary vocab_of(const SynthSpec& spec) {
     v.add_bos = true;
   }
   if (spec.arch == "glm4moe") glm4_vocab(v);
+  if (spec.arch == "bailingmoe3") ling_vocab(v);
   return v;
 }
 

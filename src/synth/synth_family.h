@@ -36,5 +36,8 @@ void set_types(SynthSpec& s, TensorType all);  // every class but routers and no
 // GLM's pre-tokenizer, special tokens (added where the vocabulary lacks them), end tokens and
 // chat template, on a stand-in vocabulary (family_glm4moe.cpp).
 void glm4_vocab(Vocabulary& v);
+// Ling's pre-tokenizer, role and tool tokens, end token and a stand-in chat template
+// (family_bailingmoe3.cpp).
+void ling_vocab(Vocabulary& v);
 
 }  // namespace bmoe

@@ -31,6 +31,11 @@ constexpr std::string_view kLlama3 =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 constexpr std::string_view kGpt4o =
     R"([^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+// Ling (llama.cpp's bailingmoe split, without the file's possessive quantifiers, as llama.cpp
+// runs it): Qwen2's with its contractions spelled out and `\s*[\r\n]` closing a whitespace run
+// at its last newline (the same splits as Qwen2's `\s*[\r\n]+` once \s* backtracks).
+constexpr std::string_view kBailing =
+    R"('(?:[sSdDmMtT]|[lL][lL]|[vV][eE]|[rR][eE])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+)";
 // SPM-style BPE merges whole lines; only newlines split the text.
 constexpr std::string_view kLines = R"([^\n]+|[\n]+)";
 
@@ -50,6 +55,7 @@ constexpr PreTokenizerKind kPreTokenizers[] = {
     {"gpt2", kGpt2, false},     {"olmo", kGpt2, false},              {"mpt", kGpt2, false},
     {"gemma4", kLines, false},
     {"glm4", kLlama3, false},   {"chatglm-bpe", kLlama3, false},
+    {"bailingmoe", kBailing, false}, {"bailingmoe2", kBailing, false}, {"llada-moe", kBailing, false},
 };
 
 const PreTokenizerKind* pre_tokenizer_kind(std::string_view pre) {

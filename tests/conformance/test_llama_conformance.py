@@ -83,6 +83,7 @@ CHAT_FORMATS = {
                         "<|start_header_id|>assistant<|end_header_id|>\n\n",
     "gemma4": lambda p: f"<|turn>user\n{p}<turn|>\n<|turn>model\n",
     "glm4": lambda p: f"[gMASK]<sop><|user|>\n{p}<|assistant|>",
+    "ling": lambda p: f"<role>HUMAN</role>{p}<|role_end|><role>ASSISTANT</role>",
 }
 
 
@@ -484,9 +485,10 @@ class TinyBailingMoe3(Conformance, unittest.TestCase):
     """Ling 3.0 hybrid: Kimi Delta Attention layers (per-channel decay, q/k/v short convolutions,
     recurrent state) with a dense FFN and with experts, latent attention layers (low-rank query,
     latent KV cache, head gate); sigmoid routing with a selection bias and expert groups, an
-    ungated shared expert."""
+    ungated shared expert. Ling's pre-tokenizer (bailingmoe2), role tokens and turn format."""
     name = "tiny-bailingmoe3"
     preset = "tiny-bailingmoe3"
+    chat = "ling"
 
 
 class TinyBailingMoe3PlainQ(Conformance, unittest.TestCase):
@@ -494,6 +496,7 @@ class TinyBailingMoe3PlainQ(Conformance, unittest.TestCase):
     (q_lora_rank 0); the default numerics only."""
     name = "tiny-bailingmoe3-plain-q"
     preset = "tiny-bailingmoe3-plain-q"
+    chat = "ling"
     strict = False
 
 
