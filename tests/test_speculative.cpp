@@ -422,6 +422,22 @@ TEST(MtpIdentity, TheHeadsCostCountsInTheRecords) {
   EXPECT_EQ(d.plain.steps + d.verify.steps, static_cast<int64_t>(r.tokens.size() - 1 - r.accepted));
 }
 
+// The head's experts (its block is the streamed layer n_layer) are read for the draft alone and
+// never enter the cache, so they cannot evict the trunk's; the output stays plain greedy's.
+TEST(MtpIdentity, TheHeadsExpertsStayOutOfTheCache) {
+  const std::string path = test_model_path("tiny-qwen35moe", 3);
+  auto model = mtp_model(path, true);
+  const int head_layer = model->transformer->config().n_layer;
+  const auto prompt = model->tokenizer->encode("the harbour town woke slowly", false, false);
+  const GenerateResult r = run_mtp(*model, prompt, 3);
+  EXPECT_GT(r.draft_profile.drafter.bytes_read, 0u) << "the head read nothing";
+  const std::vector<ExpertKey> cached = model->streamer()->cache().residents();
+  EXPECT_FALSE(cached.empty());
+  for (ExpertKey k : cached) EXPECT_LT(key_layer(k), head_layer) << "the head's expert " << key_expert(k) << " was cached";
+  auto trunk_only = load_model(path, LoadOptions{});
+  EXPECT_EQ(r.tokens, run(*trunk_only, prompt, 0).tokens);
+}
+
 // Routing forced by position (as --route-replay forces a trace's) stays forced when a rejected
 // draft rewinds a hybrid model's recurrent state and replays the kept rows: drafted output
 // equals plain decoding under the same routing.
