@@ -374,6 +374,58 @@ TEST(RecurrentRewind, ReplayKeepsEachRowsAttentionPath) {
   }
 }
 
+// A rejected draft's rewind into a short eval (a verification pass) restores the copy of the
+// recurrent state that eval kept after the last kept row, without running any row again: the
+// state is bit for bit what decoding the kept tokens one at a time gives, and so is what follows.
+TEST(RecurrentRewind, ARejectedDraftRestoresTheKeptRowsStateWithoutReplay) {
+  for (const char* preset : {"tiny-qwen35moe", "tiny-lfm2moe"}) {
+    auto model = load_model(test_model_path(preset), LoadOptions{});
+    ThreadPool pool(2);
+    const auto prompt = some_tokens(20, 6), good = some_tokens(4, 7), bad = some_tokens(4, 8);
+    for (int kept = 0; kept < 4; ++kept) {  // rows of the 5-row pass that stay: 1 + kept
+      InferenceState plain(*model->transformer, pool, 256), drafted(*model->transformer, pool, 256);
+      plain.eval(prompt.data(), 20);
+      drafted.eval(prompt.data(), 20);
+      for (int i = 0; i <= kept; ++i) plain.eval(&good[i], 1);
+      std::vector<int32_t> pass(good.begin(), good.begin() + kept + 1);
+      pass.insert(pass.end(), bad.begin(), bad.begin() + 4 - kept);  // rejected drafts after the kept rows
+      drafted.eval(pass.data(), 5, true);
+      int routed = 0;
+      drafted.set_route_hook([&](RouteEvent&) { ++routed; });
+      drafted.truncate(21 + kept);
+      EXPECT_EQ(routed, 0) << preset << ": the rewind ran rows again";
+      EXPECT_EQ(drafted.row_state_rewinds(), 1) << preset;
+      EXPECT_EQ(drafted.n_past(), plain.n_past());
+      EXPECT_EQ(drafted.recurrent_state(), plain.recurrent_state()) << preset << ", " << kept << " kept";
+      const int32_t next = bad[3];
+      EXPECT_EQ(drafted.eval(&next, 1), plain.eval(&next, 1)) << preset << ", " << kept << " kept";
+      EXPECT_EQ(drafted.recurrent_state(), plain.recurrent_state()) << preset << ", after the next token";
+    }
+  }
+}
+
+// Rewinds the copies cannot serve replay as before: to before the pass (the copy saved at its
+// start), and after a one-token eval that followed the pass (the copies are gone).
+TEST(RecurrentRewind, RewindsOutsideThePassStillReplay) {
+  auto model = load_model(test_model_path("tiny-qwen35moe"), LoadOptions{});
+  ThreadPool pool(2);
+  const auto t = some_tokens(16, 9);
+  InferenceState a(*model->transformer, pool, 256), fresh(*model->transformer, pool, 256);
+  a.eval(t.data(), 8);
+  a.eval(t.data() + 8, 4);  // keeps copies after positions 9, 10, 11
+  a.eval(t.data() + 12, 1);  // the copies no longer describe the sequence's newest rows
+  a.truncate(10);
+  EXPECT_EQ(a.row_state_rewinds(), 0);
+  for (int i = 0; i < 10; ++i) fresh.eval(&t[i], 1);
+  EXPECT_EQ(a.recurrent_state(), fresh.recurrent_state());
+  a.eval(t.data() + 10, 3);
+  a.truncate(8);  // before the pass: the saved copy of its start, no row copy
+  EXPECT_EQ(a.row_state_rewinds(), 0);
+  InferenceState fresh8(*model->transformer, pool, 256);
+  for (int i = 0; i < 8; ++i) fresh8.eval(&t[i], 1);
+  EXPECT_EQ(a.recurrent_state(), fresh8.recurrent_state());
+}
+
 // A cut before the saved state clears it and drops the saved copy, which holds tokens that are
 // gone: a later rewind must not restore it.
 TEST(RecurrentRewind, AClearedStateForgetsItsSavedCopy) {

@@ -160,7 +160,10 @@ std::vector<int32_t> oracle_draft(const std::vector<int32_t>& oracle, const std:
 std::vector<int32_t> ngram_draft(const std::vector<int32_t>& sequence, int max_tokens, int ngram_max, int ngram_min);
 
 // Adapts the draft length to the measured acceptance: grows while drafts are accepted whole,
-// shrinks on rejection, and pauses drafting for a while when acceptance stays low; each pause
+// shrinks on rejection, and pauses drafting for a while when acceptance stays low (an average
+// over the draft tokens verification judged, quick to judge on probation after a start or a
+// pause, slow once a drafter has been right for a while, so a good one is not paused by a few
+// misses in a row); each pause
 // that follows another without a kept draft between them is twice as long (up to a limit), so
 // a drafter that is never right costs a vanishing share of the steps.
 class DraftController {
@@ -180,7 +183,8 @@ class DraftController {
  private:
   DraftConfig config_;
   int length_;
-  double acceptance_;        // moving average of accepted / drafted
+  double acceptance_;        // moving average over draft tokens tried (1: kept, 0: rejected)
+  int64_t tried_since_resume_ = 0;  // draft tokens judged since the start or the last pause
   int pause_ = 0;            // plain steps left before drafting again
   int next_pause_;           // the next pause's length: doubles while pauses follow each other
   int64_t drafted_total_ = 0;

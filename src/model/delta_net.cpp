@@ -55,6 +55,20 @@ void causal_conv(const float* in, int n, int channels, int kernel, const float* 
   }
 }
 
+void conv_history_after(const float* in, int rows, int channels, int kernel, const float* state, float* out,
+                        int first_channel, int end_channel) {
+  const int keep = kernel - 1;
+  const size_t C = static_cast<size_t>(channels);
+  for (int c = first_channel; c < end_channel; ++c) {
+    const float* hist = state + static_cast<size_t>(c) * keep;
+    float* to = out + static_cast<size_t>(c) * keep;
+    for (int j = 0; j < keep; ++j) {
+      const int pos = rows + j;  // in the window: the old history, then the inputs
+      to[j] = pos < keep ? hist[pos] : in[static_cast<size_t>(pos - keep) * C + c];
+    }
+  }
+}
+
 void step(float* state, int head_dim, const float* q, const float* k, const float* v, float decay, float beta,
           float scale, float* out) {
   float_kernels().delta_step(state, head_dim, q, k, v, decay, beta, scale, out);

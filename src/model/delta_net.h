@@ -38,6 +38,10 @@ void l2_norm(float* x, int n, float eps);
 // last kernel - 1 inputs of each channel.
 void causal_conv(const float* in, int n, int channels, int kernel, const float* weight, float* state, float* out,
                int first_channel, int end_channel);
+// The history causal_conv leaves in `out` (same layout as its state) after only the first
+// `rows` of the n inputs, for channels [first, end): what a rewind to that row restores.
+void conv_history_after(const float* in, int rows, int channels, int kernel, const float* state, float* out,
+                        int first_channel, int end_channel);
 
 // One token of the gated delta rule on one value head (FloatKernels::delta_step of the active
 // ISA): S *= decay; then for each value index j, delta_j = (v_j - S[:, j] . k) * beta,

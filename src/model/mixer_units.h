@@ -27,9 +27,21 @@ class LayerStates {
   void save() { saved_ = live_; }
   void restore() { live_ = saved_; }
   void clear();
+  // Per-row copies of the next pass (Mixer::keep_row_states): the kind writes layer l's state
+  // after row r into row_copy(l, r) for r < kept_rows().
+  void keep_rows(int rows);
+  int kept_rows() const { return kept_rows_; }
+  float* row_copy(int layer, int row) {
+    std::vector<float>& rows = rows_[static_cast<size_t>(layer)];
+    return rows.data() + static_cast<size_t>(row) * live_[static_cast<size_t>(layer)].size();
+  }
+  void restore_row(int row);
+  void append(std::vector<float>& out) const;
 
  private:
   std::vector<std::vector<float>> live_, saved_;
+  std::vector<std::vector<float>> rows_;  // per layer, kept_rows_ copies of its state (capacity kept)
+  int kept_rows_ = 0;
 };
 
 std::unique_ptr<Mixer> make_kimi_delta(const ModelConfig& c);

@@ -229,6 +229,12 @@ class DeltaNetMixer final : public Mixer {
   void save_state() override { state_.save(); }
   void restore_state() override { state_.restore(); }
   void clear_state() override { state_.clear(); }
+  bool keep_row_states(int rows) override {
+    state_.keep_rows(rows);
+    return true;
+  }
+  void restore_row_state(int row) override { state_.restore_row(row); }
+  void append_state(std::vector<float>& out) const override { state_.append(out); }
 
  private:
   void project(const DeltaNetWeights& L, const LayerPass& pass);
@@ -273,6 +279,9 @@ void DeltaNetMixer::convolve(const DeltaNetWeights& L, int layer, const LayerPas
   pass.pool.run((C + kChannelsPerJob - 1) / kChannelsPerJob, [&](int64_t job, int) {
     const int first = static_cast<int>(job) * kChannelsPerJob;
     const int end = std::min(C, first + kChannelsPerJob);
+    for (int r = 0; r < std::min(n, state_.kept_rows()); ++r) {  // the history a rewind to row r restores
+      delta_net::conv_history_after(mixed, r + 1, C, d.conv_kernel, conv_state, state_.row_copy(layer, r), first, end);
+    }
     delta_net::causal_conv(mixed, n, C, d.conv_kernel, L.ssm_conv.data(), conv_state, conv, first, end);
     for (size_t t = 0; t < rows; ++t) float_kernels().silu(conv + t * C + first, conv + t * C + first, end - first);
   });
@@ -302,14 +311,21 @@ void DeltaNetMixer::recur(int layer, const LayerPass& pass) {
   // The delta states follow the layer's convolution history.
   float* state = state_.at(layer) + static_cast<size_t>(C) * (d.conv_kernel - 1);
   const float scale = 1.0f / std::sqrt(static_cast<float>(S));
+  const size_t head_floats = static_cast<size_t>(S) * S;
+  const size_t delta_at = static_cast<size_t>(C) * (d.conv_kernel - 1);  // in a row copy, after the history
+  const size_t copies = std::min(rows, static_cast<size_t>(state_.kept_rows()));
   pass.pool.run(HV, [&](int64_t h, int) {
     const int hk = static_cast<int>(h) % d.k_heads;  // value head h reads key head h mod k_heads
-    float* head_state = state + static_cast<size_t>(h) * S * S;
+    float* head_state = state + static_cast<size_t>(h) * head_floats;
     for (size_t t = 0; t < rows; ++t) {
       const float* row = conv + t * C;
       const size_t o = t * HV + static_cast<size_t>(h);
       delta_net::step(head_state, S, row + hk * S, row + key_dim + hk * S, row + 2 * key_dim + h * S, alpha[o], beta[o],
                       scale, out + t * VD + h * S);
+      if (t < copies) {  // the state after row t, for a rewind to it
+        float* copy = state_.row_copy(layer, static_cast<int>(t)) + delta_at + static_cast<size_t>(h) * head_floats;
+        std::copy(head_state, head_state + head_floats, copy);
+      }
     }
   });
 }
@@ -347,6 +363,12 @@ class ShortConvMixer final : public Mixer {
   void save_state() override { state_.save(); }
   void restore_state() override { state_.restore(); }
   void clear_state() override { state_.clear(); }
+  bool keep_row_states(int rows) override {
+    state_.keep_rows(rows);
+    return true;
+  }
+  void restore_row_state(int row) override { state_.restore_row(row); }
+  void append_state(std::vector<float>& out) const override { state_.append(out); }
 
  private:
   LayerStates state_;
@@ -370,9 +392,11 @@ void ShortConvMixer::forward(const LayerWeights& weights, int layer, const Layer
   float* state = state_.at(layer);
   constexpr int kChannelsPerJob = 256;
   pass.pool.run((E + kChannelsPerJob - 1) / kChannelsPerJob, [&](int64_t job, int) {
-    const int first = static_cast<int>(job) * kChannelsPerJob;
-    delta_net::causal_conv(bx, n, E, pass.cfg.short_conv.kernel, L.shortconv_kernel.data(), state, conv, first,
-                           std::min(E, first + kChannelsPerJob));
+    const int first = static_cast<int>(job) * kChannelsPerJob, end = std::min(E, first + kChannelsPerJob);
+    for (int r = 0; r < std::min(n, state_.kept_rows()); ++r) {  // the history a rewind to row r restores
+      delta_net::conv_history_after(bx, r + 1, E, pass.cfg.short_conv.kernel, state, state_.row_copy(layer, r), first, end);
+    }
+    delta_net::causal_conv(bx, n, E, pass.cfg.short_conv.kernel, L.shortconv_kernel.data(), state, conv, first, end);
   });
   for (size_t t = 0; t < rows; ++t) {
     const float* c = bcx + t * 3 * E + E;
@@ -438,6 +462,29 @@ uint64_t LayerStates::bytes() const {
 
 void LayerStates::clear() {
   for (auto& v : live_) std::fill(v.begin(), v.end(), 0.0f);
+  kept_rows_ = 0;
+}
+
+void LayerStates::keep_rows(int rows) {
+  kept_rows_ = rows;
+  if (rows == 0) return;
+  rows_.resize(live_.size());
+  for (size_t l = 0; l < live_.size(); ++l) {
+    const size_t need = static_cast<size_t>(rows) * live_[l].size();
+    if (rows_[l].size() < need) rows_[l].resize(need);
+  }
+}
+
+void LayerStates::restore_row(int row) {
+  if (row < 0 || row >= kept_rows_) fail("no copy of the recurrent state after row {}", row);
+  for (size_t l = 0; l < live_.size(); ++l) {
+    const float* copy = rows_[l].data() + static_cast<size_t>(row) * live_[l].size();
+    std::copy(copy, copy + live_[l].size(), live_[l].begin());
+  }
+}
+
+void LayerStates::append(std::vector<float>& out) const {
+  for (const auto& v : live_) out.insert(out.end(), v.begin(), v.end());
 }
 
 }  // namespace mixer_units
@@ -539,6 +586,25 @@ void Mixers::restore_state() {
 
 void Mixers::clear_state() {
   for (const auto& u : units_) u->clear_state();
+}
+
+bool Mixers::keep_row_states(int rows) {
+  bool all = true;
+  for (const auto& u : units_) all = u->keep_row_states(rows) && all;
+  if (!all && rows > 0) {
+    for (const auto& u : units_) u->keep_row_states(0);
+  }
+  return all;
+}
+
+void Mixers::restore_row_state(int row) {
+  for (const auto& u : units_) u->restore_row_state(row);
+}
+
+std::vector<float> Mixers::recurrent_state() const {
+  std::vector<float> out;
+  for (const auto& u : units_) u->append_state(out);
+  return out;
 }
 
 int Mixers::rewind_reach() const {

@@ -44,6 +44,15 @@ class Mixer {
   // alone; a longer rewind restores the saved copy and replays (InferenceState::truncate). The
   // recurrent kinds cannot forget in place, a full KV cache can forget anything.
   virtual int rewind_reach() const { return recurrent_bytes() > 0 ? 0 : INT_MAX; }
+  // Per-row copies: during the next eval, keep a copy of the state after each of its first
+  // `rows` rows (0: none), so that a rewind into that eval (a partly rejected draft) restores
+  // one (restore_row_state) instead of replaying the kept rows through the model. Returns
+  // whether this kind can: one without recurrent state needs none, a recurrent kind that keeps
+  // no copies returns false (the rewind then replays).
+  virtual bool keep_row_states(int rows) { return recurrent_bytes() == 0; }
+  virtual void restore_row_state(int row) {}
+  // Appends the live recurrent state (tests compare it bit for bit with plain decoding's).
+  virtual void append_state(std::vector<float>& out) const {}
 };
 
 // Positions beyond its sliding window that a bounded state (deepseek4's raw ring) keeps, so a
@@ -67,6 +76,11 @@ class Mixers {
   void restore_state();
   void clear_state();
   int rewind_reach() const;  // the least of the units'
+  // Every unit keeps per-row copies during the next eval (Mixer::keep_row_states); false if
+  // some unit cannot (then none keeps any).
+  bool keep_row_states(int rows);
+  void restore_row_state(int row);
+  std::vector<float> recurrent_state() const;  // every unit's live state, concatenated
 
  private:
   std::vector<std::unique_ptr<Mixer>> units_;

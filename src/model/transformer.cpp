@@ -37,6 +37,7 @@ void InferenceState::truncate(int n) {
     if (checkpoint_pos_ > n) checkpoint_pos_ = -1;  // the copy holds tokens that are gone
     return;
   }
+  if (restore_row_state(n)) return;
   int start = 0;
   if (!recurrent_dirty_ && checkpoint_pos_ >= 0 && checkpoint_pos_ <= n) {
     mixers_.restore_state();
@@ -44,9 +45,36 @@ void InferenceState::truncate(int n) {
   } else {
     mixers_.clear_state();
     checkpoint_pos_ = -1;  // it may hold tokens that are gone
+    row_states_n_ = 0;
   }
   recurrent_dirty_ = false;
   replay(start, n);
+}
+
+// A rewind into the last eval's rows, when it kept copies: the state after the row at n - 1 is
+// its copy, bit for bit what that row left (the rows are the tokens the sequence keeps).
+bool InferenceState::restore_row_state(int n) {
+  const int row = n - row_states_from_ - 1;
+  if (recurrent_dirty_ || row < 0 || row >= row_states_n_) return false;
+  mixers_.restore_row_state(row);
+  n_past_ = n;
+  tokens_.resize(static_cast<size_t>(n));
+  token_batch_path_.resize(static_cast<size_t>(n));
+  row_states_n_ = row;  // copies past n hold tokens that are gone
+  ++row_state_rewinds_;
+  return true;
+}
+
+// Rows kept per eval: a verification pass is 1 + k rows; longer evals (prompts) keep none, so
+// the copies cost at most this many times the recurrent state.
+constexpr int kMaxRowStates = 8;
+
+// Before an eval of n rows: copies of the state after each row but the last when n is short.
+void InferenceState::keep_row_states(int n) {
+  const int rows = n > 1 && n <= kMaxRowStates + 1 ? n - 1 : 0;
+  const bool kept = mixers_.keep_row_states(rows) && rows > 0;
+  row_states_from_ = n_past_;
+  row_states_n_ = kept ? rows : 0;
 }
 
 // Evaluates tokens_[start, end) again from position start, each on the attention path it first
@@ -122,6 +150,7 @@ void InferenceState::begin_rows(const int32_t* tokens, int n) {
     mixers_.save_state();
     checkpoint_pos_ = n_past_;
   }
+  keep_row_states(n);
   tokens_.resize(static_cast<size_t>(n_past_));
   tokens_.insert(tokens_.end(), tokens, tokens + n);
   token_batch_path_.resize(static_cast<size_t>(n_past_));
@@ -135,6 +164,7 @@ void InferenceState::abandon_rows(int n) {
   if (!rewinds_by_replay()) return;
   tokens_.resize(static_cast<size_t>(n_past_));
   token_batch_path_.resize(static_cast<size_t>(n_past_));
+  row_states_n_ = 0;  // the copies of rows that did not finish
   if (n > 1) mixers_.restore_state();
   else recurrent_dirty_ = true;
 }

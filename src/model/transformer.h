@@ -88,6 +88,10 @@ class InferenceState : private ResidualRouter {
   // truncate(n_past()) also repairs a state that a failed eval() left half updated.
   void truncate(int n);
   size_t recurrent_bytes() const { return mixers_.recurrent_bytes(); }
+  // The live recurrent state of every layer, concatenated (tests compare it bit for bit).
+  std::vector<float> recurrent_state() const { return mixers_.recurrent_state(); }
+  // Truncates that restored a per-row copy instead of replaying (a rejected draft's rewind).
+  int64_t row_state_rewinds() const { return row_state_rewinds_; }
   void set_route_hook(RouteHook hook) { hooks_.route = std::move(hook); }
   // Called after each layer of each eval() with the layer just done (progress of long batches).
   void set_layer_hook(std::function<void(int layer)> hook) { layer_hook_ = std::move(hook); }
@@ -105,6 +109,8 @@ class InferenceState : private ResidualRouter {
 
  private:
   void replay(int start, int end);
+  bool restore_row_state(int n);
+  void keep_row_states(int n);
   // Whether some unit cannot forget every position in place (recurrent or bounded state): then
   // evals book their tokens and save the state for truncate's replay.
   bool rewinds_by_replay() const { return rewind_reach_ < n_ctx_; }
@@ -146,6 +152,13 @@ class InferenceState : private ResidualRouter {
   bool recurrent_dirty_ = false;
   bool replay_batch_path_ = false;  // set while replay() runs rows that first took the batch path
   bool replaying_ = false;
+  // Short multi-token evals (a draft's verification) also keep a copy of the recurrent state
+  // after each of their rows but the last: copies for positions (row_states_from_,
+  // row_states_from_ + row_states_n_], valid until the next eval. A rewind to one of them
+  // restores it instead of replaying.
+  int row_states_from_ = 0;
+  int row_states_n_ = 0;
+  int64_t row_state_rewinds_ = 0;
 
   // Hidden states kept for an MTP head: rows of n_embd from position hidden_first_.
   bool keep_hidden_ = false;
