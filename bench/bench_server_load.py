@@ -131,10 +131,11 @@ def requests(args, long_ids):
             if c == 2 and r == 3:
                 prompt, key = long_ids, "long"
             elif i % 3 == 0:
-                prompt, key = medium(i), f"medium{i % 11}"
+                prompt, key = medium(i), f"medium{i}"
             else:
                 prompt, key = SHORT[i % len(SHORT)], f"short{i % len(SHORT)}"
             n = 8 + 4 * (i % 5)
+            # The key names the request exactly (prompt and length): the run alone is per key.
             mine.append((f"{key}/{n}", {"prompt": prompt, "max_tokens": n, "temperature": 0, "ignore_eos": True,
                                         "logprobs": 1}))
         plan.append(mine)
@@ -276,6 +277,8 @@ def main():
           f"{chunk_ms:.0f} ms each (server prompt_ms / chunks) |")
     print(f"| other streams' longest pause in that window | {worst:.0f} ms over {len(gaps)} gaps "
           f"(median token gap of the whole run {step_ms:.0f} ms) |")
+    over = sum(g * 1e3 > chunk_ms + step_ms for g in gaps)
+    print(f"| gaps in that window longer than one chunk + one median step | {over} of {len(gaps)} |")
     verdict = "yes" if gaps and worst <= chunk_ms + step_ms else "no"
     print(f"| longest pause <= one chunk + one median step ({chunk_ms + step_ms:.0f} ms) | {verdict} |")
     print(f"| longest pause <= one chunk alone ({chunk_ms:.0f} ms) | {'yes' if gaps and worst <= chunk_ms else 'no'} |")
