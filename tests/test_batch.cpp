@@ -141,7 +141,7 @@ TEST_P(BatchIdentity, EverySequenceEqualsItselfAlone) {
 INSTANTIATE_TEST_SUITE_P(Families, BatchIdentity,
                          ::testing::Combine(::testing::Values("tiny-qwen3moe", "tiny-qwen2moe", "tiny-olmoe", "tiny-mixtral",
                                                               "tiny-gpt-oss", "tiny-gemma4", "tiny-qwen35moe",
-                                                              "tiny-lfm2moe", "tiny-glm4moe", "tiny-bailingmoe3"),
+                                                              "tiny-lfm2moe", "tiny-glm4moe", "tiny-bailingmoe3", "tiny-deepseek4"),
                                             ::testing::Bool()),
                          [](const auto& info) {
                            std::string n = std::get<0>(info.param) + (std::get<1>(info.param) ? "_streamed" : "_resident");

@@ -3,18 +3,13 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "model/hyper_connections.h"
 
 namespace bmoe {
 
 BatchPass::BatchPass(Transformer& model, ThreadPool& pool)
     : model_(model), cfg_(model.config()), pool_(pool), ffns_(model.config()),
       experts_(model.config(), model.weights(), pool, hooks_, *this) {
-  // One row per sequence in one residual stream, routed by the router alone: a model with
-  // several residual streams or token-hashed routing (deepseek4) runs one sequence at a time.
-  if (cfg_.hc.streams > 1 || cfg_.n_hash_layers > 0) {
-    fail("{} cannot decode several sequences in one pass yet (hyper-connections, hash routing): use --parallel 1",
-         cfg_.arch);
-  }
   // Each state's own route hook sees its rows, as when it decodes alone.
   hooks_.route = [this](RouteEvent& ev) {
     InferenceState& s = *states_[static_cast<size_t>(ev.row)];
@@ -59,16 +54,37 @@ void BatchPass::decode(std::span<InferenceState* const> states, std::span<const 
   states_ = {};
 }
 
-// The batch's residual rows start as the states' embedded rows, at their own positions.
-void BatchPass::begin(std::span<InferenceState* const> states, std::span<const int32_t>) {
+// The batch's residual rows start as the states' embedded rows (every hyper-connection stream of
+// them, deepseek4), at their own positions; each row's token id goes to the hash-routed layers.
+void BatchPass::begin(std::span<InferenceState* const> states, std::span<const int32_t> tokens) {
   const int n = static_cast<int>(states.size());
-  residual_.resize(n, cfg_.n_embd);
+  const int streams = std::max(1, cfg_.hc.streams);
+  const size_t width = static_cast<size_t>(cfg_.n_embd) * static_cast<size_t>(streams);
+  residual_.resize(n, cfg_.n_embd, streams);
   positions_.resize(states.size());
+  tokens_.assign(tokens.begin(), tokens.end());
   for (int i = 0; i < n; ++i) {
-    const InferenceState& s = *states[static_cast<size_t>(i)];
-    std::copy_n(s.residual_.row(0), cfg_.n_embd, residual_.row(i));
+    InferenceState& s = *states[static_cast<size_t>(i)];
+    std::copy_n(s.residual_.streams_of(0), width, residual_.streams_of(i));
     positions_[static_cast<size_t>(i)] = s.n_past_;
   }
+  experts_.set_tokens(tokens_.data());
+}
+
+// A mixer that cannot run the rows together runs each state's row alone on the state's own
+// residual: the row's streams, and with several streams the pre-mix's row, post and comb that
+// its add() mixes the output back with, go there and come back.
+void BatchPass::mix_alone(InferenceState& s, Mixer& unit, const LayerWeights& L, int layer, int i) {
+  const int E = cfg_.n_embd, streams = residual_.streams();
+  ResidualStream& own = s.residual_;
+  std::copy_n(residual_.streams_of(i), static_cast<size_t>(E) * static_cast<size_t>(streams), own.streams_of(0));
+  if (streams > 1) {
+    std::copy_n(residual_.row(i), E, own.row(0));
+    std::copy_n(residual_.post(i), streams, own.post(0));
+    std::copy_n(residual_.comb(i), streams * streams, own.comb(0));
+  }
+  unit.forward(L, layer, LayerPass{pool_, cfg_, own, s.positions_.data(), 1, false});
+  std::copy_n(own.streams_of(0), static_cast<size_t>(E) * static_cast<size_t>(streams), residual_.streams_of(i));
 }
 
 // Per layer: the mixer on every row at once where its kind can (attention: projections and output
@@ -76,7 +92,7 @@ void BatchPass::begin(std::span<InferenceState* const> states, std::span<const i
 // row (the recurrent kinds); then the layer's FFN on all rows at once.
 void BatchPass::run_layers(std::span<InferenceState* const> states) {
   const ModelWeights& w = model_.weights();
-  const int n = static_cast<int>(states.size()), E = cfg_.n_embd;
+  const int n = static_cast<int>(states.size());
   hooks_.prefill = false;
   if (hooks_.router) hooks_.router->begin_pass(cfg_.n_layer);
   const LayerPass pass{pool_, cfg_, residual_, positions_.data(), n, false};
@@ -85,14 +101,11 @@ void BatchPass::run_layers(std::span<InferenceState* const> states) {
     const LayerWeights& L = w.layers[static_cast<size_t>(l)];
     units_.clear();
     for (InferenceState* s : states) units_.push_back(&s->mixers_.at(l));
+    if (L.hyper) hyper::pre_mix(pool_, residual_, L.hyper->attn(), cfg_);
     if (!units_[0]->forward_sequences(units_, L, l, pass)) {
-      for (int i = 0; i < n; ++i) {
-        InferenceState& s = *states[static_cast<size_t>(i)];
-        std::copy_n(residual_.row(i), E, s.residual_.row(0));
-        units_[static_cast<size_t>(i)]->forward(L, l, LayerPass{pool_, cfg_, s.residual_, s.positions_.data(), 1, false});
-        std::copy_n(s.residual_.row(0), E, residual_.row(i));
-      }
+      for (int i = 0; i < n; ++i) mix_alone(*states[static_cast<size_t>(i)], *units_[static_cast<size_t>(i)], L, l, i);
     }
+    if (L.hyper) hyper::pre_mix(pool_, residual_, L.hyper->ffn(), cfg_);
     ffns_.at(l).forward(L, l, pass, ffn);
   }
 }

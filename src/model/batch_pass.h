@@ -44,6 +44,7 @@ class BatchPass : private ResidualRouter {
  private:
   void begin(std::span<InferenceState* const> states, std::span<const int32_t> tokens);
   void run_layers(std::span<InferenceState* const> states);
+  void mix_alone(InferenceState& s, Mixer& unit, const LayerWeights& L, int layer, int i);
   void output_head(std::span<InferenceState* const> states);
   // ResidualRouter over the batch's rows.
   int layers() const override { return cfg_.n_layer; }
@@ -58,6 +59,7 @@ class BatchPass : private ResidualRouter {
   RoutedExperts experts_;
   ResidualStream residual_;
   std::vector<int> positions_;
+  std::vector<int32_t> tokens_;  // during decode(): each row's token (hash-routed layers)
   std::vector<Mixer*> units_;  // during a layer: each row's sequence's mixer unit
   HeadScratch head_;
   RoutingHooks hooks_;  // last: destroyed first, as in InferenceState
