@@ -1,7 +1,7 @@
-// A minimal llama.cpp driver for families the prebuilt node-llama-cpp cannot run (deepseek4:
-// its graph asserts in the backend scheduler). Built against /work/llama-src by
-// scripts/build-llama-oracle.sh. Evaluates a prompt of token ids, writes the logits of every
-// prompt position (f32, n_prompt x n_vocab) and prints the greedy continuation's ids.
+// A minimal llama.cpp driver for deepseek4 (and any family): evaluates a prompt of token ids,
+// writes the logits of every prompt position (f32, n_prompt x n_vocab) and prints the greedy
+// continuation's ids. scripts/build-llama-oracle.sh links it against node-llama-cpp's prebuilt
+// libraries (`prebuilt`, seconds) or against a llama.cpp source build (minutes).
 //   llama_logits MODEL IDS(comma-separated) N_GEN f16|f32 BATCH(0: whole prompt) LOGITS_OUT
 #include <cstdio>
 #include <cstdlib>
@@ -40,6 +40,9 @@ int main(int argc, char** argv) {
   const bool f32 = std::strcmp(argv[4], "f32") == 0;
   const int batch = std::atoi(argv[5]);
   llama_backend_init();
+  // The prebuilt (node-llama-cpp) libraries load their CPU backend at run time: this folder holds
+  // the one CPU level to use (deepseek4_logits.py picks an AVX2 one, as the conformance tests do).
+  if (const char* dir = std::getenv("LLAMA_BACKEND_DIR")) ggml_backend_load_all_from_path(dir);
   llama_log_set([](ggml_log_level, const char*, void*) {}, nullptr);
   llama_model_params mp = llama_model_default_params();
   llama_model* model = llama_model_load_from_file(argv[1], mp);
