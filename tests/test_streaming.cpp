@@ -1155,16 +1155,13 @@ TEST(LearnedPolicy, LearnsAnAlternatingLayer) {
   EXPECT_EQ(p.history(make_expert_key(0, 1)) & 0xFF, 0b01010101u);
 }
 
-TEST(LearnedPolicy, StateStaysWithinItsBoundOverAMillionLookups) {
-  // 4 layers of 64 experts, top-4 random routing, through a cache of 40 experts.
-  const uint64_t budget = 40 * 1000;
-  auto owned = std::make_unique<LearnedReusePolicy>(4);
-  LearnedReusePolicy* p = owned.get();
-  ExpertCache cache(budget, std::move(owned));
-  const size_t bound = LearnedReusePolicy::state_bound(4, 64);
-  Rng rng(3);
+// 4 layers of 64 experts, top-4 random routing (seeded), through `cache` until a million
+// lookups; after each token's four visits, each_token(token, lookups so far). Stops at the first
+// fatal failure each_token raises. Returns the hits.
+template <class EachToken>
+uint64_t route_a_million_lookups(ExpertCache& cache, uint64_t seed, EachToken each_token) {
+  Rng rng(seed);
   uint64_t time = 0, lookups = 0, hits = 0;
-  size_t after_warmup = 0;
   for (uint64_t token = 0; lookups < 1000000; ++token) {
     for (int layer = 0; layer < 4; ++layer) {
       std::set<int> chosen;
@@ -1175,9 +1172,27 @@ TEST(LearnedPolicy, StateStaysWithinItsBoundOverAMillionLookups) {
       for (bool h : cache.begin_visit(v).hit) hits += h, ++lookups;
       cache.end_visit();
     }
-    if (token % 4096 == 0) ASSERT_LE(p->state_bytes(), bound) << "after " << lookups << " lookups";
-    if (token == 1000) after_warmup = p->state_bytes();
+    each_token(token, lookups);
+    if (::testing::Test::HasFatalFailure()) break;
   }
+  return hits;
+}
+
+TEST(LearnedPolicy, StateStaysWithinItsBoundOverAMillionLookups) {
+  // 4 layers of 64 experts, top-4 random routing, through a cache of 40 experts.
+  const uint64_t budget = 40 * 1000;
+  auto owned = std::make_unique<LearnedReusePolicy>(4);
+  LearnedReusePolicy* p = owned.get();
+  ExpertCache cache(budget, std::move(owned));
+  const size_t bound = LearnedReusePolicy::state_bound(4, 64);
+  size_t after_warmup = 0;
+  const uint64_t hits = route_a_million_lookups(cache, 3, [&](uint64_t token, uint64_t lookups) {
+    if (token % 4096 == 0) {
+      ASSERT_LE(p->state_bytes(), bound) << "after " << lookups << " lookups";
+    }
+    if (token == 1000) after_warmup = p->state_bytes();
+  });
+  if (HasFatalFailure()) return;
   EXPECT_LE(p->state_bytes(), bound);
   EXPECT_EQ(p->state_bytes(), after_warmup);  // nothing grows once every expert has been seen
   EXPECT_GT(hits, 0u);
@@ -1260,24 +1275,14 @@ TEST(OptgenPolicy, StateStaysWithinItsBoundOverAMillionLookups) {
   OptgenPolicy* p = owned.get();
   ExpertCache cache(budget, std::move(owned));
   const size_t bound = OptgenPolicy::state_bound(4, 64, o.window_tokens);
-  Rng rng(5);
-  uint64_t time = 0, lookups = 0, hits = 0;
   size_t after_warmup = 0;
-  for (uint64_t token = 0; lookups < 1000000; ++token) {
-    for (int layer = 0; layer < 4; ++layer) {
-      std::set<int> chosen;
-      while (chosen.size() < 4) chosen.insert(static_cast<int>(rng.below(64)));
-      std::vector<Access> v;
-      for (int e : chosen) v.push_back({make_expert_key(layer, e), 1000, 0.25f, time, token});
-      ++time;
-      for (bool h : cache.begin_visit(v).hit) hits += h, ++lookups;
-      cache.end_visit();
-    }
+  const uint64_t hits = route_a_million_lookups(cache, 5, [&](uint64_t token, uint64_t lookups) {
     if (token % 4096 == 0) {
       ASSERT_LE(p->state_bytes(), bound) << "after " << lookups << " lookups";
     }
     if (token == 1000) after_warmup = p->state_bytes();
-  }
+  });
+  if (HasFatalFailure()) return;
   EXPECT_LE(p->state_bytes(), bound);
   EXPECT_EQ(p->state_bytes(), after_warmup);  // nothing grows once every expert has been seen
   EXPECT_GT(p->judged(), 0u);
