@@ -70,12 +70,8 @@ json native_response(const NativeCompletion& c, const Job& job) {
 }
 
 bool NativeStream::step(Job& job, const StreamSink& sink) {
-  std::unique_lock<std::mutex> lock(job.mutex);
-  job.changed.wait_for(lock, std::chrono::seconds(1), [&] { return job.done || !job.events.empty(); });
   std::deque<JobEvent> events;
-  events.swap(job.events);
-  const bool done = job.done;
-  lock.unlock();
+  const bool done = job.take_events(events);
   for (const JobEvent& e : events) {
     if (pieces_.size() <= static_cast<size_t>(e.choice)) {
       pieces_.resize(static_cast<size_t>(e.choice) + 1, 0);

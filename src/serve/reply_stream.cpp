@@ -44,12 +44,8 @@ bool PartStream::step(Job& job, const StreamSink& sink) {
     started_ = true;
     return start();  // at once: the client sees the stream begin
   }
-  std::unique_lock<std::mutex> lock(job.mutex);
-  job.changed.wait_for(lock, std::chrono::seconds(1), [&] { return job.done || !job.events.empty(); });
   std::deque<JobEvent> events;
-  events.swap(job.events);
-  const bool done = job.done;
-  lock.unlock();
+  const bool done = job.take_events(events);
   std::string pieces;
   for (const JobEvent& e : events) {
     if (e.choice == 0) pieces += e.text;

@@ -29,12 +29,8 @@ StreamWriter::StreamWriter(const Completion& c)
 bool StreamWriter::step(Job& job, const StreamSink& sink) {
   sink_ = &sink;
   if (!opened_[0]) return open(0);  // at once: the client sees the stream start
-  std::unique_lock<std::mutex> lock(job.mutex);
-  job.changed.wait_for(lock, std::chrono::seconds(1), [&] { return job.done || !job.events.empty(); });
   std::deque<JobEvent> events;
-  events.swap(job.events);
-  const bool done = job.done;
-  lock.unlock();
+  const bool done = job.take_events(events);
   if (!write_events(events)) return false;
   if (!done) return events.empty() ? ping() : true;
   if (!finish_stream(job)) return false;

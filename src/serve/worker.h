@@ -5,6 +5,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -91,6 +92,15 @@ struct Job {
     std::lock_guard<std::mutex> lock(mutex);
     events.push_back(std::move(e));
     changed.notify_all();
+  }
+  // A stream writer's next batch: the events pushed so far (waiting up to a second for one, so
+  // a writer also notices a client gone), moved into `out`; returns whether the job had finished
+  // when they were taken, so none can follow.
+  bool take_events(std::deque<JobEvent>& out) {
+    std::unique_lock<std::mutex> lock(mutex);
+    changed.wait_for(lock, std::chrono::seconds(1), [&] { return done || !events.empty(); });
+    out.swap(events);
+    return done;
   }
 };
 
