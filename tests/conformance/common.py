@@ -203,7 +203,9 @@ def hard_divergence(ours, ref):
     probabilities there are not a near-tie (gap >= 1e-3); None when there is no such step.
     Returns (step, gap)."""
     i = first_divergence(ours["tokens"], ref["tokens"])
-    if i is None or i >= len(ref["top2"]):
+    if i is None or i >= len(ref["tokens"]):
         return None
+    if i >= len(ref["top2"]) or ref["top2"][i] is None:  # a compare job asks them only where needed
+        raise AssertionError(f"llama.cpp's top-2 probabilities at step {i} were not asked for")
     _, p1, _, p2 = ref["top2"][i]
     return None if p1 - p2 < NEAR_TIE else (i, p1 - p2)

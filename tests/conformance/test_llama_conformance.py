@@ -104,6 +104,7 @@ class Conformance:
     def setUpClass(cls):
         cls.model = synth(cls.name, cls.preset, *cls.model_args)
         cls.peer_answers = None
+        cls.ours = {}
 
     @classmethod
     def tearDownClass(cls):
@@ -118,17 +119,25 @@ class Conformance:
         return PROMPTS + [CHAT_FORMATS[cls.chat](p) for p in CHAT_PROMPTS]
 
     @classmethod
+    def bmoe_runs(cls, mode):
+        """bmoe's greedy continuations of greedy_texts in one numerics mode (run once)."""
+        if mode not in cls.ours:
+            flags = MODES[mode][1]
+            cls.ours[mode] = [bmoe_greedy(cls.model, p, N, *flags) for p in PROMPTS]
+            cls.ours[mode] += [bmoe_greedy(cls.model, p, N, "--chat", *flags) for p in CHAT_PROMPTS]
+        return cls.ours[mode]
+
+    @classmethod
     def peer_jobs(cls):
-        """Every question this class asks llama.cpp, for one oracle process."""
+        """Every question this class asks llama.cpp, for one oracle process. Per mode one compare
+        job: llama.cpp's default run, its token-by-token run, and its top-2 probabilities only
+        where either of the others (bmoe's tokens go with the job) leaves its path, since near-ties
+        are judged on its path and asking them at every step cost 80 % of a real-shape test."""
         jobs = {"tokenize": {"op": "tokenize", "texts": TOKENIZER_CORPUS},
                 "single": {"op": "greedy", "texts": ["Hello"], "n": 1}}
         for mode in cls.modes():
-            numerics = MODES[mode][0]
-            jobs[mode] = {"op": "greedy", "texts": cls.greedy_texts(), "n": N, **numerics}
-            # Only the reference's top-2 probabilities are read (near-ties are judged on its
-            # path): the token-by-token run is asked for its tokens alone, which is 3x faster.
-            jobs[mode + "/token-by-token"] = {"op": "greedy", "texts": cls.greedy_texts(), "n": N,
-                                              **numerics, "batch": 1, "top2": False}
+            jobs[mode] = {"op": "compare", "texts": cls.greedy_texts(), "n": N, **MODES[mode][0],
+                          "candidates": [[o["tokens"]] for o in cls.bmoe_runs(mode)]}
         return jobs
 
     def peer(self, question):
@@ -146,11 +155,8 @@ class Conformance:
 
     def check_greedy(self, mode):
         texts = self.greedy_texts()
-        ref = self.peer(mode)
-        alt = self.peer(mode + "/token-by-token")
-        bmoe_flags = MODES[mode][1]
-        ours = [bmoe_greedy(self.model, p, N, *bmoe_flags) for p in PROMPTS]
-        ours += [bmoe_greedy(self.model, p, N, "--chat", *bmoe_flags) for p in CHAT_PROMPTS]
+        ref, alt = self.peer(mode)["ref"], self.peer(mode)["alt"]
+        ours = self.bmoe_runs(mode)
         ours_hard, self_hard = [], []
         ours_len, self_len = 0, 0
         for text, r, a, o in zip(texts, ref, alt, ours):

@@ -23,6 +23,11 @@
 //      "batch": 1 (token by token; default: whole prompt), "top2": true|false,
 //      "ctx": context size (default 2048)}
 //                                                                   -> [{prompt, tokens, top2}, ...]
+//     {"op": "compare", "texts": [...], "n": 32, "kv", "flash", "ctx" as for greedy,
+//      "candidates": [[ids, ...] per text]}                         -> {ref: [{prompt, tokens, top2}, ...],
+//                                                                       alt: [{prompt, tokens}, ...]}
+//       ref: the default (whole-prompt) run; alt: the same prompts token by token; ref's top2 is
+//       null except at each step where alt or a candidate first leaves ref's tokens.
 //   (the greedy job's settings replace the ORACLE_* variables, which apply to the other modes)
 //
 // Texts are tokenized with special tokens parsed, and a BOS first where the model asks for one
@@ -75,6 +80,16 @@ if (mode === "tokenize") {
   process.exit(0);
 }
 
+// [best id, p, second id, p] of a node-llama-cpp probabilities map.
+function bestTwo(probabilities) {
+  let best = [-1, -1], second = [-1, -1];
+  for (const [id, p] of probabilities) {
+    if (p > best[1]) { second = best; best = [id, p]; }
+    else if (p > second[1]) second = [id, p];
+  }
+  return [best[0], best[1], second[0], second[1]];
+}
+
 // progress: one stderr line per generated token (bench), so that a run stopped by a timeout
 // still tells how far it got.
 async function greedy(ctx, text, withTop2, count = n, progress = false) {
@@ -94,12 +109,7 @@ async function greedy(ctx, text, withTop2, count = n, progress = false) {
     if (tFirst === null) tFirst = now;
     if (withTop2) {
       tokens.push(step.token);
-      let best = [-1, -1], second = [-1, -1];
-      for (const [id, p] of step.probabilities) {
-        if (p > best[1]) { second = best; best = [id, p]; }
-        else if (p > second[1]) second = [id, p];
-      }
-      top2.push([best[0], best[1], second[0], second[1]]);
+      top2.push(bestTwo(step.probabilities));
     } else {
       tokens.push(step);
     }
@@ -129,6 +139,60 @@ async function greedyAll(prompts, withTop2, count = n, numerics = undefined, con
   return results;
 }
 
+// The first step where two token lists differ (the shorter one's length where one is a prefix
+// of the other), or null where they are equal.
+function departure(a, b) {
+  const common = Math.min(a.length, b.length);
+  for (let i = 0; i < common; ++i) if (a[i] !== b[i]) return i;
+  return a.length === b.length ? null : common;
+}
+
+// greedy() again for the first `count` tokens of `text`, with the top-2 probabilities only at
+// the steps in `wanted` (a Set): the prompt in the context's batches and then one decode per
+// step, as evaluate() runs them, so the numerics are the same.
+async function greedyTop2At(ctx, text, wanted, count) {
+  const seq = ctx.getSequence();
+  const prompt = tokenize(text);
+  const ask = (step) => ({generateNext: {token: true, probabilities: wanted.has(step)}});
+  let input = prompt.map((t, i) => (i + 1 < prompt.length ? t : [t, ask(0)]));
+  const tokens = [], top2 = new Map();
+  for (let step = 0; step < count; ++step) {
+    const results = await seq.controlledEvaluate(input);
+    const next = results[results.length - 1].next;
+    tokens.push(next.token);
+    if (wanted.has(step)) top2.set(step, bestTwo(next.probabilities));
+    input = [[next.token, ask(step + 1)]];
+  }
+  seq.dispose();
+  return {tokens, top2};
+}
+
+// The compare job. The top-2 probabilities are what cost (above): asking them at every step of
+// every prompt made them 80 % of a real-shape conformance test. They are only read where another
+// run leaves the reference path, so the reference runs without them, and a prompt with such a
+// step runs again up to its last such step, asking them there only. The rerun must give the
+// same tokens (one loaded model, same settings, same threads): a difference is an error, not a
+// silent gap.
+async function compare(job, numerics, count, contextSize) {
+  const ref = await greedyAll(job.texts, false, count, numerics, contextSize);
+  const alt = await greedyAll(job.texts, false, count, {...numerics, batchSize: 1}, contextSize);
+  const candidates = job.candidates ?? job.texts.map(() => []);
+  for (let t = 0; t < job.texts.length; ++t) {
+    const steps = [alt[t].tokens, ...candidates[t]].map((c) => departure(c, ref[t].tokens))
+      .filter((d) => d !== null && d < ref[t].tokens.length);
+    ref[t].top2 = ref[t].tokens.map(() => null);
+    if (steps.length === 0) continue;
+    const last = Math.max(...steps);
+    const ctx = await model.createContext(contextOptions(contextSize, numerics));
+    const again = await greedyTop2At(ctx, job.texts[t], new Set(steps), last + 1);
+    await ctx.dispose();
+    if (departure(again.tokens, ref[t].tokens.slice(0, last + 1)) !== null)
+      throw new Error(`the rerun with probabilities left the first run's tokens on text ${t}`);
+    for (const d of steps) ref[t].top2[d] = again.top2.get(d);
+  }
+  return {ref, alt: alt.map(({prompt, tokens}) => ({prompt, tokens}))};
+}
+
 if (mode === "greedy") {
   emit(JSON.stringify(await greedyAll(JSON.parse(fs.readFileSync(arg, "utf8")), process.env.ORACLE_TOP2 !== "0")));
   process.exit(0);
@@ -138,9 +202,14 @@ if (mode === "greedy") {
 async function runJob(job) {
   if (!job || !Array.isArray(job.texts)) throw new Error(`job without a texts list: ${JSON.stringify(job)}`);
   if (job.op === "tokenize") return job.texts.map((t) => tokenize(t));
-  if (job.op !== "greedy") throw new Error(`unknown job op ${JSON.stringify(job.op)}`);
+  if (job.op !== "greedy" && job.op !== "compare") throw new Error(`unknown job op ${JSON.stringify(job.op)}`);
   const numerics = {kv: (job.kv ?? "f16").toUpperCase(), flash: job.flash === false ? false : "auto",
                     batchSize: job.batch ?? undefined};
+  if (job.op === "compare") {
+    if (job.candidates && (!Array.isArray(job.candidates) || job.candidates.length !== job.texts.length))
+      throw new Error("compare job: candidates must hold one list per text");
+    return compare(job, numerics, job.n ?? 32, job.ctx ?? 2048);
+  }
   return greedyAll(job.texts, job.top2 !== false, job.n ?? 32, numerics, job.ctx ?? 2048);
 }
 
