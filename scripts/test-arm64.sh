@@ -28,18 +28,18 @@ fi
 # - text: UTF-8 and the tokenizers' byte handling (char is unsigned on arm64).
 # - model: the SIMD prompt attention (TiledAttention), the DeltaNet step, logits independent of
 #   batch size and threads on one model per layer mix (qwen3moe, qwen35moe, lfm2moe), mixed
-#   activation formats in one batch, 64+-token batches.
+#   activation formats in one batch, 64+-token batches, and each row of a batched evaluation
+#   equal to one token at a time (the kernels' multi-row and one-row paths: what lossless
+#   speculative verification needs).
 # - moe: streamed output byte-identical to resident, one model per family (FamilyStreamingIdentity)
 #   and on qwen3moe with 150-token prompt batches (Streaming.LongPromptBatchesEqualResident).
-# - engine: batched verification logits equal one token at a time (the kernels' multi-row and
-#   one-row paths).
 # Left out: GGUF parsing and synth (test_gguf), read lanes (test_io), chat templates, tool calls,
-# grammars and JSON Schema, the sampler, the loader's errors, the architecture tables, rewind,
-# the 27 streaming configurations on qwen3moe (cache sizes, lanes, policies, overlap, prefetch,
-# io_uring: 20-50 s each natively on a loaded machine), expert caches, predictors and fault
-# injection, drafting on every family, and the engine's bookkeeping: logic with no SIMD path,
+# grammars and JSON Schema (test_grammar), the engine and serving layers (test_engine,
+# test_serve), the sampler, the loader's errors, the architecture tables, rewind, the 27
+# streaming configurations on qwen3moe (cache sizes, lanes, policies, overlap, prefetch, io_uring:
+# 20-50 s each natively on a loaded machine), expert caches, predictors and fault injection, drafting on every family, and the engine's bookkeeping: logic with no SIMD path,
 # the same code on both architectures.
-ARM64_SUITES=(core quant text model moe engine)
+ARM64_SUITES=(core quant text model moe)
 ARM64_TESTS='^(Fp16|Bf16|ThreadPoolTest|Layout|Activations|WeightQuantizers|Dot|Dispatch|FloatKernels|AllTypes/DotTest'
 ARM64_TESTS+='|Utf8|Tokenizer|SpmTokenizer|TiledAttention|DeltaNet|Families/FamilyStreamingIdentity)\.'
 ARM64_TESTS+='|^Streaming\.LongPromptBatchesEqualResident$'

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <set>
@@ -29,6 +30,25 @@ std::vector<float> logits_after(LoadedModel& model, int threads, int batch, cons
   Session session(model, pool, 256, batch, SamplerConfig{});
   session.prefill(prompt);
   return session.logits();
+}
+
+// Batch invariance: each row of a batched evaluation equals evaluating the tokens one at a
+// time, bit for bit (needed for lossless speculative verification, engine/speculative.h).
+TEST(Speculative, BatchedLogitsEqualOneTokenAtATime) {
+  auto model = load_model(test_model_path("tiny-qwen3moe", 2), LoadOptions{});
+  ThreadPool pool(2);
+  const std::vector<int32_t> prompt = model->tokenizer->encode("one two three four", false, false);
+  const std::vector<int32_t> batch = {11, 42, 7, 300, 5};
+  const int n_vocab = model->transformer->config().n_vocab;
+  InferenceState a(*model->transformer, pool, 128), b(*model->transformer, pool, 128);
+  a.eval(prompt.data(), static_cast<int>(prompt.size()));
+  b.eval(prompt.data(), static_cast<int>(prompt.size()));
+  const std::vector<float> batched = a.eval(batch.data(), static_cast<int>(batch.size()), true);
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const std::vector<float>& one = b.eval(&batch[i], 1);
+    ASSERT_EQ(std::memcmp(one.data(), batched.data() + i * static_cast<size_t>(n_vocab), n_vocab * sizeof(float)), 0)
+        << "row " << i;
+  }
 }
 
 // Attention layers and qwen35moe's recurrent ones alike.
