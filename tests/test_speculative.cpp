@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "engine/generate.h"
 #include "engine/loader.h"
+#include "engine/run.h"
 #include "engine/speculative.h"
 #include "model/nextn_head.h"
 #include "test_util.h"
@@ -436,6 +437,63 @@ TEST(MtpIdentity, TheHeadsExpertsStayOutOfTheCache) {
   for (ExpertKey k : cached) EXPECT_LT(key_layer(k), head_layer) << "the head's expert " << key_expert(k) << " was cached";
   auto trunk_only = load_model(path, LoadOptions{});
   EXPECT_EQ(r.tokens, run(*trunk_only, prompt, 0).tokens);
+}
+
+// The memory a drafting run reserves (the mode choice's and the automatic cache budget's figure)
+// holds what its sessions allocate besides the trunk's KV and state: per draft token a copy of
+// the hybrid trunk's recurrent state (a verification pass keeps one per row but the last, up to
+// kMaxRowStates) and the MTP head's own KV rows; a run that does not draft keeps no copies.
+TEST(MtpMemory, ThePlannersFigureHoldsTheRowCopiesAndTheHead) {
+  RunConfig c;
+  c.model = test_model_path("tiny-qwen35moe", 3);
+  c.ctx_size = 256;
+  c.moe_mode = MoeMode::Resident;
+  c.mtp = true;
+  c.draft = 3;
+  LoadedRun run = load_run(c);
+  const ModelConfig& cfg = run.model->transformer->config();
+  const uint64_t state = static_cast<uint64_t>(cfg.recurrent_state_bytes());
+  ASSERT_GT(state, 0u) << "a hybrid trunk";
+  const ContextMemory planned = context_memory(run.config, cfg);
+  EXPECT_EQ(planned.row_copies, 3 * state);
+  ThreadPool pool(2);
+  NextnHead head(*run.model->transformer, pool, c.ctx_size);
+  EXPECT_EQ(planned.mtp_head, head.kv_bytes()) << "the head's KV rows at the run's context";
+  const std::unique_ptr<Session> session = open_session(run, pool);
+  GenerateParams p;
+  p.max_tokens = 48;
+  p.ignore_eos = true;
+  p.draft = draft_config(run);
+  const GenerateResult r = generate(*session, run.model->tokenizer->encode("the harbour town woke slowly", false, false), p);
+  ASSERT_GT(r.drafted, r.accepted) << "no rejected draft";
+  const InferenceState& st = session->state();
+  EXPECT_GT(st.row_state_bytes(), 0u) << "no verification pass kept a copy";
+  EXPECT_LE(st.row_state_bytes(), planned.row_copies);
+  EXPECT_EQ(st.kv_bytes(), planned.kv);
+  EXPECT_EQ(2 * st.recurrent_bytes(), planned.recurrent);
+  // A pass keeps a copy per row but the last up to the session's limit, none beyond it.
+  InferenceState limited(*run.model->transformer, pool, c.ctx_size);
+  limited.set_row_state_limit(row_state_copies(run.config));
+  const std::vector<int32_t> rows = {5, 9, 13, 17, 21, 25, 29, 33, 37};
+  limited.eval(rows.data(), 5);  // 5 rows: 4 copies would pass the limit
+  EXPECT_EQ(limited.row_state_bytes(), 0u);
+  limited.eval(rows.data() + 5, 4);
+  EXPECT_EQ(limited.row_state_bytes(), planned.row_copies) << "a 4-row pass keeps 3 copies";
+  // deepseek4's rings keep no per-row copies (a rewind of a few rows needs none): none planned.
+  EXPECT_EQ(context_memory(c, load_model(test_model_path("tiny-deepseek4"), LoadOptions{})->transformer->config()).row_copies, 0u);
+  // Longer drafts keep copies up to the limit; no drafting, none (and none are planned).
+  c.draft = 12;
+  EXPECT_EQ(context_memory(c, cfg).row_copies, InferenceState::kMaxRowStates * state);
+  c.draft = 0;
+  c.mtp = false;
+  const ContextMemory plain = context_memory(c, cfg);
+  EXPECT_EQ(plain.row_copies + plain.mtp_head, 0u);
+  EXPECT_EQ(plain.total() + planned.row_copies + planned.mtp_head, planned.total());
+  run.config = c;
+  const std::unique_ptr<Session> undrafted = open_session(run, pool);
+  p.draft = DraftConfig{};
+  generate(*undrafted, run.model->tokenizer->encode("the harbour town woke slowly", false, false), p);
+  EXPECT_EQ(undrafted->state().row_state_bytes(), 0u) << "the short prompt kept copies nobody planned";
 }
 
 // Routing forced by position (as --route-replay forces a trace's) stays forced when a rejected

@@ -18,9 +18,9 @@ void keep_entry(std::vector<T>& per_layer, int layer) {
   per_layer.assign(1, value);
 }
 
-// The MTP block as a one-layer model: its plan, and the per-layer settings of the last trunk
-// layer (whose shapes the block has).
-ModelConfig block_config(const ModelConfig& c) {
+}  // namespace
+
+ModelConfig nextn_block_config(const ModelConfig& c) {
   ModelConfig b = c;
   const int last = c.n_layer - 1;
   b.n_layer = 1;
@@ -35,6 +35,8 @@ ModelConfig block_config(const ModelConfig& c) {
   keep_entry(b.swiglu_clamp_shexp, last);
   return b;
 }
+
+namespace {
 
 ModelWeights block_weights(const Transformer& model) {
   if (!has_nextn_head(model)) fail("internal: the model's MTP block is not bound");
@@ -79,7 +81,7 @@ class NextnHead::LayerShiftedSource : public ExpertSource {
 };
 
 NextnHead::NextnHead(Transformer& model, ThreadPool& pool, int n_ctx, KvType kv_type)
-    : model_(model), pool_(pool), n_ctx_(n_ctx), cfg_(block_config(model.config())),
+    : model_(model), pool_(pool), n_ctx_(n_ctx), cfg_(nextn_block_config(model.config())),
       weights_(block_weights(model)),
       source_(std::make_unique<LayerShiftedSource>(model, model.config().n_layer)),
       mixers_(cfg_, n_ctx > 0 ? n_ctx : 1, kv_type), ffns_(cfg_),

@@ -62,6 +62,11 @@ class NextnHead : private ResidualRouter {
   int n_past_ = 0;
 };
 
+// The MTP block as a one-layer model (what a NextnHead runs): its plan, and the per-layer
+// settings of the last trunk layer, whose shapes the block has. Its kv_bytes_per_token() and
+// recurrent_state_bytes() are the head's per sequence (memory budgets count them).
+ModelConfig nextn_block_config(const ModelConfig& c);
+
 // Whether the model's MTP block is bound (the loader was asked for it and the file has it).
 bool has_nextn_head(const Transformer& model);
 

@@ -65,13 +65,11 @@ bool InferenceState::restore_row_state(int n) {
   return true;
 }
 
-// Rows kept per eval: a verification pass is 1 + k rows; longer evals (prompts) keep none, so
-// the copies cost at most this many times the recurrent state.
-constexpr int kMaxRowStates = 8;
-
-// Before an eval of n rows: copies of the state after each row but the last when n is short.
+// Before an eval of n rows: copies of the state after each row but the last when n is short (a
+// verification pass is 1 + k rows; longer evals, prompts, keep none), so the copies cost at most
+// row_state_limit_ times the recurrent state.
 void InferenceState::keep_row_states(int n) {
-  const int rows = n > 1 && n <= kMaxRowStates + 1 ? n - 1 : 0;
+  const int rows = n > 1 && n - 1 <= row_state_limit_ ? n - 1 : 0;
   const bool kept = mixers_.keep_row_states(rows) && rows > 0;
   row_states_from_ = n_past_;
   row_states_n_ = kept ? rows : 0;
