@@ -401,7 +401,7 @@ TEST_P(MtpIdentity, MtpDraftedOutputEqualsPlainGreedy) {
   EXPECT_GT(streamed->experts->stats().misses, 0u);
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, MtpIdentity, ::testing::Values("tiny-qwen35moe", "tiny-glm4moe"),
+INSTANTIATE_TEST_SUITE_P(Families, MtpIdentity, ::testing::Values("tiny-qwen35moe", "tiny-glm4moe", "tiny-deepseek4-mtp"),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (char& ch : n) ch = std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
@@ -533,32 +533,33 @@ TEST(Speculative, ForcedRoutingHoldsThroughARecurrentRewind) {
 // and running again from an earlier position (after other rows were written there) gives what
 // the first run gave, so the head rewinds exactly with the trunk.
 TEST(NextnHead, RowsDoNotDependOnTheBatchAndRewindExactly) {
-  auto model = mtp_model(test_model_path("tiny-qwen35moe", 3), false);
-  ASSERT_TRUE(has_nextn_head(*model->transformer));
-  const int E = model->transformer->config().n_embd;
-  std::vector<float> hidden(static_cast<size_t>(6 * E));
-  for (size_t i = 0; i < hidden.size(); ++i) hidden[i] = std::sin(0.37f * static_cast<float>(i));
-  const std::vector<int32_t> tokens = {5, 9, 13, 17, 21, 25};
-  ThreadPool pool(2);
-  NextnHead batched(*model->transformer, pool, 64), single(*model->transformer, pool, 64);
-  batched.forward(0, hidden, tokens);
-  const std::vector<float> want = batched.logits(), want_hidden = batched.hidden();
-  for (int i = 0; i < 6; ++i) {
-    single.forward(i, std::span<const float>(hidden).subspan(static_cast<size_t>(i) * E, E),
-                   std::span<const int32_t>(tokens).subspan(static_cast<size_t>(i), 1));
+  for (const char* preset : {"tiny-qwen35moe", "tiny-deepseek4-mtp"}) {
+    auto model = mtp_model(test_model_path(preset, 3), false);
+    ASSERT_TRUE(has_nextn_head(*model->transformer)) << preset;
+    ThreadPool pool(2);
+    NextnHead batched(*model->transformer, pool, 64), single(*model->transformer, pool, 64);
+    const size_t W = static_cast<size_t>(batched.hidden_width());  // deepseek4: its 4 streams
+    std::vector<float> hidden(6 * W);
+    for (size_t i = 0; i < hidden.size(); ++i) hidden[i] = std::sin(0.37f * static_cast<float>(i));
+    const std::vector<int32_t> tokens = {5, 9, 13, 17, 21, 25};
+    batched.forward(0, hidden, tokens);
+    const std::vector<float> want = batched.logits(), want_hidden = batched.hidden();
+    ASSERT_EQ(want_hidden.size(), W) << preset << ": a chained guess reads what the head writes";
+    for (int i = 0; i < 6; ++i) {
+      single.forward(i, std::span<const float>(hidden).subspan(i * W, W), std::span<const int32_t>(tokens).subspan(i, 1));
+    }
+    EXPECT_EQ(single.logits(), want) << preset;
+    EXPECT_EQ(single.hidden(), want_hidden) << preset;
+    // Other rows at positions 3..5, then the true ones again from 3.
+    const std::vector<int32_t> other = {40, 41, 42};
+    single.forward(3, std::span<const float>(hidden).subspan(0, 3 * W), other);
+    EXPECT_NE(single.logits(), want) << preset;
+    single.forward(3, std::span<const float>(hidden).subspan(3 * W), std::span<const int32_t>(tokens).subspan(3));
+    EXPECT_EQ(single.logits(), want) << preset;
+    EXPECT_THROW(single.forward(8, std::span<const float>(hidden).subspan(0, W), std::span<const int32_t>(tokens).subspan(0, 1)),
+                 Error)
+        << "a position past the head's rows";
   }
-  EXPECT_EQ(single.logits(), want);
-  EXPECT_EQ(single.hidden(), want_hidden);
-  // Other rows at positions 3..5, then the true ones again from 3.
-  const std::vector<int32_t> other = {40, 41, 42};
-  single.forward(3, std::span<const float>(hidden).subspan(0, static_cast<size_t>(3) * E), other);
-  EXPECT_NE(single.logits(), want);
-  single.forward(3, std::span<const float>(hidden).subspan(static_cast<size_t>(3) * E),
-                 std::span<const int32_t>(tokens).subspan(3));
-  EXPECT_EQ(single.logits(), want);
-  EXPECT_THROW(single.forward(8, std::span<const float>(hidden).subspan(0, E), std::span<const int32_t>(tokens).subspan(0, 1)),
-               Error)
-      << "a position past the head's rows";
 }
 
 // Drafts are both kept and rejected somewhere in the suite's runs (so both paths of the
@@ -652,6 +653,32 @@ TEST(Speculative, SeededSamplingIsTheSameWithDrafts) {
   const GenerateResult m = sample(mtp);
   EXPECT_EQ(m.tokens, plain.tokens);
   EXPECT_GT(m.drafted, m.accepted);
+}
+
+// The same on deepseek4, whose head takes the trunk's hyper-connection streams: seeded sampling
+// prints the same tokens with and without --mtp.
+TEST(Speculative, SeededSamplingIsTheSameWithMtpDraftsOnDeepSeek4) {
+  auto model = mtp_model(test_model_path("tiny-deepseek4-mtp", 3), false);
+  const std::vector<int32_t> prompt = model->tokenizer->encode("the harbour town woke slowly", false, false);
+  SamplerConfig sampler;
+  sampler.temperature = 0.9f;
+  sampler.seed = 99;
+  auto sample = [&](const DraftConfig& draft) {
+    ThreadPool pool(2);
+    Session s(*model, pool, 256, 64, sampler);
+    GenerateParams p;
+    p.sampler = sampler;
+    p.max_tokens = 32;
+    p.ignore_eos = true;
+    p.draft = draft;
+    return generate(s, prompt, p);
+  };
+  const GenerateResult plain = sample(DraftConfig{});
+  DraftConfig mtp{3, 4, 1, {}};
+  mtp.mtp = true;
+  const GenerateResult m = sample(mtp);
+  EXPECT_EQ(m.tokens, plain.tokens);
+  EXPECT_GT(m.drafted, 0) << "the head never proposed";
 }
 
 }  // namespace

@@ -72,8 +72,10 @@ class InferenceState : private ResidualRouter {
 
   // The logits the last eval() (or BatchPass::decode) returned.
   const std::vector<float>& logits() const { return head_.logits; }
-  // Keeps the output-normed hidden state of every row an eval() runs (not a rewind's replay)
-  // until take_hidden_states(): what an MTP head reads (llama.cpp's h_nextn).
+  // Keeps the hidden state of every row an eval() runs (not a rewind's replay) until
+  // take_hidden_states(): what an MTP head reads (llama.cpp's h_nextn): the output-normed row
+  // (n_embd floats), or with hyper-connections the row's streams unmixed (hidden_width()).
+  int hidden_width() const;
   void keep_hidden_states(bool keep) { keep_hidden_ = keep; }
   // The kept rows, oldest first, and the position of the first; truncate() drops those it
   // forgets. Afterwards none is kept.
@@ -172,7 +174,7 @@ class InferenceState : private ResidualRouter {
   int row_state_limit_ = kMaxRowStates;
   int64_t row_state_rewinds_ = 0;
 
-  // Hidden states kept for an MTP head: rows of n_embd from position hidden_first_.
+  // Hidden states kept for an MTP head: rows of hidden_width() from position hidden_first_.
   bool keep_hidden_ = false;
   int hidden_first_ = 0;
   std::vector<float> hidden_rows_;
