@@ -479,6 +479,13 @@ TEST(MtpMemory, ThePlannersFigureHoldsTheRowCopiesAndTheHead) {
   EXPECT_EQ(limited.row_state_bytes(), 0u);
   limited.eval(rows.data() + 5, 4);
   EXPECT_EQ(limited.row_state_bytes(), planned.row_copies) << "a 4-row pass keeps 3 copies";
+  // deepseek4's head holds no KV rows but its window ring, which the plan counts with its copy.
+  LoadOptions nextn;
+  nextn.nextn = true;
+  auto ds4 = load_model(test_model_path("tiny-deepseek4-mtp"), nextn);
+  NextnHead ring(*ds4->transformer, pool, c.ctx_size);
+  EXPECT_GT(ring.recurrent_bytes(), 0u);
+  EXPECT_GE(context_memory(c, ds4->transformer->config()).mtp_head, ring.kv_bytes() + 2 * ring.recurrent_bytes());
   // deepseek4's rings keep no per-row copies (a rewind of a few rows needs none): none planned.
   EXPECT_EQ(context_memory(c, load_model(test_model_path("tiny-deepseek4"), LoadOptions{})->transformer->config()).row_copies, 0u);
   // Longer drafts keep copies up to the limit; no drafting, none (and none are planned).

@@ -176,7 +176,7 @@ ContextMemory context_memory(const RunConfig& c, const ModelConfig& cfg) {
   if (c.mtp && cfg.n_nextn_layer > 0) {
     const ModelConfig head = nextn_block_config(cfg);
     m.mtp_head = static_cast<uint64_t>(head.kv_bytes_per_token()) * rows * kv_scale +
-                 static_cast<uint64_t>(head.recurrent_state_bytes()) * sequences;
+                 2 * static_cast<uint64_t>(head.recurrent_state_bytes()) * sequences;  // live, and the copy a ring keeps
   }
   return m;
 }

@@ -127,7 +127,7 @@ struct ContextMemory {
   uint64_t kv = 0;         // every sequence's KV rows (--parallel: ctx_size rows in all)
   uint64_t recurrent = 0;  // per sequence a hybrid model's recurrent state twice: live, and the copy a rewind restores
   uint64_t row_copies = 0;  // per sequence the per-row copies of it a verification pass keeps (drafting)
-  uint64_t mtp_head = 0;    // per sequence the MTP head's own KV rows and state (--mtp)
+  uint64_t mtp_head = 0;    // per sequence the MTP head's own KV rows and state, twice as the trunk's (--mtp)
   uint64_t total() const { return kv + recurrent + row_copies + mtp_head; }
 };
 ContextMemory context_memory(const RunConfig& c, const ModelConfig& cfg);

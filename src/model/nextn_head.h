@@ -46,6 +46,7 @@ class NextnHead : private ResidualRouter {
   // beyond its window.
   int rewind_reach() const { return mixers_.rewind_reach(); }
   uint64_t kv_bytes() const { return mixers_.kv_bytes(); }
+  uint64_t recurrent_bytes() const { return mixers_.recurrent_bytes(); }  // deepseek4: its window ring
 
  private:
   class LayerShiftedSource;
