@@ -41,19 +41,21 @@ int reads_ahead_per_layer(const RunConfig& c, const ModelConfig& cfg) {
 // The automatic budget: what memory (and the cgroup limit) allows after the dense weights,
 // minus the KV cache, working buffers and a safety margin; and no more than holding every
 // expert takes (`every_expert`), so that a model with memory to spare reserves only its experts.
-uint64_t auto_cache_budget(const RunConfig& c, uint64_t kv_bytes, uint64_t staging_bytes, uint64_t every_expert) {
+uint64_t auto_cache_budget(const RunConfig& c, const ContextMemory& context, uint64_t staging_bytes, uint64_t every_expert) {
   const MemorySnapshot m = read_memory();
   const auto available = m.available();
   if (!available) fail("--cache-mb auto: cannot read available memory (/proc/meminfo); give --cache-mb N");
   const uint64_t margin = memory_margin(*available);
-  const uint64_t reserve = kv_bytes + kWorkingBufferBytes + margin + staging_bytes;
+  const uint64_t kv_bytes = context.kv + context.recurrent, drafting = context.row_copies + context.mtp_head;
+  const uint64_t reserve = kv_bytes + drafting + kWorkingBufferBytes + margin + staging_bytes;
   uint64_t budget = *available > reserve ? *available - reserve : 0;
   if (c.cache_ceiling_bytes) budget = std::min(budget, *c.cache_ceiling_bytes);
   const bool capped = budget > every_expert;
   budget = std::min(budget, every_expert);
-  fmt::print(stderr, "moe-cache: auto budget {} MiB = available {} MiB{} - KV {} MiB - buffers {} MiB - margin {} MiB{}{}{}\n",
+  fmt::print(stderr, "moe-cache: auto budget {} MiB = available {} MiB{} - KV {} MiB{} - buffers {} MiB - margin {} MiB{}{}{}\n",
              budget >> 20, *available >> 20,
              m.cgroup_limit ? fmt::format(" (cgroup limit {} MiB)", *m.cgroup_limit >> 20) : "", kv_bytes >> 20,
+             drafting ? fmt::format(" - drafting {} MiB", (drafting + (1 << 20) - 1) >> 20) : "",
              kWorkingBufferBytes >> 20, margin >> 20,
              staging_bytes ? fmt::format(" - prefetch staging {} MiB", staging_bytes >> 20) : "",
              c.cache_ceiling_bytes ? fmt::format(", ceiling {} MiB", *c.cache_ceiling_bytes >> 20) : "",
@@ -113,7 +115,7 @@ uint64_t stream_experts(const RunConfig& c, LoadedModel& model) {
   const uint64_t staging = prefetch_staging_bytes(model.expert_layout, reads_ahead_per_layer(c, cfg),
                                                   std::max(c.prefetch, c.route_ahead));
   const uint64_t budget = c.cache_bytes ? *c.cache_bytes
-                                        : auto_cache_budget(c, context_memory(c, cfg).total(), staging,
+                                        : auto_cache_budget(c, context_memory(c, cfg), staging,
                                                             ReadPlanner::every_expert_bytes(model.expert_layout));
   const StreamingOptions so = streaming_options(c, cfg, budget, staging);
   attach_streaming(model, so);
