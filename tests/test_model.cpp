@@ -287,10 +287,10 @@ TEST(Loader, DeepSeek4BadInputIsOneLineErrors) {
   EXPECT_EQ(load_error(rewrite_model("deepseek4-ok.gguf", [](GgufWriter&, const GgufModel&) {}, "", "", "tiny-deepseek4")), "");
 }
 
-// deepseek4's MTP block is loaded (its tensors checked) and not run: the trunk is block_count
-// less the block, and a misshapen MTP tensor is an error (llama.cpp's logits on the same file:
-// tests/conformance/deepseek4_logits.py).
-TEST(Loader, DeepSeek4MtpBlockIsCheckedNotRun) {
+// deepseek4's MTP block is checked at every load and bound only for --mtp (tests/
+// test_speculative.cpp runs it): the trunk is block_count less the block, and a misshapen MTP
+// tensor is an error (llama.cpp's logits on the same file: tests/conformance/deepseek4_logits.py).
+TEST(Loader, DeepSeek4MtpBlockIsCheckedAtLoad) {
   auto model = load_model(test_model_path("tiny-deepseek4-mtp"), LoadOptions{});
   EXPECT_EQ(model->transformer->config().n_layer, 4);
   EXPECT_EQ(model->transformer->config().n_nextn_layer, 1);
@@ -299,6 +299,18 @@ TEST(Loader, DeepSeek4MtpBlockIsCheckedNotRun) {
                                  "blk.4.nextn.eh_proj.weight", "tiny-deepseek4-mtp");
   const std::string err = load_error(bad);
   EXPECT_NE(err.find("blk.4.nextn.eh_proj.weight"), std::string::npos) << err;
+  // A block to run as the head (--mtp) attends its window alone, as llama.cpp's MTP graph.
+  const auto ratio = rewrite_model("deepseek4-mtp-ratio.gguf", [](GgufWriter& w, const GgufModel&) {
+    w.set("deepseek4.attention.compress_ratios", GgufValue::i32_array({0, 4, 128, 4, 128}));
+  }, "", "", "tiny-deepseek4-mtp");
+  LoadOptions mtp;
+  mtp.nextn = true;
+  try {
+    load_model(ratio, mtp);
+    ADD_FAILURE() << "an MTP block with compressed rows was bound";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("MTP block's compress ratio is 128, not 0"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Loader, BailingMoe3BadShapesAreOneLineErrors) {

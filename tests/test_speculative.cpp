@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "engine/generate.h"
 #include "engine/loader.h"
+#include "engine/run.h"
 #include "engine/speculative.h"
 #include "model/nextn_head.h"
 #include "test_util.h"
@@ -380,7 +381,7 @@ TEST_P(MtpIdentity, MtpDraftedOutputEqualsPlainGreedy) {
   EXPECT_GT(streamed->experts->stats().misses, 0u);
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, MtpIdentity, ::testing::Values("tiny-qwen35moe", "tiny-glm4moe"),
+INSTANTIATE_TEST_SUITE_P(Families, MtpIdentity, ::testing::Values("tiny-qwen35moe", "tiny-glm4moe", "tiny-deepseek4-mtp"),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (char& ch : n) ch = std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
@@ -416,6 +417,70 @@ TEST(MtpIdentity, TheHeadsExpertsStayOutOfTheCache) {
   for (ExpertKey k : cached) EXPECT_LT(key_layer(k), head_layer) << "the head's expert " << key_expert(k) << " was cached";
   auto trunk_only = load_model(path, LoadOptions{});
   EXPECT_EQ(r.tokens, run(*trunk_only, prompt, 0).tokens);
+}
+
+// The memory a drafting run reserves (the mode choice's and the automatic cache budget's figure)
+// holds what its sessions allocate besides the trunk's KV and state: per draft token a copy of
+// the hybrid trunk's recurrent state (a verification pass keeps one per row but the last, up to
+// kMaxRowStates) and the MTP head's own KV rows; a run that does not draft keeps no copies.
+TEST(MtpMemory, ThePlannersFigureHoldsTheRowCopiesAndTheHead) {
+  RunConfig c;
+  c.model = test_model_path("tiny-qwen35moe", 3);
+  c.ctx_size = 256;
+  c.moe_mode = MoeMode::Resident;
+  c.mtp = true;
+  c.draft = 3;
+  LoadedRun run = load_run(c);
+  const ModelConfig& cfg = run.model->transformer->config();
+  const uint64_t state = static_cast<uint64_t>(cfg.recurrent_state_bytes());
+  ASSERT_GT(state, 0u) << "a hybrid trunk";
+  const ContextMemory planned = context_memory(run.config, cfg);
+  EXPECT_EQ(planned.row_copies, 3 * state);
+  ThreadPool pool(2);
+  NextnHead head(*run.model->transformer, pool, c.ctx_size);
+  EXPECT_EQ(planned.mtp_head, head.kv_bytes()) << "the head's KV rows at the run's context";
+  const std::unique_ptr<Session> session = open_session(run, pool);
+  GenerateParams p;
+  p.max_tokens = 48;
+  p.ignore_eos = true;
+  p.draft = draft_config(run);
+  const GenerateResult r = generate(*session, run.model->tokenizer->encode("the harbour town woke slowly", false, false), p);
+  ASSERT_GT(r.drafted, r.accepted) << "no rejected draft";
+  const InferenceState& st = session->state();
+  EXPECT_GT(st.row_state_bytes(), 0u) << "no verification pass kept a copy";
+  EXPECT_LE(st.row_state_bytes(), planned.row_copies);
+  EXPECT_EQ(st.kv_bytes(), planned.kv);
+  EXPECT_EQ(2 * st.recurrent_bytes(), planned.recurrent);
+  // A pass keeps a copy per row but the last up to the session's limit, none beyond it.
+  InferenceState limited(*run.model->transformer, pool, c.ctx_size);
+  limited.set_row_state_limit(row_state_copies(run.config));
+  const std::vector<int32_t> rows = {5, 9, 13, 17, 21, 25, 29, 33, 37};
+  limited.eval(rows.data(), 5);  // 5 rows: 4 copies would pass the limit
+  EXPECT_EQ(limited.row_state_bytes(), 0u);
+  limited.eval(rows.data() + 5, 4);
+  EXPECT_EQ(limited.row_state_bytes(), planned.row_copies) << "a 4-row pass keeps 3 copies";
+  // deepseek4's head holds no KV rows but its window ring, which the plan counts with its copy.
+  LoadOptions nextn;
+  nextn.nextn = true;
+  auto ds4 = load_model(test_model_path("tiny-deepseek4-mtp"), nextn);
+  NextnHead ring(*ds4->transformer, pool, c.ctx_size);
+  EXPECT_GT(ring.recurrent_bytes(), 0u);
+  EXPECT_GE(context_memory(c, ds4->transformer->config()).mtp_head, ring.kv_bytes() + 2 * ring.recurrent_bytes());
+  // deepseek4's rings keep no per-row copies (a rewind of a few rows needs none): none planned.
+  EXPECT_EQ(context_memory(c, load_model(test_model_path("tiny-deepseek4"), LoadOptions{})->transformer->config()).row_copies, 0u);
+  // Longer drafts keep copies up to the limit; no drafting, none (and none are planned).
+  c.draft = 12;
+  EXPECT_EQ(context_memory(c, cfg).row_copies, InferenceState::kMaxRowStates * state);
+  c.draft = 0;
+  c.mtp = false;
+  const ContextMemory plain = context_memory(c, cfg);
+  EXPECT_EQ(plain.row_copies + plain.mtp_head, 0u);
+  EXPECT_EQ(plain.total() + planned.row_copies + planned.mtp_head, planned.total());
+  run.config = c;
+  const std::unique_ptr<Session> undrafted = open_session(run, pool);
+  p.draft = DraftConfig{};
+  generate(*undrafted, run.model->tokenizer->encode("the harbour town woke slowly", false, false), p);
+  EXPECT_EQ(undrafted->state().row_state_bytes(), 0u) << "the short prompt kept copies nobody planned";
 }
 
 // Routing forced by position (as --route-replay forces a trace's) stays forced when a rejected
@@ -455,32 +520,33 @@ TEST(Speculative, ForcedRoutingHoldsThroughARecurrentRewind) {
 // and running again from an earlier position (after other rows were written there) gives what
 // the first run gave, so the head rewinds exactly with the trunk.
 TEST(NextnHead, RowsDoNotDependOnTheBatchAndRewindExactly) {
-  auto model = mtp_model(test_model_path("tiny-qwen35moe", 3), false);
-  ASSERT_TRUE(has_nextn_head(*model->transformer));
-  const int E = model->transformer->config().n_embd;
-  std::vector<float> hidden(static_cast<size_t>(6 * E));
-  for (size_t i = 0; i < hidden.size(); ++i) hidden[i] = std::sin(0.37f * static_cast<float>(i));
-  const std::vector<int32_t> tokens = {5, 9, 13, 17, 21, 25};
-  ThreadPool pool(2);
-  NextnHead batched(*model->transformer, pool, 64), single(*model->transformer, pool, 64);
-  batched.forward(0, hidden, tokens);
-  const std::vector<float> want = batched.logits(), want_hidden = batched.hidden();
-  for (int i = 0; i < 6; ++i) {
-    single.forward(i, std::span<const float>(hidden).subspan(static_cast<size_t>(i) * E, E),
-                   std::span<const int32_t>(tokens).subspan(static_cast<size_t>(i), 1));
+  for (const char* preset : {"tiny-qwen35moe", "tiny-deepseek4-mtp"}) {
+    auto model = mtp_model(test_model_path(preset, 3), false);
+    ASSERT_TRUE(has_nextn_head(*model->transformer)) << preset;
+    ThreadPool pool(2);
+    NextnHead batched(*model->transformer, pool, 64), single(*model->transformer, pool, 64);
+    const size_t W = static_cast<size_t>(batched.hidden_width());  // deepseek4: its 4 streams
+    std::vector<float> hidden(6 * W);
+    for (size_t i = 0; i < hidden.size(); ++i) hidden[i] = std::sin(0.37f * static_cast<float>(i));
+    const std::vector<int32_t> tokens = {5, 9, 13, 17, 21, 25};
+    batched.forward(0, hidden, tokens);
+    const std::vector<float> want = batched.logits(), want_hidden = batched.hidden();
+    ASSERT_EQ(want_hidden.size(), W) << preset << ": a chained guess reads what the head writes";
+    for (int i = 0; i < 6; ++i) {
+      single.forward(i, std::span<const float>(hidden).subspan(i * W, W), std::span<const int32_t>(tokens).subspan(i, 1));
+    }
+    EXPECT_EQ(single.logits(), want) << preset;
+    EXPECT_EQ(single.hidden(), want_hidden) << preset;
+    // Other rows at positions 3..5, then the true ones again from 3.
+    const std::vector<int32_t> other = {40, 41, 42};
+    single.forward(3, std::span<const float>(hidden).subspan(0, 3 * W), other);
+    EXPECT_NE(single.logits(), want) << preset;
+    single.forward(3, std::span<const float>(hidden).subspan(3 * W), std::span<const int32_t>(tokens).subspan(3));
+    EXPECT_EQ(single.logits(), want) << preset;
+    EXPECT_THROW(single.forward(8, std::span<const float>(hidden).subspan(0, W), std::span<const int32_t>(tokens).subspan(0, 1)),
+                 Error)
+        << "a position past the head's rows";
   }
-  EXPECT_EQ(single.logits(), want);
-  EXPECT_EQ(single.hidden(), want_hidden);
-  // Other rows at positions 3..5, then the true ones again from 3.
-  const std::vector<int32_t> other = {40, 41, 42};
-  single.forward(3, std::span<const float>(hidden).subspan(0, static_cast<size_t>(3) * E), other);
-  EXPECT_NE(single.logits(), want);
-  single.forward(3, std::span<const float>(hidden).subspan(static_cast<size_t>(3) * E),
-                 std::span<const int32_t>(tokens).subspan(3));
-  EXPECT_EQ(single.logits(), want);
-  EXPECT_THROW(single.forward(8, std::span<const float>(hidden).subspan(0, E), std::span<const int32_t>(tokens).subspan(0, 1)),
-               Error)
-      << "a position past the head's rows";
 }
 
 // Drafts are both kept and rejected somewhere in the suite's runs (so both paths of the
@@ -574,6 +640,32 @@ TEST(Speculative, SeededSamplingIsTheSameWithDrafts) {
   const GenerateResult m = sample(mtp);
   EXPECT_EQ(m.tokens, plain.tokens);
   EXPECT_GT(m.drafted, m.accepted);
+}
+
+// The same on deepseek4, whose head takes the trunk's hyper-connection streams: seeded sampling
+// prints the same tokens with and without --mtp.
+TEST(Speculative, SeededSamplingIsTheSameWithMtpDraftsOnDeepSeek4) {
+  auto model = mtp_model(test_model_path("tiny-deepseek4-mtp", 3), false);
+  const std::vector<int32_t> prompt = model->tokenizer->encode("the harbour town woke slowly", false, false);
+  SamplerConfig sampler;
+  sampler.temperature = 0.9f;
+  sampler.seed = 99;
+  auto sample = [&](const DraftConfig& draft) {
+    ThreadPool pool(2);
+    Session s(*model, pool, 256, 64, sampler);
+    GenerateParams p;
+    p.sampler = sampler;
+    p.max_tokens = 32;
+    p.ignore_eos = true;
+    p.draft = draft;
+    return generate(s, prompt, p);
+  };
+  const GenerateResult plain = sample(DraftConfig{});
+  DraftConfig mtp{3, 4, 1, {}};
+  mtp.mtp = true;
+  const GenerateResult m = sample(mtp);
+  EXPECT_EQ(m.tokens, plain.tokens);
+  EXPECT_GT(m.drafted, 0) << "the head never proposed";
 }
 
 }  // namespace

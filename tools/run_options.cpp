@@ -208,7 +208,7 @@ void add_lossy_and_draft_flags(CLI::App& app, RunOptions& o) {
       ->capture_default_str()->check(CLI::Range(0.0f, 1.0f));
   app.add_option("--draft-seed", o.config.draft_seed, "benchmark only: seed of --draft-accept's corruption")->capture_default_str();
   app.add_flag("--mtp", o.config.mtp,
-               "draft with the model's multi-token-prediction (nextn) block: Qwen3.5/3.6 MoE, GLM-4.5/4.6 (needs --draft N)");
+               "draft with the model's multi-token-prediction (nextn) block: Qwen3.5/3.6 MoE, GLM-4.5/4.6, DeepSeek-V4 (needs --draft N)");
 }
 
 }  // namespace

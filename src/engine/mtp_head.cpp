@@ -39,8 +39,10 @@ void SessionMtpHead::read_prompt(const std::vector<int32_t>& sequence) {
 
 MtpStep SessionMtpHead::draft(int position, std::span<const float> hidden, std::span<const int32_t> tokens) {
   // Attention sees only position differences (RoPE), so a head restarted at a gap runs its rows
-  // from its own position 0, as a window over the newest positions.
-  if (position < origin_ || position - origin_ > head_.n_past()) origin_ = position;
+  // from its own position 0, as a window over the newest positions; so does one sent back
+  // further than its rows reach (a ring whose older rows were overwritten).
+  const int at = position - origin_;
+  if (position < origin_ || at > head_.n_past() || head_.n_past() - at > head_.rewind_reach()) origin_ = position;
   head_.forward(position - origin_, hidden, tokens);
   return {head_.logits(), head_.hidden()};
 }

@@ -15,6 +15,7 @@
 #include "core/timer.h"
 #include "io/mapped_file.h"
 #include "model/arch.h"
+#include "model/nextn_head.h"
 #include "moe/cache_file.h"
 #include "moe/cache_policy.h"
 #include "moe/read_planner.h"
@@ -28,16 +29,6 @@ int RunConfig::thread_count() const {
 
 namespace {
 
-// The KV caches of every sequence (--parallel: ctx_size rows in all), and per sequence a hybrid
-// model's recurrent state twice (the live one and the copy a rewind restores): what the contexts
-// need beside the experts.
-uint64_t context_bytes(const RunConfig& c, const ModelConfig& cfg) {
-  const uint64_t sequences = static_cast<uint64_t>(std::max(1, c.parallel));
-  return static_cast<uint64_t>(cfg.kv_bytes_per_token()) * static_cast<uint64_t>(c.sequence_ctx()) * sequences *
-             (c.kv_type == KvType::F32 ? 2 : 1) +
-         2 * static_cast<uint64_t>(cfg.recurrent_state_bytes()) * sequences;
-}
-
 // Experts the predictors may read ahead for one layer: the routers' whole guess, the affinity
 // predictor's few best (top-k / 2).
 int affinity_reads(const RunConfig& c, const ModelConfig& cfg) {
@@ -50,19 +41,21 @@ int reads_ahead_per_layer(const RunConfig& c, const ModelConfig& cfg) {
 // The automatic budget: what memory (and the cgroup limit) allows after the dense weights,
 // minus the KV cache, working buffers and a safety margin; and no more than holding every
 // expert takes (`every_expert`), so that a model with memory to spare reserves only its experts.
-uint64_t auto_cache_budget(const RunConfig& c, uint64_t kv_bytes, uint64_t staging_bytes, uint64_t every_expert) {
+uint64_t auto_cache_budget(const RunConfig& c, const ContextMemory& context, uint64_t staging_bytes, uint64_t every_expert) {
   const MemorySnapshot m = read_memory();
   const auto available = m.available();
   if (!available) fail("--cache-mb auto: cannot read available memory (/proc/meminfo); give --cache-mb N");
   const uint64_t margin = memory_margin(*available);
-  const uint64_t reserve = kv_bytes + kWorkingBufferBytes + margin + staging_bytes;
+  const uint64_t kv_bytes = context.kv + context.recurrent, drafting = context.row_copies + context.mtp_head;
+  const uint64_t reserve = kv_bytes + drafting + kWorkingBufferBytes + margin + staging_bytes;
   uint64_t budget = *available > reserve ? *available - reserve : 0;
   if (c.cache_ceiling_bytes) budget = std::min(budget, *c.cache_ceiling_bytes);
   const bool capped = budget > every_expert;
   budget = std::min(budget, every_expert);
-  fmt::print(stderr, "moe-cache: auto budget {} MiB = available {} MiB{} - KV {} MiB - buffers {} MiB - margin {} MiB{}{}{}\n",
+  fmt::print(stderr, "moe-cache: auto budget {} MiB = available {} MiB{} - KV {} MiB{} - buffers {} MiB - margin {} MiB{}{}{}\n",
              budget >> 20, *available >> 20,
              m.cgroup_limit ? fmt::format(" (cgroup limit {} MiB)", *m.cgroup_limit >> 20) : "", kv_bytes >> 20,
+             drafting ? fmt::format(" - drafting {} MiB", (drafting + (1 << 20) - 1) >> 20) : "",
              kWorkingBufferBytes >> 20, margin >> 20,
              staging_bytes ? fmt::format(" - prefetch staging {} MiB", staging_bytes >> 20) : "",
              c.cache_ceiling_bytes ? fmt::format(", ceiling {} MiB", *c.cache_ceiling_bytes >> 20) : "",
@@ -122,7 +115,7 @@ uint64_t stream_experts(const RunConfig& c, LoadedModel& model) {
   const uint64_t staging = prefetch_staging_bytes(model.expert_layout, reads_ahead_per_layer(c, cfg),
                                                   std::max(c.prefetch, c.route_ahead));
   const uint64_t budget = c.cache_bytes ? *c.cache_bytes
-                                        : auto_cache_budget(c, context_bytes(c, cfg), staging,
+                                        : auto_cache_budget(c, context_memory(c, cfg), staging,
                                                             ReadPlanner::every_expert_bytes(model.expert_layout));
   const StreamingOptions so = streaming_options(c, cfg, budget, staging);
   attach_streaming(model, so);
@@ -163,13 +156,32 @@ ModeChoice choose_mode_for(const RunConfig& c) {
     choice = choose_moe_mode(c.moe_mode, 0, 0, MemorySnapshot{});  // forced: no sizes to compare, no header read twice
   } else {
     const ModelPreview preview = preview_model(c.model);
-    choice = choose_moe_mode(c.moe_mode, preview.file_bytes, context_bytes(c, preview.config), read_memory());
+    choice = choose_moe_mode(c.moe_mode, preview.file_bytes, context_memory(c, preview.config).total(), read_memory());
   }
   fmt::print(stderr, "{}\n", choice.line());
   return choice;
 }
 
 }  // namespace
+
+int row_state_copies(const RunConfig& c) { return std::clamp(c.draft, 0, InferenceState::kMaxRowStates); }
+
+ContextMemory context_memory(const RunConfig& c, const ModelConfig& cfg) {
+  const uint64_t sequences = static_cast<uint64_t>(std::max(1, c.parallel));
+  const uint64_t rows = static_cast<uint64_t>(c.sequence_ctx()) * sequences;
+  const uint64_t kv_scale = c.kv_type == KvType::F32 ? 2 : 1;
+  const uint64_t state = static_cast<uint64_t>(cfg.recurrent_state_bytes());
+  ContextMemory m;
+  m.kv = static_cast<uint64_t>(cfg.kv_bytes_per_token()) * rows * kv_scale;
+  m.recurrent = 2 * state * sequences;
+  m.row_copies = static_cast<uint64_t>(row_state_copies(c)) * static_cast<uint64_t>(row_copy_floats(cfg)) * 4 * sequences;
+  if (c.mtp && cfg.n_nextn_layer > 0) {
+    const ModelConfig head = nextn_block_config(cfg);
+    m.mtp_head = static_cast<uint64_t>(head.kv_bytes_per_token()) * rows * kv_scale +
+                 2 * static_cast<uint64_t>(head.recurrent_state_bytes()) * sequences;  // live, and the copy a ring keeps
+  }
+  return m;
+}
 
 uint64_t memory_margin(uint64_t available) { return std::max<uint64_t>(512ull << 20, available / 10); }
 
@@ -214,6 +226,7 @@ std::unique_ptr<Session> open_session(LoadedRun& run, ThreadPool& pool, const Sa
   const RunConfig& c = run.config;
   auto session = std::make_unique<Session>(*run.model, pool, c.sequence_ctx(), c.batch(), sampler, c.kv_type);
   session->state().set_routing_options(c.routing());
+  session->state().set_row_state_limit(row_state_copies(c));
   return session;
 }
 

@@ -121,6 +121,21 @@ uint64_t memory_margin(uint64_t available);
 // resident model that does not fit says so. Pure: `memory` is read by the caller.
 ModeChoice choose_moe_mode(MoeMode asked, uint64_t model_bytes, uint64_t context_bytes, const MemorySnapshot& memory);
 
+// What a run's contexts hold beside the weights, per the settings: what the mode choice and the
+// automatic cache budget reserve, and no more than its sessions allocate.
+struct ContextMemory {
+  uint64_t kv = 0;         // every sequence's KV rows (--parallel: ctx_size rows in all)
+  uint64_t recurrent = 0;  // per sequence a hybrid model's recurrent state twice: live, and the copy a rewind restores
+  uint64_t row_copies = 0;  // per sequence the per-row copies of it a verification pass keeps (drafting)
+  uint64_t mtp_head = 0;    // per sequence the MTP head's own KV rows and state, twice as the trunk's (--mtp)
+  uint64_t total() const { return kv + recurrent + row_copies + mtp_head; }
+};
+ContextMemory context_memory(const RunConfig& c, const ModelConfig& cfg);
+// Per-row copies of the recurrent state a session of the run keeps during a verification pass
+// (InferenceState::set_row_state_limit): one per draft token up to kMaxRowStates when drafting
+// (--draft N), none otherwise (a rewind then replays from the saved state).
+int row_state_copies(const RunConfig& c);
+
 // A model loaded as a RunConfig asks, with the settings it was loaded with.
 struct LoadedRun {
   RunConfig config;
@@ -139,8 +154,8 @@ struct LoadedRun {
 // cache file that exists but is not one (it would be overwritten at the end).
 LoadedRun load_run(const RunConfig& config);
 
-// A session on the run's model with its context, batch, KV type and routing options. `pool`
-// must outlive it.
+// A session on the run's model with its context, batch, KV type, routing options and the
+// row-state copies drafting needs (row_state_copies). `pool` must outlive it.
 std::unique_ptr<Session> open_session(LoadedRun& run, ThreadPool& pool, const SamplerConfig& sampler = {});
 
 // The draft settings. Throws Error where the model cannot draft as asked (--mtp), where a

@@ -4,7 +4,9 @@
 // indexer, or ratio 128, all used), a low-rank query and a grouped low-rank output; experts
 // routed by sqrt(softplus) scores (the first hash_layer_count layers by token id) beside an
 // ungated shared expert, with a SwiGLU whose gate is clamped before the SiLU. block_count
-// counts the MTP block too; it is checked, never run. Facts from docs/families/deepseek4.md.
+// counts the MTP block too: a block of the same kinds (window attention only, biased routing)
+// fed by the trunk's streams, run as the MTP head for --mtp (model/nextn_head.h). Facts from
+// docs/families/deepseek4.md.
 #include <fmt/format.h>
 
 #include <cmath>
@@ -84,6 +86,11 @@ void read_attention(ArchLoader& a, ModelConfig& c, int blocks) {
     if (r != 0 && r != 4 && r != 128) fail("deepseek4: compress ratio {} of layer {} is not 0, 4 or 128", r, l);
     s.ratio.push_back(static_cast<int>(r));
   }
+  // llama.cpp's MTP graph attends the block's window alone (it asserts a ratio of 0 there): a
+  // head to run (--mtp) must have one.
+  for (int l = c.n_layer; a.wants_nextn() && l < c.n_layer + c.n_nextn_layer; ++l) {
+    if (s.ratio[static_cast<size_t>(l)] != 0) fail("deepseek4: the MTP block's compress ratio is {}, not 0", s.ratio[static_cast<size_t>(l)]);
+  }
   const int window = checked_key(a, ".attention.sliding_window", 1, 1 << 20);
   c.sliding_window.assign(static_cast<size_t>(c.n_layer), window);
 }
@@ -135,12 +142,6 @@ using Csa = CompressedAttentionWeights;
 using Hc = HyperConnectionWeights;
 using Moe = RoutedExpertWeights;
 using Shared = SharedExpertWeights;
-
-TensorSpec nextn_row(const char* name, std::array<Dim, 3> dims, TensorClass cls, SynthInit init) {
-  TensorSpec t{name, dims, cls == C::Norm ? Role::Small : Role::Dense, cls, {}};
-  t.init = init;
-  return on(Layers::NextN, t);
-}
 
 std::vector<TensorSpec> attention_rows() {
   return {norm("attn_norm.weight", {D::Embd}, &L::attn_norm),
@@ -194,13 +195,19 @@ std::vector<TensorSpec> ffn_rows() {
           on(Layers::Shared, matrix("ffn_down_shexp.weight", {D::SharedFF, D::Embd}, &Shared::shexp_down, C::Dense, fan_in(0.5f), sh))};
 }
 
+// The MTP block's own rows (the shared nextn_rows() but for what the synthetic files hold: the
+// block's shared_head_norm, and the inits the family's presets were written with).
 std::vector<TensorSpec> nextn_rows() {
-  return {nextn_row("nextn.eh_proj.weight", {D::Embd2, D::Embd}, C::Dense, fan_in(1.0f)),
-          nextn_row("nextn.enorm.weight", {D::Embd}, C::Norm, {}),
-          nextn_row("nextn.hnorm.weight", {D::Embd}, C::Norm, {}),
-          optional(nextn_row("nextn.shared_head_norm.weight", {D::Embd}, C::Norm, {})),
-          optional(nextn_row("nextn.embed_tokens.weight", {D::Embd, D::Vocab}, C::Embedding, constant(1.0f)), Layers::Never),
-          optional(nextn_row("nextn.shared_head_head.weight", {D::Embd, D::Vocab}, C::Output, fan_in(1.0f)), Layers::Never)};
+  using N = NextnWeights;
+  const auto own = [](TensorSpec t) { return on(Layers::NextN, t); };
+  return {own(matrix("nextn.eh_proj.weight", {D::Embd2, D::Embd}, &N::eh_proj, C::Dense, fan_in(1.0f))),
+          own(norm("nextn.enorm.weight", {D::Embd}, &N::enorm)),
+          own(norm("nextn.hnorm.weight", {D::Embd}, &N::hnorm)),
+          optional(own(norm("nextn.shared_head_norm.weight", {D::Embd}, &N::shared_head_norm))),
+          optional(own(matrix("nextn.embed_tokens.weight", {D::Embd, D::Vocab}, &N::embed_tokens, C::Embedding, constant(1.0f))),
+                   Layers::Never),
+          optional(own(matrix("nextn.shared_head_head.weight", {D::Embd, D::Vocab}, &N::shared_head_head, C::Output, fan_in(1.0f))),
+                   Layers::Never)};
 }
 
 std::vector<TensorSpec> head_rows() {
@@ -235,7 +242,7 @@ void check_hash_tables(const ModelConfig& c, ModelWeights& w) {
 const Architecture& deepseek4_architecture() {
   static const std::vector<TensorSpec> table = tensors();
   static const Architecture arch{"deepseek4",
-                                 "DeepSeek-V4 (hyper-connections, compressed sparse attention, hash and sqrt-softplus routing, MTP unused)",
+                                 "DeepSeek-V4 (hyper-connections, compressed sparse attention, hash and sqrt-softplus routing, MTP head)",
                                  read_deepseek4, table, check_hash_tables};
   return arch;
 }

@@ -315,9 +315,7 @@ void bind_tensors(std::span<const TensorSpec> table, ArchLoader& a, const ModelC
     if (!t.per_layer()) bind_one(t, a, c, w, -1);
   }
   w.nextn_layers.clear();
-  // NextnHead runs no hyper-connection streams (deepseek4's MTP block has them): such a block
-  // stays unbound, so --mtp says the model has no head it can run.
-  const bool nextn = a.wants_nextn() && c.hc.streams <= 1 && has_nextn_tensors(table, a, c);
+  const bool nextn = a.wants_nextn() && has_nextn_tensors(table, a, c);
   for (int i = 0; nextn && i < c.n_nextn_layer; ++i) {
     w.nextn_layers.push_back(layer_weights_for(c.nextn_plan));
     w.nextn_layers.back().nextn.emplace();

@@ -36,6 +36,7 @@ class LayerStates {
     return rows.data() + static_cast<size_t>(row) * live_[static_cast<size_t>(layer)].size();
   }
   void restore_row(int row);
+  uint64_t row_bytes() const;  // what the copies hold
   void append(std::vector<float>& out) const;
 
  private:

@@ -234,6 +234,7 @@ class DeltaNetMixer final : public Mixer {
     return true;
   }
   void restore_row_state(int row) override { state_.restore_row(row); }
+  uint64_t row_state_bytes() const override { return state_.row_bytes(); }
   void append_state(std::vector<float>& out) const override { state_.append(out); }
 
  private:
@@ -368,6 +369,7 @@ class ShortConvMixer final : public Mixer {
     return true;
   }
   void restore_row_state(int row) override { state_.restore_row(row); }
+  uint64_t row_state_bytes() const override { return state_.row_bytes(); }
   void append_state(std::vector<float>& out) const override { state_.append(out); }
 
  private:
@@ -483,6 +485,12 @@ void LayerStates::restore_row(int row) {
   }
 }
 
+uint64_t LayerStates::row_bytes() const {
+  uint64_t total = 0;
+  for (const auto& v : rows_) total += v.capacity() * sizeof(float);
+  return total;
+}
+
 void LayerStates::append(std::vector<float>& out) const {
   for (const auto& v : live_) out.insert(out.end(), v.begin(), v.end());
 }
@@ -520,6 +528,17 @@ int64_t recurrent_state_floats(const ModelConfig& c, int layer) {
     case MixerKind::LatentAttention: return 0;
   }
   return 0;
+}
+
+int64_t row_copy_floats(const ModelConfig& c) {
+  int64_t floats = 0;
+  for (int l = 0; l < c.n_layer; ++l) {
+    const MixerKind kind = c.mixer_at(l);
+    const bool copies = kind == MixerKind::GatedDeltaNet || kind == MixerKind::ShortConv;
+    if (!copies && recurrent_state_floats(c, l) > 0) return 0;  // this kind keeps none: then no unit does
+    if (copies) floats += recurrent_state_floats(c, l);
+  }
+  return floats;
 }
 
 int64_t kv_bytes_per_token(const ModelConfig& c, int layer) {
@@ -590,15 +609,20 @@ void Mixers::clear_state() {
 
 bool Mixers::keep_row_states(int rows) {
   bool all = true;
-  for (const auto& u : units_) all = u->keep_row_states(rows) && all;
-  if (!all && rows > 0) {
-    for (const auto& u : units_) u->keep_row_states(0);
-  }
-  return all;
+  for (const auto& u : units_) all = u->keep_row_states(0) && all;  // asks each, allocating nothing
+  if (!all || rows == 0) return all;
+  for (const auto& u : units_) u->keep_row_states(rows);
+  return true;
 }
 
 void Mixers::restore_row_state(int row) {
   for (const auto& u : units_) u->restore_row_state(row);
+}
+
+uint64_t Mixers::row_state_bytes() const {
+  uint64_t total = 0;
+  for (const auto& u : units_) total += u->row_state_bytes();
+  return total;
 }
 
 std::vector<float> Mixers::recurrent_state() const {

@@ -51,6 +51,8 @@ class Mixer {
   // no copies returns false (the rewind then replays).
   virtual bool keep_row_states(int rows) { return recurrent_bytes() == 0; }
   virtual void restore_row_state(int row) {}
+  // Bytes the per-row copies hold (their capacity stays for the next pass).
+  virtual uint64_t row_state_bytes() const { return 0; }
   // Appends the live recurrent state (tests compare it bit for bit with plain decoding's).
   virtual void append_state(std::vector<float>& out) const {}
 };
@@ -61,6 +63,10 @@ inline constexpr int kRewindSlack = 32;
 
 // f32 floats of one sequence's recurrent state in `layer` (0 for the attention kinds).
 int64_t recurrent_state_floats(const ModelConfig& c, int layer);
+// f32 floats of one per-row copy of a sequence's recurrent state (Mixer::keep_row_states): the
+// Gated DeltaNet and short-convolution layers'; 0 where another layer's state keeps no copies
+// (then no unit keeps any: Mixers::keep_row_states).
+int64_t row_copy_floats(const ModelConfig& c);
 // Bytes per token of the KV rows of `layer` (f16; 0 for the recurrent kinds).
 int64_t kv_bytes_per_token(const ModelConfig& c, int layer);
 
@@ -80,6 +86,7 @@ class Mixers {
   // some unit cannot (then none keeps any).
   bool keep_row_states(int rows);
   void restore_row_state(int row);
+  uint64_t row_state_bytes() const;
   std::vector<float> recurrent_state() const;  // every unit's live state, concatenated
 
  private:

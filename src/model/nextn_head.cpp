@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "model/hyper_connections.h"
 #include "model/layer_pass.h"
 #include "model/ops.h"
 #include "quant/quant.h"
@@ -18,23 +19,34 @@ void keep_entry(std::vector<T>& per_layer, int layer) {
   per_layer.assign(1, value);
 }
 
-// The MTP block as a one-layer model: its plan, and the per-layer settings of the last trunk
-// layer (whose shapes the block has).
-ModelConfig block_config(const ModelConfig& c) {
+// The block's own entry where the array has one for every block (deepseek4's compress ratios
+// and SwiGLU limits), else the last trunk layer's.
+template <class T>
+void keep_own_entry(std::vector<T>& per_layer, int own, int last) {
+  keep_entry(per_layer, per_layer.size() > static_cast<size_t>(own) ? own : last);
+}
+
+}  // namespace
+
+ModelConfig nextn_block_config(const ModelConfig& c) {
   ModelConfig b = c;
   const int last = c.n_layer - 1;
   b.n_layer = 1;
   b.n_nextn_layer = 0;
+  b.n_hash_layers = 0;  // the block routes by its router (llama.cpp refuses a hash-routed one)
   b.plan = {c.nextn_plan};
   keep_entry(b.sliding_window, last);
   keep_entry(b.layer_n_head_kv, last);
   keep_entry(b.layer_head_dim, last);
   keep_entry(b.layer_rope, last);
   keep_entry(b.dense.layer_n_ff, last);
-  keep_entry(b.swiglu_clamp_exp, last);
-  keep_entry(b.swiglu_clamp_shexp, last);
+  keep_own_entry(b.swiglu_clamp_exp, c.n_layer, last);
+  keep_own_entry(b.swiglu_clamp_shexp, c.n_layer, last);
+  keep_own_entry(b.csa.ratio, c.n_layer, last);
   return b;
 }
+
+namespace {
 
 ModelWeights block_weights(const Transformer& model) {
   if (!has_nextn_head(model)) fail("internal: the model's MTP block is not bound");
@@ -44,6 +56,9 @@ ModelWeights block_weights(const Transformer& model) {
   b.embd_scale = w.embd_scale;
   b.output_norm = w.output_norm;
   b.output = w.output;
+  b.output_hc_fn = w.output_hc_fn;
+  b.output_hc_base = w.output_hc_base;
+  b.output_hc_scale = w.output_hc_scale;
   b.layers = {w.nextn_layers.front()};
   const NextnWeights& n = *b.layers.front().nextn;
   if (n.embed_tokens.present()) b.tok_embd = n.embed_tokens;
@@ -79,7 +94,7 @@ class NextnHead::LayerShiftedSource : public ExpertSource {
 };
 
 NextnHead::NextnHead(Transformer& model, ThreadPool& pool, int n_ctx, KvType kv_type)
-    : model_(model), pool_(pool), n_ctx_(n_ctx), cfg_(block_config(model.config())),
+    : model_(model), pool_(pool), n_ctx_(n_ctx), cfg_(nextn_block_config(model.config())),
       weights_(block_weights(model)),
       source_(std::make_unique<LayerShiftedSource>(model, model.config().n_layer)),
       mixers_(cfg_, n_ctx > 0 ? n_ctx : 1, kv_type), ffns_(cfg_),
@@ -91,8 +106,7 @@ NextnHead::~NextnHead() = default;
 
 void NextnHead::forward(int first_position, std::span<const float> hidden, std::span<const int32_t> tokens) {
   const int n = static_cast<int>(tokens.size());
-  const int E = cfg_.n_embd;
-  if (n <= 0 || hidden.size() != static_cast<size_t>(n) * E) {
+  if (n <= 0 || hidden.size() != static_cast<size_t>(n) * hidden_width()) {
     fail("internal: MTP head: {} tokens with {} hidden floats", n, hidden.size());
   }
   if (first_position < 0 || first_position > n_past_ || first_position + n > n_ctx_) {
@@ -105,41 +119,58 @@ void NextnHead::forward(int first_position, std::span<const float> hidden, std::
   const LayerPass pass{pool_, cfg_, residual_, positions_.data(), n, false};
   const FfnContext ffn{experts_, *source_};
   const LayerWeights& L = weights_.layers.front();
+  if (L.hyper) hyper::pre_mix(pool_, residual_, L.hyper->attn(), cfg_);
   mixers_.at(0).forward(L, 0, pass);
+  if (L.hyper) hyper::pre_mix(pool_, residual_, L.hyper->ffn(), cfg_);
   ffns_.at(0).forward(L, 0, pass, ffn);
   n_past_ = first_position + n;
   output_head(n);
 }
 
-// The residual stream starts as eh_proj([enorm(embedding) | hnorm(hidden)]), row by row.
+int NextnHead::streams() const { return std::max(1, cfg_.hc.streams); }
+int NextnHead::hidden_width() const { return cfg_.n_embd * streams(); }
+
+// The residual stream starts as eh_proj([enorm(embedding) | hnorm(hidden)]), row by row; with
+// hyper-connections, stream by stream: each of the row's hidden streams is normed and projected
+// beside the same embedding (llama.cpp repeats enorm's output over the streams).
 void NextnHead::embed_inputs(std::span<const float> hidden, std::span<const int32_t> tokens) {
   const int n = static_cast<int>(tokens.size());
-  const int E = cfg_.n_embd;
+  const int E = cfg_.n_embd, S = streams();
+  const size_t rows = static_cast<size_t>(n) * S;
   const NextnWeights& w = *weights_.layers.front().nextn;
-  input_.resize(static_cast<size_t>(n) * 2 * E);
+  input_.resize(rows * 2 * E);
   std::vector<float> embedding(static_cast<size_t>(E));
   for (int i = 0; i < n; ++i) {
     const int32_t t = tokens[static_cast<size_t>(i)];
     if (t < 0 || t >= weights_.tok_embd.rows) fail("token id {} is outside the vocabulary", t);
     dequantize_row(weights_.tok_embd.type, weights_.tok_embd.row(t), embedding.data(), E);
     if (weights_.embd_scale != 1.0f) ops::scale(embedding.data(), weights_.embd_scale, E);
-    float* row = input_.data() + static_cast<size_t>(i) * 2 * E;
-    ops::rms_norm(embedding.data(), w.enorm.data(), row, E, cfg_.norm_eps);
-    ops::rms_norm(hidden.data() + static_cast<size_t>(i) * E, w.hnorm.data(), row + E, E, cfg_.norm_eps);
+    for (int s = 0; s < S; ++s) {
+      float* row = input_.data() + (static_cast<size_t>(i) * S + s) * 2 * E;
+      ops::rms_norm(embedding.data(), w.enorm.data(), row, E, cfg_.norm_eps);
+      ops::rms_norm(hidden.data() + (static_cast<size_t>(i) * S + s) * E, w.hnorm.data(), row + E, E, cfg_.norm_eps);
+    }
   }
-  residual_.resize(n, E);
-  projected_.resize(static_cast<size_t>(n) * E);
-  matmul(pool_, w.eh_proj, input_.data(), n, projected_.data(), proj_act_);
-  for (int i = 0; i < n; ++i) std::copy_n(projected_.data() + static_cast<size_t>(i) * E, E, residual_.row(i));
+  residual_.resize(n, E, S);
+  projected_.resize(rows * E);
+  matmul(pool_, w.eh_proj, input_.data(), static_cast<int>(rows), projected_.data(), proj_act_);
+  for (int i = 0; i < n; ++i) std::copy_n(projected_.data() + static_cast<size_t>(i) * S * E, S * E, residual_.streams_of(i));
 }
 
-// The last row, normed (the head's hidden state), then the output head.
+// The last row's hidden state (the input of a chained guess: the output-normed row, or its
+// streams unmixed), then the output head on the normed row (the streams folded first).
 void NextnHead::output_head(int n) {
   const int E = cfg_.n_embd;
-  hidden_.resize(static_cast<size_t>(E));
-  ops::rms_norm(residual_.row(n - 1), weights_.output_norm.data(), hidden_.data(), E, cfg_.norm_eps);
+  normed_.resize(static_cast<size_t>(E));
+  if (streams() > 1) {
+    const float* last = residual_.streams_of(n - 1);
+    hidden_.assign(last, last + hidden_width());
+    hyper::head_mix(pool_, residual_, weights_.output_hc(), cfg_, n - 1, n);
+  }
+  ops::rms_norm(residual_.row(n - 1), weights_.output_norm.data(), normed_.data(), E, cfg_.norm_eps);
+  if (streams() == 1) hidden_ = normed_;
   logits_.resize(static_cast<size_t>(weights_.output.rows));
-  matmul(pool_, weights_.output, hidden_.data(), 1, logits_.data(), head_act_);
+  matmul(pool_, weights_.output, normed_.data(), 1, logits_.data(), head_act_);
 }
 
 void NextnHead::route_residual(int layer, std::span<TokenRoute> rows) {

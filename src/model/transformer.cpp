@@ -65,13 +65,11 @@ bool InferenceState::restore_row_state(int n) {
   return true;
 }
 
-// Rows kept per eval: a verification pass is 1 + k rows; longer evals (prompts) keep none, so
-// the copies cost at most this many times the recurrent state.
-constexpr int kMaxRowStates = 8;
-
-// Before an eval of n rows: copies of the state after each row but the last when n is short.
+// Before an eval of n rows: copies of the state after each row but the last when n is short (a
+// verification pass is 1 + k rows; longer evals, prompts, keep none), so the copies cost at most
+// row_state_limit_ times the recurrent state.
 void InferenceState::keep_row_states(int n) {
-  const int rows = n > 1 && n <= kMaxRowStates + 1 ? n - 1 : 0;
+  const int rows = n > 1 && n - 1 <= row_state_limit_ ? n - 1 : 0;
   const bool kept = mixers_.keep_row_states(rows) && rows > 0;
   row_states_from_ = n_past_;
   row_states_n_ = kept ? rows : 0;
@@ -169,29 +167,37 @@ void InferenceState::abandon_rows(int n) {
   else recurrent_dirty_ = true;
 }
 
+// A row's hidden state for an MTP head, as llama.cpp's h_nextn: the output-normed row, or with
+// hyper-connections (deepseek4) the token's streams as the last layer left them, unmixed.
+int InferenceState::hidden_width() const { return cfg_.n_embd * std::max(1, cfg_.hc.streams); }
+
 void InferenceState::keep_hidden_rows(int n) {
-  const size_t E = static_cast<size_t>(cfg_.n_embd);
+  const size_t W = static_cast<size_t>(hidden_width());
   forget_hidden_rows(n_past_);  // rows being evaluated again
-  if (hidden_rows_.empty() || hidden_first_ + static_cast<int>(hidden_rows_.size() / E) != n_past_) {
+  if (hidden_rows_.empty() || hidden_first_ + static_cast<int>(hidden_rows_.size() / W) != n_past_) {
     hidden_rows_.clear();
     hidden_first_ = n_past_;
   }
   const size_t at = hidden_rows_.size();
-  hidden_rows_.resize(at + static_cast<size_t>(n) * E);
+  hidden_rows_.resize(at + static_cast<size_t>(n) * W);
   for (int i = 0; i < n; ++i) {
-    ops::rms_norm(residual_.row(i), model_.weights_.output_norm.data(), hidden_rows_.data() + at + i * E,
-                  cfg_.n_embd, cfg_.norm_eps);
+    float* out = hidden_rows_.data() + at + i * W;
+    if (residual_.streams() > 1) {
+      std::copy_n(residual_.streams_of(i), W, out);
+    } else {
+      ops::rms_norm(residual_.row(i), model_.weights_.output_norm.data(), out, cfg_.n_embd, cfg_.norm_eps);
+    }
   }
 }
 
 void InferenceState::forget_hidden_rows(int from) {
-  const size_t E = static_cast<size_t>(cfg_.n_embd);
+  const size_t W = static_cast<size_t>(hidden_width());
   const int keep = std::max(0, from - hidden_first_);
-  if (static_cast<size_t>(keep) * E < hidden_rows_.size()) hidden_rows_.resize(static_cast<size_t>(keep) * E);
+  if (static_cast<size_t>(keep) * W < hidden_rows_.size()) hidden_rows_.resize(static_cast<size_t>(keep) * W);
 }
 
 std::vector<std::vector<float>> InferenceState::take_hidden_states(int* first_position) {
-  const size_t E = static_cast<size_t>(cfg_.n_embd);
+  const size_t E = static_cast<size_t>(hidden_width());
   std::vector<std::vector<float>> rows;
   for (size_t at = 0; at < hidden_rows_.size(); at += E) {
     rows.emplace_back(hidden_rows_.begin() + static_cast<std::ptrdiff_t>(at),

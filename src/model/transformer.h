@@ -3,6 +3,7 @@
 // and the config; this file holds the forward pass.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -71,8 +72,10 @@ class InferenceState : private ResidualRouter {
 
   // The logits the last eval() (or BatchPass::decode) returned.
   const std::vector<float>& logits() const { return head_.logits; }
-  // Keeps the output-normed hidden state of every row an eval() runs (not a rewind's replay)
-  // until take_hidden_states(): what an MTP head reads (llama.cpp's h_nextn).
+  // Keeps the hidden state of every row an eval() runs (not a rewind's replay) until
+  // take_hidden_states(): what an MTP head reads (llama.cpp's h_nextn): the output-normed row
+  // (n_embd floats), or with hyper-connections the row's streams unmixed (hidden_width()).
+  int hidden_width() const;
   void keep_hidden_states(bool keep) { keep_hidden_ = keep; }
   // The kept rows, oldest first, and the position of the first; truncate() drops those it
   // forgets. Afterwards none is kept.
@@ -92,6 +95,16 @@ class InferenceState : private ResidualRouter {
   std::vector<float> recurrent_state() const { return mixers_.recurrent_state(); }
   // Truncates that restored a per-row copy instead of replaying (a rejected draft's rewind).
   int64_t row_state_rewinds() const { return row_state_rewinds_; }
+  // The most per-row copies of the recurrent state a short eval (a verification pass of 1 + k
+  // rows) keeps: it keeps one per row but the last when that is at most `rows`, else none (a
+  // rewind then replays). Each copy costs the state of the units that keep copies
+  // (row_copy_floats), so a memory budget counts `rows` of them (engine/run.cpp's context_memory
+  // and open_session set both from the draft length).
+  static constexpr int kMaxRowStates = 8;
+  void set_row_state_limit(int rows) { row_state_limit_ = std::clamp(rows, 0, kMaxRowStates); }
+  int row_state_limit() const { return row_state_limit_; }
+  // Bytes the per-row copies hold now (at most row_state_limit() * row_copy_floats * 4).
+  uint64_t row_state_bytes() const { return mixers_.row_state_bytes(); }
   void set_route_hook(RouteHook hook) { hooks_.route = std::move(hook); }
   // Called after each layer of each eval() with the layer just done (progress of long batches).
   void set_layer_hook(std::function<void(int layer)> hook) { layer_hook_ = std::move(hook); }
@@ -158,9 +171,10 @@ class InferenceState : private ResidualRouter {
   // restores it instead of replaying.
   int row_states_from_ = 0;
   int row_states_n_ = 0;
+  int row_state_limit_ = kMaxRowStates;
   int64_t row_state_rewinds_ = 0;
 
-  // Hidden states kept for an MTP head: rows of n_embd from position hidden_first_.
+  // Hidden states kept for an MTP head: rows of hidden_width() from position hidden_first_.
   bool keep_hidden_ = false;
   int hidden_first_ = 0;
   std::vector<float> hidden_rows_;

@@ -5,9 +5,11 @@
 // position n, paired with the last trunk row) and one chained step (the head's own pick and
 // hidden state). Prints {"next": id, "steps": [[logits], [logits]]}.
 //
-//   mtp_oracle MODEL 1,2,3,... BACKEND_DIR [EXCLUDED_VARIANT,...]
+//   mtp_oracle MODEL 1,2,3,... BACKEND_DIR [EXCLUDED_VARIANT,...] [f32]
 // loads the best-scoring CPU backend of BACKEND_DIR (ggml's own score) but the excluded ones, as
-// the conformance peer does (tests/conformance/common.py: PEER_EXCLUDED_CPU).
+// the conformance peer does (tests/conformance/common.py: PEER_EXCLUDED_CPU). With `f32`, the
+// caches hold f32 and attention takes the classic path (bmoe's --kv-type f32), so that a model
+// whose weights are all f32 rounds nowhere.
 #include <dlfcn.h>
 
 #include <cstdio>
@@ -88,7 +90,8 @@ void load_cpu_backend(const std::string& dir, const std::string& excluded) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 4) die("usage: mtp_oracle MODEL IDS BACKEND_DIR [EXCLUDED]");
+  if (argc < 4) die("usage: mtp_oracle MODEL IDS BACKEND_DIR [EXCLUDED] [f32]");
+  const bool f32_cache = argc > 5 && std::strcmp(argv[5], "f32") == 0;
   const std::vector<llama_token> prompt = parse_ids(argv[2]);
   const int n = static_cast<int>(prompt.size());
   load_cpu_backend(argv[3], argc > 4 ? argv[4] : "");
@@ -103,13 +106,18 @@ int main(int argc, char** argv) {
   cp.n_batch = 512;
   cp.n_ubatch = 512;
   cp.n_threads = cp.n_threads_batch = 2;
+  if (f32_cache) {
+    cp.type_k = cp.type_v = GGML_TYPE_F32;
+    cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+  }
   llama_context* trunk = llama_init_from_model(model, cp);
   cp.ctx_type = LLAMA_CONTEXT_TYPE_MTP;
   llama_context* head = llama_init_from_model(model, cp);
   if (!trunk || !head) die("cannot create the contexts");
   llama_set_embeddings_nextn(trunk, true, false);
   llama_set_embeddings_nextn(head, true, true);
-  const int n_embd = llama_model_n_embd(model);
+  // The hidden rows' width: n_embd, or deepseek4's n_embd per hyper-connection stream (n_embd_out).
+  const int n_embd = llama_model_n_embd_out(model);
   const int n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
 
   llama_batch tb = llama_batch_get_one(const_cast<llama_token*>(prompt.data()), n);
