@@ -14,6 +14,11 @@
 #include "serve/worker.h"
 
 namespace bmoe {
+namespace {
+
+BatchShare share_of(const SessionBatch& b) { return {b.steps(), b.rows(), b.routed_slots(), b.distinct_experts()}; }
+
+}  // namespace
 
 void DecodeWorker::start_slots() {
   const int n = std::max(1, run_.config.parallel);
@@ -76,10 +81,11 @@ bool DecodeWorker::admit(Slot& slot) {
     active_.push_back(job);
   }
   slot.job = job;
+  job->slot = slot.id;
   slot.choice = 0;
   slot.results.clear();
   if (!job->embed_inputs.empty()) {  // embeddings run at once, between two steps
-    run_embeddings(*job, *slot.session);
+    run_embeddings(*job, *slot.session, slot.id);
     end_choice(slot, {}, "embeddings");
     return false;
   }
@@ -140,8 +146,13 @@ void DecodeWorker::read_prompt_chunk(Slot& slot) {
   try {
     const std::vector<int32_t> chunk(slot.prompt.begin() + static_cast<std::ptrdiff_t>(slot.fed),
                                      slot.prompt.begin() + static_cast<std::ptrdiff_t>(slot.fed + n));
-    slot.prefill_seconds += slot.session->prefill(chunk).seconds;
+    const double seconds = slot.session->prefill(chunk).seconds;
+    slot.prefill_seconds += seconds;
     slot.fed += n;
+    count_pass(busy_slots());
+    std::lock_guard<std::mutex> lock(mutex_);
+    counters_.chunk_seconds.add(seconds);
+    counters_.n_tokens_max = std::max<uint64_t>(counters_.n_tokens_max, slot.fed);
   } catch (const std::exception& e) {
     slot.session->reset();
     return end_choice(slot, {}, e.what());
@@ -170,17 +181,25 @@ void DecodeWorker::read_prompt_chunk(Slot& slot) {
 }
 
 void DecodeWorker::decode_step() {
-  std::vector<int> ended;
+  std::vector<int> ended, decoding;
+  for (auto& slot : slots_) {
+    if (slot->decode_id >= 0) decoding.push_back(slot->id);
+  }
   try {
+    const uint64_t passes_before = parallel_->batch().steps();
+    Stopwatch timer;
     ended = parallel_->step();
+    after_step(parallel_->batch().steps() > passes_before ? timer.seconds() : -1, decoding);
   } catch (const std::exception& e) {
     // A failed pass leaves every decoding session unusable: their jobs fail, the batch restarts.
     const std::string error = e.what();
+    batch_before_ += share_of(parallel_->batch());
     parallel_ = std::make_unique<ParallelDecode>(*run_.model, pool_);
     parallel_->set_routing_options(run_.config.routing());
     for (auto& slot : slots_) {
       if (slot->decode_id < 0) continue;
       slot->decode_id = -1;
+      slot->last_token_at = 0;
       slot->session->reset();
       end_choice(*slot, {}, error);
     }
@@ -193,11 +212,37 @@ void DecodeWorker::decode_step() {
     for (auto& slot : slots_) {
       if (slot->decode_id != id) continue;
       slot->decode_id = -1;
+      slot->last_token_at = 0;
       GenerateResult r = parallel_->take(id);
       if (slot->timed_out && r.finish_reason == "cancelled" && !slot->job->cancel.load()) r.finish_reason = "stop";
       end_choice(*slot, std::move(r), "");
     }
   }
+}
+
+// The counters of a step of the slots `decoding` (ids): its pass, run in `seconds` (< 0: the
+// step ran none, every answer in it ended), the batch's sharing so far, and each running
+// answer's time since its last token.
+void DecodeWorker::after_step(double seconds, const std::vector<int>& decoding) {
+  const double now = now_seconds();
+  if (seconds >= 0) count_pass(busy_slots());
+  std::lock_guard<std::mutex> lock(mutex_);
+  Counters& c = counters_;
+  c.batch = batch_before_;
+  c.batch += share_of(parallel_->batch());
+  if (seconds >= 0) c.step_seconds.add(seconds);
+  for (int id : decoding) {
+    Slot& slot = *slots_[static_cast<size_t>(id)];
+    if (slot.last_token_at > 0) c.token_gap_seconds.add(now - slot.last_token_at);
+    slot.last_token_at = now;
+    c.n_tokens_max = std::max<uint64_t>(c.n_tokens_max, slot.session->history().size());
+  }
+}
+
+int DecodeWorker::busy_slots() const {
+  int n = 0;
+  for (const auto& slot : slots_) n += slot->job != nullptr;
+  return n;
 }
 
 // A choice ended (error empty) or failed: the next choice starts, or the job ends and the slot
@@ -223,15 +268,13 @@ void DecodeWorker::end_choice(Slot& slot, GenerateResult result, const std::stri
       message = kShuttingDown;
       status = 503;
     }
-    record(slot.results, !message.empty(), cancelled);
+    record(slot.results, !message.empty(), cancelled, slot.id);
     finish(job, std::move(slot.results), message, status);
   }
   {
     std::lock_guard<std::mutex> lock(mutex_);
     active_.erase(std::remove(active_.begin(), active_.end(), slot.job), active_.end());
-    SlotView& v = slot_views_[static_cast<size_t>(slot.id)];
-    ++v.requests;
-    v.state = "idle";
+    slot_views_[static_cast<size_t>(slot.id)].state = "idle";
   }
   slot.job.reset();
   slot.results.clear();
