@@ -231,6 +231,9 @@ void add_batch_metrics(MetricsText& m, const Counters& c) {
   add_histogram(m, "bmoe_token_gap_seconds",
                 "Between two tokens of one running answer, on the worker (--parallel > 1): a step, and a chunk when one was read.",
                 c.token_gap_seconds);
+  add_histogram(m, "bmoe_token_gap_overhead_seconds",
+                "Of each such gap, the time neither its step nor the turn's one prompt chunk (or embeddings input) took.",
+                c.token_gap_overhead_seconds);
 }
 
 }  // namespace
@@ -354,33 +357,42 @@ std::shared_ptr<Job> DecodeWorker::next_job() {
 // Embeds each input in turn (cancelled between inputs); one result per input carries its
 // token count for usage and the counters.
 void DecodeWorker::run_embeddings(Job& job, Session& session, int slot_id) {
-  std::vector<GenerateResult> results;
-  std::vector<std::vector<float>> vectors;
-  std::string error;
-  for (const std::vector<int32_t>& input : job.embed_inputs) {
-    if (job.cancel.load()) break;
-    GenerateResult r;
-    r.prompt_tokens = static_cast<int>(input.size());
-    r.finish_reason = "stop";
-    try {
-      Stopwatch timer;
-      vectors.push_back(session.embed(input, job.pooling));
-      r.prefill_seconds = timer.seconds();
-    } catch (const std::exception& e) {
-      error = e.what();
-      session.reset();
-      break;
-    }
-    results.push_back(r);
+  EmbeddingsDone done;
+  while (embed_next(job, session, done)) {
   }
-  const bool cancelled = vectors.size() < job.embed_inputs.size() && error.empty();
-  if (cancelled) error = shutting_down() ? kShuttingDown : "cancelled";
-  record(results, !error.empty() && !cancelled, cancelled, slot_id);
+  finish_embeddings(job, done, slot_id);
+}
+
+// The job's next input embedded (the slots run one between two decode steps); false once the
+// job is over: every input done, cancelled before this one, or failed.
+bool DecodeWorker::embed_next(Job& job, Session& session, EmbeddingsDone& done) {
+  if (job.cancel.load() || done.vectors.size() >= job.embed_inputs.size()) return false;
+  const std::vector<int32_t>& input = job.embed_inputs[done.vectors.size()];
+  GenerateResult r;
+  r.prompt_tokens = static_cast<int>(input.size());
+  r.finish_reason = "stop";
+  try {
+    Stopwatch timer;
+    done.vectors.push_back(session.embed(input, job.pooling));
+    r.prefill_seconds = timer.seconds();
+  } catch (const std::exception& e) {
+    done.error = e.what();
+    session.reset();
+    return false;
+  }
+  done.results.push_back(r);
+  return done.vectors.size() < job.embed_inputs.size();
+}
+
+void DecodeWorker::finish_embeddings(Job& job, EmbeddingsDone& done, int slot_id) {
+  const bool cancelled = done.vectors.size() < job.embed_inputs.size() && done.error.empty();
+  if (cancelled) done.error = shutting_down() ? kShuttingDown : "cancelled";
+  record(done.results, !done.error.empty() && !cancelled, cancelled, slot_id);
   {
     std::lock_guard<std::mutex> lock(job.mutex);
-    job.embeddings = std::move(vectors);
+    job.embeddings = std::move(done.vectors);
   }
-  finish(job, std::move(results), error, cancelled && shutting_down() ? 503 : 500);
+  finish(job, std::move(done.results), done.error, cancelled && shutting_down() ? 503 : 500);
 }
 
 void DecodeWorker::run_job(Job& job) {

@@ -159,8 +159,8 @@ struct Counters {
   BatchShare batch;  // --parallel > 1
   // --parallel > 1, timed on the worker: each decode step of the batch, each prompt chunk read
   // between steps, and the time between two tokens of one running answer (a step, plus a chunk
-  // when one was read in between).
-  DurationHistogram step_seconds, chunk_seconds, token_gap_seconds;
+  // when one was read in between), and of that gap the part neither took (admission, bookkeeping).
+  DurationHistogram step_seconds, chunk_seconds, token_gap_seconds, token_gap_overhead_seconds;
 };
 
 // What /slots and /metrics show of a slot (llama-server's -np): idle, reading a prompt or
@@ -215,6 +215,14 @@ class DecodeWorker {
   std::shared_ptr<Job> next_job();  // nullptr once stopping
   void run_job(Job& job);
   void run_embeddings(Job& job, Session& session, int slot_id);
+  // An embeddings job's inputs embedded so far.
+  struct EmbeddingsDone {
+    std::vector<GenerateResult> results;  // one per input: its token count and time
+    std::vector<std::vector<float>> vectors;
+    std::string error;
+  };
+  bool embed_next(Job& job, Session& session, EmbeddingsDone& done);
+  void finish_embeddings(Job& job, EmbeddingsDone& done, int slot_id);
   // --parallel N > 1 (worker_slots.cpp).
   // A slot: its session, and the job choice it serves (no job: idle).
   struct Slot {
@@ -233,12 +241,15 @@ class DecodeWorker {
     std::optional<Stopwatch> since_first_piece;
     bool line_break = false, timed_out = false;
     double last_token_at = 0;  // now_seconds() after the step that gave its last token (0: none yet)
+    std::optional<EmbeddingsDone> embedding;  // an embeddings job: one input per turn
   };
   void start_slots();
   void work_slots();
   bool admit(Slot& slot);
   void start_choice(Slot& slot);
   void read_prompt_chunk(Slot& slot);
+  void embed_turn(Slot& slot);
+  void release(const Slot& slot);
   void decode_step();
   void end_choice(Slot& slot, GenerateResult result, const std::string& error);
   void publish_slot(const Slot& slot);
@@ -247,7 +258,7 @@ class DecodeWorker {
   // A forward pass run while `busy_slots` slots held a request (llamacpp:n_busy_slots_per_decode).
   void count_pass(int busy_slots);
   int busy_slots() const;
-  void after_step(double seconds, const std::vector<int>& decoding);  // seconds < 0: no pass ran
+  void after_step(double seconds, bool ran, const std::vector<int>& decoding);
   GenerateResult run_choice(Job& job, int index, std::string& error);
   GenerateResult generate_choice(Job& job, int index, const std::vector<int32_t>& prompt, GenerateParams params,
                                  const std::function<bool(const std::string&)>& in_time);
@@ -270,6 +281,7 @@ class DecodeWorker {
   std::vector<std::unique_ptr<Slot>> slots_;     // --parallel N > 1
   std::unique_ptr<ParallelDecode> parallel_;
   BatchShare batch_before_;  // the sharing of batches a failed pass replaced
+  double turn_prompt_seconds_ = 0;  // the loop's turn: the prompt chunk or embeddings input it ran
   std::vector<SlotView> slot_views_;            // under mutex_
   std::vector<std::shared_ptr<Job>> active_;    // the slots' jobs, under mutex_ (shutdown cancels them)
   std::thread worker_;
