@@ -667,6 +667,8 @@ class ServerParallelTest(unittest.TestCase):
             self.assertEqual(m['bmoe_batch_step_seconds_bucket{le="+Inf"}'], steps)
             self.assertEqual(m["bmoe_prompt_chunk_seconds_count"], sum(-(-e // 16) for e in evaluated))
             self.assertEqual(m["bmoe_token_gap_seconds_count"], rows)
+            self.assertEqual(m["bmoe_token_gap_overhead_seconds_count"], rows)
+            self.assertLessEqual(m["bmoe_token_gap_overhead_seconds_sum"], m["bmoe_token_gap_seconds_sum"])
             self.assertGreater(m["bmoe_token_gap_seconds_sum"], 0)
             self.assertGreaterEqual(m["bmoe_token_gap_seconds_max"], m["bmoe_token_gap_seconds_sum"] / rows)
             self.assertGreater(m["llamacpp:predicted_tokens_seconds"], 0)
@@ -724,6 +726,35 @@ class ServerParallelTest(unittest.TestCase):
             self.assertEqual(m['bmoe_requests_total{outcome="cancelled"}'], 1)
             self.assertEqual(m['bmoe_requests_total{outcome="ok"}'], len(bodies))
             self.assertGreater(m["bmoe_batch_rows_total"], m["bmoe_batch_steps_total"])
+        finally:
+            s.stop()
+
+    def test_embeddings_run_between_the_steps_of_running_answers(self):
+        """--parallel 2: an embeddings request taken by the free slot while an answer streams is
+        embedded one input per turn between the answer's steps; its vectors and the answer equal
+        those of a --parallel 1 server."""
+        flags = ("--moe-stream", "--cache-mb", "0", "-b", "16")
+        answer = {"prompt": "Once upon a time", "n_predict": 200, "temperature": 0, "ignore_eos": True, "return_tokens": True}
+        inputs = {"input": ["The capital of France is", self.LONG, "hi"]}
+        alone = Server(self.model, "-c", "512", *flags)
+        try:
+            want = (alone.post("/completion", answer)[1]["tokens"], alone.post("/v1/embeddings", inputs)[1]["data"])
+        finally:
+            alone.stop()
+        s = Server(self.model, "-c", "1024", "--parallel", "2", *flags)
+        try:
+            got = {}
+            t = threading.Thread(target=lambda: got.update(answer=s.post("/completion", answer)[1]))
+            t.start()
+            wait_until(lambda: s.metrics()["llamacpp:requests_processing"] == 1, 30)
+            status, embedded = s.post("/v1/embeddings", inputs)
+            running = t.is_alive()
+            t.join()
+            self.assertEqual(status, 200, embedded)
+            self.assertTrue(running, "the answer ended before the embeddings were done")
+            self.assertEqual((got["answer"]["tokens"], embedded["data"]), want)
+            m = s.metrics()
+            self.assertEqual(sum(m[f'bmoe_slot_requests_total{{slot="{k}"}}'] for k in range(2)), 2)
         finally:
             s.stop()
 
