@@ -197,6 +197,7 @@ word ::= [a-z]+)");
   std::vector<GenerateResult> want;
   for (const Constrained& c : cs) want.push_back(constrained_alone(*model, c));
   ASSERT_EQ(want[2].finish_reason, "stop");
+  EXPECT_EQ(want[2].stop_word, cs[2].params.stop[0]);
   ASSERT_LT(want[2].tokens.size(), unstopped.tokens.size());
 
   ThreadPool pool(2);
@@ -227,6 +228,7 @@ word ::= [a-z]+)");
     EXPECT_EQ(got[i].tokens, want[i].tokens) << "sequence " << i;
     EXPECT_EQ(got[i].text, want[i].text) << "sequence " << i;
     EXPECT_EQ(got[i].finish_reason, want[i].finish_reason) << "sequence " << i;
+    EXPECT_EQ(got[i].stop_word, want[i].stop_word) << "sequence " << i;
   }
   // The stop string ended its answer while the plain one went on.
   EXPECT_LT(ended_at[2], ended_at[3]);
