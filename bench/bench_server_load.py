@@ -13,7 +13,10 @@ Checks and reports:
     read one chunk of one prompt between two decode steps, so a pause should stay within one
     chunk plus one step;
   - p50/p95 time to first token, each client's tok/s (its tokens over its 20 requests' wall
-    time) and the aggregate.
+    time) and the aggregate;
+  - the same pauses on the server's own clock (its /metrics histograms: every gap between two
+    tokens of a running answer, each decode step, each prompt chunk), free of the client threads'
+    waits for a core, and the batch's rows per step and expert sharing.
 
 Each request asks for logprobs, so that the server sends an event for every token (a token whose
 text is an incomplete UTF-8 sequence would otherwise ride with the next one and look like a pause).
@@ -83,6 +86,14 @@ class Server:
         text = resp.read().decode()
         conn.close()
         return resp.status, text
+
+    def metrics(self):
+        """One /metrics scrape: {'name' or 'name{labels}': value}."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        conn.request("GET", "/metrics")
+        text = conn.getresponse().read().decode()
+        conn.close()
+        return {k: float(v) for k, v in (line.rsplit(" ", 1) for line in text.splitlines() if line and line[0] != "#")}
 
     def stream(self, body):
         """One streamed completion: status, text, token event times, final timings, [DONE] seen."""
@@ -176,9 +187,10 @@ def under_load(model, args, plan):
         for t in threads:
             t.join()
         wall = time.monotonic() - t0
+        metrics = server.metrics()
     finally:
         server.stop()
-    return results, spans, wall, load
+    return results, spans, wall, load, metrics
 
 
 def alone(model, args, plan):
@@ -211,6 +223,35 @@ def pauses_during_long(results, plan):
     return long_r, start, end, gaps
 
 
+def hist_pct(m, name, p):
+    """The upper bound of the bucket holding the p-quantile of a /metrics histogram."""
+    buckets = sorted((float(k.split('"')[1]), v) for k, v in m.items()
+                     if k.startswith(name + "_bucket{") and '"+Inf"' not in k)
+    n = m.get(name + "_count", 0)
+    for bound, below in buckets:
+        if below >= p * n:
+            return bound * 1e3
+    return float("inf")
+
+
+def server_side(m):
+    """The worker's own clock (bmoe-server /metrics): every gap between two tokens of one running
+    answer against the steps and prompt chunks it is made of, and the batch's sharing."""
+    gap, step, chunk = (m.get(f"bmoe_{n}_seconds_max", float("nan")) * 1e3 for n in ("token_gap", "batch_step", "prompt_chunk"))
+    print(f"| server side: token gaps (all streams, whole run) | {m.get('bmoe_token_gap_seconds_count', 0):.0f}, "
+          f"p50 <= {hist_pct(m, 'bmoe_token_gap_seconds', 0.5):.0f} ms, p95 <= {hist_pct(m, 'bmoe_token_gap_seconds', 0.95):.0f} ms, "
+          f"max {gap:.0f} ms |")
+    print(f"| server side: decode steps / prompt chunks | {m.get('bmoe_batch_step_seconds_count', 0):.0f} steps, "
+          f"max {step:.0f} ms / {m.get('bmoe_prompt_chunk_seconds_count', 0):.0f} chunks, max {chunk:.0f} ms |")
+    print(f"| server side: longest gap <= longest chunk + longest step ({chunk + step:.0f} ms) | "
+          f"{'yes' if gap <= chunk + step else 'no'} |")
+    over = m.get("bmoe_token_gap_overhead_seconds_max", float("nan")) * 1e3
+    print(f"| server side: of each gap, the most that was neither its step nor its turn's one chunk | {over:.1f} ms "
+          f"(p95 <= {hist_pct(m, 'bmoe_token_gap_overhead_seconds', 0.95):.1f} ms) |")
+    print(f"| batch: rows per step, experts looked up / routed | {m.get('bmoe_batch_rows_per_step', 0):.2f}, "
+          f"{m.get('bmoe_batch_expert_sharing_ratio', 1):.3f} ({m.get('bmoe_batch_expert_lookups_saved_total', 0):.0f} lookups saved) |")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=None, help="default: /work/models/qwen3-30b-a3b-l<layers>.gguf, written once")
@@ -237,7 +278,7 @@ def main():
     log(f"alone: the distinct requests on a --parallel 1 server (load {loadavg()})")
     want = alone(model, args, plan)
     log(f"under load: --parallel {args.parallel}, {args.clients} clients x {args.requests} requests (load {loadavg()})")
-    results, spans, wall, load_before = under_load(model, args, plan)
+    results, spans, wall, load_before, metrics = under_load(model, args, plan)
     load_after = loadavg()
 
     flat = [(c, r, plan[c][r][0], results[c][r]) for c in range(len(plan)) for r in range(len(plan[c]))]
@@ -282,6 +323,7 @@ def main():
     verdict = "yes" if gaps and worst <= chunk_ms + step_ms else "no"
     print(f"| longest pause <= one chunk + one median step ({chunk_ms + step_ms:.0f} ms) | {verdict} |")
     print(f"| longest pause <= one chunk alone ({chunk_ms:.0f} ms) | {'yes' if gaps and worst <= chunk_ms else 'no'} |")
+    server_side(metrics)
     if differ:
         print(f"\ndiffering: {differ[:10]}")
     if lost:

@@ -19,6 +19,7 @@
 #include "engine/routing.h"
 #include "moe/route_trace.h"
 #include "moe/streaming_experts.h"
+#include "text/grammar.h"
 #include "test_util.h"
 
 namespace bmoe {
@@ -148,6 +149,94 @@ INSTANTIATE_TEST_SUITE_P(Families, BatchIdentity,
                            for (char& ch : n) ch = std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
                            return n;
                          });
+
+// Grammars, stop strings and a cancel inside one batch: five sequences decoding together (a
+// grammar greedy and a grammar sampled with a seed, a stop string that ends one answer early
+// while the others go on, a plain long answer, and one cancelled mid-batch); each answer equals
+// the same request run alone, token for token, text and finish reason included.
+struct Constrained {
+  std::string prompt;
+  GenerateParams params;
+};
+
+GenerateParams constrained(int limit, float temperature, uint64_t seed, std::shared_ptr<const Grammar> grammar) {
+  GenerateParams p;
+  p.max_tokens = limit;
+  p.sampler.temperature = temperature;
+  p.sampler.seed = seed;
+  p.grammar = std::move(grammar);
+  p.ignore_eos = !p.grammar;
+  return p;
+}
+
+GenerateResult constrained_alone(LoadedModel& model, const Constrained& c) {
+  ThreadPool pool(2);
+  Session s(model, pool, kCtx, 64, c.params.sampler);
+  return generate(s, prompt_of(model, {c.prompt, 0, {}}), c.params);
+}
+
+// A stop string taken from the middle of the answer's text without one: the answer with it ends
+// there, early.
+std::string stop_inside(const std::string& text) {
+  const size_t at = text.size() / 3;
+  return text.substr(at, std::min<size_t>(3, text.size() - at));
+}
+
+TEST(BatchConstraints, GrammarStopAndCancelInsideABatchEqualEachAlone) {
+  auto model = open_model(test_model_path("tiny-qwen3moe", 4), true);
+  const auto words = Grammar::parse(R"(root ::= word (" " word)* "." | "yes" | "no"
+word ::= [a-z]+)");
+  std::vector<Constrained> cs = {{"the quick brown fox", constrained(32, 0.0f, 0, words)},
+                                 {"once upon a time", constrained(32, 0.9f, 7, words)},
+                                 {"a b c d e f g", constrained(48, 0.0f, 0, nullptr)},
+                                 {"hello there", constrained(48, 0.0f, 0, nullptr)},
+                                 {"the lazy dog", constrained(48, 0.0f, 0, nullptr)}};
+  const GenerateResult unstopped = constrained_alone(*model, cs[2]);
+  ASSERT_GE(unstopped.text.size(), 6u);
+  cs[2].params.stop = {stop_inside(unstopped.text)};
+  std::vector<GenerateResult> want;
+  for (const Constrained& c : cs) want.push_back(constrained_alone(*model, c));
+  ASSERT_EQ(want[2].finish_reason, "stop");
+  EXPECT_EQ(want[2].stop_word, cs[2].params.stop[0]);
+  ASSERT_LT(want[2].tokens.size(), unstopped.tokens.size());
+
+  ThreadPool pool(2);
+  std::vector<std::unique_ptr<Session>> sessions;
+  ParallelDecode batch(*model, pool);
+  std::atomic<bool> cancel_4{false};
+  for (size_t i = 0; i < cs.size(); ++i) {
+    sessions.push_back(std::make_unique<Session>(*model, pool, kCtx, 64, cs[i].params.sampler));
+    sessions.back()->prefill(prompt_of(*model, {cs[i].prompt, 0, {}}));
+    DecodeHooks hooks;
+    if (i == 4) hooks.cancel = &cancel_4;
+    EXPECT_EQ(batch.add(*sessions.back(), cs[i].params.max_tokens, cs[i].params, hooks), static_cast<int>(i));
+  }
+  std::vector<GenerateResult> got(cs.size());
+  std::vector<int> ended_at(cs.size(), -1);
+  for (int step = 0; batch.running() > 0; ++step) {
+    if (step == 4) cancel_4 = true;
+    for (int id : batch.step()) {
+      got[static_cast<size_t>(id)] = batch.take(id);
+      ended_at[static_cast<size_t>(id)] = step;
+    }
+  }
+  for (size_t i = 0; i < 2; ++i) {  // the grammar held in the batch: words of a-z, maybe a final '.'
+    EXPECT_FALSE(got[i].text.empty());
+    EXPECT_EQ(got[i].text.find_first_not_of("abcdefghijklmnopqrstuvwxyz ."), std::string::npos) << got[i].text;
+  }
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(got[i].tokens, want[i].tokens) << "sequence " << i;
+    EXPECT_EQ(got[i].text, want[i].text) << "sequence " << i;
+    EXPECT_EQ(got[i].finish_reason, want[i].finish_reason) << "sequence " << i;
+    EXPECT_EQ(got[i].stop_word, want[i].stop_word) << "sequence " << i;
+  }
+  // The stop string ended its answer while the plain one went on.
+  EXPECT_LT(ended_at[2], ended_at[3]);
+  EXPECT_EQ(got[4].finish_reason, "cancelled");
+  ASSERT_LT(got[4].tokens.size(), want[4].tokens.size());
+  EXPECT_EQ(got[4].tokens, std::vector<int32_t>(want[4].tokens.begin(), want[4].tokens.begin() + static_cast<std::ptrdiff_t>(got[4].tokens.size())));
+  EXPECT_LT(ended_at[4], ended_at[3]);
+}
 
 // --route-replay under --parallel: each sequence replays its own stretch of one trace, so a
 // batch's rows route as a real model's conversations would. A trace of random routing (seeded):

@@ -17,6 +17,9 @@ std::string StopMatcher::push(const std::string& text) {
   const size_t first = first_tag(pending_, stops_);
   if (first != std::string::npos) {
     stopped_ = true;
+    for (const std::string& stop : stops_) {
+      if (matched_.empty() && !stop.empty() && pending_.compare(first, stop.size(), stop) == 0) matched_ = stop;
+    }
     std::string out = pending_.substr(0, first);
     pending_.clear();
     return out;
@@ -254,6 +257,7 @@ bool DecodeLoop::take(int32_t token) {
   emit(stop_.push(utf8_.push(tok_.token_bytes(token, params_.show_special))));
   if (stop_.stopped()) {
     result_.finish_reason = "stop";
+    result_.stop_word = stop_.matched();
     return false;
   }
   return true;
@@ -370,7 +374,8 @@ GenerateResult ParallelDecode::take(int id) {
 
 GenerateResult generate(Session& session, const std::vector<int32_t>& prompt, const GenerateParams& params,
                         const PieceCallback& on_piece, const std::atomic<bool>* cancel,
-                        const LogprobCallback& on_logprob, const PrefillProgress& on_prefill) {
+                        const LogprobCallback& on_logprob, const PrefillProgress& on_prefill,
+                        const StepCallback& on_step) {
   const int n_ctx = session.state().n_ctx();
   if (prompt.empty()) fail("the prompt is empty");
   if (static_cast<int>(prompt.size()) >= n_ctx) {
@@ -380,7 +385,7 @@ GenerateResult generate(Session& session, const std::vector<int32_t>& prompt, co
   PrefillRecord pre;
   const int reused = session.prefill_reusing(prompt, &pre, on_prefill);
   const int limit = std::min(params.max_tokens, n_ctx - static_cast<int>(prompt.size()));
-  GenerateResult result = decode_tokens(session, limit, params, {on_piece, on_logprob, {}, cancel});
+  GenerateResult result = decode_tokens(session, limit, params, {on_piece, on_logprob, on_step, cancel});
   result.prompt_tokens = static_cast<int>(prompt.size());
   result.reused_tokens = reused;
   result.prefill_seconds = pre.seconds;

@@ -70,6 +70,7 @@ struct GenerateResult {
   int prompt_tokens = 0;
   int reused_tokens = 0;      // prompt tokens whose KV rows were kept from before
   std::string finish_reason;  // "stop" (end token or stop string), "length", "cancelled"
+  std::string stop_word;      // the stop string that ended it (finish_reason "stop"), else empty
   double prefill_seconds = 0;
   double decode_seconds = 0;
   int64_t drafted = 0;       // speculative: tokens proposed
@@ -101,10 +102,12 @@ struct DecodeHooks {
 // Feeds `prompt` (keeping the KV rows of the prefix the session already holds), then runs the
 // decode loop for up to min(max_tokens, room left in the context) tokens with params.sampler.
 // Fails (bmoe::Error) on an empty prompt or one that fills the context.
-// `on_prefill` (optional) sees the prompt's progress while it is read (Session::prefill_reusing).
+// `on_prefill` (optional) sees the prompt's progress while it is read (Session::prefill_reusing),
+// `on_step` (optional) each decode pass (DecodeHooks::on_step).
 GenerateResult generate(Session& session, const std::vector<int32_t>& prompt, const GenerateParams& params,
                         const PieceCallback& on_piece = {}, const std::atomic<bool>* cancel = nullptr,
-                        const LogprobCallback& on_logprob = {}, const PrefillProgress& on_prefill = {});
+                        const LogprobCallback& on_logprob = {}, const PrefillProgress& on_prefill = {},
+                        const StepCallback& on_step = {});
 
 // The decode loop on a session whose prompt was fed (Session::prefill or prefill_reusing):
 // up to `limit` tokens, sampled with the session's sampler (params.sampler only decides whether
@@ -169,10 +172,12 @@ class StopMatcher {
   std::string push(const std::string& text);
   std::string flush();  // what was held back, at the end
   bool stopped() const { return stopped_; }
+  const std::string& matched() const { return matched_; }  // the stop string found, once stopped
 
  private:
   std::vector<std::string> stops_;
   std::string pending_;
+  std::string matched_;
   bool stopped_ = false;
 };
 

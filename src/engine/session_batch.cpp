@@ -24,6 +24,7 @@ void SessionBatch::accept(std::span<Session* const> sessions, std::span<const in
   pass_.decode(states_, tokens);
   const double wall = timer.seconds();
   ++steps_;
+  rows_ += sessions.size();
   const int n = static_cast<int>(sessions.size());
   for (int i = 0; i < n; ++i) {
     Session& s = *sessions[static_cast<size_t>(i)];

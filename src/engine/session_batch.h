@@ -20,8 +20,10 @@ class SessionBatch {
   void set_routing_options(const RoutingOptions& options) { pass_.set_routing_options(options); }
   // Feeds tokens[i] to sessions[i] in one pass; every session must be of this batch's model.
   void accept(std::span<Session* const> sessions, std::span<const int32_t> tokens);
-  // Steps run, and how much their rows shared experts (BatchPass::routed_slots).
+  // Steps run, the rows they fed (a step's rows are its sessions), and how much the rows
+  // shared experts (BatchPass::routed_slots).
   uint64_t steps() const { return steps_; }
+  uint64_t rows() const { return rows_; }
   uint64_t routed_slots() const { return pass_.routed_slots(); }
   uint64_t distinct_experts() const { return pass_.distinct_experts(); }
 
@@ -30,6 +32,7 @@ class SessionBatch {
   BatchPass pass_;
   std::vector<InferenceState*> states_;
   uint64_t steps_ = 0;
+  uint64_t rows_ = 0;
 };
 
 }  // namespace bmoe

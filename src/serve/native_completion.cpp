@@ -12,11 +12,13 @@ using json = nlohmann::ordered_json;
 
 namespace {
 
-// Why a choice ended, as llama-server names it, and the stop string that ended it: the answer's
-// tokens decode to more than its text exactly when a stop string cut the text.
+// Why a choice ended, as llama-server names it, and the stop string that ended it (the decode
+// loop's; otherwise, for a stop string a caller's hook matched, the answer's tokens decode to
+// more than its text exactly when a stop string cut the text).
 std::pair<std::string, std::string> stop_of(const NativeCompletion& c, const GenerateResult& r) {
   if (r.finish_reason == "length") return {"limit", ""};
   if (r.finish_reason != "stop") return {"none", ""};
+  if (!r.stop_word.empty()) return {"word", r.stop_word};
   const std::string decoded = c.tokenizer->decode(r.tokens);
   if (decoded.size() > r.text.size() && decoded.starts_with(r.text)) {
     const std::string_view rest = std::string_view(decoded).substr(r.text.size());
@@ -39,7 +41,7 @@ json native_result(const NativeCompletion& c, const Job& job, int index) {
   return {{"index", index},
           {"content", r.text},
           {"tokens", c.return_tokens ? json(r.tokens) : json::array()},
-          {"id_slot", 0},
+          {"id_slot", job.slot},
           {"stop", true},
           {"model", c.model},
           {"tokens_predicted", r.tokens.size()},
@@ -83,7 +85,7 @@ bool NativeStream::step(Job& job, const StreamSink& sink) {
     int& predicted = pieces_[static_cast<size_t>(e.choice)];
     predicted = e.timings ? e.timings->predicted_n : predicted + 1;
     json piece = {{"index", e.choice}, {"content", e.text}, {"tokens", json::array()}, {"stop", false},
-                  {"id_slot", 0}, {"tokens_predicted", predicted}, {"tokens_evaluated", prompt_of(job, e.choice).size()}};
+                  {"id_slot", job.slot}, {"tokens_predicted", predicted}, {"tokens_evaluated", prompt_of(job, e.choice).size()}};
     if (c_.timings_per_token && e.timings) piece["timings"] = live_timings_json(*e.timings);
     if (std::vector<TokenLogprob>& lps = probs_[static_cast<size_t>(e.choice)]; !lps.empty()) {
       piece["completion_probabilities"] = probs_json(*c_.tokenizer, lps, c_.post_sampling_probs);

@@ -148,21 +148,104 @@ void add_expert_metrics(MetricsText& m, const ExpertStats& e) {
   m.add_value("bmoe_expert_cache_used_bytes", "gauge", "Bytes held by the expert cache.", static_cast<double>(e.cache_used_bytes));
 }
 
-// Per slot (--parallel): busy or not, and its requests and generated pieces since start.
+// Per slot (--parallel; one slot without it): busy or not, and its counts since start. The
+// per-slot counters sum to the totals (llamacpp:prompt_tokens_total, ...).
 void add_slot_metrics(MetricsText& m, const std::vector<SlotView>& slots, bool single_busy) {
-  std::string busy, requests, generated;
+  std::string busy;
   for (const SlotView& v : slots) {
     const bool is_busy = v.state != "idle" || single_busy;
     busy += fmt::format("bmoe_slot_busy{{slot=\"{}\",state=\"{}\"}} {}\n", v.id, single_busy ? "decoding" : v.state, is_busy ? 1 : 0);
-    requests += fmt::format("bmoe_slot_requests_total{{slot=\"{}\"}} {}\n", v.id, v.requests);
-    generated += fmt::format("bmoe_slot_generated_pieces_total{{slot=\"{}\"}} {}\n", v.id, v.generated_tokens);
   }
   m.add("bmoe_slot_busy", "gauge", "1 while the slot reads a prompt or decodes (--parallel).", busy);
-  m.add("bmoe_slot_requests_total", "counter", "Requests the slot finished (--parallel > 1).", requests);
-  m.add("bmoe_slot_generated_pieces_total", "counter", "Text pieces the slot streamed (--parallel > 1).", generated);
+  const auto per_slot = [&](const char* name, const char* help, uint64_t SlotView::*field) {
+    std::string samples;
+    for (const SlotView& v : slots) samples += fmt::format("{}{{slot=\"{}\"}} {}\n", name, v.id, v.*field);
+    m.add(name, "counter", help, samples);
+  };
+  per_slot("bmoe_slot_requests_total", "Requests the slot finished.", &SlotView::requests);
+  per_slot("bmoe_slot_generated_pieces_total", "Text pieces the slot streamed (--parallel > 1).", &SlotView::generated_tokens);
+  per_slot("bmoe_slot_prompt_tokens_total", "Prompt tokens the slot evaluated (kept ones left out).", &SlotView::prompt_tokens);
+  per_slot("bmoe_slot_prompt_tokens_cached_total", "Prompt tokens the slot kept from its KV cache.", &SlotView::cached_tokens);
+  per_slot("bmoe_slot_tokens_predicted_total", "Tokens the slot generated.", &SlotView::predicted_tokens);
+}
+
+// llama-server's own /metrics names and meanings (llamacpp:*), so that its dashboards read ours.
+void add_llama_metrics(MetricsText& m, const Counters& c, size_t processing, size_t deferred) {
+  const auto counter = [&](const char* name, const char* help, double v) { m.add_value(name, "counter", help, v); };
+  counter("llamacpp:prompt_tokens_total", "Number of prompt tokens processed, excluding cached tokens",
+          static_cast<double>(c.prompt_tokens - c.reused_tokens));
+  counter("llamacpp:prompt_tokens_cached_total", "Number of prompt tokens reused from the cache", static_cast<double>(c.reused_tokens));
+  counter("llamacpp:prompt_seconds_total", "Total time spent processing prompts", c.prefill_seconds);
+  counter("llamacpp:tokens_predicted_total", "Number of generation tokens processed", static_cast<double>(c.generated_tokens));
+  counter("llamacpp:tokens_predicted_seconds_total", "Total time spent generating tokens", c.decode_seconds);
+  counter("llamacpp:n_decode_total", "Total number of forward passes (prompt batches and decode steps), drafters' left out",
+          static_cast<double>(c.passes));
+  counter("llamacpp:n_tokens_max", "Largest observed sequence length (prompt + generation)", static_cast<double>(c.n_tokens_max));
+  counter("llamacpp:spec_decode_num_draft_tokens_total", "Speculative: Total draft tokens generated", static_cast<double>(c.drafted_tokens));
+  counter("llamacpp:spec_decode_num_accepted_tokens_total", "Speculative: Total draft tokens accepted by the target model",
+          static_cast<double>(c.accepted_tokens));
+  counter("llamacpp:spec_decode_num_drafts_total", "Speculative: Total speculative decoding verification steps",
+          static_cast<double>(c.verify_steps));
+  const auto gauge = [&](const char* name, const char* help, double v) { m.add_value(name, "gauge", help, v); };
+  gauge("llamacpp:prompt_tokens_seconds", "Average prompt throughput in tokens/s", c.prompt_window.per_second());
+  gauge("llamacpp:predicted_tokens_seconds", "Average generation throughput in tokens/s", c.predict_window.per_second());
+  gauge("llamacpp:requests_processing", "Number of requests processing", static_cast<double>(processing));
+  gauge("llamacpp:requests_deferred", "Number of requests deferred", static_cast<double>(deferred));
+  gauge("llamacpp:n_busy_slots_per_decode", "Average number of busy slots per forward pass",
+        static_cast<double>(c.busy_slots_in_passes) / static_cast<double>(std::max<uint64_t>(c.passes, 1)));
+}
+
+void add_histogram(MetricsText& m, const char* name, const char* help, const DurationHistogram& h) {
+  std::string samples;
+  uint64_t below = 0;
+  for (size_t i = 0; i < DurationHistogram::kBuckets; ++i) {
+    below += h.counts[i];
+    samples += fmt::format("{}_bucket{{le=\"{}\"}} {}\n", name, DurationHistogram::kBounds[i], below);
+  }
+  samples += fmt::format("{0}_bucket{{le=\"+Inf\"}} {1}\n{0}_sum {2}\n{0}_count {1}\n", name, h.n, h.sum);
+  m.add(name, "histogram", help, samples);
+  const std::string max = std::string(name) + "_max";
+  m.add_value(max.c_str(), "gauge", "The largest of them since start.", h.max);
+}
+
+// --parallel > 1: what the shared batch did, and what sharing its experts saved.
+void add_batch_metrics(MetricsText& m, const Counters& c) {
+  const BatchShare& b = c.batch;
+  m.add_value("bmoe_batch_steps_total", "counter", "Decode steps of the shared batch (--parallel > 1).", static_cast<double>(b.steps));
+  m.add_value("bmoe_batch_rows_total", "counter", "Rows those steps fed: one token of one running answer each.",
+              static_cast<double>(b.rows));
+  m.add_value("bmoe_batch_routed_expert_slots_total", "counter", "Routed (row, expert) choices of those rows, all layers.",
+              static_cast<double>(b.routed_slots));
+  m.add_value("bmoe_batch_expert_lookups_total", "counter", "Distinct experts looked up for them: one per expert, layer and step.",
+              static_cast<double>(b.distinct_experts));
+  m.add_value("bmoe_batch_expert_lookups_saved_total", "counter",
+              "Lookups (reads, on a cache miss) saved by rows sharing an expert: routed choices less distinct experts.",
+              static_cast<double>(b.routed_slots - b.distinct_experts));
+  m.add_value("bmoe_batch_expert_sharing_ratio", "gauge", "Distinct experts / routed choices of the batch's steps (1: no sharing).",
+              b.routed_slots ? static_cast<double>(b.distinct_experts) / static_cast<double>(b.routed_slots) : 1.0);
+  m.add_value("bmoe_batch_rows_per_step", "gauge", "Average rows per decode step of the batch.",
+              b.steps ? static_cast<double>(b.rows) / static_cast<double>(b.steps) : 0.0);
+  add_histogram(m, "bmoe_batch_step_seconds", "One decode step of the batch (--parallel > 1).", c.step_seconds);
+  add_histogram(m, "bmoe_prompt_chunk_seconds", "One prompt chunk (-b tokens) read between steps (--parallel > 1).",
+                c.chunk_seconds);
+  add_histogram(m, "bmoe_token_gap_seconds",
+                "Between two tokens of one running answer, on the worker (--parallel > 1): a step, and a chunk when one was read.",
+                c.token_gap_seconds);
+  add_histogram(m, "bmoe_token_gap_overhead_seconds",
+                "Of each such gap, the time neither its step nor the turn's one prompt chunk (or embeddings input) took.",
+                c.token_gap_overhead_seconds);
 }
 
 }  // namespace
+
+void DurationHistogram::add(double seconds) {
+  size_t i = 0;
+  while (i < kBuckets && seconds > kBounds[i]) ++i;
+  ++counts[i];
+  ++n;
+  sum += seconds;
+  max = std::max(max, seconds);
+}
 
 DecodeWorker::DecodeWorker(LoadedRun run, size_t queue_capacity)
     : run_(std::move(run)), pool_(run_.config.thread_count()), session_(open_session(run_, pool_)),
@@ -220,7 +303,11 @@ std::string DecodeWorker::prometheus() {
   add_token_metrics(m, counters_);
   add_expert_metrics(m, counters_.experts);
   add_slot_metrics(m, slot_views_, slots_.empty() && busy_);
+  add_batch_metrics(m, counters_);
+  add_llama_metrics(m, counters_, slots_.empty() ? (busy_ ? 1 : 0) : active_.size(), queue_.size());
   m.add_value("bmoe_rss_bytes", "gauge", "Resident set size of the server.", static_cast<double>(read_memory().rss));
+  // As llama-server: the rates are averaged over the window between two scrapes.
+  counters_.prompt_window = counters_.predict_window = RateWindow{};
   return m.take();
 }
 
@@ -269,38 +356,47 @@ std::shared_ptr<Job> DecodeWorker::next_job() {
 
 // Embeds each input in turn (cancelled between inputs); one result per input carries its
 // token count for usage and the counters.
-void DecodeWorker::run_embeddings(Job& job, Session& session) {
-  std::vector<GenerateResult> results;
-  std::vector<std::vector<float>> vectors;
-  std::string error;
-  for (const std::vector<int32_t>& input : job.embed_inputs) {
-    if (job.cancel.load()) break;
-    GenerateResult r;
-    r.prompt_tokens = static_cast<int>(input.size());
-    r.finish_reason = "stop";
-    try {
-      Stopwatch timer;
-      vectors.push_back(session.embed(input, job.pooling));
-      r.prefill_seconds = timer.seconds();
-    } catch (const std::exception& e) {
-      error = e.what();
-      session.reset();
-      break;
-    }
-    results.push_back(r);
+void DecodeWorker::run_embeddings(Job& job, Session& session, int slot_id) {
+  EmbeddingsDone done;
+  while (embed_next(job, session, done)) {
   }
-  const bool cancelled = vectors.size() < job.embed_inputs.size() && error.empty();
-  if (cancelled) error = shutting_down() ? kShuttingDown : "cancelled";
-  record(results, !error.empty() && !cancelled, cancelled);
+  finish_embeddings(job, done, slot_id);
+}
+
+// The job's next input embedded (the slots run one between two decode steps); false once the
+// job is over: every input done, cancelled before this one, or failed.
+bool DecodeWorker::embed_next(Job& job, Session& session, EmbeddingsDone& done) {
+  if (job.cancel.load() || done.vectors.size() >= job.embed_inputs.size()) return false;
+  const std::vector<int32_t>& input = job.embed_inputs[done.vectors.size()];
+  GenerateResult r;
+  r.prompt_tokens = static_cast<int>(input.size());
+  r.finish_reason = "stop";
+  try {
+    Stopwatch timer;
+    done.vectors.push_back(session.embed(input, job.pooling));
+    r.prefill_seconds = timer.seconds();
+  } catch (const std::exception& e) {
+    done.error = e.what();
+    session.reset();
+    return false;
+  }
+  done.results.push_back(r);
+  return done.vectors.size() < job.embed_inputs.size();
+}
+
+void DecodeWorker::finish_embeddings(Job& job, EmbeddingsDone& done, int slot_id) {
+  const bool cancelled = done.vectors.size() < job.embed_inputs.size() && done.error.empty();
+  if (cancelled) done.error = shutting_down() ? kShuttingDown : "cancelled";
+  record(done.results, !done.error.empty() && !cancelled, cancelled, slot_id);
   {
     std::lock_guard<std::mutex> lock(job.mutex);
-    job.embeddings = std::move(vectors);
+    job.embeddings = std::move(done.vectors);
   }
-  finish(job, std::move(results), error, cancelled && shutting_down() ? 503 : 500);
+  finish(job, std::move(done.results), done.error, cancelled && shutting_down() ? 503 : 500);
 }
 
 void DecodeWorker::run_job(Job& job) {
-  if (!job.embed_inputs.empty()) return run_embeddings(job, *session_);
+  if (!job.embed_inputs.empty()) return run_embeddings(job, *session_, 0);
   std::vector<GenerateResult> results;
   std::string error;
   // n choices one after the other: each re-evaluates only the prompt's last token (the KV
@@ -317,32 +413,51 @@ void DecodeWorker::run_job(Job& job) {
     error = kShuttingDown;
     status = 503;
   }
-  record(results, !error.empty(), cancelled);
+  record(results, !error.empty(), cancelled, 0);
   finish(job, std::move(results), error, status);
 }
 
-// A finished job's outcome and token counts, into the counters.
-void DecodeWorker::record(const std::vector<GenerateResult>& results, bool failed, bool cancelled) {
+// A finished job's outcome and token counts, into the counters and those of the slot it ran on.
+void DecodeWorker::record(const std::vector<GenerateResult>& results, bool failed, bool cancelled, int slot_id) {
   std::lock_guard<std::mutex> lock(mutex_);
   Counters& c = counters_;
   if (failed) ++c.failed;
   else if (cancelled) ++c.cancelled;
   else ++c.ok;
+  SlotView& slot = slot_views_[static_cast<size_t>(slot_id)];
+  ++slot.requests;
   for (const GenerateResult& result : results) {
+    const uint64_t evaluated = static_cast<uint64_t>(std::max(result.prompt_tokens - result.reused_tokens, 0));
     c.prompt_tokens += static_cast<uint64_t>(result.prompt_tokens);
     c.reused_tokens += static_cast<uint64_t>(result.reused_tokens);
     c.generated_tokens += result.tokens.size();
     c.decode_seconds += result.decode_seconds;
     c.drafted_tokens += static_cast<uint64_t>(result.drafted);
     c.accepted_tokens += static_cast<uint64_t>(result.accepted);
+    c.verify_steps += static_cast<uint64_t>(result.verify_steps);
     c.prefill_seconds += result.prefill_seconds;
-    if (!result.tokens.empty()) c.last_decode_tps = static_cast<double>(result.tokens.size()) / std::max(result.decode_seconds, 1e-9);
-    if (result.prompt_tokens > result.reused_tokens) {
-      c.last_prompt_tps = (result.prompt_tokens - result.reused_tokens) / std::max(result.prefill_seconds, 1e-9);
+    c.n_tokens_max = std::max(c.n_tokens_max, static_cast<uint64_t>(result.prompt_tokens) + result.tokens.size());
+    slot.prompt_tokens += evaluated;
+    slot.cached_tokens += static_cast<uint64_t>(result.reused_tokens);
+    slot.predicted_tokens += result.tokens.size();
+    if (!result.tokens.empty()) {
+      c.last_decode_tps = static_cast<double>(result.tokens.size()) / std::max(result.decode_seconds, 1e-9);
+      // Kept draft tokens came without a step of their own (llama-server's rate counts steps).
+      c.predict_window.add(static_cast<double>(result.tokens.size()) - static_cast<double>(result.accepted), result.decode_seconds);
+    }
+    if (evaluated > 0) {
+      c.last_prompt_tps = static_cast<double>(evaluated) / std::max(result.prefill_seconds, 1e-9);
+      c.prompt_window.add(static_cast<double>(evaluated), result.prefill_seconds);
     }
   }
   c.live_pieces = 0;
   c.experts = run_.model->experts->stats();
+}
+
+void DecodeWorker::count_pass(int busy_slots) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++counters_.passes;
+  counters_.busy_slots_in_passes += static_cast<uint64_t>(busy_slots);
 }
 
 // Generates choice `index` of the job, streaming its pieces and log-probabilities as events.
@@ -391,13 +506,20 @@ GenerateResult DecodeWorker::generate_choice(Job& job, int index, const std::vec
     return budget.piece(piece, fed) && in_time(piece);
   };
   const auto on_logprob = [&job, index](const TokenLogprob& lp) { job.push({index, {}, lp, {}}); };
+  const auto on_step = [this](size_t) { count_pass(1); };
+  // The prompt's passes: the tokens it evaluated (at least its last), batched by -b.
+  const auto count_prompt_passes = [this](const GenerateResult& r) {
+    const int evaluated = r.prompt_tokens - r.reused_tokens, n_batch = std::max(session_->n_batch(), 1);
+    for (int i = 0; i < (evaluated + n_batch - 1) / n_batch; ++i) count_pass(1);
+  };
   GenerateResult result = generate(*session_, prompt, params, on_piece, &job.cancel, on_logprob,
                                    [this, &telemetry](double done, int total, double) {  // the web chat's "reading prompt n/N"
                                      telemetry.prompt_read(done);
                                      std::lock_guard<std::mutex> lock(mutex_);
                                      prompt_done_ = static_cast<int>(done);
                                      prompt_total_ = total;
-                                   });
+                                   }, on_step);
+  count_prompt_passes(result);
   if (!budget.spent() || result.finish_reason != "cancelled" || job.cancel.load()) return result;
   const std::string& close = job.reasoning_budget.close;
   append_forced(result, session_->tokenize(close, true), close);
@@ -408,7 +530,9 @@ GenerateResult DecodeWorker::generate_choice(Job& job, int index, const std::vec
   std::vector<int32_t> next = prompt;
   next.insert(next.end(), result.tokens.begin(), result.tokens.end());
   params.grammar_after.clear();  // the tag is written: a grammar holds from here
-  append_rest(result, generate(*session_, next, params, on_piece, &job.cancel, on_logprob));
+  GenerateResult rest = generate(*session_, next, params, on_piece, &job.cancel, on_logprob, {}, on_step);
+  count_prompt_passes(rest);
+  append_rest(result, rest);
   return result;
 }
 

@@ -79,6 +79,7 @@ struct Job {
   Pooling pooling = Pooling::Mean;
   std::vector<std::vector<float>> embeddings;
   std::atomic<bool> cancel{false};
+  int slot = 0;  // the slot that runs it (--parallel), set before its first event
 
   std::mutex mutex;
   std::condition_variable changed;
@@ -104,15 +105,62 @@ struct Job {
   }
 };
 
+// A Prometheus histogram of durations in seconds (cumulative buckets when written), with the
+// largest value seen.
+struct DurationHistogram {
+  static constexpr double kBounds[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10};
+  static constexpr size_t kBuckets = sizeof(kBounds) / sizeof(kBounds[0]);
+  uint64_t counts[kBuckets + 1] = {};  // per bucket (not cumulative); the last is +Inf
+  uint64_t n = 0;
+  double sum = 0, max = 0;
+  void add(double seconds);
+};
+
+// llama-server's generation and prompt rates (llamacpp:predicted_tokens_seconds): decode steps
+// (tokens, less the draft tokens verification kept for free) over their seconds, summed over the
+// requests that finished since the last /metrics scrape.
+struct RateWindow {
+  double steps = 0, seconds = 0;
+  void add(double n, double s) {
+    steps += n;
+    seconds += s;
+  }
+  double per_second() const { return seconds > 0 ? steps / seconds : 0.0; }
+};
+
+// The shared batch of --parallel N > 1 (SessionBatch): its decode steps, the rows they fed, and
+// the (row, expert) choices routed against the distinct experts looked up for them; the
+// difference is the lookups (reads, on a miss) that sharing saved.
+struct BatchShare {
+  uint64_t steps = 0, rows = 0, routed_slots = 0, distinct_experts = 0;
+  BatchShare& operator+=(const BatchShare& o) {
+    steps += o.steps;
+    rows += o.rows;
+    routed_slots += o.routed_slots;
+    distinct_experts += o.distinct_experts;
+    return *this;
+  }
+};
+
 struct Counters {
   uint64_t ok = 0, rejected_busy = 0, bad_request = 0, cancelled = 0, failed = 0, unauthorized = 0;
   uint64_t prompt_tokens = 0, reused_tokens = 0, generated_tokens = 0;
   double decode_seconds = 0, prefill_seconds = 0;
-  uint64_t drafted_tokens = 0, accepted_tokens = 0;  // speculative decoding (--draft)
+  uint64_t drafted_tokens = 0, accepted_tokens = 0, verify_steps = 0;  // speculative decoding (--draft)
   double last_decode_tps = 0;
   double last_prompt_tps = 0;
   ExpertStats experts;  // latest snapshot: after each piece and each job (the worker owns the live counters)
   uint64_t live_pieces = 0;  // pieces of the running job so far (~ its tokens; exact counts come at its end)
+  // llama-server's llamacpp:* figures: forward passes (prompt batches or chunks and decode steps;
+  // drafters' passes left out) and the busy slots each saw, the longest sequence (prompt +
+  // answer), and the rates since the last scrape.
+  uint64_t passes = 0, busy_slots_in_passes = 0, n_tokens_max = 0;
+  RateWindow prompt_window, predict_window;
+  BatchShare batch;  // --parallel > 1
+  // --parallel > 1, timed on the worker: each decode step of the batch, each prompt chunk read
+  // between steps, and the time between two tokens of one running answer (a step, plus a chunk
+  // when one was read in between), and of that gap the part neither took (admission, bookkeeping).
+  DurationHistogram step_seconds, chunk_seconds, token_gap_seconds, token_gap_overhead_seconds;
 };
 
 // What /slots and /metrics show of a slot (llama-server's -np): idle, reading a prompt or
@@ -121,7 +169,10 @@ struct SlotView {
   int id = 0;
   std::string state = "idle";  // "idle", "prompt", "decoding"
   int n_prompt = 0, n_prompt_done = 0, n_decoded = 0;  // of its current request
-  uint64_t requests = 0, generated_tokens = 0;        // since start
+  uint64_t requests = 0, generated_tokens = 0;        // since start (generated: pieces streamed)
+  // Since start, counted as each request ends: prompt tokens evaluated and kept from the KV
+  // cache, and tokens generated.
+  uint64_t prompt_tokens = 0, cached_tokens = 0, predicted_tokens = 0;
 };
 
 // The one decoding thread: a bounded queue of jobs, each run on one of the server's sessions
@@ -163,7 +214,15 @@ class DecodeWorker {
   void work();
   std::shared_ptr<Job> next_job();  // nullptr once stopping
   void run_job(Job& job);
-  void run_embeddings(Job& job, Session& session);
+  void run_embeddings(Job& job, Session& session, int slot_id);
+  // An embeddings job's inputs embedded so far.
+  struct EmbeddingsDone {
+    std::vector<GenerateResult> results;  // one per input: its token count and time
+    std::vector<std::vector<float>> vectors;
+    std::string error;
+  };
+  bool embed_next(Job& job, Session& session, EmbeddingsDone& done);
+  void finish_embeddings(Job& job, EmbeddingsDone& done, int slot_id);
   // --parallel N > 1 (worker_slots.cpp).
   // A slot: its session, and the job choice it serves (no job: idle).
   struct Slot {
@@ -181,17 +240,25 @@ class DecodeWorker {
     // llama-server's t_max_predict_ms, as in run_choice.
     std::optional<Stopwatch> since_first_piece;
     bool line_break = false, timed_out = false;
+    double last_token_at = 0;  // now_seconds() after the step that gave its last token (0: none yet)
+    std::optional<EmbeddingsDone> embedding;  // an embeddings job: one input per turn
   };
   void start_slots();
   void work_slots();
   bool admit(Slot& slot);
   void start_choice(Slot& slot);
   void read_prompt_chunk(Slot& slot);
+  void embed_turn(Slot& slot);
+  void release(const Slot& slot);
   void decode_step();
   void end_choice(Slot& slot, GenerateResult result, const std::string& error);
   void publish_slot(const Slot& slot);
   Slot* free_slot_for(const Job& job);
-  void record(const std::vector<GenerateResult>& results, bool failed, bool cancelled);
+  void record(const std::vector<GenerateResult>& results, bool failed, bool cancelled, int slot_id);
+  // A forward pass run while `busy_slots` slots held a request (llamacpp:n_busy_slots_per_decode).
+  void count_pass(int busy_slots);
+  int busy_slots() const;
+  void after_step(double seconds, bool ran, const std::vector<int>& decoding);
   GenerateResult run_choice(Job& job, int index, std::string& error);
   GenerateResult generate_choice(Job& job, int index, const std::vector<int32_t>& prompt, GenerateParams params,
                                  const std::function<bool(const std::string&)>& in_time);
@@ -213,6 +280,8 @@ class DecodeWorker {
   Counters counters_;
   std::vector<std::unique_ptr<Slot>> slots_;     // --parallel N > 1
   std::unique_ptr<ParallelDecode> parallel_;
+  BatchShare batch_before_;  // the sharing of batches a failed pass replaced
+  double turn_prompt_seconds_ = 0;  // the loop's turn: the prompt chunk or embeddings input it ran
   std::vector<SlotView> slot_views_;            // under mutex_
   std::vector<std::shared_ptr<Job>> active_;    // the slots' jobs, under mutex_ (shutdown cancels them)
   std::thread worker_;

@@ -14,6 +14,11 @@
 #include "serve/worker.h"
 
 namespace bmoe {
+namespace {
+
+BatchShare share_of(const SessionBatch& b) { return {b.steps(), b.rows(), b.routed_slots(), b.distinct_experts()}; }
+
+}  // namespace
 
 void DecodeWorker::start_slots() {
   const int n = std::max(1, run_.config.parallel);
@@ -33,6 +38,7 @@ void DecodeWorker::start_slots() {
 void DecodeWorker::work_slots() {
   size_t next_prompt = 0;  // round robin over the slots reading a prompt
   for (;;) {
+    turn_prompt_seconds_ = 0;
     bool any_busy = false;
     for (auto& slot : slots_) any_busy = admit(*slot) || any_busy;
     if (!any_busy) {
@@ -51,7 +57,9 @@ void DecodeWorker::work_slots() {
     for (size_t k = 0; k < slots_.size(); ++k) {
       Slot& slot = *slots_[(next_prompt + k) % slots_.size()];
       if (!slot.job || slot.decode_id >= 0) continue;
-      read_prompt_chunk(slot);
+      Stopwatch turn;
+      slot.embedding ? embed_turn(slot) : read_prompt_chunk(slot);
+      turn_prompt_seconds_ = turn.seconds();
       next_prompt = (next_prompt + k + 1) % slots_.size();
       break;
     }
@@ -76,12 +84,13 @@ bool DecodeWorker::admit(Slot& slot) {
     active_.push_back(job);
   }
   slot.job = job;
+  job->slot = slot.id;
   slot.choice = 0;
   slot.results.clear();
-  if (!job->embed_inputs.empty()) {  // embeddings run at once, between two steps
-    run_embeddings(*job, *slot.session);
-    end_choice(slot, {}, "embeddings");
-    return false;
+  if (!job->embed_inputs.empty()) {  // one input per turn, as a prompt chunk is read
+    slot.embedding.emplace();
+    publish_slot(slot);
+    return true;
   }
   start_choice(slot);
   return true;
@@ -140,8 +149,13 @@ void DecodeWorker::read_prompt_chunk(Slot& slot) {
   try {
     const std::vector<int32_t> chunk(slot.prompt.begin() + static_cast<std::ptrdiff_t>(slot.fed),
                                      slot.prompt.begin() + static_cast<std::ptrdiff_t>(slot.fed + n));
-    slot.prefill_seconds += slot.session->prefill(chunk).seconds;
+    const double seconds = slot.session->prefill(chunk).seconds;
+    slot.prefill_seconds += seconds;
     slot.fed += n;
+    count_pass(busy_slots());
+    std::lock_guard<std::mutex> lock(mutex_);
+    counters_.chunk_seconds.add(seconds);
+    counters_.n_tokens_max = std::max<uint64_t>(counters_.n_tokens_max, slot.fed);
   } catch (const std::exception& e) {
     slot.session->reset();
     return end_choice(slot, {}, e.what());
@@ -170,17 +184,25 @@ void DecodeWorker::read_prompt_chunk(Slot& slot) {
 }
 
 void DecodeWorker::decode_step() {
-  std::vector<int> ended;
+  std::vector<int> ended, decoding;
+  for (auto& slot : slots_) {
+    if (slot->decode_id >= 0) decoding.push_back(slot->id);
+  }
   try {
+    const uint64_t passes_before = parallel_->batch().steps();
+    Stopwatch timer;
     ended = parallel_->step();
+    after_step(timer.seconds(), parallel_->batch().steps() > passes_before, decoding);
   } catch (const std::exception& e) {
     // A failed pass leaves every decoding session unusable: their jobs fail, the batch restarts.
     const std::string error = e.what();
+    batch_before_ += share_of(parallel_->batch());
     parallel_ = std::make_unique<ParallelDecode>(*run_.model, pool_);
     parallel_->set_routing_options(run_.config.routing());
     for (auto& slot : slots_) {
       if (slot->decode_id < 0) continue;
       slot->decode_id = -1;
+      slot->last_token_at = 0;
       slot->session->reset();
       end_choice(*slot, {}, error);
     }
@@ -193,11 +215,53 @@ void DecodeWorker::decode_step() {
     for (auto& slot : slots_) {
       if (slot->decode_id != id) continue;
       slot->decode_id = -1;
+      slot->last_token_at = 0;
       GenerateResult r = parallel_->take(id);
       if (slot->timed_out && r.finish_reason == "cancelled" && !slot->job->cancel.load()) r.finish_reason = "stop";
       end_choice(*slot, std::move(r), "");
     }
   }
+}
+
+// An embeddings job's next input, in the prompt turn: the running answers wait at most one
+// input between two tokens.
+void DecodeWorker::embed_turn(Slot& slot) {
+  Job& job = *slot.job;
+  if (embed_next(job, *slot.session, *slot.embedding)) return;
+  release(slot);
+  finish_embeddings(job, *slot.embedding, slot.id);
+  slot.embedding.reset();
+  end_choice(slot, {}, "embeddings");
+}
+
+// The counters of a step of the slots `decoding` (ids), `seconds` long: its pass (`ran`: false
+// when every answer in it ended without one), the batch's sharing so far, and each running
+// answer's time since its last token, with the part of it neither the step nor this turn's
+// prompt chunk (or embeddings input) took.
+void DecodeWorker::after_step(double seconds, bool ran, const std::vector<int>& decoding) {
+  const double now = now_seconds();
+  if (ran) count_pass(busy_slots());
+  std::lock_guard<std::mutex> lock(mutex_);
+  Counters& c = counters_;
+  c.batch = batch_before_;
+  c.batch += share_of(parallel_->batch());
+  if (ran) c.step_seconds.add(seconds);
+  for (int id : decoding) {
+    Slot& slot = *slots_[static_cast<size_t>(id)];
+    if (slot.last_token_at > 0) {
+      const double gap = now - slot.last_token_at;
+      c.token_gap_seconds.add(gap);
+      c.token_gap_overhead_seconds.add(std::max(gap - seconds - turn_prompt_seconds_, 0.0));
+    }
+    slot.last_token_at = now;
+    c.n_tokens_max = std::max<uint64_t>(c.n_tokens_max, slot.session->history().size());
+  }
+}
+
+int DecodeWorker::busy_slots() const {
+  int n = 0;
+  for (const auto& slot : slots_) n += slot->job != nullptr;
+  return n;
 }
 
 // A choice ended (error empty) or failed: the next choice starts, or the job ends and the slot
@@ -223,18 +287,21 @@ void DecodeWorker::end_choice(Slot& slot, GenerateResult result, const std::stri
       message = kShuttingDown;
       status = 503;
     }
-    record(slot.results, !message.empty(), cancelled);
+    record(slot.results, !message.empty(), cancelled, slot.id);
+    release(slot);
     finish(job, std::move(slot.results), message, status);
   }
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    active_.erase(std::remove(active_.begin(), active_.end(), slot.job), active_.end());
-    SlotView& v = slot_views_[static_cast<size_t>(slot.id)];
-    ++v.requests;
-    v.state = "idle";
-  }
+  release(slot);
   slot.job.reset();
   slot.results.clear();
+}
+
+// The slot shows idle and its job no longer processing, before the job's client is answered
+// (so that what it reads of /slots and /metrics next agrees with its answer).
+void DecodeWorker::release(const Slot& slot) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  active_.erase(std::remove(active_.begin(), active_.end(), slot.job), active_.end());
+  slot_views_[static_cast<size_t>(slot.id)].state = "idle";
 }
 
 // The slot's figures for /slots and /metrics.

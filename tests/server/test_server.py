@@ -89,6 +89,17 @@ class Server:
                 return float(line.split()[-1])
         raise KeyError(name + label)
 
+    def metrics(self):
+        """One /metrics scrape: {'name' or 'name{labels}': value}."""
+        status, text = self.get("/metrics")
+        assert status == 200, text
+        out = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                key, value = line.rsplit(" ", 1)
+                out[key] = float(value)
+        return out
+
     def stop(self):
         self.proc.terminate()
         try:
@@ -587,6 +598,163 @@ class ServerParallelTest(unittest.TestCase):
             self.assertGreaterEqual(statuses.count(200), 2)
             self.assertEqual(set(statuses), {200, 503})
             self.assertTrue(all(r == "1" for st, r in zip(statuses, retry_after) if st == 503))
+        finally:
+            s.stop()
+
+
+    def test_metrics_report_the_shared_batch(self):
+        """Two requests decoded together on --parallel 2 and a third queued behind them: /metrics
+        (llama-server's llamacpp:* names, bmoe's per-slot and batch figures) counts every token
+        once, per slot and in total, and reports the rows that shared the batch's steps."""
+        s = Server(self.model, "-c", "2048", "--parallel", "2", "--queue", "4", "--moe-stream", "--cache-mb", "0", "-b", "16")
+        try:
+            bodies = [{"prompt": self.PROMPTS[i], "max_tokens": 300, "temperature": 0, "ignore_eos": True} for i in (0, 3)]
+            bodies.append({"prompt": "hi", "max_tokens": 8, "temperature": 0, "ignore_eos": True})
+            answers = [None] * 3
+            seen = set()  # (requests processing, deferred) at each scrape
+
+            def client(i):
+                answers[i] = s.post("/completion", bodies[i])[1]
+
+            def scrape():
+                m = s.metrics()
+                seen.add((m["llamacpp:requests_processing"], m["llamacpp:requests_deferred"]))
+                return m
+            threads = [threading.Thread(target=client, args=(i,)) for i in range(3)]
+            for t in threads[:2]:
+                t.start()
+            wait_until(lambda: scrape()["llamacpp:requests_processing"] == 2 or answers[0] or answers[1], 30)
+            self.assertIn(2, {processing for processing, _ in seen}, "the two long requests never ran together")
+            threads[2].start()
+            wait_until(lambda: (2, 1) in seen or scrape() and (2, 1) in seen or answers[2], 30)
+            for t in threads:
+                t.join()
+            self.assertIn((2, 1), seen, "the third request never waited behind the two long ones")
+            m = s.metrics()
+            predicted = [a["tokens_predicted"] for a in answers]
+            evaluated = [a["tokens_evaluated"] - a["tokens_cached"] for a in answers]
+            # Totals and the per-slot counters agree with the answers.
+            self.assertEqual(m["llamacpp:tokens_predicted_total"], sum(predicted))
+            self.assertEqual(m["llamacpp:prompt_tokens_total"], sum(evaluated))
+            self.assertEqual(m["llamacpp:prompt_tokens_cached_total"], sum(a["tokens_cached"] for a in answers))
+            for name, total in (("bmoe_slot_tokens_predicted_total", sum(predicted)), ("bmoe_slot_requests_total", 3),
+                                ("bmoe_slot_prompt_tokens_total", sum(evaluated))):
+                self.assertEqual(sum(m[f'{name}{{slot="{k}"}}'] for k in range(2)), total, name)
+            slots = [a["id_slot"] for a in answers]
+            self.assertEqual(sorted(slots[:2]), [0, 1])
+            for k in range(2):
+                self.assertEqual(m[f'bmoe_slot_tokens_predicted_total{{slot="{k}"}}'],
+                                 sum(p for p, slot in zip(predicted, slots) if slot == k))
+            self.assertEqual((m["llamacpp:requests_processing"], m["llamacpp:requests_deferred"]), (0, 0))
+            self.assertEqual(m["llamacpp:n_tokens_max"], max(a["tokens_evaluated"] + a["tokens_predicted"] for a in answers))
+            # The batch: each answer's tokens but its last were fed as rows of shared steps, and
+            # every forward pass is a step or one prompt chunk of -b 16.
+            steps, rows = m["bmoe_batch_steps_total"], m["bmoe_batch_rows_total"]
+            self.assertEqual(rows, sum(p - 1 for p in predicted))
+            self.assertGreater(rows, steps, "no step ran two rows")
+            self.assertEqual(m["llamacpp:n_decode_total"], steps + sum(-(-e // 16) for e in evaluated))
+            self.assertGreater(m["llamacpp:n_busy_slots_per_decode"], 1.0)
+            self.assertLessEqual(m["llamacpp:n_busy_slots_per_decode"], 2.0)
+            self.assertEqual(m["bmoe_batch_rows_per_step"], rows / steps)
+            routed, looked_up = m["bmoe_batch_routed_expert_slots_total"], m["bmoe_batch_expert_lookups_total"]
+            self.assertGreater(looked_up, 0)
+            self.assertLess(looked_up, routed, "rows never shared an expert")
+            self.assertEqual(m["bmoe_batch_expert_lookups_saved_total"], routed - looked_up)
+            self.assertAlmostEqual(m["bmoe_batch_expert_sharing_ratio"], looked_up / routed, places=5)
+            self.assertLessEqual(looked_up, m["bmoe_expert_lookups_total"])
+            # Server-side times: one per step, one per chunk, one gap per row after an answer's first.
+            self.assertEqual(m["bmoe_batch_step_seconds_count"], steps)
+            self.assertEqual(m['bmoe_batch_step_seconds_bucket{le="+Inf"}'], steps)
+            self.assertEqual(m["bmoe_prompt_chunk_seconds_count"], sum(-(-e // 16) for e in evaluated))
+            self.assertEqual(m["bmoe_token_gap_seconds_count"], rows)
+            self.assertEqual(m["bmoe_token_gap_overhead_seconds_count"], rows)
+            self.assertLessEqual(m["bmoe_token_gap_overhead_seconds_sum"], m["bmoe_token_gap_seconds_sum"])
+            self.assertGreater(m["bmoe_token_gap_seconds_sum"], 0)
+            self.assertGreaterEqual(m["bmoe_token_gap_seconds_max"], m["bmoe_token_gap_seconds_sum"] / rows)
+            self.assertGreater(m["llamacpp:predicted_tokens_seconds"], 0)
+            self.assertEqual(s.metrics()["llamacpp:predicted_tokens_seconds"], 0, "the rate's window is since the last scrape")
+        finally:
+            s.stop()
+
+    def test_grammar_stop_and_a_disconnect_inside_a_batch_equal_each_alone(self):
+        """Grammar-constrained (greedy and seeded) and stop-string requests decoded in one batch
+        with a plain long one, while another stream is cut off by its client mid-batch: each
+        answer's tokens equal the same request's alone (--parallel 1), the stop string ends its
+        answer early while the others go on."""
+        flags = ("--moe-stream", "--cache-mb", "0", "-b", "16")
+        grammar = 'root ::= word (" " word)* "." | "yes" | "no"\nword ::= [a-z]+'
+        bodies = [{"prompt": "The capital of France is", "n_predict": 40, "temperature": 0, "grammar": grammar},
+                  {"prompt": "Once upon a time", "n_predict": 40, "temperature": 0.9, "seed": 7, "grammar": grammar},
+                  {"prompt": "1 2 3 4 5 6 7 8", "n_predict": 60, "temperature": 0, "ignore_eos": True},
+                  {"prompt": self.LONG, "n_predict": 120, "temperature": 0, "ignore_eos": True}]
+        alone = Server(self.model, "-c", "512", *flags)
+        try:
+            unstopped = alone.post("/completion", bodies[2])[1]["content"]
+            self.assertGreaterEqual(len(unstopped), 6)
+            bodies[2]["stop"] = [unstopped[len(unstopped) // 3:][:3]]
+            want = [alone.post("/completion", {**b, "return_tokens": True})[1] for b in bodies]
+        finally:
+            alone.stop()
+        self.assertEqual(want[2]["stop_type"], "word")
+        self.assertLess(want[2]["tokens_predicted"], 60)
+        s = Server(self.model, "-c", "2560", "--parallel", "5", *flags)
+        try:
+            cut = socket.create_connection(("127.0.0.1", s.port))
+            body = json.dumps({"prompt": "Tell me a story", "n_predict": 100000, "temperature": 0, "stream": True,
+                               "ignore_eos": True}).encode()
+            cut.sendall(b"POST /completion HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                        + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            cut.recv(256)  # its stream has started
+            got = [None] * len(bodies)
+
+            def client(i):
+                got[i] = s.post("/completion", {**bodies[i], "return_tokens": True})[1]
+            threads = [threading.Thread(target=client, args=(i,)) for i in range(len(bodies))]
+            for t in threads:
+                t.start()
+            wait_until(lambda: s.metrics()["llamacpp:requests_processing"] >= 3, 30)
+            running = s.metrics()["llamacpp:requests_processing"]
+            cut.close()  # the client goes away mid-batch
+            for t in threads:
+                t.join()
+            self.assertGreaterEqual(running, 3, "the cut stream never shared the batch")
+            for i, (g, w) in enumerate(zip(got, want)):
+                self.assertEqual((g["tokens"], g["content"], g["stop_type"]), (w["tokens"], w["content"], w["stop_type"]),
+                                 f"request {i}")
+            wait_until(lambda: s.metric_labelled("bmoe_requests_total", 'outcome="cancelled"') == 1, 30)
+            m = s.metrics()
+            self.assertEqual(m['bmoe_requests_total{outcome="cancelled"}'], 1)
+            self.assertEqual(m['bmoe_requests_total{outcome="ok"}'], len(bodies))
+            self.assertGreater(m["bmoe_batch_rows_total"], m["bmoe_batch_steps_total"])
+        finally:
+            s.stop()
+
+    def test_embeddings_run_between_the_steps_of_running_answers(self):
+        """--parallel 2: an embeddings request taken by the free slot while an answer streams is
+        embedded one input per turn between the answer's steps; its vectors and the answer equal
+        those of a --parallel 1 server."""
+        flags = ("--moe-stream", "--cache-mb", "0", "-b", "16")
+        answer = {"prompt": "Once upon a time", "n_predict": 200, "temperature": 0, "ignore_eos": True, "return_tokens": True}
+        inputs = {"input": ["The capital of France is", self.LONG, "hi"]}
+        alone = Server(self.model, "-c", "512", *flags)
+        try:
+            want = (alone.post("/completion", answer)[1]["tokens"], alone.post("/v1/embeddings", inputs)[1]["data"])
+        finally:
+            alone.stop()
+        s = Server(self.model, "-c", "1024", "--parallel", "2", *flags)
+        try:
+            got = {}
+            t = threading.Thread(target=lambda: got.update(answer=s.post("/completion", answer)[1]))
+            t.start()
+            wait_until(lambda: s.metrics()["llamacpp:requests_processing"] == 1, 30)
+            status, embedded = s.post("/v1/embeddings", inputs)
+            running = t.is_alive()
+            t.join()
+            self.assertEqual(status, 200, embedded)
+            self.assertTrue(running, "the answer ended before the embeddings were done")
+            self.assertEqual((got["answer"]["tokens"], embedded["data"]), want)
+            m = s.metrics()
+            self.assertEqual(sum(m[f'bmoe_slot_requests_total{{slot="{k}"}}'] for k in range(2)), 2)
         finally:
             s.stop()
 
