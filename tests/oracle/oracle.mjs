@@ -15,6 +15,8 @@
 //   node tests/oracle/oracle.mjs kld      MODEL BASE.logits _ T   -> {count, kld, same_top}: llama.cpp's distributions
 //                                                                   against a base-logits file (llama-perplexity's format,
 //                                                                   as bmoe-perplexity --kl-divergence-base writes it)
+//                                                                   (nll, kld: ORACLE_ROWS=N scores N rows per evaluation,
+//                                                                   for a large vocabulary; see scoredRows)
 //   node tests/oracle/oracle.mjs decode   MODEL IDS.json N T      -> {tokens, seconds, tok_s, depth} (N tokens
 //                                                                   generated after a prompt of token ids)
 //   node tests/oracle/oracle.mjs jobs     MODEL JOBS.json _ T     -> [answer, ...], one per job, one model load:
