@@ -15,6 +15,8 @@
 //   node tests/oracle/oracle.mjs kld      MODEL BASE.logits _ T   -> {count, kld, same_top}: llama.cpp's distributions
 //                                                                   against a base-logits file (llama-perplexity's format,
 //                                                                   as bmoe-perplexity --kl-divergence-base writes it)
+//                                                                   (nll, kld: ORACLE_ROWS=N scores N rows per evaluation,
+//                                                                   for a large vocabulary; see scoredRows)
 //   node tests/oracle/oracle.mjs decode   MODEL IDS.json N T      -> {tokens, seconds, tok_s, depth} (N tokens
 //                                                                   generated after a prompt of token ids)
 //   node tests/oracle/oracle.mjs jobs     MODEL JOBS.json _ T     -> [answer, ...], one per job, one model load:
@@ -226,6 +228,28 @@ if (mode === "jobs") {
   process.exit(0);
 }
 
+// A chunk's scored rows (first .. its length - 2) in order: onRow(j, the distribution of the token
+// after chunk[j]). By default the whole chunk is one evaluation, as llama-perplexity's batch.
+// ORACLE_ROWS=N evaluates the unscored half, then the scored rows N at a time on the same
+// sequence: node-llama-cpp hands each row over as a Map of the whole vocabulary, and 255 rows of
+// a 151,936-token vocabulary overran node's 4 GB heap (the Qwen3-30B-A3B cut, chunks of 512).
+const rowsPerEval = Number(process.env.ORACLE_ROWS || 0);
+async function scoredRows(seq, chunk, first, onRow) {
+  const end = chunk.length - 1;
+  const want = (t) => [t, {generateNext: {probabilities: true}}];
+  if (!(rowsPerEval > 0)) {
+    const out = await seq.controlledEvaluate(chunk.map((t, j) => (j >= first && j < end ? want(t) : t)));
+    for (let j = first; j < end; ++j) onRow(j, out[j].next.probabilities);
+    return;
+  }
+  await seq.controlledEvaluate(chunk.slice(0, first));
+  for (let start = first; start < end; start += rowsPerEval) {
+    const stop = Math.min(start + rowsPerEval, end);
+    const out = await seq.controlledEvaluate(chunk.slice(start, stop).map(want));
+    for (let j = start; j < stop; ++j) onRow(j, out[j - start].next.probabilities);
+  }
+}
+
 // llama-perplexity's sums, from llama.cpp's probabilities of each next token (bmoe-perplexity's
 // method, engine/perplexity.h): the peer evaluates exactly the ids it is given.
 async function perplexitySums(ids, nCtx) {
@@ -240,15 +264,12 @@ async function perplexitySums(ids, nCtx) {
     const chunk = ids.slice(start, start + nCtx);
     if (addBos) chunk[0] = bos;
     await seq.clearHistory();
-    const input = chunk.map((t, j) => (j >= first && j + 1 < nCtx ? [t, {generateNext: {probabilities: true}}] : t));
-    const out = await seq.controlledEvaluate(input);
-    for (let j = first; j + 1 < nCtx; ++j) {
-      const p = out[j].next.probabilities.get(chunk[j + 1]);
-      const x = -Math.log(p);
+    await scoredRows(seq, chunk, first, (j, probabilities) => {
+      const x = -Math.log(probabilities.get(chunk[j + 1]));
       nll += x;
       nll2 += x * x;
       ++count;
-    }
+    });
     runningPpl.push(Math.exp(nll / count));
   }
   seq.dispose();
@@ -293,10 +314,8 @@ async function kldAgainstBase(path) {
     const chunk = base.tokens.slice(c * base.nCtx, (c + 1) * base.nCtx);
     if (addBos) chunk[0] = bos;
     await seq.clearHistory();
-    const out = await seq.controlledEvaluate(chunk.map((t, j) => (j >= first && j + 1 < base.nCtx ? [t, {generateNext: {probabilities: true}}] : t)));
-    for (let j = first; j + 1 < base.nCtx; ++j, ++r) {
-      const q = out[j].next.probabilities;
-      const logBase = base.row(r);
+    await scoredRows(seq, chunk, first, (j, q) => {
+      const logBase = base.row(r++);
       let sum = 0, topBase = 0, topQ = -1, bestQ = -1;
       for (let i = 0; i < base.nVocab; ++i) {
         const lb = logBase(i);
@@ -308,7 +327,7 @@ async function kldAgainstBase(path) {
       kld += sum;
       sameTop += topBase === topQ;
       ++count;
-    }
+    });
   }
   seq.dispose();
   await ctx.dispose();
