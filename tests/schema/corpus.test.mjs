@@ -1,5 +1,5 @@
 // The JSON Schema corpus (corpus.json: schemas as schema libraries write them) checked by an
-// independent validator: test_text's JsonSchema.CorpusConvertsAndWalksToJson walks each
+// independent validator: test_grammar's JsonSchema.CorpusConvertsAndWalksToJson walks each
 // schema's grammar 50 times with fixed seeds and writes the texts; every one must be valid under
 // ajv (JSON Schema 2020-12) with ajv-formats' full format checks.
 // Run: BMOE_BUILD=build node --test tests/schema/corpus.test.mjs (CTest: schema.corpus).
@@ -20,7 +20,7 @@ function walks() {
   const dir = mkdtempSync(path.join(os.tmpdir(), "bmoe-schema-"));
   const file = path.join(dir, "samples.jsonl");
   try {
-    execFileSync(path.join(build, "tests", "test_text"), ["--gtest_filter=JsonSchema.CorpusConvertsAndWalksToJson"], {
+    execFileSync(path.join(build, "tests", "test_grammar"), ["--gtest_filter=JsonSchema.CorpusConvertsAndWalksToJson"], {
       env: { ...process.env, BMOE_SCHEMA_SAMPLES: file },
       stdio: "pipe",
     });
