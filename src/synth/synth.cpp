@@ -603,6 +603,7 @@ Vocabulary vocab_of(const SynthSpec& spec) {
   }
   if (spec.arch == "glm4moe") glm4_vocab(v);
   if (spec.arch == "bailingmoe3") ling_vocab(v);
+  if (spec.arch == "deepseek4") deepseek4_vocab(v);
   return v;
 }
 
