@@ -875,7 +875,10 @@ TEST(ToolCalls, HostileTextNeverCrashes) {
     const char* pieces[] = {"<tool_call>", "</tool_call>", "<function=", "<parameter=", "</parameter>", "</function>", "<|\"|>",
                             "<|tool_call>", "call:", "<tool_call|>", "{", "}", "[", "]", "(", ")", "\"", "'", ",", ":", "=",
                             "\\", "\\u", "a", "1", " ", "\n", "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]", "<|channel|>", "to=functions.",
-                            "<|message|>", "<|tool_call_start|>", "<|tool_call_end|>", "True", "null"};
+                            "<|message|>", "<|tool_call_start|>", "<|tool_call_end|>", "True", "null",
+                            "<\xEF\xBD\x9C" "DSML\xEF\xBD\x9C" "tool_calls>", "<\xEF\xBD\x9C" "DSML\xEF\xBD\x9C" "invoke name=\"",
+                            "<\xEF\xBD\x9C" "DSML\xEF\xBD\x9C" "parameter name=\"", "\" string=\"true\">", "\" string=\"false\">",
+                            "</\xEF\xBD\x9C" "DSML\xEF\xBD\x9C" "parameter>", "</\xEF\xBD\x9C" "DSML\xEF\xBD\x9C" "invoke>"};
     for (int k = 0, n = static_cast<int>(rng.below(60)); k < n; ++k) t += pieces[rng.below(sizeof pieces / sizeof *pieces)];
     texts.push_back(t);
   }
