@@ -89,6 +89,7 @@ SynthSpec preset(const std::string& name) {
     // Random weights: a seed whose greedy output repeats itself, so the n-gram drafter has
     // something to propose in the speculative identity test (seed 42's never does).
     s.seed = 3;
+    s.vocab_size = 129280;  // DeepSeek's padded size, where --vocab deepseek_v3 asks for its vocabulary
     if (name == "tiny-deepseek4-mtp") s.n_nextn_layer = 1;  // an MTP block after the trunk: loaded, never run
     s.swiglu_clamp_exp = {10.0f, 0.5f, 10.0f, 0.5f};
     s.swiglu_clamp_shexp = {0.5f, 10.0f, 0.5f, 10.0f};
