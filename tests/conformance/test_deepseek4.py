@@ -50,7 +50,7 @@ DEEPSEEK_TEXTS = [
     "<\uff5cDSML\uff5ctool_calls>\n<\uff5cDSML\uff5cinvoke name=\"get_weather\">\n",
 ]
 # tiny-deepseek4 on DeepSeek's real vocabulary (its default is the small stand-in one).
-MODEL = ("tiny-deepseek4-dsv3", "tiny-deepseek4", "--vocab", "deepseek_v3")
+MODEL = ("tiny-deepseek4-deepseek_v3", "tiny-deepseek4", "--vocab", "deepseek_v3")  # shared with the server tests
 N_GEN = 8
 MODE_FLAGS = {"f32": ["--kv-type", "f32"], "f16": []}
 # Bounds (docs/fidelity.md, "deepseek4 against a llama.cpp source build"): against the AVX2 level
