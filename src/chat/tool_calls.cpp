@@ -468,6 +468,82 @@ ParsedToolCalls parse_qwen_xml(std::string_view s, const json& tools) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// DeepSeek-V4's DSML: <｜DSML｜tool_calls>\n<｜DSML｜invoke name="NAME">\n<｜DSML｜parameter
+// name="K" string="true|false">V</｜DSML｜parameter>\n...</｜DSML｜invoke>\n</｜DSML｜tool_calls>.
+// string="true" values are raw text, string="false" ones JSON (raw text where they are not).
+
+constexpr std::string_view kDsml = "\xEF\xBD\x9C" "DSML" "\xEF\xBD\x9C";  // ｜DSML｜ (U+FF5C around DSML)
+
+std::string dsml(std::string_view prefix, std::string_view tag) { return std::string(prefix) + std::string(kDsml) + std::string(tag); }
+
+// A quoted attribute value at `p` (just after the opening quote), up to the closing quote:
+// one line, no '<', not empty.
+std::optional<std::string_view> dsml_quoted(std::string_view s, size_t& p) {
+  const size_t q = s.find('"', p);
+  if (q == npos) return std::nullopt;
+  const std::string_view v = s.substr(p, q - p);
+  if (v.empty() || has(v, "\n") || has(v, "<")) return std::nullopt;
+  p = q + 1;
+  return v;
+}
+
+// One <｜DSML｜parameter name="K" string="B">V</｜DSML｜parameter> at `p` (after whitespace) into `args`.
+bool dsml_argument(std::string_view s, size_t& p, json& args) {
+  static const std::string open = dsml("<", "parameter name=\""), close = dsml("</", "parameter>"),
+                           last = dsml("</", "invoke>");
+  size_t q = skip_ws(s, p);
+  if (!at(s, q, open)) return false;
+  q += open.size();
+  const auto key = dsml_quoted(s, q);
+  if (!key) return false;
+  const bool raw = at(s, q, " string=\"true\">");
+  if (!raw && !at(s, q, " string=\"false\">")) return false;
+  q += raw ? 15 : 16;
+  const size_t end = find_value_close(s, q, close, open, last);
+  if (end == npos) return false;
+  const std::string_view text = s.substr(q, end - q);
+  std::optional<json> value;
+  if (!raw) value = json_whole(trim(text));
+  args[std::string(*key)] = value ? *value : json(std::string(text));
+  p = end + close.size();
+  return true;
+}
+
+ParsedToolCalls parse_deepseek_dsml(std::string_view s, const json&) {
+  static const std::string block = dsml("<", "tool_calls>"), block_end = dsml("</", "tool_calls>"),
+                           invoke = dsml("<", "invoke name=\""), invoke_end = dsml("</", "invoke>");
+  std::vector<ToolCall> calls;
+  size_t pos = 0;
+  for (bool in_block = false;;) {
+    size_t p = skip_ws(s, pos);
+    if (!in_block && at(s, p, block)) {
+      in_block = true;
+      pos = p + block.size();
+      continue;
+    }
+    if (in_block && at(s, p, block_end)) {
+      in_block = false;
+      pos = p + block_end.size();
+      continue;
+    }
+    if (!in_block || !at(s, p, invoke)) break;
+    p += invoke.size();
+    const auto name = dsml_quoted(s, p);
+    if (!name || !at(s, p, ">")) break;
+    ++p;
+    json args = json::object();
+    while (dsml_argument(s, p, args)) {
+    }
+    p = skip_ws(s, p);
+    if (at(s, p, invoke_end)) p += invoke_end.size();
+    else if (p < s.size()) break;  // only the end of the answer may stand for the closing tags
+    calls.push_back({"", std::string(*name), compact(args)});
+    pos = p;
+  }
+  return finish(std::move(calls), s, pos);
+}
+
+// ---------------------------------------------------------------------------------------------
 // GLM-4.5 / 4.6: <tool_call>NAME\n<arg_key>K</arg_key>\n<arg_value>V</arg_value>\n</tool_call>;
 // GLM-4.7 writes the same tags with no newlines, so whitespace between tags is optional. Values
 // as qwen-xml's: raw text for string schemas (kept exactly), JSON for the others.
@@ -1012,6 +1088,11 @@ class CallGrammar {
   std::string glm_xml_call(const Tool& t) {
     return lit("<tool_call>" + t.name + "\n") + " " + xml_params(t, kGlmXmlItem) + " " + lit("</tool_call>");
   }
+  std::string deepseek_dsml_call(const Tool& t) {
+    const std::string params = xml_params(t, kDsmlItem);
+    return lit(dsml("<", "invoke name=\"") + t.name + "\">\n") + " " + (params.empty() ? lit("\n") : params) + " " +
+           lit(dsml("</", "invoke>") + "\n");
+  }
   std::string gemma4_call(const Tool& t) {
     return lit("<|tool_call>call:" + t.name + "{") + " " + gemma_params(t) + " " + lit("}<tool_call|>");
   }
@@ -1133,18 +1214,26 @@ class CallGrammar {
   std::string excluding(const std::string& name, std::string_view word) {
     if (added_.count(name)) return name;
     added_.insert(name);
-    const size_t n = word.size();
+    // Character by character (a grammar class holds characters, not the bytes of one).
+    std::vector<std::string> chars;
+    for (size_t i = 0; i < word.size();) {
+      const size_t len = std::min<size_t>(std::max(utf8_sequence_length(static_cast<uint8_t>(word[i])), 1), word.size() - i);
+      chars.emplace_back(word.substr(i, len));
+      i += len;
+    }
+    const size_t n = chars.size();
     auto state = [&](size_t k) { return k == 0 ? name : name + "-" + std::to_string(k); };
-    const std::string w0 = class_char(word[0]);
+    auto class_of = [](const std::string& c) { return c.size() == 1 ? class_char(c[0]) : c; };
+    const std::string w0 = class_of(chars[0]);
     for (size_t k = 0; k < n; ++k) {
       std::vector<std::string> alts;
       if (k == 0) {
         alts.push_back("[^" + w0 + "] " + state(0));
       } else {
-        if (k + 1 < n) alts.push_back(lit(word.substr(k, 1)) + " " + state(k + 1));
-        alts.push_back("[^" + class_char(word[k]) + w0 + "] " + state(0));
+        if (k + 1 < n) alts.push_back(lit(chars[k]) + " " + state(k + 1));
+        alts.push_back("[^" + class_of(chars[k]) + w0 + "] " + state(0));
       }
-      if (n > 1) alts.push_back(lit(word.substr(0, 1)) + " " + state(1));
+      if (n > 1) alts.push_back(lit(chars[0]) + " " + state(1));
       alts.push_back("\"\"");
       std::string body;
       for (size_t i = 0; i < alts.size(); ++i) body += (i ? " | " : "") + alts[i];
@@ -1208,9 +1297,13 @@ class CallGrammar {
     const char* close;  // ends the value (raw text must not hold it)
     const char* before_close;
     const char* after;
+    const char* middle_json;  // the middle before a JSON value, where it differs (DSML's string="false"); or null
   };
-  static constexpr XmlItem kQwenXmlItem = {"qwen-xml", "<parameter=", ">\n", "</parameter>", "\n", "\n"};
-  static constexpr XmlItem kGlmXmlItem = {"glm-xml", "<arg_key>", "</arg_key>\n<arg_value>", "</arg_value>", "", "\n"};
+  static constexpr XmlItem kQwenXmlItem = {"qwen-xml", "<parameter=", ">\n", "</parameter>", "\n", "\n", nullptr};
+  static constexpr XmlItem kGlmXmlItem = {"glm-xml", "<arg_key>", "</arg_key>\n<arg_value>", "</arg_value>", "", "\n", nullptr};
+  static constexpr XmlItem kDsmlItem = {"deepseek-dsml", "<\xEF\xBD\x9C" "DSML\xEF\xBD\x9C" "parameter name=\"",
+                                        "\" string=\"true\">", "</\xEF\xBD\x9C" "DSML\xEF\xBD\x9C" "parameter>", "", "\n",
+                                        "\" string=\"false\">"};
 
   std::string xml_params(const Tool& t, const XmlItem& layout) {
     const auto props = properties(t);
@@ -1219,17 +1312,19 @@ class CallGrammar {
       for (const auto& p : props) {
         if (p.required != pass_required) continue;
         const std::string where = ".properties." + p.key;
-        if (p.key.empty() || p.key.find_first_of("<>\n") != std::string::npos || trim(p.key) != p.key) {
+        if (p.key.empty() || p.key.find_first_of("<>\n\"") != std::string::npos || trim(p.key) != p.key) {
           schema_error(where, std::string("a ") + layout.format +
-                                  " parameter name cannot be empty, hold '<', '>' or a newline, or start or end with spaces");
+                                  " parameter name cannot be empty, hold '<', '>', '\"' or a newline, or start or end with spaces");
         }
         std::string value;
-        if (xml_kind(p.schema) == XmlKind::Raw) {
+        const bool raw = xml_kind(p.schema) == XmlKind::Raw;
+        if (raw) {
           value = raw_string(*p.schema, where, layout.close, excluding("xml-text", layout.close));
         } else {
           value = json_value(*p.schema, where);
         }
-        const std::string item = lit(layout.open + p.key + layout.middle) + " " + value + " " +
+        const char* middle = raw || !layout.middle_json ? layout.middle : layout.middle_json;
+        const std::string item = lit(layout.open + p.key + middle) + " " + value + " " +
                                  lit(std::string(layout.before_close) + layout.close + layout.after);
         out += (out.empty() ? "" : " ") + (p.required ? item : "( " + item + " )?");
       }
@@ -1605,6 +1700,9 @@ const std::vector<FormatSpec>& format_table() {
        {"<tool_call>", "<function="}, parse_qwen_xml, &CallGrammar::qwen_xml_call, {"", "\n", "", false}, false},
       {ToolFormat::GlmXml, "glm-xml", [](std::string_view t) { return has(t, "<tool_call>") && has(t, "<arg_key>"); },
        {"<tool_call>"}, parse_glm_xml, &CallGrammar::glm_xml_call, {"", "\n", "", false}, false},
+      {ToolFormat::DeepseekDsml, "deepseek-dsml", [](std::string_view t) { return has(t, kDsml); },
+       {dsml("<", "tool_calls>")}, parse_deepseek_dsml, &CallGrammar::deepseek_dsml_call,
+       {"<\xEF\xBD\x9C" "DSML\xEF\xBD\x9C" "tool_calls>\n", "", "</\xEF\xBD\x9C" "DSML\xEF\xBD\x9C" "tool_calls>", false}, false},
       {ToolFormat::Hermes, "hermes", [](std::string_view t) { return has(t, "<tool_call>"); }, {"<tool_call>"},
        [](std::string_view s, const json&) { return parse_hermes(s); }, &CallGrammar::hermes_call,
        {"", "\n", "", false}, false},

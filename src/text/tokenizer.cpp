@@ -38,24 +38,34 @@ constexpr std::string_view kBailing =
     R"('(?:[sSdDmMtT]|[lL][lL]|[vV][eE]|[rR][eE])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+)";
 // SPM-style BPE merges whole lines; only newlines split the text.
 constexpr std::string_view kLines = R"([^\n]+|[\n]+)";
+// DeepSeek-V3 (and V4, which keeps its tokenizer): three splits in turn, as its tokenizer.json's
+// Split sequence and llama.cpp's deepseek-v3 type hold them: runs of up to three digits, runs of
+// CJK ideographs and kana, then words (a punctuation mark may lead an ASCII word), punctuation
+// and whitespace.
+constexpr std::string_view kDeepseek3Digits = R"(\p{N}{1,3})";
+constexpr std::string_view kDeepseek3Cjk = "[\u4E00-\u9FA5\u3040-\u309F\u30A0-\u30FF]+";
+constexpr std::string_view kDeepseek3Words =
+    R"([!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
-// A pre-tokenizer as a file names it (tokenizer.ggml.pre): its split pattern, and whether a
+// A pre-tokenizer as a file names it (tokenizer.ggml.pre): its split patterns (applied in turn,
+// each to the pieces the one before left; unused slots empty), and whether a
 // pre-token that is itself a token is taken whole, without merges (llama.cpp's llama3-style
 // vocabularies, which also add BOS unless the file says otherwise).
 struct PreTokenizerKind {
   std::string_view name;
-  std::string_view regex;
+  std::string_view regexes[3];
   bool ignores_merges;
 };
 
 constexpr PreTokenizerKind kPreTokenizers[] = {
-    {"qwen2", kQwen2, false},   {"deepseek-r1-qwen", kQwen2, false}, {"qwen35", kQwen35, false},
-    {"llama3", kLlama3, true},  {"llama-bpe", kLlama3, true},        {"smaug-bpe", kLlama3, false},
-    {"lfm2", kLlama3, true},    {"gpt-4o", kGpt4o, false},           {"default", kGpt2, false},
-    {"gpt2", kGpt2, false},     {"olmo", kGpt2, false},              {"mpt", kGpt2, false},
-    {"gemma4", kLines, false},
-    {"glm4", kLlama3, false},   {"chatglm-bpe", kLlama3, false},
-    {"bailingmoe", kBailing, false}, {"bailingmoe2", kBailing, false}, {"llada-moe", kBailing, false},
+    {"qwen2", {kQwen2}, false},   {"deepseek-r1-qwen", {kQwen2}, false}, {"qwen35", {kQwen35}, false},
+    {"llama3", {kLlama3}, true},  {"llama-bpe", {kLlama3}, true},        {"smaug-bpe", {kLlama3}, false},
+    {"lfm2", {kLlama3}, true},    {"gpt-4o", {kGpt4o}, false},           {"default", {kGpt2}, false},
+    {"gpt2", {kGpt2}, false},     {"olmo", {kGpt2}, false},              {"mpt", {kGpt2}, false},
+    {"gemma4", {kLines}, false},
+    {"glm4", {kLlama3}, false},   {"chatglm-bpe", {kLlama3}, false},
+    {"bailingmoe", {kBailing}, false}, {"bailingmoe2", {kBailing}, false}, {"llada-moe", {kBailing}, false},
+    {"deepseek-v3", {kDeepseek3Digits, kDeepseek3Cjk, kDeepseek3Words}, false},
 };
 
 const PreTokenizerKind* pre_tokenizer_kind(std::string_view pre) {
@@ -95,7 +105,11 @@ const TokenizerModelKind* tokenizer_model_kind(std::string_view model) {
 std::vector<std::string> pre_tokenizer_regexes(const std::string& pre) {
   const PreTokenizerKind* kind = pre_tokenizer_kind(pre);
   if (!kind) return {};
-  return {std::string(kind->regex)};
+  std::vector<std::string> out;
+  for (std::string_view regex : kind->regexes) {
+    if (!regex.empty()) out.emplace_back(regex);
+  }
+  return out;
 }
 
 struct Tokenizer::Regex {

@@ -989,7 +989,8 @@ class ServerHardeningTest(unittest.TestCase):
 
 class ServerToolsTest(unittest.TestCase):
     """Tool calls and constrained output, with the models' real chat templates (Qwen3's from its
-    npm tokenizer package, gpt-oss's harmony template from llama.cpp's tree) over tiny models."""
+    npm tokenizer package, gpt-oss's harmony template from llama.cpp's tree) over tiny models, and
+    bmoe-synth's DeepSeek-V4 template on tiny-deepseek4."""
 
     @classmethod
     def setUpClass(cls):
@@ -1003,6 +1004,9 @@ class ServerToolsTest(unittest.TestCase):
                 f.write(templates[name])
             model = synth(f"{preset}-{vocab}", preset, "--vocab", vocab)  # shared by the two Qwen templates
             cls.servers[name] = Server(model, "-c", "2048", "--chat-template-file", path)
+        # DeepSeek-V4's DSML calls: bmoe-synth's own DeepSeek template on DeepSeek's vocabulary.
+        deepseek = synth("tiny-deepseek4-deepseek_v3", "tiny-deepseek4", "--vocab", "deepseek_v3")
+        cls.servers["deepseek4"] = Server(deepseek, "-c", "2048")
         cls.server = cls.servers["qwen3"]
 
     @classmethod
@@ -1033,6 +1037,28 @@ class ServerToolsTest(unittest.TestCase):
         self.assertLessEqual(set(args), {"city", "unit", "days"})
         if "unit" in args:
             self.assertIn(args["unit"], ("c", "f"))
+
+    def test_deepseek_dsml_tool_calls(self):
+        """A required call on deepseek4 is written as DSML under the grammar (the template says
+        so: ｜DSML｜) and parsed back into arguments that follow the schema, whole or streamed."""
+        server = self.servers["deepseek4"]
+        body = {"messages": [{"role": "user", "content": "Weather in Paris?"}], "max_tokens": 300,
+                "tools": [self.WEATHER, self.TIME], "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+                "parallel_tool_calls": False, "chat_template_kwargs": {"enable_thinking": False}}
+        status, resp = server.post("/v1/chat/completions", {**body, "seed": 1, "temperature": 1})
+        self.assertEqual(status, 200, resp)
+        choice = resp["choices"][0]
+        self.assertEqual(choice["finish_reason"], "tool_calls", choice)
+        calls = choice["message"]["tool_calls"]
+        self.assertEqual(len(calls), 1)
+        self.assertEqual(calls[0]["function"]["name"], "get_weather")
+        self.check_weather_args(calls[0]["function"]["arguments"])
+        events = server.stream("/v1/chat/completions", {**body, "seed": 3, "temperature": 1, "stream": True})
+        deltas = [e["choices"][0] for e in events if e != "[DONE]" and e["choices"]]
+        calls = [c for d in deltas for c in d["delta"].get("tool_calls", [])]
+        self.assertEqual(len(calls), 1)
+        self.check_weather_args(calls[0]["function"]["arguments"])
+        self.assertEqual(deltas[-1]["finish_reason"], "tool_calls")
 
     def test_required_tool_call_follows_the_schema(self):
         body = {"messages": [{"role": "user", "content": "Weather in Paris?"}], "max_tokens": 300,
@@ -1193,7 +1219,7 @@ class ServerToolsTest(unittest.TestCase):
         self.assertIsInstance(json.loads(resp["choices"][0]["message"]["content"])["ok"], bool)
 
     def test_each_template_names_its_call_format(self):
-        for name, want in (("qwen3", "hermes"), ("gpt-oss", "harmony"), ("qwen3.5", "qwen-xml")):
+        for name, want in (("qwen3", "hermes"), ("gpt-oss", "harmony"), ("qwen3.5", "qwen-xml"), ("deepseek4", "deepseek-dsml")):
             _, text = self.servers[name].get("/props")
             self.assertEqual(json.loads(text)["tool_call_format"], want)
 

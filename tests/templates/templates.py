@@ -33,6 +33,7 @@ BUNDLE_TEMPLATES = {  # name -> path in llama.cpp's tree
     "mistral-nemo": "models/templates/mistralai-Mistral-Nemo-Instruct-2407.jinja",
     "glm-4.6": "models/templates/GLM-4.6.jinja",
     "glm-4.7-flash": "models/templates/GLM-4.7-Flash.jinja",
+    "deepseek-v4": "models/templates/deepseek-ai-DeepSeek-V4.jinja",  # what llama.cpp's converter writes
 }
 
 
@@ -81,6 +82,7 @@ def conversations():
         ("multi-turn", {"messages": [system, user, answer, {"role": "user", "content": "And of Spain? 你好"}]}),
         ("no-generation-prompt", {"messages": [user, answer], "add_generation_prompt": False}),
         ("thinking-off", {"messages": [user], "enable_thinking": False}),
+        ("thinking-on", {"messages": [user], "enable_thinking": True}),
         ("thinking-history", {"messages": [
             user, {"role": "assistant", "content": "<think>\nEasy.\n</think>\n\nParis."},
             {"role": "user", "content": "Sure?"}]}),

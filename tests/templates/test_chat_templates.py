@@ -73,6 +73,36 @@ class ChatTemplateTest(unittest.TestCase):
         self.assertTrue(glm["thinking-off"].endswith("/nothink<|assistant|>\n<think></think>"))
         self.assertTrue(glm["user"].endswith("<|assistant|>"))
         self.assertIn("<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>", glm["tool-call"])
+        # DeepSeek-V4: the thinking switch (enable_thinking opens or closes the think block) and its
+        # DSML tool calls.
+        ds = dict(zip(labels, self.expected["deepseek-v4"]))
+        self.assertTrue(ds["thinking-on"].endswith("<\uff5cAssistant\uff5c><think>"))
+        self.assertTrue(ds["thinking-off"].endswith("<\uff5cAssistant\uff5c></think>"))
+        self.assertIn("<\uff5cDSML\uff5cparameter name=\"city\" string=\"true\">Paris</\uff5cDSML\uff5cparameter>",
+                      ds["tool-call"])
+
+
+class SynthesizedTemplateTest(unittest.TestCase):
+    """The chat templates bmoe-synth writes of its own (DeepSeek-V4's format on DeepSeek's
+    vocabulary) render as the reference renders them, and keep the format's features: the
+    thinking switch and DSML tool calls that bmoe's tool-call parser reads back."""
+
+    def test_deepseek4_template(self):
+        model = synth("templates-tiny-deepseek4-deepseek_v3", "tiny-deepseek4", "--vocab", "deepseek_v3")
+        source = json.loads(subprocess.run(["node", os.path.join(os.path.dirname(__file__), "model_template.mjs"), model],
+                                           capture_output=True, text=True, check=True, cwd=ROOT).stdout)
+        cases = conversations()
+        want = oracle({"t": source}, [ctx for _, ctx in cases])["t"]
+        have = ours(source, [ctx for _, ctx in cases])
+        for (label, _), w, h in zip(cases, want, have):
+            with self.subTest(conversation=label):
+                self.assertNotIsInstance(w, dict)
+                self.assertEqual(h, w)
+        got = dict(zip([label for label, _ in cases], have))
+        self.assertTrue(got["thinking-on"].endswith("<\uff5cAssistant\uff5c><think>"))
+        self.assertTrue(got["thinking-off"].endswith("<\uff5cAssistant\uff5c></think>"))
+        self.assertIn("<\uff5cDSML\uff5cparameter name=\"days\" string=\"false\">2</\uff5cDSML\uff5cparameter>",
+                      got["tool-call"])
 
 
 class RenderedPromptTokensTest(unittest.TestCase):
@@ -83,7 +113,8 @@ class RenderedPromptTokensTest(unittest.TestCase):
     PAIRS = [("qwen3", "qwen3", "tiny-qwen3moe"), ("qwen3.5", "qwen3", "tiny-qwen3moe"),
              ("gpt-oss", "gptoss", "tiny-gpt-oss"), ("llama3_1", "llama3", "tiny-mixtral"),
              ("llama3.1-tools", "llama3", "tiny-mixtral"), ("glm-4.6", "tiny", "tiny-glm4moe"),
-             ("glm-4.7-flash", "tiny", "tiny-glm4moe")]
+             ("glm-4.7-flash", "tiny", "tiny-glm4moe"), ("deepseek_v3", "deepseek_v3", "tiny-deepseek4"),
+             ("deepseek-v4", "deepseek_v3", "tiny-deepseek4")]
 
     def test_rendered_prompts_tokenize_like_llama_cpp(self):
         templates = load_templates()
