@@ -1,4 +1,5 @@
 """Shared helpers for the tests that drive bmoe's tools and llama.cpp (node-llama-cpp)."""
+import fcntl
 import json
 import os
 import shutil
@@ -102,6 +103,33 @@ def run(args, **kw):
         raise RuntimeError(f"{' '.join(args)} failed ({p.returncode}):\n{p.stderr[-3000:]}")
     return p.stdout
 
+
+
+PEER_BINS = os.path.join(NODE_MODULES, PEER_PACKAGE, "bins", "linux-x64")
+PEER_BUNDLE = os.path.join(NODE_MODULES, "node-llama-cpp", "llama", "gitRelease.bundle")
+
+
+def build_llama_program(name, extra_flags=()):
+    """Builds tests/oracle/<name>.cpp against node-llama-cpp's prebuilt library, once per build
+    folder (again when the source is newer). The headers come from the peer's own source bundle,
+    cloned once; a lock keeps two conformance tests started together from cloning into the same
+    folder at once."""
+    exe = os.path.join(BUILD, name)
+    src = os.path.join(REPO, "tests", "oracle", name + ".cpp")
+    if not os.path.exists(PEER_BUNDLE) or not os.path.isdir(PEER_BINS):
+        raise unittest.SkipTest("skipped: node-llama-cpp's bundled llama.cpp or its prebuilt library is missing")
+    with open(os.path.join(BUILD, "llama-release.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if os.path.exists(exe) and os.path.getmtime(exe) > os.path.getmtime(src):
+            return exe
+        headers = os.path.join(BUILD, "llama-release")
+        if not os.path.isdir(headers):
+            run(["git", "clone", "-q", "--depth", "1", PEER_BUNDLE, headers])
+        includes = [f"-I{os.path.join(headers, d)}" for d in ("include", os.path.join("ggml", "include"), "src")]
+        run(["g++", "-std=c++17", "-O1", *includes, *extra_flags, src, "-o", exe, "-L" + PEER_BINS,
+             "-l:libllama.v0.4.0.so", "-l:libggml.v0.4.0.so", "-l:libggml-base.so", "-ldl",
+             "-Wl,-rpath," + PEER_BINS])
+    return exe
 
 # Models above this size are deleted when their test class ends (unless BMOE_KEEP_TEST_MODELS=1):
 # CI machines have seen as little as 1.5 GiB of free disk, and the real-shape cuts are 0.6-2.0 GiB.

@@ -27,12 +27,10 @@ import tempfile
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import BUILD, NODE_MODULES, PEER_PACKAGE, REPO, oracle, run, synth, tool, bmoe_tokenize  # noqa: E402
+from common import bmoe_tokenize, build_llama_program, oracle, run, synth, tool  # noqa: E402
 from deepseek4_logits import floats, peer_env  # noqa: E402
 from test_llama_conformance import PROMPTS, TOKENIZER_CORPUS  # noqa: E402
 
-BINS = os.path.join(NODE_MODULES, PEER_PACKAGE, "bins", "linux-x64")
-BUNDLE = os.path.join(NODE_MODULES, "node-llama-cpp", "llama", "gitRelease.bundle")
 BAR = "\uff5c"  # the full-width bar of DeepSeek's special tokens
 SPECIAL = lambda name: f"<{BAR}{name}{BAR}>"  # noqa: E731
 BOS, EOS = SPECIAL("begin\u2581of\u2581sentence"), SPECIAL("end\u2581of\u2581sentence")
@@ -64,21 +62,6 @@ LOGIT_BOUND = {"f32": 0.1, "f16": 0.5}
 NEAR_TIE = 1e-3  # the conformance rule's top-2 probability gap (common.NEAR_TIE)
 
 
-def build_driver():
-    """tests/oracle/llama_logits.cpp against node-llama-cpp's prebuilt library (once per build folder)."""
-    exe = os.path.join(BUILD, "llama_logits")
-    src = os.path.join(REPO, "tests", "oracle", "llama_logits.cpp")
-    if os.path.exists(exe) and os.path.getmtime(exe) > os.path.getmtime(src):
-        return exe
-    if not os.path.exists(BUNDLE) or not os.path.isdir(BINS):
-        raise unittest.SkipTest("skipped: node-llama-cpp's bundled llama.cpp or its prebuilt library is missing")
-    headers = os.path.join(BUILD, "llama-release")
-    if not os.path.isdir(headers):
-        run(["git", "clone", "-q", "--depth", "1", BUNDLE, headers])
-    run(["g++", "-std=c++17", "-O1", "-I", os.path.join(headers, "include"), "-I", os.path.join(headers, "ggml", "include"),
-         src, "-o", exe, "-L" + BINS, "-l:libllama.v0.4.0.so", "-l:libggml.v0.4.0.so", "-l:libggml-base.so",
-         "-Wl,-rpath," + BINS])
-    return exe
 
 
 class Deepseek4Tokenizer(unittest.TestCase):
@@ -99,7 +82,7 @@ class Deepseek4Tokenizer(unittest.TestCase):
 
 class Deepseek4Greedy(unittest.TestCase):
     def test_greedy_and_single_token(self):
-        driver = build_driver()
+        driver = build_llama_program("llama_logits")
         model = synth(*MODEL)
         ids, hello = bmoe_tokenize(model, [PROMPTS[0], "Hello"])
         with tempfile.TemporaryDirectory() as tmp:

@@ -22,35 +22,17 @@ import array
 import json
 import math
 import os
-import subprocess
 import sys
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import BUILD, NODE_MODULES, PEER_AVX512, PEER_EXCLUDED_CPU, PEER_PACKAGE, REPO, run, synth, tool  # noqa: E402
+from common import BUILD, PEER_AVX512, PEER_BINS, PEER_EXCLUDED_CPU, build_llama_program, run, synth, tool  # noqa: E402
 
-BINS = os.path.join(NODE_MODULES, PEER_PACKAGE, "bins", "linux-x64")
-BUNDLE = os.path.join(NODE_MODULES, "node-llama-cpp", "llama", "gitRelease.bundle")
 PROMPTS = [[569, 573, 100, 200, 300, 17, 40, 41], list(range(1, 13)), [300, 301, 302], [7, 77, 177, 277, 377],
            [50, 60, 70, 80, 90, 100, 110], [400, 12, 400, 12, 400, 12]]
 BOUND = 2e-3
 
 
-def build_oracle():
-    """The oracle binary (built once per build folder)."""
-    exe = os.path.join(BUILD, "mtp_oracle")
-    src = os.path.join(REPO, "tests", "oracle", "mtp_oracle.cpp")
-    if os.path.exists(exe) and os.path.getmtime(exe) > os.path.getmtime(src):
-        return exe
-    if not os.path.exists(BUNDLE) or not os.path.isdir(BINS):
-        raise unittest.SkipTest("skipped: node-llama-cpp's bundled llama.cpp or its prebuilt library is missing")
-    headers = os.path.join(BUILD, "llama-release")
-    if not os.path.isdir(headers):
-        run(["git", "clone", "-q", "--depth", "1", BUNDLE, headers])
-    run(["g++", "-std=c++17", "-O1", "-I", os.path.join(headers, "include"), "-I", os.path.join(headers, "ggml", "include"),
-         "-I", os.path.join(headers, "src"), src, "-o", exe, "-L" + BINS, "-l:libllama.v0.4.0.so", "-l:libggml.v0.4.0.so",
-         "-l:libggml-base.so", "-ldl", "-Wl,-rpath," + BINS])
-    return exe
 
 
 def softmax(v):
@@ -66,7 +48,7 @@ def argmax(v):
 
 class TinyMtpHeads(unittest.TestCase):
     def compare(self, preset, name=None, synth_args=(), f32=False, bound=BOUND, prompts=PROMPTS, need=None):
-        oracle = build_oracle()
+        oracle = build_llama_program("mtp_oracle")
         name = name or preset
         model = synth(name, preset, *synth_args)
         excluded = sorted(set(PEER_EXCLUDED_CPU) | (set(PEER_AVX512) if f32 else set()))
@@ -74,7 +56,7 @@ class TinyMtpHeads(unittest.TestCase):
         for ids in prompts:
             worst = 0.0
             text = ",".join(map(str, ids))
-            ref = json.loads(run([oracle, model, text, BINS, ",".join(excluded)] + (["f32"] if f32 else [])))
+            ref = json.loads(run([oracle, model, text, PEER_BINS, ",".join(excluded)] + (["f32"] if f32 else [])))
             dump = os.path.join(BUILD, f"mtp-{name}.bin")
             run([tool("bmoe-cli"), "-m", model, "--prompt-ids", text, "-n", "1", "-t", "2", "--mtp", "--draft", "2",
                  "--dump-logits", dump] + (["--kv-type", "f32"] if f32 else []))
