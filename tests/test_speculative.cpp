@@ -605,6 +605,22 @@ TEST(Speculative, PenaltiesTurnDraftingOffSamplingDoesNot) {
   EXPECT_FALSE(drafting_possible(DraftConfig{0, 4, 1, {}}, SamplerConfig{}));
 }
 
+// Runs a seeded sampled generation of MAX_TOKENS from PROMPT with DRAFT, ignoring EOS.
+GenerateResult sample_with_drafts(LoadedModel& model, const std::vector<int32_t>& prompt, uint64_t seed,
+                                  int max_tokens, const DraftConfig& draft) {
+  SamplerConfig sampler;
+  sampler.temperature = 0.9f;
+  sampler.seed = seed;
+  ThreadPool pool(2);
+  Session s(model, pool, 256, 64, sampler);
+  GenerateParams p;
+  p.sampler = sampler;
+  p.max_tokens = max_tokens;
+  p.ignore_eos = true;
+  p.draft = draft;
+  return generate(s, prompt, p);
+}
+
 // Seeded sampling prints the same tokens with and without drafts: a verification draws from each
 // row in order, as one token at a time would, keeping a draft token only when it is the draw.
 // The oracle (the plain run's own output) has every draft kept; the MTP head on the hybrid
@@ -613,19 +629,7 @@ TEST(Speculative, SeededSamplingIsTheSameWithDrafts) {
   const std::string path = test_model_path("tiny-qwen35moe", 3);
   auto model = mtp_model(path, false);
   const std::vector<int32_t> prompt = model->tokenizer->encode("the harbour town woke slowly", false, false);
-  SamplerConfig sampler;
-  sampler.temperature = 0.9f;
-  sampler.seed = 1234;
-  auto sample = [&](const DraftConfig& draft) {
-    ThreadPool pool(2);
-    Session s(*model, pool, 256, 64, sampler);
-    GenerateParams p;
-    p.sampler = sampler;
-    p.max_tokens = 40;
-    p.ignore_eos = true;
-    p.draft = draft;
-    return generate(s, prompt, p);
-  };
+  auto sample = [&](const DraftConfig& draft) { return sample_with_drafts(*model, prompt, 1234, 40, draft); };
   const GenerateResult plain = sample(DraftConfig{});
   DraftConfig oracle{4, 4, 1, {}};
   oracle.oracle = prompt;
@@ -647,19 +651,7 @@ TEST(Speculative, SeededSamplingIsTheSameWithDrafts) {
 TEST(Speculative, SeededSamplingIsTheSameWithMtpDraftsOnDeepSeek4) {
   auto model = mtp_model(test_model_path("tiny-deepseek4-mtp", 3), false);
   const std::vector<int32_t> prompt = model->tokenizer->encode("the harbour town woke slowly", false, false);
-  SamplerConfig sampler;
-  sampler.temperature = 0.9f;
-  sampler.seed = 99;
-  auto sample = [&](const DraftConfig& draft) {
-    ThreadPool pool(2);
-    Session s(*model, pool, 256, 64, sampler);
-    GenerateParams p;
-    p.sampler = sampler;
-    p.max_tokens = 32;
-    p.ignore_eos = true;
-    p.draft = draft;
-    return generate(s, prompt, p);
-  };
+  auto sample = [&](const DraftConfig& draft) { return sample_with_drafts(*model, prompt, 99, 32, draft); };
   const GenerateResult plain = sample(DraftConfig{});
   DraftConfig mtp{3, 4, 1, {}};
   mtp.mtp = true;
