@@ -128,6 +128,17 @@ def wait_until(condition, seconds):
         time.sleep(0.1)
 
 
+def open_endless_stream(server, path, fields):
+    """Starts a greedy streamed request that ignores EOS on a raw socket and returns the socket
+    once the stream has begun, so a test can cut the client off mid-answer (close it)."""
+    conn = socket.create_connection(("127.0.0.1", server.port))
+    body = json.dumps({**fields, "temperature": 0, "stream": True, "ignore_eos": True}).encode()
+    conn.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n".encode()
+                 + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    conn.recv(256)
+    return conn
+
+
 def cli_text(model, prompt, n, *flags):
     out = run([tool("bmoe-cli"), "-m", model, "-p", prompt, "-n", str(n), "-t", THREADS, "--json", *flags])
     return json.loads(out)["text"]
@@ -565,13 +576,7 @@ class ServerParallelTest(unittest.TestCase):
     def test_cancel_frees_the_slot_and_a_full_queue_answers_503(self):
         s = Server(self.model, "-c", "1024", "--parallel", "2", "--queue", "1")
         try:
-            conn = socket.create_connection(("127.0.0.1", s.port))
-            body = json.dumps({"prompt": "Once upon a time", "max_tokens": 100000, "temperature": 0, "stream": True,
-                               "ignore_eos": True}).encode()
-            conn.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                         + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
-            conn.recv(256)  # the stream has started
-            conn.close()
+            open_endless_stream(s, "/v1/completions", {"prompt": "Once upon a time", "max_tokens": 100000}).close()
             wait_until(lambda: s.metric_labelled("bmoe_requests_total", 'outcome="cancelled"') == 1 and
                        not any(slot["is_processing"] for slot in json.loads(s.get("/slots")[1])), 60)
             self.assertEqual(s.metric_labelled("bmoe_requests_total", 'outcome="cancelled"'), 1)
@@ -699,12 +704,7 @@ class ServerParallelTest(unittest.TestCase):
         self.assertLess(want[2]["tokens_predicted"], 60)
         s = Server(self.model, "-c", "2560", "--parallel", "5", *flags)
         try:
-            cut = socket.create_connection(("127.0.0.1", s.port))
-            body = json.dumps({"prompt": "Tell me a story", "n_predict": 100000, "temperature": 0, "stream": True,
-                               "ignore_eos": True}).encode()
-            cut.sendall(b"POST /completion HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                        + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
-            cut.recv(256)  # its stream has started
+            cut = open_endless_stream(s, "/completion", {"prompt": "Tell me a story", "n_predict": 100000})
             got = [None] * len(bodies)
 
             def client(i):
