@@ -119,18 +119,23 @@ class RenderedPromptTokensTest(unittest.TestCase):
     def test_rendered_prompts_tokenize_like_llama_cpp(self):
         templates = load_templates()
         cases = conversations()
-        checked = 0
+        # One tokenizer run per model on each side (a peer process loads its model once), for
+        # all the templates written in that model's vocabulary.
+        by_model = {}
         for name, vocab, preset in self.PAIRS:
-            model = synth(f"templates-{preset}-{vocab}", preset, "--vocab", vocab)
             texts = [t for t in ours(templates[name], [ctx for _, ctx in cases]) if isinstance(t, str)]
+            by_model.setdefault((preset, vocab), []).extend((name, t) for t in texts)
+        checked = 0
+        for (preset, vocab), named in by_model.items():
+            model = synth(f"templates-{preset}-{vocab}", preset, "--vocab", vocab)
+            texts = [t for _, t in named]
             mine = bmoe_tokenize(model, texts)
             theirs = llama_oracle("tokenize", model, texts)
-            for text, a, b in zip(texts, mine, theirs):
+            for (name, text), a, b in zip(named, mine, theirs):
                 with self.subTest(template=name, text=text[:60]):
                     self.assertEqual(a, b)
                     checked += 1
         self.assertGreater(checked, 30)
-
 
 if __name__ == "__main__":
     unittest.main()
