@@ -450,7 +450,9 @@ class ServerTest(unittest.TestCase):
             self.assertEqual(status, 400, endpoint)
             self.assertEqual(resp["error"]["code"], "context_length_exceeded")
             self.assertIn("bytes", resp["error"]["message"])
-        self.assertLess(time.time() - started, 30)
+        # The memory bound is the proof; the time bound only catches a tokenizer run on 12 MB
+        # (minutes), loose enough for a loaded 2-core machine (37 s seen at load 20).
+        self.assertLess(time.time() - started, 120)
         self.assertLess(peak_kib() - before, 300 * 1024)
         # /stats names the prompt being read (none now).
         _, stats = self.server.get("/stats")
