@@ -53,10 +53,13 @@ class TinyMtpHeads(unittest.TestCase):
         model = synth(name, preset, *synth_args)
         excluded = sorted(set(PEER_EXCLUDED_CPU) | (set(PEER_AVX512) if f32 else set()))
         within = 0
-        for ids in prompts:
+        # One oracle process for every prompt (one model load), a JSON line per prompt.
+        texts = [",".join(map(str, ids)) for ids in prompts]
+        refs = run([oracle, model, ";".join(texts), PEER_BINS, ",".join(excluded)] + (["f32"] if f32 else [])).splitlines()
+        self.assertEqual(len(refs), len(prompts), "one oracle line per prompt")
+        for ids, text, line in zip(prompts, texts, refs):
             worst = 0.0
-            text = ",".join(map(str, ids))
-            ref = json.loads(run([oracle, model, text, PEER_BINS, ",".join(excluded)] + (["f32"] if f32 else [])))
+            ref = json.loads(line)
             dump = os.path.join(BUILD, f"mtp-{name}.bin")
             run([tool("bmoe-cli"), "-m", model, "--prompt-ids", text, "-n", "1", "-t", "2", "--mtp", "--draft", "2",
                  "--dump-logits", dump] + (["--kv-type", "f32"] if f32 else []))

@@ -3,9 +3,10 @@
 // runs the prompt with the trunk's h_nextn rows shifted by one (zeros first), as common/
 // speculative.cpp's draft-mtp does, then the first draft step (the trunk's greedy next token at
 // position n, paired with the last trunk row) and one chained step (the head's own pick and
-// hidden state). Prints {"next": id, "steps": [[logits], [logits]]}.
+// hidden state). Prints {"next": id, "steps": [[logits], [logits]]}, one line per prompt.
 //
-//   mtp_oracle MODEL 1,2,3,... BACKEND_DIR [EXCLUDED_VARIANT,...] [f32]
+//   mtp_oracle MODEL 1,2,3,...[;4,5,...] BACKEND_DIR [EXCLUDED_VARIANT,...] [f32]
+// Several prompts (separated by ';') share one model load; each runs in fresh contexts.
 // loads the best-scoring CPU backend of BACKEND_DIR (ggml's own score) but the excluded ones, as
 // the conformance peer does (tests/conformance/common.py: PEER_EXCLUDED_CPU). With `f32`, the
 // caches hold f32 and attention takes the classic path (bmoe's --kv-type f32), so that a model
@@ -87,29 +88,11 @@ void load_cpu_backend(const std::string& dir, const std::string& excluded) {
   std::fprintf(stderr, "mtp_oracle: CPU backend %s\n", best.c_str());
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  if (argc < 4) die("usage: mtp_oracle MODEL IDS BACKEND_DIR [EXCLUDED] [f32]");
-  const bool f32_cache = argc > 5 && std::strcmp(argv[5], "f32") == 0;
-  const std::vector<llama_token> prompt = parse_ids(argv[2]);
+// The prompt through the trunk, then the MTP context over it and two draft steps (fresh
+// contexts, so that each prompt starts as in its own process); prints the JSON line.
+void run_prompt(llama_model* model, const llama_context_params& trunk_params, const std::vector<llama_token>& prompt) {
   const int n = static_cast<int>(prompt.size());
-  load_cpu_backend(argv[3], argc > 4 ? argv[4] : "");
-  llama_backend_init();
-  llama_model_params mp = llama_model_default_params();
-  mp.load_mtp = true;
-  llama_model* model = llama_model_load_from_file(argv[1], mp);
-  if (!model) die("cannot load the model");
-  if (llama_model_n_layer_nextn(model) < 1) die("the model has no MTP layer");
-  llama_context_params cp = llama_context_default_params();
-  cp.n_ctx = 512;
-  cp.n_batch = 512;
-  cp.n_ubatch = 512;
-  cp.n_threads = cp.n_threads_batch = 2;
-  if (f32_cache) {
-    cp.type_k = cp.type_v = GGML_TYPE_F32;
-    cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
-  }
+  llama_context_params cp = trunk_params;
   llama_context* trunk = llama_init_from_model(model, cp);
   cp.ctx_type = LLAMA_CONTEXT_TYPE_MTP;
   llama_context* head = llama_init_from_model(model, cp);
@@ -157,6 +140,36 @@ int main(int argc, char** argv) {
   llama_batch_free(b);
   llama_free(head);
   llama_free(trunk);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 4) die("usage: mtp_oracle MODEL IDS[;IDS...] BACKEND_DIR [EXCLUDED] [f32]");
+  const bool f32_cache = argc > 5 && std::strcmp(argv[5], "f32") == 0;
+  load_cpu_backend(argv[3], argc > 4 ? argv[4] : "");
+  llama_backend_init();
+  llama_model_params mp = llama_model_default_params();
+  mp.load_mtp = true;
+  llama_model* model = llama_model_load_from_file(argv[1], mp);
+  if (!model) die("cannot load the model");
+  if (llama_model_n_layer_nextn(model) < 1) die("the model has no MTP layer");
+  llama_context_params cp = llama_context_default_params();
+  cp.n_ctx = 512;
+  cp.n_batch = 512;
+  cp.n_ubatch = 512;
+  cp.n_threads = cp.n_threads_batch = 2;
+  if (f32_cache) {
+    cp.type_k = cp.type_v = GGML_TYPE_F32;
+    cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+  }
+  std::string prompts = argv[2];
+  for (size_t start = 0; start <= prompts.size();) {
+    size_t end = prompts.find(';', start);
+    if (end == std::string::npos) end = prompts.size();
+    run_prompt(model, cp, parse_ids(prompts.substr(start, end - start).c_str()));
+    start = end + 1;
+  }
   llama_model_free(model);
   return 0;
 }
