@@ -71,14 +71,11 @@ struct LatentShape {
   int q_lora_rank, kv_lora_rank, qk_nope, qk_rope, v_head_dim;
 };
 
-// Latent attention on every group_size-th layer and on a trailing partial group (the
-// converter's rule), Kimi Delta Attention elsewhere; the first dense_layers run a dense FFN.
+// Latent attention layers by the group size (bailingmoe3_latent_layers), Kimi Delta Attention
+// elsewhere; the first dense_layers run a dense FFN.
 void bailingmoe3_shape(SynthSpec& s, int group_size, int kda_head_dim, const LatentShape& m, int dense_layers,
                        int dense_ff, int shared_ff, int groups, int groups_used) {
-  s.attention_layers.clear();
-  for (int l = 0; l < s.n_layer; ++l) {
-    if ((l + 1) % group_size == 0 || l >= s.n_layer / group_size * group_size) s.attention_layers.push_back(l);
-  }
+  s.attention_layers = bailingmoe3_latent_layers(s.n_layer, group_size);
   s.ssm_conv_kernel = 4;
   s.kda_head_dim = kda_head_dim;
   s.mla_q_lora_rank = m.q_lora_rank;
@@ -171,6 +168,14 @@ SynthSpec preset(const std::string& name) {
 }
 
 }  // namespace
+
+std::vector<int> bailingmoe3_latent_layers(int n_layer, int group_size) {
+  std::vector<int> layers;
+  for (int l = 0; l < n_layer; ++l) {
+    if ((l + 1) % group_size == 0 || l >= n_layer / group_size * group_size) layers.push_back(l);
+  }
+  return layers;
+}
 
 void ling_vocab(Vocabulary& v) {
   v.pre = "bailingmoe2";
