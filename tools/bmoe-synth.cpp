@@ -19,7 +19,7 @@ struct SynthOptions {
   std::vector<std::string> type_overrides;
   int layers = 0, shards = 1, swa_period = 0, attention_interval = 0;
   uint64_t seed = 42;
-  bool list = false, dry_run = false;
+  bool list = false, dry_run = false, no_mtp = false;
 };
 
 void add_synth_flags(CLI::App& app, SynthOptions& o) {
@@ -29,8 +29,11 @@ void add_synth_flags(CLI::App& app, SynthOptions& o) {
   app.add_option("--swa-period", o.swa_period,
                  "gemma4: make every Nth layer full attention (so a short cut keeps one)")->check(CLI::Range(1, 1000));
   app.add_option("--attention-interval", o.attention_interval,
-                 "qwen35moe: make every Nth layer attention, the others Gated DeltaNet (so a short cut keeps both)")
+                 "qwen35moe: make every Nth layer attention, the others Gated DeltaNet; bailingmoe3: latent "
+                 "attention in groups of N layers of the cut, the others Kimi Delta (so a short cut keeps both)")
       ->check(CLI::Range(1, 1000));
+  app.add_flag("--no-mtp", o.no_mtp,
+               "leave out the MTP (nextn) blocks after the trunk, as llama.cpp's converter does with --no-mtp");
   app.add_option("--type", o.type_overrides,
                  "tensor type per class, CLASS=TYPE (classes: embd output attn attn_q attn_k attn_v attn_o router "
                  "experts gate_up down dense all; types: F32 F16 BF16 Q8_0 Q4_0 Q4_K Q5_K Q6_K MXFP4)");
@@ -48,13 +51,19 @@ SynthSpec spec_from_options(const SynthOptions& o) {
   if (o.preset.empty()) fail("no preset given (--preset NAME; --list-presets shows them)");
   SynthSpec spec = synth_preset(o.preset);
   if (o.layers > 0) spec.n_layer = std::min(spec.n_layer, o.layers);
+  if (o.no_mtp) spec.n_nextn_layer = 0;
   if (o.swa_period > 0) {
     if (spec.arch != "gemma4") fail("--swa-period applies to gemma4 presets only");
     spec.swa_period = o.swa_period;
   }
   if (o.attention_interval > 0) {
-    if (spec.arch != "qwen35moe") fail("--attention-interval applies to qwen35moe presets only");
-    spec.full_attention_interval = o.attention_interval;
+    if (spec.arch == "qwen35moe") {
+      spec.full_attention_interval = o.attention_interval;
+    } else if (spec.arch == "bailingmoe3") {
+      spec.attention_layers = bailingmoe3_latent_layers(spec.n_layer, o.attention_interval);
+    } else {
+      fail("--attention-interval applies to qwen35moe and bailingmoe3 presets only");
+    }
   }
   if (!o.vocab.empty()) spec.vocab = o.vocab;
   spec.vocab_file = o.vocab_file;

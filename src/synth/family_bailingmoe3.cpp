@@ -71,14 +71,11 @@ struct LatentShape {
   int q_lora_rank, kv_lora_rank, qk_nope, qk_rope, v_head_dim;
 };
 
-// Latent attention on every group_size-th layer and on a trailing partial group (the
-// converter's rule), Kimi Delta Attention elsewhere; the first dense_layers run a dense FFN.
+// Latent attention layers by the group size (bailingmoe3_latent_layers), Kimi Delta Attention
+// elsewhere; the first dense_layers run a dense FFN.
 void bailingmoe3_shape(SynthSpec& s, int group_size, int kda_head_dim, const LatentShape& m, int dense_layers,
                        int dense_ff, int shared_ff, int groups, int groups_used) {
-  s.attention_layers.clear();
-  for (int l = 0; l < s.n_layer; ++l) {
-    if ((l + 1) % group_size == 0 || l >= s.n_layer / group_size * group_size) s.attention_layers.push_back(l);
-  }
+  s.attention_layers = bailingmoe3_latent_layers(s.n_layer, group_size);
   s.ssm_conv_kernel = 4;
   s.kda_head_dim = kda_head_dim;
   s.mla_q_lora_rank = m.q_lora_rank;
@@ -157,11 +154,13 @@ SynthSpec preset(const std::string& name) {
     s.vocab_size = 157184;
     q4_k_m_mix(s);
   } else if (name == "ling-v3-flash") {
-    // Ling-3.0 124B-A5.1B: 42 layers, E 2560, 512 experts as llama.cpp's type table names it;
-    // the other sizes (20 heads of 128, the latent ranks, expert width 512) are assumed to
-    // follow the 7.9B model's, so size the streaming work but do not cite it as the real file.
-    s = synth_shape(name, "bailingmoe3", 42, 2560, 20, 1, 0, 512, 8, 512, 131072, 6000000.0f, "qwen3");
-    bailingmoe3_shape(s, 4, 128, {256, 512, 128, 64, 128}, 1, 7680, 512, 8, 4);
+    // Ling-3.0-flash (124B-A5.1B) at Q4_K_M: 42 layers in groups of 6 (latent attention at 5,
+    // 11, ..., 41, Kimi Delta elsewhere), width 2560, 32 heads of 128, a plain query projection
+    // (q_lora_rank null), latent rank 512, two dense layers of 6144, 512 experts of 768 in 8
+    // groups (4 kept), top-8, a 768-wide shared expert. Sizes from the published config.json as
+    // third-party loaders pin it; the Qwen3 tokenizer stands in for Ling's, padded to 157,184.
+    s = synth_shape(name, "bailingmoe3", 42, 2560, 32, 1, 0, 512, 8, 768, 131072, 6000000.0f, "qwen3");
+    bailingmoe3_shape(s, 6, 128, {0, 512, 128, 64, 128}, 2, 6144, 768, 8, 4);
     s.vocab_size = 157184;
     q4_k_m_mix(s);
   } else {
@@ -171,6 +170,14 @@ SynthSpec preset(const std::string& name) {
 }
 
 }  // namespace
+
+std::vector<int> bailingmoe3_latent_layers(int n_layer, int group_size) {
+  std::vector<int> layers;
+  for (int l = 0; l < n_layer; ++l) {
+    if ((l + 1) % group_size == 0 || l >= n_layer / group_size * group_size) layers.push_back(l);
+  }
+  return layers;
+}
 
 void ling_vocab(Vocabulary& v) {
   v.pre = "bailingmoe2";

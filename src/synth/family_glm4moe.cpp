@@ -137,7 +137,7 @@ void glm4moe_shape(SynthSpec& s, int dense_layers, int dense_ff, float scale, bo
 void set_glm4moe_metadata(GgufWriter& w, const SynthSpec& s) {
   const std::string a = "glm4moe.";
   w.set(a + "block_count", GgufValue::u32(static_cast<uint32_t>(s.n_layer + s.n_nextn_layer)));
-  w.set(a + "nextn_predict_layers", GgufValue::u32(static_cast<uint32_t>(s.n_nextn_layer)));
+  if (s.n_nextn_layer > 0) w.set(a + "nextn_predict_layers", GgufValue::u32(static_cast<uint32_t>(s.n_nextn_layer)));
   w.set(a + "rope.dimension_count", GgufValue::u32(static_cast<uint32_t>(s.n_rot)));
   w.set(a + "feed_forward_length", GgufValue::u32(static_cast<uint32_t>(s.n_ff_dense)));
   w.set(a + "leading_dense_block_count", GgufValue::u32(static_cast<uint32_t>(std::min(s.n_dense_layers, s.n_layer))));

@@ -105,6 +105,10 @@ struct SynthSpec {
   TensorType type_of(TensorClass c, int layer) const;  // with the Q4_K_M layer rule
 };
 
+// bailingmoe3: the latent attention layers of n_layer layers in groups of group_size, by Ling's
+// converter rule: the last layer of each group and every layer of a trailing partial group.
+std::vector<int> bailingmoe3_latent_layers(int n_layer, int group_size);
+
 // The named presets ("tiny-qwen3moe", "qwen3-30b-a3b", ...).
 std::vector<std::string> synth_preset_names();
 SynthSpec synth_preset(const std::string& name);  // throws for unknown names

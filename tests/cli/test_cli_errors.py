@@ -106,6 +106,8 @@ class BadInputGetsOneClearError(unittest.TestCase):
 
     def test_other_tools(self):
         self.check([tool("bmoe-synth"), "--preset", "nope", "-o", os.path.join(self.tmp.name, "x.gguf")], "unknown preset")
+        self.check([tool("bmoe-synth"), "--preset", "tiny-qwen3moe", "--attention-interval", "2", "--dry-run"],
+                   "--attention-interval")
         self.check([tool("bmoe-iobench"), self.missing], "missing.gguf")
         self.check([tool("bmoe-replay"), self.missing], "missing.gguf")
         self.check([tool("bmoe-replay"), self.bad_trace], "bad.route.csv")

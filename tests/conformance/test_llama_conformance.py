@@ -94,6 +94,8 @@ class Conformance:
     preset = ""
     chat = "chatml"      # the family's chat format (bmoe-cli --chat renders it)
     strict = True        # also run the all-f32 attention comparison
+    prompts = PROMPTS            # greedy prompts, run as they are
+    chat_prompts = CHAT_PROMPTS  # greedy prompts, run through the family's chat format
     peer_exclude = ()    # llama.cpp CPU levels to leave out for this model (see common.PEER_AVX512)
     # Single-token check: the top-2 probability ratios must agree within this fixed bound per
     # family, set above the spread between two correct implementations on the family's shapes
@@ -116,15 +118,15 @@ class Conformance:
 
     @classmethod
     def greedy_texts(cls):
-        return PROMPTS + [CHAT_FORMATS[cls.chat](p) for p in CHAT_PROMPTS]
+        return list(cls.prompts) + [CHAT_FORMATS[cls.chat](p) for p in cls.chat_prompts]
 
     @classmethod
     def bmoe_runs(cls, mode):
         """bmoe's greedy continuations of greedy_texts in one numerics mode (run once)."""
         if mode not in cls.ours:
             flags = MODES[mode][1]
-            cls.ours[mode] = [bmoe_greedy(cls.model, p, N, *flags) for p in PROMPTS]
-            cls.ours[mode] += [bmoe_greedy(cls.model, p, N, "--chat", *flags) for p in CHAT_PROMPTS]
+            cls.ours[mode] = [bmoe_greedy(cls.model, p, N, *flags) for p in cls.prompts]
+            cls.ours[mode] += [bmoe_greedy(cls.model, p, N, "--chat", *flags) for p in cls.chat_prompts]
         return cls.ours[mode]
 
     @classmethod
@@ -506,6 +508,41 @@ class TinyBailingMoe3PlainQ(Conformance, unittest.TestCase):
     preset = "tiny-bailingmoe3-plain-q"
     chat = "ling"
     strict = False
+
+
+# The GLM-4.5-Air and Ling-3.0 cuts greedy-decode three prompts instead of nine (CI time): a short
+# one, the long one (both engines' tiled prompt attention) and one in the family's chat format.
+CUT_PROMPTS = [PROMPTS[1], LONG_PROMPT]
+CUT_CHAT_PROMPTS = CHAT_PROMPTS[:1]
+
+
+class Glm45Air_Cut2(Conformance, unittest.TestCase):
+    """2 layers of the GLM-4.5-Air shape: the leading dense layer (10944 wide) and a layer with 128
+    sigmoid-routed experts of 1408 and the shared expert (Q8_0 down projections, q/k/v biases, half
+    of each head rotated, no q/k norms); Qwen3 vocabulary with GLM's pre-tokenizer and tokens.
+    Written without the MTP block (--no-mtp, as llama.cpp's converter can): neither engine runs it,
+    it would add 1.6 GiB, and TinyGlm4Moe covers a file that has one."""
+    name = "glm45-air-cut2"
+    preset = "glm-4.5-air"
+    model_args = ("--layers", "2", "--no-mtp")
+    chat = "glm4"
+    strict = False  # all-f32 attention: TinyGlm4Moe(Air) (same layer kinds) and the Qwen3 cut (real shape)
+    prompts = CUT_PROMPTS
+    chat_prompts = CUT_CHAT_PROMPTS
+
+
+class LingV3Mini_Cut2(Conformance, unittest.TestCase):
+    """2 layers of the Ling-3.0 7.9B shape in groups of 2 (--attention-interval 2): a Kimi Delta
+    Attention layer with the dense FFN, then a latent attention layer (low-rank query 256, latent
+    512 + 64 rotated, head gate) with 128 experts in 8 groups (4 kept) and the shared expert;
+    Qwen3 vocabulary padded to Ling's 157,184 ids with Ling's pre-tokenizer and turn tokens."""
+    name = "ling-v3-mini-cut2"
+    preset = "ling-v3-mini"
+    model_args = ("--layers", "2", "--attention-interval", "2")
+    chat = "ling"
+    strict = False  # all-f32 attention: TinyBailingMoe3 (same layer kinds) and the Qwen3 cut (real shape)
+    prompts = CUT_PROMPTS
+    chat_prompts = CUT_CHAT_PROMPTS
 
 
 if __name__ == "__main__":
