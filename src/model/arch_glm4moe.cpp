@@ -31,10 +31,10 @@ void read_routing(ArchLoader& a, ModelConfig& c) {
   const int64_t gating = a.get_int_or(".expert_gating_func", 0);
   if (gating != 0 && gating != 2) fail("glm4moe: expert_gating_func {} is not supported (2 = sigmoid)", gating);
   if (a.get_int_or(".expert_group_count", 0) > 1) fail("glm4moe: group-limited expert routing is not supported");
-  c.gating = Gating::SigmoidTopK;
-  c.activation = ExpertActivation::SwiGLU;
-  c.norm_topk = a.get_int_or(".expert_weights_norm", 0) != 0;
-  c.expert_weights_scale = static_cast<float>(a.get_float_or(".expert_weights_scale", 0.0));
+  c.moe.gating = Gating::SigmoidTopK;
+  c.moe.activation = ExpertActivation::SwiGLU;
+  c.moe.norm_topk = a.get_int_or(".expert_weights_norm", 0) != 0;
+  c.moe.weights_scale = static_cast<float>(a.get_float_or(".expert_weights_scale", 0.0));
 }
 
 void read_glm4moe(ArchLoader& a, ModelConfig& c) {

@@ -20,9 +20,9 @@ void read_lfm2moe(ArchLoader& a, ModelConfig& c) {
   if (c.n_ff_exp == 0) fail("lfm2moe: missing required key 'lfm2moe.expert_feed_forward_length'");
   c.rope.style = RopeStyle::NeoX;
   c.attention.qk_norm_per_head = true;
-  c.gating = Gating::SigmoidTopK;
-  c.norm_topk = true;
-  c.activation = ExpertActivation::SwiGLU;
+  c.moe.gating = Gating::SigmoidTopK;
+  c.moe.norm_topk = true;
+  c.moe.activation = ExpertActivation::SwiGLU;
   const int64_t gating = a.get_int(".expert_gating_func");
   if (gating != 2) fail("lfm2moe: expert_gating_func {} is not supported (2 = sigmoid)", gating);
   const int64_t taps = a.get_int(".shortconv.l_cache");

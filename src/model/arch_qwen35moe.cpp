@@ -82,9 +82,9 @@ void read_qwen35moe(ArchLoader& a, ModelConfig& c) {
   c.rope.style = RopeStyle::NeoX;
   check_rope_sections(a.get_int_array(".rope.dimension_sections"), c.rope.n_rot);
   c.attention.qk_norm_per_head = true;
-  c.gating = Gating::SoftmaxTopK;
-  c.norm_topk = true;
-  c.activation = ExpertActivation::SwiGLU;
+  c.moe.gating = Gating::SoftmaxTopK;
+  c.moe.norm_topk = true;
+  c.moe.activation = ExpertActivation::SwiGLU;
   c.shared_expert.gate_sigmoid = true;
   read_vocab_and_expert_width(a, c);
   c.shared_expert.n_ff = static_cast<int>(a.get_int_or(".expert_shared_feed_forward_length", 0));

@@ -173,8 +173,8 @@ bool plan_in(Layers set, const LayerPlan& p, const ModelConfig& c, int layer, in
     case Layers::Shared: return layer >= 0 && (p.ffn == FfnKind::MoeShared || p.ffn == FfnKind::MoeUngatedShared);
     case Layers::Compressed: return layer >= 0 && c.csa.ratio_at(own) != 0;
     case Layers::Indexed: return layer >= 0 && c.csa.ratio_at(own) == 4;
-    case Layers::Hashed: return layer >= 0 && experts && !nextn && own < c.n_hash_layers;
-    case Layers::Biased: return layer >= 0 && experts && (nextn || own >= c.n_hash_layers);
+    case Layers::Hashed: return layer >= 0 && experts && !nextn && own < c.moe.n_hash_layers;
+    case Layers::Biased: return layer >= 0 && experts && (nextn || own >= c.moe.n_hash_layers);
     case Layers::NextN: return false;
     case Layers::Never: return false;
   }
