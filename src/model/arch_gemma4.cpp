@@ -77,8 +77,6 @@ void load_gemma4_hparams(ArchLoader& a, ModelConfig& c) {
 
 void read_gemma4(ArchLoader& a, ModelConfig& c) {
   load_gemma4_hparams(a, c);
-  c.attention.qk_norm_per_head = true;
-  c.attention.v_rms_norm = true;
   c.attention.scale = 1.0f;  // q and k are normalised; Gemma 4 applies no 1/sqrt(d)
   c.moe.gating = Gating::SoftmaxTopK;
   c.moe.norm_topk = true;
@@ -96,6 +94,7 @@ void read_gemma4(ArchLoader& a, ModelConfig& c) {
     }
     c.plan.push_back({MixerKind::Attention, moe ? FfnKind::ParallelDenseMoe : FfnKind::Dense});
   }
+  c.plan_norms({.qk = QkNorm::PerHead, .v = true, .post_mixer = true, .post_ffn = true});
 }
 
 // The full layers rotate through the model's one table of per-pair frequency factors; the

@@ -48,8 +48,8 @@ void read_glm4moe(ArchLoader& a, ModelConfig& c) {
     if (sections.size() >= 2 && sections[0] > 0 && sections[1] > 0) fail("glm4moe: M-RoPE (GLM-4.5V) is not supported");
   }
   c.rope.style = RopeStyle::NeoX;
-  c.attention.qk_norm_per_head = a.has_tensor("blk.0.attn_q_norm.weight");
-  if (a.has_tensor("blk.0.attn_k_norm.weight") != c.attention.qk_norm_per_head) {
+  const bool qk_norm = a.has_tensor("blk.0.attn_q_norm.weight");  // optional in the family's files
+  if (a.has_tensor("blk.0.attn_k_norm.weight") != qk_norm) {
     fail("glm4moe: the file has one of attn_q_norm and attn_k_norm without the other");
   }
   read_routing(a, c);
@@ -70,6 +70,7 @@ void read_glm4moe(ArchLoader& a, ModelConfig& c) {
     c.dense.layer_n_ff.push_back(static_cast<int>(dense_ff[static_cast<size_t>(l)]));
     if (!moe && dense_ff[static_cast<size_t>(l)] <= 0) fail("glm4moe: dense layer {} has no feed_forward_length", l);
   }
+  c.plan_norms({.qk = qk_norm ? QkNorm::PerHead : QkNorm::None});
 }
 
 using D = Dim;

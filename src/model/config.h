@@ -39,11 +39,29 @@ enum class FfnKind : uint8_t {
   ParallelDenseMoe,  // a dense FFN and routed experts side by side, each with its norms (gemma4)
 };
 
+// How the attention kinds normalise q and k (weights attn_q_norm, attn_k_norm).
+enum class QkNorm : uint8_t {
+  None,
+  PerHead,  // each head RMS-normed with a head_dim weight (qwen3, glm4moe, gemma4, ...)
+  Full,     // RMS-normed over all heads at once (olmoe)
+};
+
+// The norms of a layer besides the two every layer has (attn_norm before its mixer, ffn_norm
+// before its FFN; the FFN and mixer kinds' own inner norms are theirs). The forward pass runs
+// what the plan declares; the loader checks the file holds the weights of exactly these.
+struct LayerNorms {
+  QkNorm qk = QkNorm::None;  // attention kinds
+  bool v = false;            // attention kinds: each value head RMS-normed without a weight (gemma4)
+  bool post_mixer = false;   // attention kinds: their output normed before the residual add (gemma4)
+  bool post_ffn = false;     // the FFN's output normed before the residual add (gemma4)
+};
+
 // A layer as its family declares it: the forward pass runs the plan, it does not infer the
-// layer's kinds from which tensors the file holds.
+// layer's kinds or norms from which tensors the file holds.
 struct LayerPlan {
   MixerKind mixer = MixerKind::Attention;
   FfnKind ffn = FfnKind::Moe;
+  LayerNorms norms;
 };
 
 struct RopeConfig {
@@ -95,9 +113,6 @@ struct ModelConfig {
   struct Attention {
     float scale = 0.0f;  // 0: 1/sqrt(head_dim)
     float softcap = 0.0f;
-    bool qk_norm_per_head = false;  // RMS-norm q and k per head (qwen3)
-    bool qk_norm_full = false;      // RMS-norm q and k over all heads (olmoe)
-    bool v_rms_norm = false;        // RMS-normalise each value head without a weight (gemma4)
     std::vector<int> sliding_window;  // per layer; 0 = full attention; empty: all full
     // Per-layer geometry where it varies (gemma4: sliding layers have more, smaller kv heads
     // and their own RoPE). Empty: every layer uses the model's scalars.
@@ -207,8 +222,12 @@ struct ModelConfig {
     return false;
   }
   bool has_experts_at(int l) const { return ffn_at(l) != FfnKind::Dense; }
+  const LayerNorms& norms_at(int l) const { return plan[static_cast<size_t>(l)].norms; }
   // Every layer of the same kinds (the families without per-layer choices).
   void plan_every_layer(MixerKind mixer, FfnKind ffn) { plan.assign(static_cast<size_t>(n_layer), {mixer, ffn}); }
+  // The same norms on every layer of the plan and on the MTP block (set after both): those of
+  // the attention kinds on their layers only.
+  void plan_norms(const LayerNorms& norms);
   int n_ff_dense_at(int l) const { return dense.layer_n_ff.empty() ? 0 : dense.layer_n_ff[static_cast<size_t>(l)]; }
   int n_head_kv_at(int l) const {
     const std::vector<int>& v = attention.layer_n_head_kv;

@@ -38,7 +38,7 @@ class DenseMlp {
 };
 
 // The kinds that pre-norm the residual (ffn_norm), compute one output per token and add it back
-// (after the post-norm where the family has one).
+// (after the post-norm where the plan has one).
 class PreNormFfn : public Ffn {
  public:
   void forward(const LayerWeights& L, int layer, const LayerPass& pass, const FfnContext& ctx) final {
@@ -50,9 +50,10 @@ class PreNormFfn : public Ffn {
     }
     out_.assign(static_cast<size_t>(n) * E, 0.0f);
     body(L, layer, pass, ctx);
+    const bool post_norm = pass.cfg.norms_at(layer).post_ffn;
     for (int i = 0; i < n; ++i) {
       float* row = out_.data() + static_cast<size_t>(i) * E;
-      if (!L.post_ffn_norm.empty()) ops::rms_norm(row, L.post_ffn_norm.data(), row, E, pass.cfg.norm_eps);
+      if (post_norm) ops::rms_norm(row, L.post_ffn_norm.data(), row, E, pass.cfg.norm_eps);
       pass.residual.add(i, row);
     }
   }
@@ -143,13 +144,14 @@ class ParallelDenseMoeFfn final : public Ffn {
     dense_out_.assign(total, 0.0f);
     mlp_.run(pass, D.ffn_gate, D.ffn_up, D.ffn_down, dense_in, dense_out_.data());
     ctx.experts.run(layer, n, moe_in, router_in, pass.positions, ctx.source, moe_out);
+    const bool post_norm = pass.cfg.norms_at(layer).post_ffn;
     for (int i = 0; i < n; ++i) {
       float* dense = dense_out_.data() + static_cast<size_t>(i) * E;
       float* moe = moe_out + static_cast<size_t>(i) * E;
       ops::rms_norm(dense, P.post_dense_norm.data(), dense, E, eps);
       ops::rms_norm(moe, P.post_moe_norm.data(), moe, E, eps);
       ops::add(dense, moe, E);
-      ops::rms_norm(dense, L.post_ffn_norm.data(), dense, E, eps);
+      if (post_norm) ops::rms_norm(dense, L.post_ffn_norm.data(), dense, E, eps);
       pass.residual.add(i, dense);
       if (!L.out_scale.empty()) ops::scale(pass.residual.row(i), L.out_scale[0], E);
     }

@@ -186,18 +186,19 @@ void AttentionBase::prepare_rows(const AttentionWeights& L, int layer, const Lay
   const int dk = c.head_dim_at(layer), dv = c.head_dim_v_at(layer);
   const int64_t q_width = static_cast<int64_t>(H) * dk, k_width = static_cast<int64_t>(HKV) * dk,
                 v_width = static_cast<int64_t>(HKV) * dv;
+  const LayerNorms& norms = c.norms_at(layer);
   for (int i = 0; i < pass.n; ++i) {
     float* q = q_.data() + static_cast<size_t>(i) * q_width;
     float* k = k_.data() + static_cast<size_t>(i) * k_width;
-    if (c.attention.qk_norm_per_head) {
+    if (norms.qk == QkNorm::PerHead) {
       for (int h = 0; h < H; ++h) ops::rms_norm(q + h * dk, L.q_norm.data(), q + h * dk, dk, c.norm_eps);
       for (int h = 0; h < HKV; ++h) ops::rms_norm(k + h * dk, L.k_norm.data(), k + h * dk, dk, c.norm_eps);
-    } else if (c.attention.qk_norm_full) {
+    } else if (norms.qk == QkNorm::Full) {
       ops::rms_norm(q, L.q_norm.data(), q, q_width, c.norm_eps);
       ops::rms_norm(k, L.k_norm.data(), k, k_width, c.norm_eps);
     }
     float* v = v_.data() + static_cast<size_t>(i) * v_width;
-    if (c.attention.v_rms_norm) {
+    if (norms.v) {
       for (int h = 0; h < HKV; ++h) ops::rms_norm(v + h * dv, nullptr, v + h * dv, dv, c.norm_eps);
     }
     const RopeConfig& rope = c.rope_at(layer);
@@ -242,9 +243,10 @@ void AttentionBase::output(const AttentionWeights& L, int layer, const LayerPass
   proj_.resize(static_cast<size_t>(pass.n) * E);
   matmul(pass.pool, L.wo, attn_.data(), pass.n, proj_.data(), out_act_);
   add_bias(proj_.data(), L.bo, pass.n, E);
+  const bool post_norm = pass.cfg.norms_at(layer).post_mixer;
   for (int i = 0; i < pass.n; ++i) {
     float* row = proj_.data() + static_cast<size_t>(i) * E;
-    if (!L.post_attn_norm.empty()) ops::rms_norm(row, L.post_attn_norm.data(), row, E, pass.cfg.norm_eps);
+    if (post_norm) ops::rms_norm(row, L.post_attn_norm.data(), row, E, pass.cfg.norm_eps);
     pass.residual.add(i, row);
   }
 }
@@ -597,6 +599,20 @@ int64_t kv_bytes_per_token(const ModelConfig& c, int layer) {
     return bytes;
   }
   return int64_t{c.n_head_kv_at(layer)} * (c.head_dim_at(layer) + c.head_dim_v_at(layer)) * 2;  // f16 K and V
+}
+
+void ModelConfig::plan_norms(const LayerNorms& norms) {
+  auto apply = [&](LayerPlan& p) {
+    const bool attention = p.mixer == MixerKind::Attention || p.mixer == MixerKind::GatedAttention;
+    p.norms = norms;
+    if (!attention) {
+      p.norms.qk = QkNorm::None;
+      p.norms.v = false;
+      p.norms.post_mixer = false;
+    }
+  };
+  for (LayerPlan& p : plan) apply(p);
+  apply(nextn_plan);
 }
 
 int64_t ModelConfig::recurrent_state_bytes() const {
