@@ -5,7 +5,7 @@
 # and bmoe-cli resident, streamed (small cache, overlap, prefetch), strict f32 KV, chat, n-gram
 # drafts, MTP drafts (--mtp; a family without an MTP block records its one-line error), seeded
 # sampling and a grammar, all as --json token ids.
-# Usage: scripts/golden-runs.sh OUT_DIR [BUILD_DIR]
+# Usage: scripts/golden-runs.sh OUT_DIR [BUILD_DIR]   (GOLDEN_PRESETS="p1 p2": only those presets)
 set -euo pipefail
 out="${1:?usage: golden-runs.sh OUT_DIR [BUILD_DIR]}"
 build="${2:-build}"
@@ -14,6 +14,7 @@ cli="$build/tools/bmoe-cli"
 synth="$build/tools/bmoe-synth"
 families=(tiny-qwen3moe tiny-qwen2moe tiny-olmoe tiny-mixtral tiny-gpt-oss tiny-gemma4 tiny-qwen35moe tiny-lfm2moe
           tiny-glm4moe tiny-glm4moe-air tiny-bailingmoe3 tiny-bailingmoe3-plain-q tiny-deepseek4 tiny-deepseek4-mtp)
+if [[ -n "${GOLDEN_PRESETS:-}" ]]; then read -r -a families <<< "$GOLDEN_PRESETS"; fi
 prompt="The harbour town woke slowly that spring. Before the light came over the hills, the bakers had lit their ovens, 1 2 3 1 2 3 1 2 3"
 runs=(
   "resident|"
