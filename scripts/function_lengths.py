@@ -52,8 +52,6 @@ ALLOW_LIST = [
      "the SIMD attention tile (scores, online softmax, values for a tile of rows): a kernel in all but its file"),
     ("src/quant/dispatch.cpp", "avx2_table",
      "one add() per block type and instruction set: a table, split only with the kernels' own work (issue 35)"),
-    ("src/model/mixer_compressed.cpp", "CompressedAttentionMixer::attend_head",
-     "deepseek4's attention, being reworked by issue 30's work: split there"),
 ]
 
 SCOPE_HEAD_RE = re.compile(r'^(?:template\s*<.*>\s*)?(?:inline\s+)?(namespace\b|extern\s*"C"|'

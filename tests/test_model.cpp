@@ -387,6 +387,10 @@ TEST(Glm4Moe, BadNextnBlocksAreOneLineErrors) {
   EXPECT_NE(err.find("nextn_predict_layers 4 leaves no trunk"), std::string::npos) << err;
   err = load_error(rewrite_preset("tiny-glm4moe", "qk-half.gguf", same, drop("blk.0.attn_k_norm.weight")));
   EXPECT_NE(err.find("attn_q_norm and attn_k_norm"), std::string::npos) << err;
+  // The layer plan declares the q/k norms of every layer (blk.0 has them): a layer without them
+  // is refused, not run with weightless norms.
+  err = load_error(rewrite_preset("tiny-glm4moe", "qk-layer.gguf", same, drop("blk.1.attn_q_norm.weight")));
+  EXPECT_NE(err.find("layer 1: attn_q_norm is missing"), std::string::npos) << err;
 }
 
 // Rows decoded one at a time after a long prompt are replayed on the decode path, the prompt's

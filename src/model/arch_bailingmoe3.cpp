@@ -51,16 +51,16 @@ void read_latent_attention(ArchLoader& a, ModelConfig& c) {
 void read_routing(ArchLoader& a, ModelConfig& c) {
   if (c.n_expert < 2 || c.n_ff_exp == 0) fail("bailingmoe3: needs experts and expert_feed_forward_length");
   if (a.get_int(".expert_gating_func") != 2) fail("bailingmoe3: only sigmoid gating (expert_gating_func 2) is supported");
-  c.gating = Gating::SigmoidTopK;
-  c.norm_topk = a.get_int_or(".expert_weights_norm", 0) != 0;
-  c.expert_weights_scale = static_cast<float>(a.get_float_or(".expert_weights_scale", 0.0));
+  c.moe.gating = Gating::SigmoidTopK;
+  c.moe.norm_topk = a.get_int_or(".expert_weights_norm", 0) != 0;
+  c.moe.weights_scale = static_cast<float>(a.get_float_or(".expert_weights_scale", 0.0));
   const int64_t groups = a.get_int_or(".expert_group_count", 0), used = a.get_int_or(".expert_group_used_count", 0);
   if (groups > 1 && (c.n_expert % groups != 0 || groups >= c.n_expert || c.n_expert / groups < 2 || used < 1 ||
                      used >= groups || used * (c.n_expert / groups) < c.n_expert_used)) {
     fail("bailingmoe3: {} expert groups ({} used) do not fit {} experts, top-{}", groups, used, c.n_expert, c.n_expert_used);
   }
-  c.n_expert_groups = static_cast<int>(groups);
-  c.n_group_used = static_cast<int>(used);
+  c.moe.n_groups = static_cast<int>(groups);
+  c.moe.n_group_used = static_cast<int>(used);
   const int64_t shared = a.get_int(".expert_shared_count");
   if (shared < 1) fail("bailingmoe3: expert_shared_count {} is not supported", shared);
   c.shared_expert.n_ff = static_cast<int>(a.get_int_or(".expert_shared_feed_forward_length", c.n_ff_exp * shared));
@@ -92,16 +92,16 @@ void read_bailingmoe3(ArchLoader& a, ModelConfig& c) {
   read_latent_attention(a, c);
   read_vocab_and_expert_width(a, c);
   read_routing(a, c);
-  c.activation = ExpertActivation::SwiGLU;
-  c.swiglu_clamp_exp = read_swiglu_limits(a, ".swiglu_clamp_exp", n_layer_all);
-  c.swiglu_clamp_shexp = read_swiglu_limits(a, ".swiglu_clamp_shexp", n_layer_all);
+  c.moe.activation = ExpertActivation::SwiGLU;
+  c.moe.clamp.layer_limit = read_swiglu_limits(a, ".swiglu_clamp_exp", n_layer_all);
+  c.dense.clamp.layer_limit = read_swiglu_limits(a, ".swiglu_clamp_shexp", n_layer_all);
   const auto kv_heads = a.get_per_layer_int(".attention.head_count_kv", n_layer_all, c.n_head);
   const int64_t dense = a.get_int(".leading_dense_block_count");
   const int64_t dense_ff = a.get_int_or(".feed_forward_length", 0);
   if (dense < 0 || dense > c.n_layer || (dense > 0 && dense_ff <= 0)) {
     fail("bailingmoe3: {} leading dense layers with feed_forward_length {}", dense, dense_ff);
   }
-  c.layer_n_head_kv.clear();
+  c.attention.layer_n_head_kv.clear();
   for (int l = 0; l < c.n_layer; ++l) {
     const int64_t h = kv_heads[static_cast<size_t>(l)];
     if (h != 0 && h != 1) fail("bailingmoe3: layer {} has {} kv heads (0: Kimi Delta, 1: latent attention)", l, h);

@@ -87,7 +87,7 @@ void load_common_hparams(ArchLoader& a, ModelConfig& c, bool zero_kv_heads_allow
   }
   if (c.n_head_kv == 0) fail("invalid model shape: no layer has kv heads");
   if (!uniform) {
-    for (int64_t h : kv_heads) c.layer_n_head_kv.push_back(h > 0 ? static_cast<int>(h) : c.n_head_kv);
+    for (int64_t h : kv_heads) c.attention.layer_n_head_kv.push_back(h > 0 ? static_cast<int>(h) : c.n_head_kv);
   }
   c.head_dim = static_cast<int>(a.get_int_or(".attention.key_length", c.n_embd / c.n_head));
   c.head_dim_v = static_cast<int>(a.get_int_or(".attention.value_length", c.head_dim));

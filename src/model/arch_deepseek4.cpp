@@ -92,7 +92,7 @@ void read_attention(ArchLoader& a, ModelConfig& c, int blocks) {
     if (s.ratio[static_cast<size_t>(l)] != 0) fail("deepseek4: the MTP block's compress ratio is {}, not 0", s.ratio[static_cast<size_t>(l)]);
   }
   const int window = checked_key(a, ".attention.sliding_window", 1, 1 << 20);
-  c.sliding_window.assign(static_cast<size_t>(c.n_layer), window);
+  c.attention.sliding_window.assign(static_cast<size_t>(c.n_layer), window);
 }
 
 void read_hyper_connections(ArchLoader& a, ModelConfig& c) {
@@ -105,18 +105,19 @@ void read_hyper_connections(ArchLoader& a, ModelConfig& c) {
 void read_routing(ArchLoader& a, ModelConfig& c, int blocks) {
   if (c.n_expert <= 0) fail("deepseek4: expert_count must be > 0");
   if (a.get_int(".expert_gating_func") != 4) fail("deepseek4: expert_gating_func {} is not 4 (sqrt-softplus)", a.get_int(".expert_gating_func"));
-  c.gating = Gating::SqrtSoftplusTopK;
-  c.activation = ExpertActivation::SwiGLU;
-  c.clamp_gate_before_silu = true;
-  c.norm_topk = a.get_int(".expert_weights_norm") != 0;
-  c.expert_weights_scale = static_cast<float>(a.get_float(".expert_weights_scale"));
+  c.moe.gating = Gating::SqrtSoftplusTopK;
+  c.moe.activation = ExpertActivation::SwiGLU;
+  c.moe.clamp.gate_before_silu = true;
+  c.dense.clamp.gate_before_silu = true;
+  c.moe.norm_topk = a.get_int(".expert_weights_norm") != 0;
+  c.moe.weights_scale = static_cast<float>(a.get_float(".expert_weights_scale"));
   c.n_ff_exp = checked_key(a, ".expert_feed_forward_length", 1, 1 << 20);
   const int shared = checked_key(a, ".expert_shared_count", 0, 64);
   c.shared_expert.n_ff = shared * c.n_ff_exp;
   c.shared_expert.ungated = true;
-  c.n_hash_layers = checked_key(a, ".hash_layer_count", 0, c.n_layer);
-  c.swiglu_clamp_exp = read_limits(a, ".swiglu_clamp_exp", blocks);
-  c.swiglu_clamp_shexp = a.has_key(".swiglu_clamp_shexp") ? read_limits(a, ".swiglu_clamp_shexp", blocks) : c.swiglu_clamp_exp;
+  c.moe.n_hash_layers = checked_key(a, ".hash_layer_count", 0, c.n_layer);
+  c.moe.clamp.layer_limit = read_limits(a, ".swiglu_clamp_exp", blocks);
+  c.dense.clamp.layer_limit = a.has_key(".swiglu_clamp_shexp") ? read_limits(a, ".swiglu_clamp_shexp", blocks) : c.moe.clamp.layer_limit;
   for (int l = 0; l < c.n_layer; ++l) {
     c.plan.push_back({MixerKind::CompressedAttention, shared > 0 ? FfnKind::MoeUngatedShared : FfnKind::Moe});
   }

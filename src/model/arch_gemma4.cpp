@@ -40,7 +40,7 @@ void load_gemma4_hparams(ArchLoader& a, ModelConfig& c) {
   c.n_expert = static_cast<int>(a.get_int_or(".expert_count", 0));
   c.n_expert_used = static_cast<int>(a.get_int_or(".expert_used_count", 0));
   c.n_ff_exp = static_cast<int>(a.get_int_or(".expert_feed_forward_length", 0));
-  c.final_softcap = static_cast<float>(a.get_float_or(".final_logit_softcapping", 0.0));
+  c.output.softcap = static_cast<float>(a.get_float_or(".final_logit_softcapping", 0.0));
   c.attention.softcap = static_cast<float>(a.get_float_or(".attn_logit_softcapping", 0.0));
 
   RopeConfig full;
@@ -65,10 +65,10 @@ void load_gemma4_hparams(ArchLoader& a, ModelConfig& c) {
     const bool is_swa = swa[static_cast<size_t>(l)] != 0;
     const int hkv = static_cast<int>(kv_heads[static_cast<size_t>(l)]);
     if (hkv <= 0 || c.n_head % hkv != 0) fail("gemma4: layer {} has {} kv heads for {} heads", l, hkv, c.n_head);
-    c.layer_n_head_kv.push_back(hkv);
-    c.layer_head_dim.push_back(is_swa ? dim_swa : dim_full);
-    c.layer_rope.push_back(is_swa ? sliding : full);
-    c.sliding_window.push_back(is_swa ? window : 0);
+    c.attention.layer_n_head_kv.push_back(hkv);
+    c.attention.layer_head_dim.push_back(is_swa ? dim_swa : dim_full);
+    c.attention.layer_rope.push_back(is_swa ? sliding : full);
+    c.attention.sliding_window.push_back(is_swa ? window : 0);
   }
   if (c.n_expert > 0 && (c.n_expert_used <= 0 || c.n_expert_used > c.n_expert)) {
     fail("invalid expert routing: {} of {} experts", c.n_expert_used, c.n_expert);
@@ -77,12 +77,10 @@ void load_gemma4_hparams(ArchLoader& a, ModelConfig& c) {
 
 void read_gemma4(ArchLoader& a, ModelConfig& c) {
   load_gemma4_hparams(a, c);
-  c.attention.qk_norm_per_head = true;
-  c.attention.v_rms_norm = true;
   c.attention.scale = 1.0f;  // q and k are normalised; Gemma 4 applies no 1/sqrt(d)
-  c.gating = Gating::SoftmaxTopK;
-  c.norm_topk = true;
-  c.activation = ExpertActivation::GeGLU;
+  c.moe.gating = Gating::SoftmaxTopK;
+  c.moe.norm_topk = true;
+  c.moe.activation = ExpertActivation::GeGLU;
   c.dense.activation = ExpertActivation::GeGLU;
   c.n_vocab = static_cast<int>(a.tensor_dim("token_embd.weight", 1));
   for (int64_t ff : a.get_per_layer_int(".feed_forward_length", c.n_layer, std::nullopt)) {
@@ -96,6 +94,7 @@ void read_gemma4(ArchLoader& a, ModelConfig& c) {
     }
     c.plan.push_back({MixerKind::Attention, moe ? FfnKind::ParallelDenseMoe : FfnKind::Dense});
   }
+  c.plan_norms({.qk = QkNorm::PerHead, .v = true, .post_mixer = true, .post_ffn = true});
 }
 
 // The full layers rotate through the model's one table of per-pair frequency factors; the

@@ -31,10 +31,10 @@ void read_routing(ArchLoader& a, ModelConfig& c) {
   const int64_t gating = a.get_int_or(".expert_gating_func", 0);
   if (gating != 0 && gating != 2) fail("glm4moe: expert_gating_func {} is not supported (2 = sigmoid)", gating);
   if (a.get_int_or(".expert_group_count", 0) > 1) fail("glm4moe: group-limited expert routing is not supported");
-  c.gating = Gating::SigmoidTopK;
-  c.activation = ExpertActivation::SwiGLU;
-  c.norm_topk = a.get_int_or(".expert_weights_norm", 0) != 0;
-  c.expert_weights_scale = static_cast<float>(a.get_float_or(".expert_weights_scale", 0.0));
+  c.moe.gating = Gating::SigmoidTopK;
+  c.moe.activation = ExpertActivation::SwiGLU;
+  c.moe.norm_topk = a.get_int_or(".expert_weights_norm", 0) != 0;
+  c.moe.weights_scale = static_cast<float>(a.get_float_or(".expert_weights_scale", 0.0));
 }
 
 void read_glm4moe(ArchLoader& a, ModelConfig& c) {
@@ -48,8 +48,8 @@ void read_glm4moe(ArchLoader& a, ModelConfig& c) {
     if (sections.size() >= 2 && sections[0] > 0 && sections[1] > 0) fail("glm4moe: M-RoPE (GLM-4.5V) is not supported");
   }
   c.rope.style = RopeStyle::NeoX;
-  c.attention.qk_norm_per_head = a.has_tensor("blk.0.attn_q_norm.weight");
-  if (a.has_tensor("blk.0.attn_k_norm.weight") != c.attention.qk_norm_per_head) {
+  const bool qk_norm = a.has_tensor("blk.0.attn_q_norm.weight");  // optional in the family's files
+  if (a.has_tensor("blk.0.attn_k_norm.weight") != qk_norm) {
     fail("glm4moe: the file has one of attn_q_norm and attn_k_norm without the other");
   }
   read_routing(a, c);
@@ -70,6 +70,7 @@ void read_glm4moe(ArchLoader& a, ModelConfig& c) {
     c.dense.layer_n_ff.push_back(static_cast<int>(dense_ff[static_cast<size_t>(l)]));
     if (!moe && dense_ff[static_cast<size_t>(l)] <= 0) fail("glm4moe: dense layer {} has no feed_forward_length", l);
   }
+  c.plan_norms({.qk = qk_norm ? QkNorm::PerHead : QkNorm::None});
 }
 
 using D = Dim;

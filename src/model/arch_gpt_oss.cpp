@@ -13,16 +13,16 @@ void read_gpt_oss(ArchLoader& a, ModelConfig& c) {
   load_common_hparams(a, c);
   if (c.n_expert == 0) fail("gpt-oss: expert_count must be > 0");
   c.rope.style = RopeStyle::NeoX;
-  c.gating = Gating::TopKSoftmax;
-  c.norm_topk = false;
-  c.activation = ExpertActivation::SwiGLU_OAI;
+  c.moe.gating = Gating::TopKSoftmax;
+  c.moe.norm_topk = false;
+  c.moe.activation = ExpertActivation::SwiGLU_OAI;
   read_vocab_and_expert_width(a, c);
   c.plan_every_layer(MixerKind::Attention, FfnKind::Moe);
   const int window = static_cast<int>(a.get_int(".attention.sliding_window"));
   const int period = static_cast<int>(a.get_int_or(".attention.sliding_window_pattern", 2));
-  c.sliding_window.assign(static_cast<size_t>(c.n_layer), 0);
+  c.attention.sliding_window.assign(static_cast<size_t>(c.n_layer), 0);
   for (int l = 0; l < c.n_layer; ++l) {
-    if (period == 0 || l % period < period - 1) c.sliding_window[static_cast<size_t>(l)] = window;
+    if (period == 0 || l % period < period - 1) c.attention.sliding_window[static_cast<size_t>(l)] = window;
   }
 }
 

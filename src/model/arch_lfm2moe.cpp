@@ -19,10 +19,9 @@ void read_lfm2moe(ArchLoader& a, ModelConfig& c) {
   if (c.n_expert == 0) fail("lfm2moe: expert_count must be > 0");
   if (c.n_ff_exp == 0) fail("lfm2moe: missing required key 'lfm2moe.expert_feed_forward_length'");
   c.rope.style = RopeStyle::NeoX;
-  c.attention.qk_norm_per_head = true;
-  c.gating = Gating::SigmoidTopK;
-  c.norm_topk = true;
-  c.activation = ExpertActivation::SwiGLU;
+  c.moe.gating = Gating::SigmoidTopK;
+  c.moe.norm_topk = true;
+  c.moe.activation = ExpertActivation::SwiGLU;
   const int64_t gating = a.get_int(".expert_gating_func");
   if (gating != 2) fail("lfm2moe: expert_gating_func {} is not supported (2 = sigmoid)", gating);
   const int64_t taps = a.get_int(".shortconv.l_cache");
@@ -38,6 +37,7 @@ void read_lfm2moe(ArchLoader& a, ModelConfig& c) {
     c.dense.layer_n_ff.push_back(static_cast<int>(dense_ff[static_cast<size_t>(l)]));
     if (l < dense && dense_ff[static_cast<size_t>(l)] <= 0) fail("lfm2moe: dense layer {} has no feed_forward_length", l);
   }
+  c.plan_norms({.qk = QkNorm::PerHead});
 }
 
 // causal_conv reads the kernel tap by tap across channels.

@@ -12,8 +12,8 @@ void read_llama_moe(ArchLoader& a, ModelConfig& c) {
   load_common_hparams(a, c);
   if (c.n_expert == 0) fail("llama: this is a dense model (no expert_count); bmoe runs Mixture-of-Experts models");
   c.rope.style = RopeStyle::Normal;
-  c.gating = Gating::SoftmaxTopK;
-  c.norm_topk = true;
+  c.moe.gating = Gating::SoftmaxTopK;
+  c.moe.norm_topk = true;
   if (!a.has_tensor("blk.0.ffn_gate_exps.weight") && a.has_tensor("blk.0.ffn_gate.0.weight")) {
     fail("llama: experts stored one tensor per expert (blk.N.ffn_gate.E.weight) are not supported; "
          "convert the model with a current llama.cpp (merged *_exps tensors)");

@@ -11,11 +11,11 @@ void read_olmoe(ArchLoader& a, ModelConfig& c) {
   load_common_hparams(a, c);
   if (c.n_expert == 0) fail("olmoe: expert_count must be > 0");
   c.rope.style = RopeStyle::NeoX;
-  c.attention.qk_norm_full = true;
-  c.gating = Gating::SoftmaxTopK;
-  c.norm_topk = false;
+  c.moe.gating = Gating::SoftmaxTopK;
+  c.moe.norm_topk = false;
   read_vocab_and_expert_width(a, c);
   c.plan_every_layer(MixerKind::Attention, FfnKind::Moe);
+  c.plan_norms({.qk = QkNorm::Full});
 }
 
 using D = Dim;

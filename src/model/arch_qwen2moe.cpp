@@ -12,8 +12,8 @@ void read_qwen2moe(ArchLoader& a, ModelConfig& c) {
   load_common_hparams(a, c);
   if (c.n_expert == 0) fail("qwen2moe: expert_count must be > 0");
   c.rope.style = RopeStyle::NeoX;
-  c.gating = Gating::SoftmaxTopK;
-  c.norm_topk = false;
+  c.moe.gating = Gating::SoftmaxTopK;
+  c.moe.norm_topk = false;
   read_vocab_and_expert_width(a, c);
   c.plan_every_layer(MixerKind::Attention, FfnKind::MoeShared);
   c.shared_expert.n_ff = static_cast<int>(a.get_int_or(".expert_shared_feed_forward_length", 0));

@@ -81,15 +81,15 @@ void read_qwen35moe(ArchLoader& a, ModelConfig& c) {
   if (c.head_dim != c.head_dim_v) fail("qwen35moe: key and value head sizes must be equal");
   c.rope.style = RopeStyle::NeoX;
   check_rope_sections(a.get_int_array(".rope.dimension_sections"), c.rope.n_rot);
-  c.attention.qk_norm_per_head = true;
-  c.gating = Gating::SoftmaxTopK;
-  c.norm_topk = true;
-  c.activation = ExpertActivation::SwiGLU;
+  c.moe.gating = Gating::SoftmaxTopK;
+  c.moe.norm_topk = true;
+  c.moe.activation = ExpertActivation::SwiGLU;
   c.shared_expert.gate_sigmoid = true;
   read_vocab_and_expert_width(a, c);
   c.shared_expert.n_ff = static_cast<int>(a.get_int_or(".expert_shared_feed_forward_length", 0));
   if (c.shared_expert.n_ff == 0) c.shared_expert.n_ff = static_cast<int>(a.tensor_dim("blk.0.ffn_gate_shexp.weight", 1));
   read_delta_net(a, c, n_layer_all);
+  c.plan_norms({.qk = QkNorm::PerHead});
 }
 
 // causal_conv reads the kernel tap by tap across channels.

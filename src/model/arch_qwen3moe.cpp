@@ -11,13 +11,13 @@ void read_qwen3moe(ArchLoader& a, ModelConfig& c) {
   load_common_hparams(a, c);
   if (c.n_expert == 0) fail("qwen3moe: expert_count must be > 0");
   c.rope.style = RopeStyle::NeoX;
-  c.attention.qk_norm_per_head = true;
-  c.gating = Gating::SoftmaxTopK;
-  c.norm_topk = true;
-  c.activation = ExpertActivation::SwiGLU;
+  c.moe.gating = Gating::SoftmaxTopK;
+  c.moe.norm_topk = true;
+  c.moe.activation = ExpertActivation::SwiGLU;
   if (c.n_ff_exp == 0) fail("qwen3moe: missing required key 'qwen3moe.expert_feed_forward_length'");
   read_vocab_and_expert_width(a, c);
   c.plan_every_layer(MixerKind::Attention, FfnKind::Moe);
+  c.plan_norms({.qk = QkNorm::PerHead});
 }
 
 using D = Dim;

@@ -173,8 +173,8 @@ bool plan_in(Layers set, const LayerPlan& p, const ModelConfig& c, int layer, in
     case Layers::Shared: return layer >= 0 && (p.ffn == FfnKind::MoeShared || p.ffn == FfnKind::MoeUngatedShared);
     case Layers::Compressed: return layer >= 0 && c.csa.ratio_at(own) != 0;
     case Layers::Indexed: return layer >= 0 && c.csa.ratio_at(own) == 4;
-    case Layers::Hashed: return layer >= 0 && experts && !nextn && own < c.n_hash_layers;
-    case Layers::Biased: return layer >= 0 && experts && (nextn || own >= c.n_hash_layers);
+    case Layers::Hashed: return layer >= 0 && experts && !nextn && own < c.moe.n_hash_layers;
+    case Layers::Biased: return layer >= 0 && experts && (nextn || own >= c.moe.n_hash_layers);
     case Layers::NextN: return false;
     case Layers::Never: return false;
   }
@@ -308,6 +308,32 @@ LayerWeights layer_weights_for(const LayerPlan& plan) {
   return L;
 }
 
+namespace {
+
+// A norm the plan declares must have its weight; a weight the plan does not declare would be
+// ignored (a file of another variant): both fail the load.
+void check_norm(bool declared, const Vector& weight, const char* tensor, int layer) {
+  if (declared == !weight.empty()) return;
+  fail("layer {}: {} {}", layer, tensor, declared ? "is missing" : "is in the file but not in the family's layer plan");
+}
+
+void check_plan_norms(const ModelConfig& c, const ModelWeights& w) {
+  const size_t trunk = w.layers.size();
+  for (size_t i = 0; i < trunk + w.nextn_layers.size(); ++i) {
+    const LayerWeights& L = i < trunk ? w.layers[i] : w.nextn_layers[i - trunk];
+    const LayerNorms& n = i < trunk ? c.plan[i].norms : c.nextn_plan.norms;
+    const int layer = static_cast<int>(i);
+    if (L.attention) {
+      check_norm(n.qk != QkNorm::None, L.attention->q_norm, "attn_q_norm", layer);
+      check_norm(n.qk != QkNorm::None, L.attention->k_norm, "attn_k_norm", layer);
+      check_norm(n.post_mixer, L.attention->post_attn_norm, "post_attention_norm", layer);
+    }
+    check_norm(n.post_ffn, L.post_ffn_norm, "post_ffw_norm", layer);
+  }
+}
+
+}  // namespace
+
 void bind_tensors(std::span<const TensorSpec> table, ArchLoader& a, const ModelConfig& c, ModelWeights& w) {
   w.layers.clear();
   for (const LayerPlan& plan : c.plan) w.layers.push_back(layer_weights_for(plan));
@@ -330,6 +356,7 @@ void bind_tensors(std::span<const TensorSpec> table, ArchLoader& a, const ModelC
     }
   }
   if (!w.output.present()) w.output = w.tok_embd;  // tied embeddings
+  check_plan_norms(c, w);
 }
 
 namespace {

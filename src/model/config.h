@@ -39,11 +39,29 @@ enum class FfnKind : uint8_t {
   ParallelDenseMoe,  // a dense FFN and routed experts side by side, each with its norms (gemma4)
 };
 
+// How the attention kinds normalise q and k (weights attn_q_norm, attn_k_norm).
+enum class QkNorm : uint8_t {
+  None,
+  PerHead,  // each head RMS-normed with a head_dim weight (qwen3, glm4moe, gemma4, ...)
+  Full,     // RMS-normed over all heads at once (olmoe)
+};
+
+// The norms of a layer besides the two every layer has (attn_norm before its mixer, ffn_norm
+// before its FFN; the FFN and mixer kinds' own inner norms are theirs). The forward pass runs
+// what the plan declares; the loader checks the file holds the weights of exactly these.
+struct LayerNorms {
+  QkNorm qk = QkNorm::None;  // attention kinds
+  bool v = false;            // attention kinds: each value head RMS-normed without a weight (gemma4)
+  bool post_mixer = false;   // attention kinds: their output normed before the residual add (gemma4)
+  bool post_ffn = false;     // the FFN's output normed before the residual add (gemma4)
+};
+
 // A layer as its family declares it: the forward pass runs the plan, it does not infer the
-// layer's kinds from which tensors the file holds.
+// layer's kinds or norms from which tensors the file holds.
 struct LayerPlan {
   MixerKind mixer = MixerKind::Attention;
   FfnKind ffn = FfnKind::Moe;
+  LayerNorms norms;
 };
 
 struct RopeConfig {
@@ -82,36 +100,25 @@ struct ModelConfig {
   // a gated-attention block even where the last trunk layer is a Gated DeltaNet one).
   LayerPlan nextn_plan;
 
-  // Routed experts (the MoE FFN kinds).
+  // The routed experts' geometry: every family here is a MoE (the engine, the expert sources and
+  // the streaming cache read these); how a token is routed is the MoE FFN kinds' (moe below).
   int n_expert = 0;
   int n_expert_used = 0;
   int n_ff_exp = 0;
-  bool norm_topk = true;            // renormalise the k selected weights to sum to 1
-  // Group-limited routing (bailingmoe3): the experts split into n_expert_groups consecutive
-  // groups, only the n_group_used best (by the sum of each group's two best scores) compete.
-  int n_expert_groups = 0;  // 0 or 1: off
-  int n_group_used = 0;
-  float expert_weights_scale = 0.0f;  // 0 or 1: none
-  Gating gating = Gating::SoftmaxTopK;
-  ExpertActivation activation = ExpertActivation::SwiGLU;
 
   RopeConfig rope;
-  float final_softcap = 0.0f;
-  std::vector<int> sliding_window;  // per layer; 0 = full attention
 
-  // Per-layer attention geometry where it varies (gemma4: sliding layers have more, smaller
-  // kv heads and their own RoPE). Empty: every layer uses the scalars above.
-  std::vector<int> layer_n_head_kv;
-  std::vector<int> layer_head_dim;  // key and value head size
-  std::vector<RopeConfig> layer_rope;
-
-  // What only one layer kind reads; a family sets those of the kinds its plan uses.
+  // What only some layer kinds read; a family sets those of the kinds its plan uses.
+  // The attention kinds' (Attention, GatedAttention; CompressedAttention reads the window).
   struct Attention {
     float scale = 0.0f;  // 0: 1/sqrt(head_dim)
     float softcap = 0.0f;
-    bool qk_norm_per_head = false;  // RMS-norm q and k per head (qwen3)
-    bool qk_norm_full = false;      // RMS-norm q and k over all heads (olmoe)
-    bool v_rms_norm = false;        // RMS-normalise each value head without a weight (gemma4)
+    std::vector<int> sliding_window;  // per layer; 0 = full attention; empty: all full
+    // Per-layer geometry where it varies (gemma4: sliding layers have more, smaller kv heads
+    // and their own RoPE). Empty: every layer uses the model's scalars.
+    std::vector<int> layer_n_head_kv;
+    std::vector<int> layer_head_dim;  // key and value head size
+    std::vector<RopeConfig> layer_rope;
   } attention;
   struct DeltaNet {
     int conv_kernel = 0;  // causal depthwise convolution width
@@ -140,6 +147,27 @@ struct ModelConfig {
     int qk_head_dim() const { return qk_nope + qk_rope; }
     int cache_row() const { return kv_lora_rank + qk_rope; }  // latent | roped key
   } mla;
+  // Per layer SwiGLU limits of one FFN kind (empty or <= 1e-6: no clamp); the limit applies to
+  // the gate before the SiLU (deepseek4) or to the SiLU's output (bailingmoe3).
+  struct SwigluClamp {
+    std::vector<float> layer_limit;
+    bool gate_before_silu = false;
+    float at(int l) const { return layer_limit.empty() ? 0.0f : layer_limit[static_cast<size_t>(l)]; }
+  };
+  // The routed-MoE FFN kinds: how the router's logits become experts and weights, and the
+  // experts' activation.
+  struct Moe {
+    Gating gating = Gating::SoftmaxTopK;
+    bool norm_topk = true;  // renormalise the k selected weights to sum to 1
+    // Group-limited routing (bailingmoe3): the experts split into n_groups consecutive groups,
+    // only the n_group_used best (by the sum of each group's two best scores) compete.
+    int n_groups = 0;  // 0 or 1: off
+    int n_group_used = 0;
+    float weights_scale = 0.0f;  // 0 or 1: none
+    int n_hash_layers = 0;       // layers [0, n_hash_layers) route by token id through a table (deepseek4)
+    ExpertActivation activation = ExpertActivation::SwiGLU;
+    SwigluClamp clamp;  // the routed experts'
+  } moe;
   struct SharedExpert {
     int n_ff = 0;               // width (qwen2moe, qwen35moe)
     bool gate_sigmoid = false;  // its gate: sigmoid (else silu(x)/x, qwen2moe's form)
@@ -148,6 +176,7 @@ struct ModelConfig {
   struct DenseFfn {
     std::vector<int> layer_n_ff;  // per layer: width (dense and dense-beside-MoE layers)
     ExpertActivation activation = ExpertActivation::SwiGLU;  // also the shared expert's
+    SwigluClamp clamp;  // that of every SwiGLU FFN of a layer but the routed experts (dense, shared expert)
   } dense;
   // DeepSeek-V4's attention (MixerKind::CompressedAttention): a low-rank query, one K=V head of
   // head_dim whose last n_rot dims rotate, a grouped low-rank output, and per layer a compression
@@ -170,16 +199,14 @@ struct ModelConfig {
     int sinkhorn_iters = 0;
     float eps = 0.0f;
   } hc;
-  // Layers [0, n_hash_layers) route by token id through a lookup table (deepseek4).
-  int n_hash_layers = 0;
-  // SwiGLU clamps: the limit applies to the gate before the SiLU (deepseek4) instead of to the
-  // SiLU's output (bailingmoe3).
-  bool clamp_gate_before_silu = false;
-  // Per layer SwiGLU limits (bailingmoe3; empty or <= 1e-6: no clamp): the routed experts', and
-  // that of every other SwiGLU FFN of the layer (dense and shared expert).
-  std::vector<float> swiglu_clamp_exp, swiglu_clamp_shexp;
+  // The output head's (gemma4): logits = softcap * tanh(logits / softcap); 0: none.
+  struct Output {
+    float softcap = 0.0f;
+  } output;
 
-  int sliding_at(int l) const { return sliding_window.empty() ? 0 : sliding_window[static_cast<size_t>(l)]; }
+  int sliding_at(int l) const {
+    return attention.sliding_window.empty() ? 0 : attention.sliding_window[static_cast<size_t>(l)];
+  }
   MixerKind mixer_at(int l) const { return plan[static_cast<size_t>(l)].mixer; }
   FfnKind ffn_at(int l) const { return plan[static_cast<size_t>(l)].ffn; }
   bool attends(int l) const {
@@ -195,15 +222,28 @@ struct ModelConfig {
     return false;
   }
   bool has_experts_at(int l) const { return ffn_at(l) != FfnKind::Dense; }
+  const LayerNorms& norms_at(int l) const { return plan[static_cast<size_t>(l)].norms; }
   // Every layer of the same kinds (the families without per-layer choices).
   void plan_every_layer(MixerKind mixer, FfnKind ffn) { plan.assign(static_cast<size_t>(n_layer), {mixer, ffn}); }
+  // The same norms on every layer of the plan and on the MTP block (set after both): those of
+  // the attention kinds on their layers only.
+  void plan_norms(const LayerNorms& norms);
   int n_ff_dense_at(int l) const { return dense.layer_n_ff.empty() ? 0 : dense.layer_n_ff[static_cast<size_t>(l)]; }
-  int n_head_kv_at(int l) const { return layer_n_head_kv.empty() ? n_head_kv : layer_n_head_kv[static_cast<size_t>(l)]; }
-  int head_dim_at(int l) const { return layer_head_dim.empty() ? head_dim : layer_head_dim[static_cast<size_t>(l)]; }
-  int head_dim_v_at(int l) const { return layer_head_dim.empty() ? head_dim_v : layer_head_dim[static_cast<size_t>(l)]; }
-  float clamp_exp_at(int l) const { return swiglu_clamp_exp.empty() ? 0.0f : swiglu_clamp_exp[static_cast<size_t>(l)]; }
-  float clamp_shexp_at(int l) const { return swiglu_clamp_shexp.empty() ? 0.0f : swiglu_clamp_shexp[static_cast<size_t>(l)]; }
-  const RopeConfig& rope_at(int l) const { return layer_rope.empty() ? rope : layer_rope[static_cast<size_t>(l)]; }
+  int n_head_kv_at(int l) const {
+    const std::vector<int>& v = attention.layer_n_head_kv;
+    return v.empty() ? n_head_kv : v[static_cast<size_t>(l)];
+  }
+  int head_dim_at(int l) const {
+    const std::vector<int>& v = attention.layer_head_dim;
+    return v.empty() ? head_dim : v[static_cast<size_t>(l)];
+  }
+  int head_dim_v_at(int l) const {
+    const std::vector<int>& v = attention.layer_head_dim;
+    return v.empty() ? head_dim_v : v[static_cast<size_t>(l)];
+  }
+  const RopeConfig& rope_at(int l) const {
+    return attention.layer_rope.empty() ? rope : attention.layer_rope[static_cast<size_t>(l)];
+  }
 
   // Per sequence: f32 bytes of the recurrent state, f16 KV bytes per token. Each mixer kind
   // declares its own (recurrent_state_floats, kv_bytes_per_token in model/mixers.cpp).

@@ -11,7 +11,7 @@ namespace {
 // gate, up, activation, down: the dense FFN and the shared expert.
 class DenseMlp {
  public:
-  // limit: the layer's SwiGLU limit (ModelConfig::swiglu_clamp_shexp), 0 for none.
+  // limit: the layer's SwiGLU limit (ModelConfig::DenseFfn::clamp), 0 for none.
   void run(const LayerPass& pass, const Weight& gate, const Weight& up, const Weight& down, const float* h,
            float* out, float limit = 0.0f) {
     const int n = pass.n, E = pass.cfg.n_embd;
@@ -27,7 +27,7 @@ class DenseMlp {
     };
     run_matmuls(pass.pool, jobs);
     if (pass.cfg.dense.activation == ExpertActivation::GeGLU) ops::geglu(g, u, a, n * F);
-    else ops::swiglu_clamped(pass.cfg, g, u, a, n * F, limit);
+    else ops::swiglu_clamped(pass.cfg.dense.clamp, g, u, a, n * F, limit);
     matmul(pass.pool, down, a, n, out, down_act_);
   }
 
@@ -38,7 +38,7 @@ class DenseMlp {
 };
 
 // The kinds that pre-norm the residual (ffn_norm), compute one output per token and add it back
-// (after the post-norm where the family has one).
+// (after the post-norm where the plan has one).
 class PreNormFfn : public Ffn {
  public:
   void forward(const LayerWeights& L, int layer, const LayerPass& pass, const FfnContext& ctx) final {
@@ -50,9 +50,10 @@ class PreNormFfn : public Ffn {
     }
     out_.assign(static_cast<size_t>(n) * E, 0.0f);
     body(L, layer, pass, ctx);
+    const bool post_norm = pass.cfg.norms_at(layer).post_ffn;
     for (int i = 0; i < n; ++i) {
       float* row = out_.data() + static_cast<size_t>(i) * E;
-      if (!L.post_ffn_norm.empty()) ops::rms_norm(row, L.post_ffn_norm.data(), row, E, pass.cfg.norm_eps);
+      if (post_norm) ops::rms_norm(row, L.post_ffn_norm.data(), row, E, pass.cfg.norm_eps);
       pass.residual.add(i, row);
     }
   }
@@ -66,7 +67,7 @@ class PreNormFfn : public Ffn {
 class DenseFfn final : public PreNormFfn {
   void body(const LayerWeights& L, int layer, const LayerPass& pass, const FfnContext&) override {
     const DenseFfnWeights& D = *L.dense;
-    mlp_.run(pass, D.ffn_gate, D.ffn_up, D.ffn_down, h_.data(), out_.data(), pass.cfg.clamp_shexp_at(layer));
+    mlp_.run(pass, D.ffn_gate, D.ffn_up, D.ffn_down, h_.data(), out_.data(), pass.cfg.dense.clamp.at(layer));
   }
   DenseMlp mlp_;
 };
@@ -84,7 +85,7 @@ class MoeSharedFfn final : public PreNormFfn {
     const SharedExpertWeights& S = *L.shared;
     ctx.experts.run(layer, n, h_.data(), h_.data(), pass.positions, ctx.source, out_.data());
     float* shared = scratch(shared_, static_cast<size_t>(n) * E);
-    mlp_.run(pass, S.shexp_gate, S.shexp_up, S.shexp_down, h_.data(), shared, pass.cfg.clamp_shexp_at(layer));
+    mlp_.run(pass, S.shexp_gate, S.shexp_up, S.shexp_down, h_.data(), shared, pass.cfg.dense.clamp.at(layer));
     if (pass.cfg.shared_expert.ungated) {
       for (size_t i = 0; i < static_cast<size_t>(n) * E; ++i) out_[i] += shared[i];
       return;
@@ -112,7 +113,7 @@ class MoeUngatedSharedFfn final : public PreNormFfn {
     const SharedExpertWeights& S = *L.shared;
     ctx.experts.run(layer, pass.n, h_.data(), h_.data(), pass.positions, ctx.source, out_.data());
     float* shared = scratch(shared_, total);
-    mlp_.run(pass, S.shexp_gate, S.shexp_up, S.shexp_down, h_.data(), shared, pass.cfg.clamp_shexp_at(layer));
+    mlp_.run(pass, S.shexp_gate, S.shexp_up, S.shexp_down, h_.data(), shared, pass.cfg.dense.clamp.at(layer));
     ops::add(out_.data(), shared, static_cast<int64_t>(total));
   }
   DenseMlp mlp_;
@@ -143,13 +144,14 @@ class ParallelDenseMoeFfn final : public Ffn {
     dense_out_.assign(total, 0.0f);
     mlp_.run(pass, D.ffn_gate, D.ffn_up, D.ffn_down, dense_in, dense_out_.data());
     ctx.experts.run(layer, n, moe_in, router_in, pass.positions, ctx.source, moe_out);
+    const bool post_norm = pass.cfg.norms_at(layer).post_ffn;
     for (int i = 0; i < n; ++i) {
       float* dense = dense_out_.data() + static_cast<size_t>(i) * E;
       float* moe = moe_out + static_cast<size_t>(i) * E;
       ops::rms_norm(dense, P.post_dense_norm.data(), dense, E, eps);
       ops::rms_norm(moe, P.post_moe_norm.data(), moe, E, eps);
       ops::add(dense, moe, E);
-      ops::rms_norm(dense, L.post_ffn_norm.data(), dense, E, eps);
+      if (post_norm) ops::rms_norm(dense, L.post_ffn_norm.data(), dense, E, eps);
       pass.residual.add(i, dense);
       if (!L.out_scale.empty()) ops::scale(pass.residual.row(i), L.out_scale[0], E);
     }

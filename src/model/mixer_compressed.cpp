@@ -150,6 +150,94 @@ struct AttendRow {
   const float* q = nullptr;
 };
 
+// The keys of one attending row: its raw window in position order, then its compressed rows.
+struct RowKeys {
+  const LayerState& s;
+  const AttendRow& row;
+  int n_raw() const { return row.pos - row.first_raw + 1; }
+  int size() const { return n_raw() + static_cast<int>(row.comp_rows.size()); }
+  std::pair<const Rows*, int64_t> operator[](int k) const {
+    if (k < n_raw()) return {&s.live.raw, (row.first_raw + k) % s.raw_slots};
+    return {&s.comp, row.comp_rows[static_cast<size_t>(k - n_raw())]};
+  }
+};
+
+// One query head's attention over a row's keys (K = V), with its sink.
+struct HeadAttention {
+  RowKeys keys;
+  const float* q;
+  int D;
+  float scale, sink;
+};
+
+// ggml's flash attention: f16 query, online softmax, V summed in f16, the sink folded in last.
+void attend_flash(const HeadAttention& a, float* out) {
+  const int D = a.D;
+  Query query;
+  query.set(a.q, D, true);
+  std::vector<uint16_t> acc(static_cast<size_t>(D), 0);
+  float M = -INFINITY, S = 0.0f;
+  for (int k = 0; k < a.keys.size(); ++k) {
+    const auto [rows, r] = a.keys[k];
+    const float sc = query.dot(*rows, r, D) * a.scale;
+    float ms = 1.0f, vs = 1.0f;
+    if (sc > M) {
+      ms = std::exp(M - sc);
+      M = sc;
+      f16_scale(acc.data(), ms, D);
+    } else {
+      vs = std::exp(sc - M);
+    }
+    f16_fma_into(acc.data(), static_cast<const uint16_t*>(rows->row(r)), vs, D);
+    S = S * ms + vs;
+  }
+  for (int d = 0; d < D; ++d) out[d] = fp16_to_fp32(acc[static_cast<size_t>(d)]);
+  float ms = 1.0f, vs = 1.0f;
+  if (a.sink > M) {
+    ms = std::exp(M - a.sink);
+    ops::scale(out, ms, D);
+  } else {
+    vs = std::exp(a.sink - M);
+  }
+  S = S * ms + vs;
+  ops::scale(out, S == 0.0f ? 0.0f : 1.0f / S, D);
+}
+
+void load_key(const Rows& rows, int64_t r, int D, float* dst) {
+  if (!rows.f16()) {
+    std::memcpy(dst, rows.row(r), static_cast<size_t>(D) * 4);
+    return;
+  }
+  const auto* h16 = static_cast<const uint16_t*>(rows.row(r));
+  for (int d = 0; d < D; ++d) dst[d] = fp16_to_fp32(h16[d]);
+}
+
+// ggml's classic and tiled paths: f32 query, a two-pass f32 softmax with the sink, an f32 V sum.
+void attend_classic(const HeadAttention& a, float* out) {
+  const int D = a.D, n_keys = a.keys.size();
+  std::vector<float> w(static_cast<size_t>(n_keys)), k32(static_cast<size_t>(D));
+  float max = a.sink;
+  for (int k = 0; k < n_keys; ++k) {
+    const auto [rows, r] = a.keys[k];
+    load_key(*rows, r, D, k32.data());
+    w[static_cast<size_t>(k)] = kernels(TensorType::F32).dot(k32.data(), a.q, D) * a.scale;
+    max = std::max(max, w[static_cast<size_t>(k)]);
+  }
+  double sum = std::exp(a.sink - max);
+  for (float& v : w) {
+    v = std::exp(v - max);
+    sum += v;
+  }
+  const float inv = static_cast<float>(1.0 / sum);
+  std::fill(out, out + D, 0.0f);
+  for (int k = 0; k < n_keys; ++k) {
+    const auto [rows, r] = a.keys[k];
+    load_key(*rows, r, D, k32.data());
+    const float wk = w[static_cast<size_t>(k)] * inv;
+    for (int d = 0; d < D; ++d) out[d] += k32[static_cast<size_t>(d)] * wk;
+  }
+}
+
 class CompressedAttentionMixer final : public Mixer {
  public:
   CompressedAttentionMixer(const ModelConfig& c, int n_ctx, KvType kv_type, int rewind_slack)
@@ -444,78 +532,11 @@ void CompressedAttentionMixer::attend(const CompressedAttentionWeights& L, int l
 // and an f32 V sum (ggml's classic and tiled paths).
 void CompressedAttentionMixer::attend_head(const LayerState& s, const LayerPass& pass, const AttendRow& row, int head,
                                            float* out) const {
-  const ModelConfig& c = pass.cfg;
-  const int D = c.head_dim;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  const float sink = (*sinks_)[static_cast<size_t>(head)];
-  const float* q = row.q + static_cast<size_t>(head) * D;
-  const int n_raw = row.pos - row.first_raw + 1;
-  const int n_keys = n_raw + static_cast<int>(row.comp_rows.size());
-  auto key = [&](int k) -> std::pair<const Rows*, int64_t> {
-    if (k < n_raw) return {&s.live.raw, (row.first_raw + k) % s.raw_slots};
-    return {&s.comp, row.comp_rows[static_cast<size_t>(k - n_raw)]};
-  };
-  const bool flash = s.live.raw.f16() && pass.n < kAttentionBatchRows && !pass.batch_path;
-  if (flash) {
-    Query query;
-    query.set(q, D, true);
-    std::vector<uint16_t> acc(static_cast<size_t>(D), 0);
-    float M = -INFINITY, S = 0.0f;
-    for (int k = 0; k < n_keys; ++k) {
-      const auto [rows, r] = key(k);
-      const float sc = query.dot(*rows, r, D) * scale;
-      float ms = 1.0f, vs = 1.0f;
-      if (sc > M) {
-        ms = std::exp(M - sc);
-        M = sc;
-        f16_scale(acc.data(), ms, D);
-      } else {
-        vs = std::exp(sc - M);
-      }
-      f16_fma_into(acc.data(), static_cast<const uint16_t*>(rows->row(r)), vs, D);
-      S = S * ms + vs;
-    }
-    for (int d = 0; d < D; ++d) out[d] = fp16_to_fp32(acc[static_cast<size_t>(d)]);
-    float ms = 1.0f, vs = 1.0f;
-    if (sink > M) {
-      ms = std::exp(M - sink);
-      ops::scale(out, ms, D);
-    } else {
-      vs = std::exp(sink - M);
-    }
-    S = S * ms + vs;
-    ops::scale(out, S == 0.0f ? 0.0f : 1.0f / S, D);
-    return;
-  }
-  std::vector<float> w(static_cast<size_t>(n_keys)), k32(static_cast<size_t>(D));
-  auto load = [&](const Rows& rows, int64_t r, float* dst) {
-    if (!rows.f16()) {
-      std::memcpy(dst, rows.row(r), static_cast<size_t>(D) * 4);
-      return;
-    }
-    const auto* h16 = static_cast<const uint16_t*>(rows.row(r));
-    for (int d = 0; d < D; ++d) dst[d] = fp16_to_fp32(h16[d]);
-  };
-  float max = sink;
-  for (int k = 0; k < n_keys; ++k) {
-    const auto [rows, r] = key(k);
-    load(*rows, r, k32.data());
-    w[static_cast<size_t>(k)] = kernels(TensorType::F32).dot(k32.data(), q, D) * scale;
-    max = std::max(max, w[static_cast<size_t>(k)]);
-  }
-  double sum = std::exp(sink - max);
-  for (float& v : w) {
-    v = std::exp(v - max);
-    sum += v;
-  }
-  const float inv = static_cast<float>(1.0 / sum);
-  std::fill(out, out + D, 0.0f);
-  for (int k = 0; k < n_keys; ++k) {
-    const auto [rows, r] = key(k);
-    load(*rows, r, k32.data());
-    const float wk = w[static_cast<size_t>(k)] * inv;
-    for (int d = 0; d < D; ++d) out[d] += k32[static_cast<size_t>(d)] * wk;
-  }
+  const int D = pass.cfg.head_dim;
+  const HeadAttention a{RowKeys{s, row}, row.q + static_cast<size_t>(head) * D, D,
+                        1.0f / std::sqrt(static_cast<float>(D)), (*sinks_)[static_cast<size_t>(head)]};
+  if (s.live.raw.f16() && pass.n < kAttentionBatchRows && !pass.batch_path) attend_flash(a, out);
+  else attend_classic(a, out);
 }
 
 // De-rope each head at its row's position, then the grouped low-rank output: group g's heads

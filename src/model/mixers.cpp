@@ -21,22 +21,23 @@ void add_bias(float* rows, const Vector& bias, int64_t n, int64_t width) {
 using mixer_units::LayerStates;
 using mixer_units::pre_norm;
 
-// Attention and gated attention: q, k, v projections (the gated kind's q rows hold [query | gate]
-// per head), per-head norms, RoPE, the rows stored in the KV cache, causal attention, the output
-// (times sigmoid(gate)) projected, post-normed where the family has the norm, added.
-class AttentionMixer final : public Mixer {
+// What attention and gated attention share: q, k, v projections, per-head norms, RoPE, the rows
+// stored in the KV cache (one per unit, holding its own kind's layers), causal attention, the
+// output projected, post-normed where the plan has the norm, added. The kinds differ in what
+// they do around the attention (run()).
+class AttentionBase : public Mixer {
  public:
-  AttentionMixer(const ModelConfig& c, int n_ctx, KvType kv_type) {
+  AttentionBase(const ModelConfig& c, MixerKind kind, int n_ctx, KvType kv_type) {
     std::vector<int> k_widths, v_widths;
     for (int l = 0; l < c.n_layer; ++l) {
-      const bool attends = c.mixer_at(l) == MixerKind::Attention || c.mixer_at(l) == MixerKind::GatedAttention;
-      k_widths.push_back(attends ? c.n_head_kv_at(l) * c.head_dim_at(l) : 0);
-      v_widths.push_back(attends ? c.n_head_kv_at(l) * c.head_dim_v_at(l) : 0);
+      const bool own = c.mixer_at(l) == kind;
+      k_widths.push_back(own ? c.n_head_kv_at(l) * c.head_dim_at(l) : 0);
+      v_widths.push_back(own ? c.n_head_kv_at(l) * c.head_dim_v_at(l) : 0);
     }
     cache_.init(n_ctx, k_widths, v_widths, kv_type);
   }
 
-  void forward(const LayerWeights& weights, int layer, const LayerPass& pass) override {
+  void forward(const LayerWeights& weights, int layer, const LayerPass& pass) final {
     KvCache* own = &cache_;
     run(weights, layer, pass, std::span<KvCache* const>(&own, 1));
   }
@@ -44,11 +45,11 @@ class AttentionMixer final : public Mixer {
   // The projections, norms, RoPE and output of every row at once; each row's K and V stored in,
   // and its query attending over, its own sequence's cache (rows are decode rows, as alone).
   bool forward_sequences(std::span<Mixer* const> units, const LayerWeights& weights, int layer,
-                         const LayerPass& pass) override {
+                         const LayerPass& pass) final {
     if (pass.batch_path || units.size() != static_cast<size_t>(pass.n)) return false;
     caches_.clear();
     for (Mixer* u : units) {
-      auto* unit = dynamic_cast<AttentionMixer*>(u);
+      auto* unit = dynamic_cast<AttentionBase*>(u);
       if (unit == nullptr) return false;
       caches_.push_back(&unit->cache_);
     }
@@ -56,39 +57,80 @@ class AttentionMixer final : public Mixer {
     return true;
   }
 
-  uint64_t kv_bytes() const override { return cache_.bytes(); }
+  uint64_t kv_bytes() const final { return cache_.bytes(); }
+
+ protected:
+  // The layer on the pass's rows; caches: one for all rows (a sequence's own pass) or one per
+  // row (a batch of sequences).
+  virtual void run(const LayerWeights& weights, int layer, const LayerPass& pass, std::span<KvCache* const> caches) = 0;
+  // q_, k_, v_ from h_; q_parts: query-sized parts per head in the q rows (2: [query | gate]).
+  void project(const AttentionWeights& L, int layer, const LayerPass& pass, int q_parts);
+  void add_biases(const AttentionWeights& L, int layer, const LayerPass& pass);
+  void prepare_rows(const AttentionWeights& L, int layer, const LayerPass& pass, std::span<KvCache* const> caches);
+  void attend(const AttentionWeights& L, int layer, const LayerPass& pass, std::span<KvCache* const> caches);
+  void output(const AttentionWeights& L, int layer, const LayerPass& pass);
+
+  std::vector<float> h_, q_, k_, v_, attn_, proj_;
 
  private:
-  // caches: one for all rows (a sequence's own pass) or one per row (a batch of sequences).
-  void run(const LayerWeights& weights, int layer, const LayerPass& pass, std::span<KvCache* const> caches) {
-    const AttentionWeights& L = *weights.attention;
-    const bool gated = pass.cfg.mixer_at(layer) == MixerKind::GatedAttention;
-    pre_norm(pass, weights.attn_norm, h_);
-    project(L, layer, pass, gated);
-    prepare_rows(L, layer, pass, caches);
-    attend(L, layer, pass, gated, caches);
-    output(L, pass);
-  }
-  void project(const AttentionWeights& L, int layer, const LayerPass& pass, bool gated);
-  void split_query_gate(int n, int n_head, int head_dim);
-  void prepare_rows(const AttentionWeights& L, int layer, const LayerPass& pass, std::span<KvCache* const> caches);
-  void attend(const AttentionWeights& L, int layer, const LayerPass& pass, bool gated, std::span<KvCache* const> caches);
-  void output(const AttentionWeights& L, const LayerPass& pass);
-
   KvCache cache_;
   std::vector<KvCache*> caches_;  // forward_sequences: each row's sequence's cache
-  std::vector<float> h_, q_, k_, v_, gate_, attn_, proj_;
   Activations acts_;
   ActivationBuffer out_act_;
 };
 
-void AttentionMixer::project(const AttentionWeights& L, int layer, const LayerPass& pass, bool gated) {
+// Causal attention over the KV cache.
+class AttentionMixer final : public AttentionBase {
+ public:
+  AttentionMixer(const ModelConfig& c, int n_ctx, KvType kv_type) : AttentionBase(c, MixerKind::Attention, n_ctx, kv_type) {}
+
+ private:
+  void run(const LayerWeights& weights, int layer, const LayerPass& pass, std::span<KvCache* const> caches) override {
+    const AttentionWeights& L = *weights.attention;
+    pre_norm(pass, weights.attn_norm, h_);
+    project(L, layer, pass, 1);
+    add_biases(L, layer, pass);
+    prepare_rows(L, layer, pass, caches);
+    attend(L, layer, pass, caches);
+    output(L, layer, pass);
+  }
+};
+
+// Gated attention (qwen35moe, Qwen3-Next): the q projection's rows hold [query | gate] per head;
+// the attention output is multiplied by sigmoid(gate) before the output projection.
+class GatedAttentionMixer final : public AttentionBase {
+ public:
+  GatedAttentionMixer(const ModelConfig& c, int n_ctx, KvType kv_type)
+      : AttentionBase(c, MixerKind::GatedAttention, n_ctx, kv_type) {}
+
+ private:
+  void run(const LayerWeights& weights, int layer, const LayerPass& pass, std::span<KvCache* const> caches) override {
+    const AttentionWeights& L = *weights.attention;
+    pre_norm(pass, weights.attn_norm, h_);
+    project(L, layer, pass, 2);
+    split_query_gate(pass.n, pass.cfg.n_head, pass.cfg.head_dim_at(layer));
+    add_biases(L, layer, pass);
+    prepare_rows(L, layer, pass, caches);
+    attend(L, layer, pass, caches);
+    apply_gate(pass.n * pass.cfg.n_head * pass.cfg.head_dim_v_at(layer));
+    output(L, layer, pass);
+  }
+  void split_query_gate(int n, int n_head, int head_dim);
+  void apply_gate(int64_t n) {
+    const float* gate = gate_.data();
+    for (size_t i = 0; i < static_cast<size_t>(n); ++i) attn_[i] *= 1.0f / (1.0f + std::exp(-gate[i]));
+  }
+
+  std::vector<float> gate_;
+};
+
+void AttentionBase::project(const AttentionWeights& L, int layer, const LayerPass& pass, int q_parts) {
   const ModelConfig& c = pass.cfg;
   const int n = pass.n, E = c.n_embd, H = c.n_head, HKV = c.n_head_kv_at(layer);
   const int dk = c.head_dim_at(layer), dv = c.head_dim_v_at(layer);
   const int64_t q_width = static_cast<int64_t>(H) * dk, k_width = static_cast<int64_t>(HKV) * dk,
                 v_width = static_cast<int64_t>(HKV) * dv;
-  const int64_t q_rows = gated ? 2 * q_width : q_width;
+  const int64_t q_rows = q_parts * q_width;
   q_.resize(static_cast<size_t>(n * q_rows));
   k_.resize(static_cast<size_t>(n * k_width));
   v_.resize(static_cast<size_t>(n * v_width));
@@ -105,15 +147,19 @@ void AttentionMixer::project(const AttentionWeights& L, int layer, const LayerPa
     if (dk != dv) fail("internal: layer {} shares K as V with different head sizes", layer);
     std::copy(k_.begin(), k_.end(), v_.begin());  // no V projection: values are the raw keys
   }
-  if (gated) split_query_gate(n, H, dk);
-  add_bias(q_.data(), L.bq, n, q_width);
-  add_bias(k_.data(), L.bk, n, k_width);
-  add_bias(v_.data(), L.bv, n, v_width);
+}
+
+void AttentionBase::add_biases(const AttentionWeights& L, int layer, const LayerPass& pass) {
+  const ModelConfig& c = pass.cfg;
+  const int n = pass.n, HKV = c.n_head_kv_at(layer);
+  add_bias(q_.data(), L.bq, n, static_cast<int64_t>(c.n_head) * c.head_dim_at(layer));
+  add_bias(k_.data(), L.bk, n, static_cast<int64_t>(HKV) * c.head_dim_at(layer));
+  add_bias(v_.data(), L.bv, n, static_cast<int64_t>(HKV) * c.head_dim_v_at(layer));
 }
 
 // q_ holds rows of [query(head_dim) | gate(head_dim)] per head; afterwards q_ holds the
 // queries (rows of n_head * head_dim) and gate_ the gates, in the same layout.
-void AttentionMixer::split_query_gate(int n, int n_head, int head_dim) {
+void GatedAttentionMixer::split_query_gate(int n, int n_head, int head_dim) {
   const size_t width = static_cast<size_t>(n_head) * head_dim;
   float* gate = scratch(gate_, static_cast<size_t>(n) * width);
   for (size_t i = 0; i < static_cast<size_t>(n); ++i) {
@@ -133,25 +179,26 @@ void AttentionMixer::split_query_gate(int n, int n_head, int head_dim) {
 
 // Per row: q/k norms (per head or over all heads), the weightless v norm, RoPE, then the row's
 // K and V into the cache.
-void AttentionMixer::prepare_rows(const AttentionWeights& L, int layer, const LayerPass& pass,
-                                  std::span<KvCache* const> caches) {
+void AttentionBase::prepare_rows(const AttentionWeights& L, int layer, const LayerPass& pass,
+                                 std::span<KvCache* const> caches) {
   const ModelConfig& c = pass.cfg;
   const int H = c.n_head, HKV = c.n_head_kv_at(layer);
   const int dk = c.head_dim_at(layer), dv = c.head_dim_v_at(layer);
   const int64_t q_width = static_cast<int64_t>(H) * dk, k_width = static_cast<int64_t>(HKV) * dk,
                 v_width = static_cast<int64_t>(HKV) * dv;
+  const LayerNorms& norms = c.norms_at(layer);
   for (int i = 0; i < pass.n; ++i) {
     float* q = q_.data() + static_cast<size_t>(i) * q_width;
     float* k = k_.data() + static_cast<size_t>(i) * k_width;
-    if (c.attention.qk_norm_per_head) {
+    if (norms.qk == QkNorm::PerHead) {
       for (int h = 0; h < H; ++h) ops::rms_norm(q + h * dk, L.q_norm.data(), q + h * dk, dk, c.norm_eps);
       for (int h = 0; h < HKV; ++h) ops::rms_norm(k + h * dk, L.k_norm.data(), k + h * dk, dk, c.norm_eps);
-    } else if (c.attention.qk_norm_full) {
+    } else if (norms.qk == QkNorm::Full) {
       ops::rms_norm(q, L.q_norm.data(), q, q_width, c.norm_eps);
       ops::rms_norm(k, L.k_norm.data(), k, k_width, c.norm_eps);
     }
     float* v = v_.data() + static_cast<size_t>(i) * v_width;
-    if (c.attention.v_rms_norm) {
+    if (norms.v) {
       for (int h = 0; h < HKV; ++h) ops::rms_norm(v + h * dv, nullptr, v + h * dv, dv, c.norm_eps);
     }
     const RopeConfig& rope = c.rope_at(layer);
@@ -162,8 +209,7 @@ void AttentionMixer::prepare_rows(const AttentionWeights& L, int layer, const La
   }
 }
 
-void AttentionMixer::attend(const AttentionWeights& L, int layer, const LayerPass& pass, bool gated,
-                            std::span<KvCache* const> caches) {
+void AttentionBase::attend(const AttentionWeights& L, int layer, const LayerPass& pass, std::span<KvCache* const> caches) {
   const ModelConfig& c = pass.cfg;
   const int dk = c.head_dim_at(layer), dv = c.head_dim_v_at(layer);
   const int64_t attn_width = static_cast<int64_t>(c.n_head) * dv;
@@ -190,20 +236,17 @@ void AttentionMixer::attend(const AttentionWeights& L, int layer, const LayerPas
                 attn_.data() + i * attn_width);
     }
   }
-  if (gated) {
-    const float* gate = gate_.data();
-    for (size_t i = 0; i < static_cast<size_t>(pass.n * attn_width); ++i) attn_[i] *= 1.0f / (1.0f + std::exp(-gate[i]));
-  }
 }
 
-void AttentionMixer::output(const AttentionWeights& L, const LayerPass& pass) {
+void AttentionBase::output(const AttentionWeights& L, int layer, const LayerPass& pass) {
   const int E = pass.cfg.n_embd;
   proj_.resize(static_cast<size_t>(pass.n) * E);
   matmul(pass.pool, L.wo, attn_.data(), pass.n, proj_.data(), out_act_);
   add_bias(proj_.data(), L.bo, pass.n, E);
+  const bool post_norm = pass.cfg.norms_at(layer).post_mixer;
   for (int i = 0; i < pass.n; ++i) {
     float* row = proj_.data() + static_cast<size_t>(i) * E;
-    if (!L.post_attn_norm.empty()) ops::rms_norm(row, L.post_attn_norm.data(), row, E, pass.cfg.norm_eps);
+    if (post_norm) ops::rms_norm(row, L.post_attn_norm.data(), row, E, pass.cfg.norm_eps);
     pass.residual.add(i, row);
   }
 }
@@ -409,13 +452,12 @@ void ShortConvMixer::forward(const LayerWeights& weights, int layer, const Layer
   for (int i = 0; i < n; ++i) pass.residual.add(i, proj_.data() + static_cast<size_t>(i) * E);
 }
 
-// Attention and gated attention share a unit (and one KV cache).
-enum class Unit { Attention, DeltaNet, ShortConv, KimiDelta, LatentAttention, CompressedAttention, kCount };
+enum class Unit { Attention, GatedAttention, DeltaNet, ShortConv, KimiDelta, LatentAttention, CompressedAttention, kCount };
 
 Unit unit_of(MixerKind kind) {
   switch (kind) {
-    case MixerKind::Attention:
-    case MixerKind::GatedAttention: return Unit::Attention;
+    case MixerKind::Attention: return Unit::Attention;
+    case MixerKind::GatedAttention: return Unit::GatedAttention;
     case MixerKind::GatedDeltaNet: return Unit::DeltaNet;
     case MixerKind::ShortConv: return Unit::ShortConv;
     case MixerKind::KimiDelta: return Unit::KimiDelta;
@@ -428,6 +470,7 @@ Unit unit_of(MixerKind kind) {
 std::unique_ptr<Mixer> make_unit(Unit unit, const ModelConfig& c, int n_ctx, KvType kv_type, int rewind_slack) {
   switch (unit) {
     case Unit::Attention: return std::make_unique<AttentionMixer>(c, n_ctx, kv_type);
+    case Unit::GatedAttention: return std::make_unique<GatedAttentionMixer>(c, n_ctx, kv_type);
     case Unit::DeltaNet: return std::make_unique<DeltaNetMixer>(c);
     case Unit::ShortConv: return std::make_unique<ShortConvMixer>(c);
     case Unit::KimiDelta: return mixer_units::make_kimi_delta(c);
@@ -556,6 +599,20 @@ int64_t kv_bytes_per_token(const ModelConfig& c, int layer) {
     return bytes;
   }
   return int64_t{c.n_head_kv_at(layer)} * (c.head_dim_at(layer) + c.head_dim_v_at(layer)) * 2;  // f16 K and V
+}
+
+void ModelConfig::plan_norms(const LayerNorms& norms) {
+  auto apply = [&](LayerPlan& p) {
+    const bool attention = p.mixer == MixerKind::Attention || p.mixer == MixerKind::GatedAttention;
+    p.norms = norms;
+    if (!attention) {
+      p.norms.qk = QkNorm::None;
+      p.norms.v = false;
+      p.norms.post_mixer = false;
+    }
+  };
+  for (LayerPlan& p : plan) apply(p);
+  apply(nextn_plan);
 }
 
 int64_t ModelConfig::recurrent_state_bytes() const {

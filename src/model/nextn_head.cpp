@@ -33,15 +33,15 @@ ModelConfig nextn_block_config(const ModelConfig& c) {
   const int last = c.n_layer - 1;
   b.n_layer = 1;
   b.n_nextn_layer = 0;
-  b.n_hash_layers = 0;  // the block routes by its router (llama.cpp refuses a hash-routed one)
+  b.moe.n_hash_layers = 0;  // the block routes by its router (llama.cpp refuses a hash-routed one)
   b.plan = {c.nextn_plan};
-  keep_entry(b.sliding_window, last);
-  keep_entry(b.layer_n_head_kv, last);
-  keep_entry(b.layer_head_dim, last);
-  keep_entry(b.layer_rope, last);
+  keep_entry(b.attention.sliding_window, last);
+  keep_entry(b.attention.layer_n_head_kv, last);
+  keep_entry(b.attention.layer_head_dim, last);
+  keep_entry(b.attention.layer_rope, last);
   keep_entry(b.dense.layer_n_ff, last);
-  keep_own_entry(b.swiglu_clamp_exp, c.n_layer, last);
-  keep_own_entry(b.swiglu_clamp_shexp, c.n_layer, last);
+  keep_own_entry(b.moe.clamp.layer_limit, c.n_layer, last);
+  keep_own_entry(b.dense.clamp.layer_limit, c.n_layer, last);
   keep_own_entry(b.csa.ratio, c.n_layer, last);
   return b;
 }

@@ -130,8 +130,8 @@ void swiglu_gate_clamped(const float* gate, const float* up, float* out, int64_t
   }
 }
 
-void swiglu_clamped(const ModelConfig& c, const float* gate, const float* up, float* out, int64_t n, float limit) {
-  if (c.clamp_gate_before_silu) swiglu_gate_clamped(gate, up, out, n, limit);
+void swiglu_clamped(const ModelConfig::SwigluClamp& clamp, const float* gate, const float* up, float* out, int64_t n, float limit) {
+  if (clamp.gate_before_silu) swiglu_gate_clamped(gate, up, out, n, limit);
   else swiglu_limited(gate, up, out, n, limit);
 }
 

@@ -32,8 +32,8 @@ void swiglu_limited(const float* gate, const float* up, float* out, int64_t n, f
 // out[i] = silu(min(gate[i], limit)) * clamp(up[i], -limit, limit) (deepseek4: the gate is clamped
 // before the SiLU); a limit <= 1e-6 means none.
 void swiglu_gate_clamped(const float* gate, const float* up, float* out, int64_t n, float limit);
-// Either limited SwiGLU, as the config says.
-void swiglu_clamped(const ModelConfig& c, const float* gate, const float* up, float* out, int64_t n, float limit);
+// Either limited SwiGLU, as the FFN kind's clamp says (ModelConfig::SwigluClamp).
+void swiglu_clamped(const ModelConfig::SwigluClamp& clamp, const float* gate, const float* up, float* out, int64_t n, float limit);
 // gpt-oss variant: clamped gate/up, x * sigmoid(alpha x) * (up + 1)
 void swiglu_oai(const float* gate, const float* up, float* out, int64_t n, float alpha, float limit);
 // out[i] = gelu(gate[i]) * up[i], GELU (tanh form) through an f16 table as ggml computes it.

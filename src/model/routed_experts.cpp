@@ -55,15 +55,15 @@ void RoutedExperts::gate(const RoutedExpertWeights& L, float* logits, std::vecto
   const int NE = cfg_.n_expert;
   const int k = cfg_.n_expert_used;
   if (!L.router_bias.empty()) ops::add(logits, L.router_bias.data(), NE);
-  switch (cfg_.gating) {
+  switch (cfg_.moe.gating) {
     case Gating::SoftmaxTopK:
     case Gating::SigmoidTopK:
     case Gating::SqrtSoftplusTopK: {
       std::vector<float> probs(logits, logits + NE);
-      if (cfg_.gating == Gating::SoftmaxTopK) ops::softmax(probs.data(), NE);
-      else if (cfg_.gating == Gating::SigmoidTopK) for (float& p : probs) p = 1.0f / (1.0f + std::exp(-p));
+      if (cfg_.moe.gating == Gating::SoftmaxTopK) ops::softmax(probs.data(), NE);
+      else if (cfg_.moe.gating == Gating::SigmoidTopK) for (float& p : probs) p = 1.0f / (1.0f + std::exp(-p));
       else for (float& p : probs) p = std::sqrt(p > 20.0f ? p : std::log(1.0f + std::exp(p)));  // ggml's softplus
-      const bool grouped = cfg_.n_expert_groups > 1;
+      const bool grouped = cfg_.moe.n_groups > 1;
       if (!L.hash_experts.empty() && token >= 0) {
         hashed_experts(L, token, ids);
       } else if (L.expert_select_bias.empty() && !grouped) {
@@ -71,7 +71,7 @@ void RoutedExperts::gate(const RoutedExpertWeights& L, float* logits, std::vecto
       } else {  // the bias and the groups steer the choice; the weights stay the unbiased probabilities
         std::vector<float> scores(probs);
         if (!L.expert_select_bias.empty()) ops::add(scores.data(), L.expert_select_bias.data(), NE);
-        if (grouped) mask_expert_groups(scores.data(), NE, cfg_.n_expert_groups, cfg_.n_group_used);
+        if (grouped) mask_expert_groups(scores.data(), NE, cfg_.moe.n_groups, cfg_.moe.n_group_used);
         top_k(scores.data(), NE, k, ids);
       }
       wts.resize(static_cast<size_t>(k));
@@ -86,14 +86,14 @@ void RoutedExperts::gate(const RoutedExpertWeights& L, float* logits, std::vecto
       break;
     }
   }
-  if (cfg_.norm_topk) {
+  if (cfg_.moe.norm_topk) {
     double total = 0.0;  // summed in double, as ggml's row sum does
     for (float v : wts) total += v;
     const float sum = std::max(static_cast<float>(total), 6.103515625e-5f);  // llama.cpp's clamp
     for (float& v : wts) v /= sum;
   }
-  if (cfg_.expert_weights_scale != 0.0f && cfg_.expert_weights_scale != 1.0f) {
-    for (float& v : wts) v *= cfg_.expert_weights_scale;
+  if (cfg_.moe.weights_scale != 0.0f && cfg_.moe.weights_scale != 1.0f) {
+    for (float& v : wts) v *= cfg_.moe.weights_scale;
   }
 }
 
@@ -321,7 +321,7 @@ void RoutedExperts::expert_gate_up(const RoutedExpertWeights& L, int n, const fl
 // Per-expert biases (gpt-oss), then the activation into group.act.
 void RoutedExperts::expert_activation(const RoutedExpertWeights& L, int layer, const ExpertUses& uses, ExpertGroup& group) {
   const int64_t F = group.width;
-  const float limit = cfg_.clamp_exp_at(layer);
+  const float limit = cfg_.moe.clamp.at(layer);
   for (const ExpertGroup::Member& mb : group.members) {
     const int32_t expert = uses.experts[static_cast<size_t>(mb.index)];
     for (size_t j = 0; j < mb.rows.size(); ++j) {
@@ -330,8 +330,8 @@ void RoutedExperts::expert_activation(const RoutedExpertWeights& L, int layer, c
       if (!L.exp_gate_bias.empty()) ops::add(g, L.exp_gate_bias.data() + static_cast<size_t>(expert) * F, F);
       if (!L.exp_up_bias.empty()) ops::add(u, L.exp_up_bias.data() + static_cast<size_t>(expert) * F, F);
       float* a = group.act + (mb.offset + j) * F;
-      switch (cfg_.activation) {
-        case ExpertActivation::SwiGLU: ops::swiglu_clamped(cfg_, g, u, a, F, limit); break;
+      switch (cfg_.moe.activation) {
+        case ExpertActivation::SwiGLU: ops::swiglu_clamped(cfg_.moe.clamp, g, u, a, F, limit); break;
         case ExpertActivation::SwiGLU_OAI: ops::swiglu_oai(g, u, a, F, 1.702f, 7.0f); break;
         case ExpertActivation::GeGLU: ops::geglu(g, u, a, F); break;
       }

@@ -260,7 +260,7 @@ void output_norm_rows(ThreadPool& pool, const Transformer& model, ResidualStream
 void output_logits(ThreadPool& pool, const Transformer& model, ResidualStream& residual, int first, int n,
                    HeadScratch& scratch) {
   const ModelWeights& w = model.weights();
-  const float softcap = model.config().final_softcap;
+  const float softcap = model.config().output.softcap;
   output_norm_rows(pool, model, residual, first, n, scratch.h);
   scratch.logits.resize(static_cast<size_t>(n - first) * w.output.rows);
   matmul(pool, w.output, scratch.h.data(), n - first, scratch.logits.data(), scratch.act);
