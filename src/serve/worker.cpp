@@ -31,12 +31,8 @@ class MetricsText {
 // (return_progress) and the timings so far with each piece (timings_per_token).
 class ChoiceTelemetry {
  public:
-  ChoiceTelemetry(Job& job, int index, const std::vector<int32_t>& prompt, const std::vector<int32_t>& history)
-      : job_(job), index_(index), total_(static_cast<int>(prompt.size())) {
-    // What prefill_reusing keeps: the common prefix, less the last prompt token (evaluated again).
-    const auto diff = std::mismatch(prompt.begin(), prompt.end(), history.begin(), history.end());
-    cache_ = std::min(static_cast<int>(diff.first - prompt.begin()), std::max(total_ - 1, 0));
-  }
+  // cache: the prompt tokens prefill_reusing keeps (Session::kept_prefix).
+  ChoiceTelemetry(Job& job, int index, int total, int cache) : job_(job), index_(index), total_(total), cache_(cache) {}
 
   // Session::prefill_reusing's progress: one event per whole token more done.
   void prompt_read(double done) {
@@ -56,7 +52,7 @@ class ChoiceTelemetry {
 
  private:
   Job& job_;
-  int index_, total_, cache_ = 0, last_processed_ = -1;
+  int index_, total_, cache_, last_processed_ = -1;
   Stopwatch clock_;
   std::optional<double> prompt_ms_;
 };
@@ -497,7 +493,7 @@ GenerateResult DecodeWorker::run_choice(Job& job, int index, std::string& error)
 // makes that second call read only the tag).
 GenerateResult DecodeWorker::generate_choice(Job& job, int index, const std::vector<int32_t>& prompt, GenerateParams params,
                                              const std::function<bool(const std::string&)>& in_time) {
-  ChoiceTelemetry telemetry(job, index, prompt, session_->history());
+  ChoiceTelemetry telemetry(job, index, static_cast<int>(prompt.size()), session_->kept_prefix(prompt));
   BudgetWatch budget(job.reasoning_budget, prompt.size());
   const auto on_piece = [&](const std::string& piece) {
     publish_progress();

@@ -136,8 +136,9 @@ void DecodeWorker::start_choice(Slot& slot) {
   publish_slot(slot);
 }
 
-// One chunk (-b tokens, the batches a whole prefill would run) of the slot's prompt; the last
-// one hands the slot to the decode steps.
+// One chunk of the slot's prompt, up to the next multiple of -b tokens (the batches a whole
+// prefill runs, after a kept prefix too, so that the rows equal a fresh read's); the last one
+// hands the slot to the decode steps.
 void DecodeWorker::read_prompt_chunk(Slot& slot) {
   Job& job = *slot.job;
   if (job.cancel.load()) {
@@ -145,11 +146,12 @@ void DecodeWorker::read_prompt_chunk(Slot& slot) {
     r.finish_reason = "cancelled";
     return end_choice(slot, r, "");
   }
-  const size_t n = std::min(static_cast<size_t>(slot.session->n_batch()), slot.prompt.size() - slot.fed);
+  const size_t n_batch = static_cast<size_t>(slot.session->n_batch());
+  const size_t n = std::min(n_batch - slot.fed % n_batch, slot.prompt.size() - slot.fed);
   try {
     const std::vector<int32_t> chunk(slot.prompt.begin() + static_cast<std::ptrdiff_t>(slot.fed),
                                      slot.prompt.begin() + static_cast<std::ptrdiff_t>(slot.fed + n));
-    const double seconds = slot.session->prefill(chunk).seconds;
+    const double seconds = slot.session->prefill(chunk, {}, static_cast<int>(slot.prompt.size())).seconds;
     slot.prefill_seconds += seconds;
     slot.fed += n;
     count_pass(busy_slots());
