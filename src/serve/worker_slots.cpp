@@ -129,6 +129,8 @@ void DecodeWorker::start_choice(Slot& slot) {
     slot.session->set_sampler(params.sampler);
     slot.reused = slot.session->keep_prefix(slot.prompt);
     slot.fed = static_cast<size_t>(slot.reused);
+    slot.telemetry.emplace(job, slot.choice, static_cast<int>(slot.prompt.size()), slot.reused);
+    slot.telemetry->prompt_read(static_cast<double>(slot.fed));  // llama-server's first event: the kept part
   } catch (const std::exception& e) {
     slot.session->reset();
     return end_choice(slot, {}, e.what());
@@ -154,6 +156,7 @@ void DecodeWorker::read_prompt_chunk(Slot& slot) {
     const double seconds = slot.session->prefill(chunk, {}, static_cast<int>(slot.prompt.size())).seconds;
     slot.prefill_seconds += seconds;
     slot.fed += n;
+    slot.telemetry->prompt_read(static_cast<double>(slot.fed));
     count_pass(busy_slots());
     std::lock_guard<std::mutex> lock(mutex_);
     counters_.chunk_seconds.add(seconds);
@@ -172,7 +175,7 @@ void DecodeWorker::read_prompt_chunk(Slot& slot) {
   hooks.on_piece = [this, &slot, &job, index](const std::string& piece) {
     publish_progress();
     ++slot.pieces;
-    job.push({index, piece, std::nullopt, {}});
+    job.push({index, piece, std::nullopt, {}, std::nullopt, slot.telemetry->timings(slot.pieces)});
     if (!slot.since_first_piece) slot.since_first_piece.emplace();
     slot.line_break = slot.line_break || piece.find('\n') != std::string::npos;
     slot.timed_out = job.t_max_predict_ms > 0 && slot.line_break &&
