@@ -348,6 +348,38 @@ std::vector<int32_t> some_tokens(int n, int salt) {
   return t;
 }
 
+// Prefix reuse gives a fresh read's bits (default f16 cache): a conversation's next prompt
+// (its earlier prompt, whose last chunk of 36 rows took the decode path, then generated tokens,
+// then more) reuses only rows that took the path a fresh read of the new prompt gives them, and
+// reads the rest on the fresh read's paths, whole or in pieces of any size.
+TEST(Model, ReusedPrefixGivesTheFreshReadsLogits) {
+  for (const char* preset : {"tiny-qwen3moe", "tiny-qwen35moe"}) {
+    auto model = load_model(test_model_path(preset), LoadOptions{});
+    ThreadPool pool(2);
+    const std::vector<int32_t> first = some_tokens(100, 6);
+    std::vector<int32_t> next = first;
+    for (int32_t t : some_tokens(5, 7)) next.push_back(t);   // the answer, one row at a time
+    for (int32_t t : some_tokens(60, 8)) next.push_back(t);  // the next message
+    const std::vector<float> want = logits_after(*model, 2, 64, next);
+    for (int piece : {0, 1, 50}) {  // 0: prefill_reusing, else keep_prefix and pieces
+      Session s(*model, pool, 256, 64, SamplerConfig{});
+      s.prefill(first);
+      for (size_t i = 100; i < 105; ++i) s.accept(next[i]);
+      if (piece == 0) {
+        EXPECT_EQ(s.prefill_reusing(next), 64) << preset;  // rows 64-104 took the decode path
+      } else {
+        const int kept = s.keep_prefix(next);
+        for (size_t at = static_cast<size_t>(kept); at < next.size(); at += static_cast<size_t>(piece)) {
+          const size_t end = std::min(next.size(), at + static_cast<size_t>(piece));
+          s.prefill(std::vector<int32_t>(next.begin() + static_cast<std::ptrdiff_t>(at), next.begin() + static_cast<std::ptrdiff_t>(end)),
+                    {}, static_cast<int>(next.size()));
+        }
+      }
+      EXPECT_EQ(s.logits(), want) << preset << ", pieces of " << piece;
+    }
+  }
+}
+
 // glm4moe's nextn (MTP) block, blk.3 of tiny-glm4moe's 4 blocks, is never read: poisoned, left
 // out (a trunk-only file), or cut off with block_count, the logits stay those of the whole file.
 TEST(Glm4Moe, TheNextnBlockIsNeverRead) {

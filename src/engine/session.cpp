@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "core/timer.h"
+#include "model/attention.h"
 #include "moe/routing_policy.h"
 
 namespace bmoe {
@@ -24,28 +25,39 @@ std::vector<int32_t> Session::tokenize(const std::string& text, bool parse_speci
   return model_.tokenizer->encode(text, parse_special, model_.tokenizer->vocab().add_bos);
 }
 
-PrefillRecord Session::prefill(const std::vector<int32_t>& tokens, const PrefillProgress& progress) {
+bool Session::fresh_batch_path(int pos, int length) const {
+  const int start = pos / n_batch_ * n_batch_;
+  return std::min(start + n_batch_, length) - start >= kAttentionBatchRows;
+}
+
+PrefillRecord Session::prefill(const std::vector<int32_t>& tokens, const PrefillProgress& progress, int prompt_length) {
   if (tokens.empty()) fail("the prompt is empty");
   pending_sample_.reset();  // a draw from logits the prompt replaces
   Stopwatch timer;
   state_.set_prefill(true);
-  const int total = static_cast<int>(tokens.size());
+  const int total = static_cast<int>(tokens.size()), start = state_.n_past();
+  const int length = prompt_length > 0 ? prompt_length : start + total;
   const int n_layer = model_.transformer->config().n_layer;
-  for (size_t i = 0; i < tokens.size(); i += static_cast<size_t>(n_batch_)) {
-    const int n = static_cast<int>(std::min<size_t>(static_cast<size_t>(n_batch_), tokens.size() - i));
+  for (int i = 0; i < total;) {
+    const int pos = start + i;
+    const int n = std::min((pos / n_batch_ + 1) * n_batch_, start + total) - pos;  // to the fresh read's next cut
     if (progress) {
       state_.set_layer_hook([&, i, n](int layer) {
         progress(static_cast<double>(i) + static_cast<double>(n) * (layer + 1) / n_layer, total, timer.seconds());
       });
     }
+    state_.set_batch_path(fresh_batch_path(pos, length));
     try {
       logits_ = &state_.eval(tokens.data() + i, n);
     } catch (...) {
+      state_.set_batch_path(false);
       state_.set_layer_hook(nullptr);
       state_.set_prefill(false);
       throw;
     }
+    i += n;
   }
+  state_.set_batch_path(false);
   state_.set_layer_hook(nullptr);
   state_.set_prefill(false);
   history_.insert(history_.end(), tokens.begin(), tokens.end());
@@ -54,19 +66,29 @@ PrefillRecord Session::prefill(const std::vector<int32_t>& tokens, const Prefill
   return {static_cast<int>(tokens.size()), timer.seconds()};
 }
 
+int Session::kept_prefix(const std::vector<int32_t>& prompt) const {
+  if (prompt.empty()) return 0;
+  const int length = static_cast<int>(prompt.size());
+  int keep = 0;
+  const int limit = std::min({static_cast<int>(history_.size()), state_.n_past(), length - 1});
+  while (keep < limit && history_[static_cast<size_t>(keep)] == prompt[static_cast<size_t>(keep)] &&
+         state_.row_took_batch_path(keep) == fresh_batch_path(keep, length)) {
+    ++keep;
+  }
+  return keep;
+}
+
 int Session::keep_prefix(const std::vector<int32_t>& prompt) {
   if (prompt.empty()) fail("the prompt is empty");
-  size_t keep = 0;
-  while (keep < history_.size() && keep < prompt.size() && history_[keep] == prompt[keep]) ++keep;
-  keep = std::min(keep, prompt.size() - 1);
+  const int keep = kept_prefix(prompt);
   try {
-    state_.truncate(static_cast<int>(keep));
+    state_.truncate(keep);
   } catch (...) {  // a recurrent state's replay failed part-way: the history ends where it did
     history_.resize(std::min(history_.size(), static_cast<size_t>(state_.n_past())));
     throw;
   }
-  history_.resize(keep);
-  return static_cast<int>(keep);
+  history_.resize(static_cast<size_t>(keep));
+  return keep;
 }
 
 int Session::prefill_reusing(const std::vector<int32_t>& prompt, PrefillRecord* record, const PrefillProgress& progress) {
@@ -77,7 +99,8 @@ int Session::prefill_reusing(const std::vector<int32_t>& prompt, PrefillRecord* 
       progress(static_cast<double>(keep) + done, total, seconds);
     };
   }
-  const PrefillRecord r = prefill(std::vector<int32_t>(prompt.begin() + static_cast<std::ptrdiff_t>(keep), prompt.end()), whole);
+  const PrefillRecord r =
+      prefill(std::vector<int32_t>(prompt.begin() + static_cast<std::ptrdiff_t>(keep), prompt.end()), whole, static_cast<int>(prompt.size()));
   if (record) *record = r;
   return static_cast<int>(keep);
 }

@@ -64,18 +64,31 @@ class Session {
           KvType kv_type = KvType::F16);
 
   std::vector<int32_t> tokenize(const std::string& text, bool parse_special) const;
-  // Feeds tokens (batched by n_batch); afterwards next_token() samples from the last logits.
-  PrefillRecord prefill(const std::vector<int32_t>& tokens, const PrefillProgress& progress = {});
-  // Makes the sequence equal `prompt`, keeping the longest common prefix of what the KV cache
-  // already holds (at least the last prompt token is evaluated, for fresh logits). Returns how
-  // many tokens were reused.
+  // Feeds tokens as the rows at positions [n_past, n_past + size) of a prompt of
+  // `prompt_length` tokens (0: the tokens end it), each row as a fresh read of that whole prompt
+  // evaluates it: in batches of at most n_batch cut at multiples of n_batch, each row on the
+  // attention path of its chunk in that read (fresh_batch_path). A prompt fed in any pieces, after
+  // any kept prefix, thus gives the bits it gives read at once. Afterwards next_token() samples
+  // from the last logits.
+  PrefillRecord prefill(const std::vector<int32_t>& tokens, const PrefillProgress& progress = {},
+                        int prompt_length = 0);
+  // Makes the sequence equal `prompt`, keeping the longest prefix of what the KV cache already
+  // holds that kept_prefix allows. Returns how many tokens were reused.
   int prefill_reusing(const std::vector<int32_t>& prompt, PrefillRecord* record = nullptr,
                       const PrefillProgress& progress = {});  // progress counts the kept prefix as done
-  // prefill_reusing's first half: drops what follows the longest common prefix of the history
-  // and `prompt` (keeping at least the last prompt token to evaluate) and returns its length. The
-  // rest of the prompt is then fed with prefill(), in one call or in chunks of n_batch() tokens,
-  // which evaluate the same batches.
+  // The rows a prompt can keep: the longest common prefix of the history and `prompt`, less at
+  // least its last token (evaluated again, for fresh logits), cut before the first row that took
+  // another attention path than a fresh read of `prompt` gives it (model/attention.h: the paths
+  // round differently; a generated token's row, or the last chunk of an earlier prompt shorter
+  // than kAttentionBatchRows, took the decode path where the fresh read reads a batch).
+  int kept_prefix(const std::vector<int32_t>& prompt) const;
+  // prefill_reusing's first half: drops what follows kept_prefix(prompt) and returns it. The
+  // rest of the prompt is then fed with prefill(..., prompt.size()), in one call or in pieces.
   int keep_prefix(const std::vector<int32_t>& prompt);
+  // Whether a fresh read of a prompt of `length` tokens (chunks of n_batch from position 0)
+  // takes the batch attention path for the row at `pos`: its chunk has kAttentionBatchRows rows
+  // or more.
+  bool fresh_batch_path(int pos, int length) const;
   int n_batch() const { return n_batch_; }
   const Sampler& sampler() const { return sampler_; }
   void set_sampler(const SamplerConfig& config) {

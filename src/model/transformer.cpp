@@ -27,6 +27,7 @@ void InferenceState::truncate(int n) {
   forget_hidden_rows(n);
   if (!rewinds_by_replay()) {
     n_past_ = n;
+    token_batch_path_.resize(static_cast<size_t>(n));
     return;
   }
   if (n == n_past_ && !recurrent_dirty_) return;
@@ -90,11 +91,11 @@ void InferenceState::replay(int start, int end) {
   replaying_ = true;  // the replayed rows' hidden states were kept (or taken) the first time
   try {
     for (size_t i = 0; i < ids.size();) {
-      const bool batch_path = paths[i] != 0;
-      const size_t limit = batch_path ? 512 : kAttentionBatchRows - 1;
+      const bool first_batch = paths[i] != 0;
+      const size_t limit = first_batch ? 512 : kAttentionBatchRows - 1;
       size_t j = i;
       while (j < ids.size() && paths[j] == paths[i] && j - i < limit) ++j;
-      replay_batch_path_ = batch_path;
+      replay_batch_path_ = first_batch;
       eval(ids.data() + i, static_cast<int>(j - i));
       i = j;
     }
@@ -143,6 +144,8 @@ void InferenceState::begin_rows(const int32_t* tokens, int n) {
     fail("context is full: {} tokens do not fit in a context of {} (raise -c)", n_past_ + n, n_ctx_);
   }
   embed(tokens, n);
+  token_batch_path_.resize(static_cast<size_t>(n_past_));
+  token_batch_path_.insert(token_batch_path_.end(), static_cast<size_t>(n), n >= kAttentionBatchRows || batch_path() ? 1 : 0);
   if (!rewinds_by_replay()) return;
   if (n > 1) {
     mixers_.save_state();
@@ -151,17 +154,14 @@ void InferenceState::begin_rows(const int32_t* tokens, int n) {
   keep_row_states(n);
   tokens_.resize(static_cast<size_t>(n_past_));
   tokens_.insert(tokens_.end(), tokens, tokens + n);
-  token_batch_path_.resize(static_cast<size_t>(n_past_));
-  token_batch_path_.insert(token_batch_path_.end(), static_cast<size_t>(n),
-                           n >= kAttentionBatchRows || replay_batch_path_ ? 1 : 0);
 }
 
 // Layers that ran have moved the recurrent state on: go back to the copy begin_rows took, or,
 // after a one-token eval (no copy), rebuild it before the next use.
 void InferenceState::abandon_rows(int n) {
+  token_batch_path_.resize(static_cast<size_t>(n_past_));
   if (!rewinds_by_replay()) return;
   tokens_.resize(static_cast<size_t>(n_past_));
-  token_batch_path_.resize(static_cast<size_t>(n_past_));
   row_states_n_ = 0;  // the copies of rows that did not finish
   if (n > 1) mixers_.restore_state();
   else recurrent_dirty_ = true;
@@ -230,7 +230,7 @@ void InferenceState::embed(const int32_t* tokens, int n) {
 void InferenceState::run_layers(int n) {
   const ModelWeights& w = model_.weights_;
   if (hooks_.router) hooks_.router->begin_pass(cfg_.n_layer);
-  const LayerPass pass{pool_, cfg_, residual_, positions_.data(), n, replay_batch_path_};
+  const LayerPass pass{pool_, cfg_, residual_, positions_.data(), n, batch_path()};
   const FfnContext ffn{experts_, *model_.experts_};
   experts_.set_tokens(batch_tokens_.data());
   for (int l = 0; l < cfg_.n_layer; ++l) {

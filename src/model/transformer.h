@@ -83,6 +83,13 @@ class InferenceState : private ResidualRouter {
 
   int n_past() const { return n_past_; }
   int n_ctx() const { return n_ctx_; }
+  // The two attention paths round differently (model/attention.h): rows of an eval of
+  // kAttentionBatchRows or more take the batch path, smaller evals the decode path, or the batch
+  // path too while set_batch_path(true) (a prompt's rows read in pieces, each on the path a
+  // fresh read of the whole prompt gives it; a row's bits then equal that read's).
+  void set_batch_path(bool on) { force_batch_path_ = on; }
+  // Whether the row at `pos` (< n_past()) took the batch path.
+  bool row_took_batch_path(int pos) const { return token_batch_path_[static_cast<size_t>(pos)] != 0; }
   // Forgets positions >= n (prefix reuse keeps the cache rows below n). A recurrent state
   // cannot forget, nor a bounded one (deepseek4's rings) further back than its slack: it goes
   // back to the state saved at the start of the last multi-token eval() (or to the empty
@@ -127,6 +134,8 @@ class InferenceState : private ResidualRouter {
   // Whether some unit cannot forget every position in place (recurrent or bounded state): then
   // evals book their tokens and save the state for truncate's replay.
   bool rewinds_by_replay() const { return rewind_reach_ < n_ctx_; }
+  // The path forced on the rows of this eval: a replay's rows keep the one they first took.
+  bool batch_path() const { return replaying_ ? replay_batch_path_ : force_batch_path_; }
   void embed(const int32_t* tokens, int n);
   void advance(const int32_t* tokens, int n);  // eval() up to the output norm
   void begin_rows(const int32_t* tokens, int n);
@@ -155,13 +164,15 @@ class InferenceState : private ResidualRouter {
   Ffns ffns_;
   RoutedExperts experts_;
   ResidualStream residual_;
+  // The attention path each row at positions [0, n_past) took (1: batch).
+  std::vector<uint8_t> token_batch_path_;
+  bool force_batch_path_ = false;
   // Recurrent layers (Gated DeltaNet, short convolutions): the mixers save their state at the
   // start of each multi-token eval (at checkpoint_pos_; -1: none); the tokens at positions
-  // [0, n_past) with the attention path each took, to run again after a rewind; dirty after an
-  // eval that failed part-way without a copy to go back to.
+  // [0, n_past), to run again after a rewind (each on its row's path); dirty after an eval that
+  // failed part-way without a copy to go back to.
   int checkpoint_pos_ = -1;
   std::vector<int32_t> tokens_;
-  std::vector<uint8_t> token_batch_path_;
   bool recurrent_dirty_ = false;
   bool replay_batch_path_ = false;  // set while replay() runs rows that first took the batch path
   bool replaying_ = false;

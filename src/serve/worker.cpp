@@ -27,40 +27,6 @@ class MetricsText {
   std::string out_;
 };
 
-// llama-server's live telemetry of one choice: prompt_progress events while its prompt is read
-// (return_progress) and the timings so far with each piece (timings_per_token).
-class ChoiceTelemetry {
- public:
-  ChoiceTelemetry(Job& job, int index, const std::vector<int32_t>& prompt, const std::vector<int32_t>& history)
-      : job_(job), index_(index), total_(static_cast<int>(prompt.size())) {
-    // What prefill_reusing keeps: the common prefix, less the last prompt token (evaluated again).
-    const auto diff = std::mismatch(prompt.begin(), prompt.end(), history.begin(), history.end());
-    cache_ = std::min(static_cast<int>(diff.first - prompt.begin()), std::max(total_ - 1, 0));
-  }
-
-  // Session::prefill_reusing's progress: one event per whole token more done.
-  void prompt_read(double done) {
-    const int processed = std::min(static_cast<int>(done), total_);
-    if (!job_.return_progress || processed <= last_processed_) return;
-    last_processed_ = processed;
-    job_.push({index_, {}, std::nullopt, {}, PromptProgress{total_, cache_, processed, clock_.seconds() * 1e3}, std::nullopt});
-  }
-
-  // A piece of text; `fed` is the session's history length (the sampled tokens before this one).
-  std::optional<LiveTimings> piece(size_t fed) {
-    if (!job_.timings_per_token) return std::nullopt;
-    if (!prompt_ms_) prompt_ms_ = clock_.seconds() * 1e3;
-    const int predicted = static_cast<int>(fed) - total_ + 1;
-    return LiveTimings{cache_, total_ - cache_, std::max(predicted, 1), *prompt_ms_, clock_.seconds() * 1e3 - *prompt_ms_};
-  }
-
- private:
-  Job& job_;
-  int index_, total_, cache_ = 0, last_processed_ = -1;
-  Stopwatch clock_;
-  std::optional<double> prompt_ms_;
-};
-
 // reasoning_budget_tokens > 0: counts the answer's tokens inside its think block; spent once
 // the budget is reached before the block closed (the piece callback then stops the answer).
 class BudgetWatch {
@@ -497,7 +463,7 @@ GenerateResult DecodeWorker::run_choice(Job& job, int index, std::string& error)
 // makes that second call read only the tag).
 GenerateResult DecodeWorker::generate_choice(Job& job, int index, const std::vector<int32_t>& prompt, GenerateParams params,
                                              const std::function<bool(const std::string&)>& in_time) {
-  ChoiceTelemetry telemetry(job, index, prompt, session_->history());
+  ChoiceTelemetry telemetry(job, index, static_cast<int>(prompt.size()), session_->kept_prefix(prompt));
   BudgetWatch budget(job.reasoning_budget, prompt.size());
   const auto on_piece = [&](const std::string& piece) {
     publish_progress();

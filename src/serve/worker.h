@@ -4,6 +4,7 @@
 // stream) their events; the worker keeps the counters /metrics and /stats report.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -71,7 +72,7 @@ struct Job {
   std::vector<std::vector<int32_t>> choice_prompts;  // when set, choice i answers choice_prompts[i]
   int64_t t_max_predict_ms = 0;  // > 0: past this, a choice ends at its first line break
   // llama-server's return_progress and timings_per_token: progress events while the prompt is
-  // read, timings with each piece (with --parallel 1; the slots leave them out).
+  // read (a slot: when it starts, then after each chunk), timings with each piece.
   bool return_progress = false, timings_per_token = false;
   ReasoningBudget reasoning_budget;
   // An embeddings job (set instead of a prompt): each input's pooled vector goes to `embeddings`.
@@ -165,6 +166,38 @@ struct Counters {
 
 // What /slots and /metrics show of a slot (llama-server's -np): idle, reading a prompt or
 // decoding, with its counts.
+// llama-server's live telemetry of one choice: prompt_progress events while its prompt is read
+// (return_progress) and the timings so far with each piece (timings_per_token), per choice
+// whether it runs alone (--parallel 1) or in a slot.
+class ChoiceTelemetry {
+ public:
+  // cache: the prompt tokens kept from the KV cache (Session::kept_prefix).
+  ChoiceTelemetry(Job& job, int index, int total, int cache) : job_(job), index_(index), total_(total), cache_(cache) {}
+
+  // The prompt's tokens done so far (kept ones included): one event per whole token more.
+  void prompt_read(double done) {
+    const int processed = std::min(static_cast<int>(done), total_);
+    if (!job_.return_progress || processed <= last_processed_) return;
+    last_processed_ = processed;
+    job_.push({index_, {}, std::nullopt, {}, PromptProgress{total_, cache_, processed, clock_.seconds() * 1e3}, std::nullopt});
+  }
+
+  // A piece of text; `fed` is the session's history length (the sampled tokens before this one).
+  std::optional<LiveTimings> piece(size_t fed) { return timings(static_cast<int>(fed) - total_ + 1); }
+  // The timings after `predicted` tokens (the first piece ends the prompt's time).
+  std::optional<LiveTimings> timings(int predicted) {
+    if (!job_.timings_per_token) return std::nullopt;
+    if (!prompt_ms_) prompt_ms_ = clock_.seconds() * 1e3;
+    return LiveTimings{cache_, total_ - cache_, std::max(predicted, 1), *prompt_ms_, clock_.seconds() * 1e3 - *prompt_ms_};
+  }
+
+ private:
+  Job& job_;
+  int index_, total_, cache_, last_processed_ = -1;
+  Stopwatch clock_;
+  std::optional<double> prompt_ms_;
+};
+
 struct SlotView {
   int id = 0;
   std::string state = "idle";  // "idle", "prompt", "decoding"
@@ -242,6 +275,7 @@ class DecodeWorker {
     bool line_break = false, timed_out = false;
     double last_token_at = 0;  // now_seconds() after the step that gave its last token (0: none yet)
     std::optional<EmbeddingsDone> embedding;  // an embeddings job: one input per turn
+    std::optional<ChoiceTelemetry> telemetry;  // the running choice's
   };
   void start_slots();
   void work_slots();

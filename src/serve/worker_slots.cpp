@@ -129,6 +129,8 @@ void DecodeWorker::start_choice(Slot& slot) {
     slot.session->set_sampler(params.sampler);
     slot.reused = slot.session->keep_prefix(slot.prompt);
     slot.fed = static_cast<size_t>(slot.reused);
+    slot.telemetry.emplace(job, slot.choice, static_cast<int>(slot.prompt.size()), slot.reused);
+    slot.telemetry->prompt_read(static_cast<double>(slot.fed));  // llama-server's first event: the kept part
   } catch (const std::exception& e) {
     slot.session->reset();
     return end_choice(slot, {}, e.what());
@@ -136,8 +138,9 @@ void DecodeWorker::start_choice(Slot& slot) {
   publish_slot(slot);
 }
 
-// One chunk (-b tokens, the batches a whole prefill would run) of the slot's prompt; the last
-// one hands the slot to the decode steps.
+// One chunk of the slot's prompt, up to the next multiple of -b tokens (the batches a whole
+// prefill runs, after a kept prefix too, so that the rows equal a fresh read's); the last one
+// hands the slot to the decode steps.
 void DecodeWorker::read_prompt_chunk(Slot& slot) {
   Job& job = *slot.job;
   if (job.cancel.load()) {
@@ -145,13 +148,15 @@ void DecodeWorker::read_prompt_chunk(Slot& slot) {
     r.finish_reason = "cancelled";
     return end_choice(slot, r, "");
   }
-  const size_t n = std::min(static_cast<size_t>(slot.session->n_batch()), slot.prompt.size() - slot.fed);
+  const size_t n_batch = static_cast<size_t>(slot.session->n_batch());
+  const size_t n = std::min(n_batch - slot.fed % n_batch, slot.prompt.size() - slot.fed);
   try {
     const std::vector<int32_t> chunk(slot.prompt.begin() + static_cast<std::ptrdiff_t>(slot.fed),
                                      slot.prompt.begin() + static_cast<std::ptrdiff_t>(slot.fed + n));
-    const double seconds = slot.session->prefill(chunk).seconds;
+    const double seconds = slot.session->prefill(chunk, {}, static_cast<int>(slot.prompt.size())).seconds;
     slot.prefill_seconds += seconds;
     slot.fed += n;
+    slot.telemetry->prompt_read(static_cast<double>(slot.fed));
     count_pass(busy_slots());
     std::lock_guard<std::mutex> lock(mutex_);
     counters_.chunk_seconds.add(seconds);
@@ -170,7 +175,7 @@ void DecodeWorker::read_prompt_chunk(Slot& slot) {
   hooks.on_piece = [this, &slot, &job, index](const std::string& piece) {
     publish_progress();
     ++slot.pieces;
-    job.push({index, piece, std::nullopt, {}});
+    job.push({index, piece, std::nullopt, {}, std::nullopt, slot.telemetry->timings(slot.pieces)});
     if (!slot.since_first_piece) slot.since_first_piece.emplace();
     slot.line_break = slot.line_break || piece.find('\n') != std::string::npos;
     slot.timed_out = job.t_max_predict_ms > 0 && slot.line_break &&

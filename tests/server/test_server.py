@@ -575,6 +575,35 @@ class ServerParallelTest(unittest.TestCase):
         finally:
             s.stop()
 
+    def test_slots_stream_progress_and_timings(self):
+        # return_progress and timings_per_token per slot (llama-server's): a progress event when
+        # the slot starts and after each -b chunk of the long prompt, before the first text; the
+        # running timings with each piece.
+        s = Server(self.model, "-c", "1024", "--parallel", "2", "-b", "16")
+        try:
+            body = {"prompt": self.LONG, "max_tokens": 6, "temperature": 0, "ignore_eos": True, "stream": True,
+                    "return_progress": True, "timings_per_token": True}
+            events = s.stream("/v1/completions", body)
+            self.assertEqual(events[-1], "[DONE]")
+            total = events[-2]["usage"]["prompt_tokens"]
+            progress = [e["prompt_progress"] for e in events[:-1] if "prompt_progress" in e]
+            self.assertEqual({p["total"] for p in progress}, {total})
+            self.assertEqual([p["processed"] for p in progress],
+                             [0] + [min(k * 16, total) for k in range(1, (total + 15) // 16 + 1)])
+            first_text = next(i for i, e in enumerate(events[:-1]) if e.get("choices") and e["choices"][0].get("text"))
+            self.assertFalse([e for e in events[first_text:-1] if "prompt_progress" in e])
+            # Pieces written together share one chunk, which carries the latest timings.
+            counts = [e["timings"]["predicted_n"] for e in events[first_text:-2] if "timings" in e]
+            self.assertTrue(counts, events)
+            self.assertEqual(counts, sorted(counts))
+            self.assertGreaterEqual(counts[0], 1)
+            self.assertLessEqual(counts[-1], 6)
+            self.assertEqual(events[-2]["timings"]["predicted_n"], 6)
+            plain = s.stream("/v1/completions", {k: body[k] for k in ("prompt", "max_tokens", "stream")})
+            self.assertFalse([e for e in plain[:-2] if "prompt_progress" in e or "timings" in e])
+        finally:
+            s.stop()
+
     def test_cancel_frees_the_slot_and_a_full_queue_answers_503(self):
         s = Server(self.model, "-c", "1024", "--parallel", "2", "--queue", "1")
         try:
