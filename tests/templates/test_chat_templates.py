@@ -105,6 +105,21 @@ class SynthesizedTemplateTest(unittest.TestCase):
                       got["tool-call"])
 
 
+    def test_real_shape_presets_write_the_models_templates(self):
+        # On the real vocabularies (as qwen3.6-35b-a3b, gpt-oss-20b/120b and gemma-4-26b-a4b
+        # write them; the tiny shapes keep the file small) bmoe-synth writes the real template,
+        # byte for byte the one test_every_template_renders_like_the_reference checks.
+        templates = load_templates()
+        for preset, vocab, name in [("tiny-qwen35moe", "qwen3", "qwen3.5"), ("tiny-gpt-oss", "gptoss", "gpt-oss"),
+                                    ("tiny-gemma4", "gemma", "gemma4"), ("tiny-qwen3moe", "qwen3", "qwen3")]:
+            with self.subTest(preset=preset, vocab=vocab):
+                model = synth(f"templates-{preset}-{vocab}", preset, "--vocab", vocab)
+                source = json.loads(subprocess.run(
+                    ["node", os.path.join(os.path.dirname(__file__), "model_template.mjs"), model],
+                    capture_output=True, text=True, check=True, cwd=ROOT).stdout)
+                self.assertEqual(source, templates[name])
+
+
 class RenderedPromptTokensTest(unittest.TestCase):
     """The prompts bmoe renders from real templates tokenize to llama.cpp's ids: the rendered
     text's special tokens (<|im_start|>, <|start|>, <|start_header_id|>, ...) are recognised the
