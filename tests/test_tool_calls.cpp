@@ -7,6 +7,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -15,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "chat/json_schema.h"
 #include "chat/tool_calls.h"
 #include "core/error.h"
 #include "core/rng.h"
@@ -1046,5 +1048,52 @@ TEST(ToolCalls, GemmaRecursiveRefs) {
     ADD_FAILURE() << "accepted a left-recursive $ref";
   } catch (const Error& e) {
     EXPECT_EQ(std::string(e.what()).rfind("tools[0].function.parameters.properties.a", 0), 0u) << e.what();
+  }
+}
+
+// Gemma 4's value syntax and the JSON grammars read a schema through the one walk
+// (chat/schema_walk.h): the same schema is merged, typed and refused the same way in both.
+TEST(ToolCalls, GemmaAndJsonShareTheSchemaWalk) {
+  const json defs = {{"n", {{"type", "integer"}}}, {"loop", {{"anyOf", {{{"$ref", "#/$defs/loop"}}, {{"type", "integer"}}}}}}};
+  auto gemma = [&](const json& value_schema) {
+    const json params = {{"type", "object"}, {"properties", {{"v", value_schema}}}, {"required", {"v"}}, {"$defs", defs}};
+    const json tools = {{{"type", "function"}, {"function", {{"name", "f"}, {"parameters", params}}}}};
+    return tool_call_gbnf(ToolFormat::Gemma4, tools, false);
+  };
+  auto plain = [&](json value_schema) {
+    value_schema["$defs"] = defs;
+    return json_schema_to_gbnf(value_schema);
+  };
+  auto call = [](const std::string& v) { return "<|tool_call>call:f{v:" + v + "}<tool_call|>"; };
+  // allOf merged into one object (a and b both there, a required).
+  const json merged = json::parse(R"({"allOf": [{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+                                                {"properties": {"b": {"type": "string"}}}]})");
+  EXPECT_TRUE(grammar_accepts(plain(merged), R"({"a": 1, "b": "x"})"));
+  EXPECT_FALSE(grammar_accepts(plain(merged), R"({"b": "x"})"));
+  EXPECT_TRUE(grammar_accepts(gemma(merged), call("{a:1,b:<|\"|>x<|\"|>}")));
+  EXPECT_FALSE(grammar_accepts(gemma(merged), call("{b:<|\"|>x<|\"|>}")));
+  // No "type": the keywords present choose it (a bound makes a number).
+  const json bounded = {{"minimum", 3}};
+  EXPECT_TRUE(grammar_accepts(plain(bounded), "5"));
+  EXPECT_FALSE(grammar_accepts(plain(bounded), "\"x\""));
+  EXPECT_TRUE(grammar_accepts(gemma(bounded), call("5")));
+  EXPECT_FALSE(grammar_accepts(gemma(bounded), call("<|\"|>x<|\"|>")));
+  // The same refusals, in the same words.
+  auto refusal = [](const std::function<std::string()>& convert) -> std::string {
+    try {
+      (void)convert();
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "(accepted)";
+  };
+  const std::vector<std::pair<json, std::string>> refused = {
+      {json{{"$ref", "#/$defs/n"}, {"minimum", 1}}, "'$ref' next to 'minimum' is not supported"},
+      {json{{"enum", {1, 2}}, {"minimum", 1}}, "'minimum' next to enum/const is not supported"},
+      {json{{"$ref", "#/$defs/loop"}}, "refers to itself with no JSON text in between"},
+      {json{{"allOf", {{{"type", "string"}}, {{"type", "integer"}}}}}, "'allOf' branches allow no common type"}};
+  for (const auto& [schema, words] : refused) {
+    EXPECT_NE(refusal([&] { return plain(schema); }).find(words), std::string::npos) << schema.dump();
+    EXPECT_NE(refusal([&] { return gemma(schema); }).find(words), std::string::npos) << schema.dump();
   }
 }

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "chat/schema_pattern.h"
+#include "chat/schema_walk.h"
 #include "core/error.h"
 
 namespace bmoe {
@@ -24,13 +25,10 @@ using json = nlohmann::ordered_json;
 
 namespace {
 
-constexpr int kMaxDepth = 64;             // nested schemas (and $ref hops while merging allOf)
 constexpr int64_t kMaxCount = 10000;      // minItems / minLength; a larger maximum is unbounded
 constexpr int64_t kRepeatBudget = 100000; // all counted repetitions of one grammar together
 constexpr size_t kMaxGrammarText = size_t{1} << 20;
 constexpr size_t kMaxOptional = 256;      // optional properties of one object
-constexpr size_t kMaxBranches = 256;      // anyOf / oneOf branches
-constexpr int64_t kMergeBudget = 10000;   // schemas visited while merging allOf
 constexpr int64_t kMaxMagnitude = 9999999999999999;  // 16 digits, as json-uint writes them
 constexpr uint64_t kMaxMultipleOf = 100;  // multipleOf as digit states; above, the values are listed
 constexpr int64_t kMaxListed = 256;       // multiples listed one by one
@@ -93,25 +91,6 @@ const std::vector<SharedRule>& shared_rules() {
        R"([0-9]{1,6} "H" ( [0-9]{1,6} "M" )? ( [0-9]{1,6} "S" )? | [0-9]{1,6} "M" ( [0-9]{1,6} "S" )? | [0-9]{1,6} "S")", {}},
   };
   return rules;
-}
-
-bool is_unsupported_keyword(const std::string& k) {
-  static const std::set<std::string> unsupported = {
-      "patternProperties", "minProperties", "maxProperties", "dependencies",
-      "dependentRequired", "dependentSchemas", "if", "then", "else", "not", "contains", "minContains", "maxContains",
-      "unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$recursiveRef", "$dynamicAnchor",
-      "$recursiveAnchor"};
-  return unsupported.count(k) > 0;
-}
-
-// Keywords that constrain a value (everything but the ignored ones and unknown extensions).
-bool is_validating_keyword(const std::string& k) {
-  static const std::set<std::string> known = {"type", "nullable", "properties", "required", "additionalProperties",
-                                              "items", "prefixItems", "minItems", "maxItems", "uniqueItems", "enum",
-                                              "const", "anyOf", "oneOf", "allOf", "$ref", "minLength", "maxLength",
-                                              "format", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
-                                              "multipleOf", "pattern", "propertyNames"};
-  return known.count(k) > 0 || is_unsupported_keyword(k);
 }
 
 std::string join(const std::vector<std::string>& parts, const char* sep) {
@@ -333,36 +312,51 @@ std::string number_range(std::optional<Bound> lo, std::optional<Bound> hi) {
 }  // namespace
 
 // One add_schema call: walks a schema document and adds its rules to the builder.
-class SchemaConverter {
+// The JSON syntax of the one schema walk (chat/schema_walk.h): GBNF for JSON values.
+class SchemaConverter final : public SchemaWalk {
  public:
   using StringText = JsonGrammarBuilder::StringText;
 
-  SchemaConverter(JsonGrammarBuilder& b, const json& document, int id) : b_(b), document_(document), id_(id) {}
+  SchemaConverter(JsonGrammarBuilder& b, const json& document) : SchemaWalk(document), b_(b) {}
 
   // A rule body for the schema's values.
-  std::string body(const json& s, const std::string& name) {
-    if (++depth_ > kMaxDepth) error("nested deeper than {} levels", kMaxDepth);
-    std::string out = body_unguarded(s, name);
-    --depth_;
-    return out;
-  }
+  std::string body(const json& s, const std::string& name) { return walk(s, name); }
 
  private:
   template <typename... Args>
   [[noreturn]] void error(fmt::format_string<Args...> format, Args&&... args) const {
-    const std::string where = path_.empty() ? "" : " at " + join(path_, "/");
-    fail("JSON schema{}: {}", where, fmt::format(format, std::forward<Args>(args)...));
+    refuse(fmt::format(format, std::forward<Args>(args)...));
   }
 
-  struct PathGuard {
-    SchemaConverter& c;
-    PathGuard(SchemaConverter& conv, std::string part) : c(conv) { c.path_.push_back(std::move(part)); }
-    ~PathGuard() { c.path_.pop_back(); }
-  };
+  [[noreturn]] void refuse(const std::string& what) const override {
+    const std::string where = path().empty() ? "" : " at " + join(path(), "/");
+    fail("JSON schema{}: {}", where, what);
+  }
+
+  void check_keywords(const json& s) override {
+    for (const auto& [k, v] : s.items()) {
+      if (is_unsupported_keyword(k)) error("'{}' is not supported", k);
+      if (k == "uniqueItems" && v != json(false)) error("'uniqueItems' is not supported");
+    }
+  }
+
+  std::string any_value() override { return b_.shared_rule("json-value"); }
+  std::string either(const std::vector<std::string>& alts) override { return join(alts, " | "); }
+  std::string branch(const json& s, const std::string& name) override { return item(s, name); }
+
+  std::string new_ref_rule(const std::string& ref) override {
+    const std::string rule = b_.unique_name("ref-" + ref.substr(ref.rfind('/') + 1));
+    ref_slots_[rule] = b_.reserve_rule(rule);
+    return rule;
+  }
+  void define_ref_rule(const std::string& rule, std::string body) override {
+    check_size(body.size());
+    b_.rules_[ref_slots_.at(rule)].second = std::move(body);
+  }
 
   // A single sequence item for the schema: a rule name (a new rule when the body is more).
   std::string item(const json& s, const std::string& name) {
-    const std::string b = body(s, name);
+    const std::string b = walk(s, name);
     return is_rule_name(b) ? b : add_rule(name, b);
   }
 
@@ -383,63 +377,12 @@ class SchemaConverter {
     if (repeats_ > kRepeatBudget) error("minItems/maxItems/minLength/maxLength add up to over {}", kRepeatBudget);
   }
 
-  std::string body_unguarded(const json& s, const std::string& name) {
-    if (s.is_boolean()) {
-      if (!s.get<bool>()) error("the schema false matches nothing");
-      return b_.shared_rule("json-value");
-    }
-    if (!s.is_object()) error("a schema must be an object or a boolean, not {}", s.type_name());
-    for (const auto& [k, v] : s.items()) {
-      if (is_unsupported_keyword(k)) error("'{}' is not supported", k);
-      if (k == "uniqueItems" && v != json(false)) error("'uniqueItems' is not supported");
-    }
-    if (s.contains("$ref")) return ref(s);
-    if (s.contains("allOf")) return body(merge_all_of(s), name);
-    if (s.contains("anyOf") || s.contains("oneOf")) return any_of(s, name);
-    if (s.contains("enum") || s.contains("const")) return enumeration(s, name);
-    const auto types = type_list(s);
-    if (types.empty()) return b_.shared_rule("json-value");
-    if (types.size() == 1) return typed(types[0], s, name);
-    std::vector<std::string> alts;
-    for (const auto& t : types) alts.push_back(typed_item(t, s, name + "-" + t));
-    return join(alts, " | ");
-  }
-
-  std::string typed_item(const std::string& type, const json& s, const std::string& name) {
+  std::string typed_branch(const std::string& type, const json& s, const std::string& name) override {
     const std::string b = typed(type, s, name);
     return is_rule_name(b) ? b : add_rule(name, b);
   }
 
-  // The types a schema allows; empty for any value. Without "type", the keywords present
-  // choose (stricter than the schema, which would let other types through).
-  std::vector<std::string> type_list(const json& s) {
-    static const std::set<std::string> known = {"object", "array", "string", "number", "integer", "boolean", "null"};
-    std::vector<std::string> types;
-    if (s.contains("type")) {
-      const json& t = s["type"];
-      const json list = t.is_array() ? t : json::array({t});
-      if (list.empty()) error("'type' is an empty list");
-      for (const auto& e : list) {
-        if (!e.is_string() || !known.count(e.get<std::string>())) error("unknown type {}", dump(e));
-        if (std::find(types.begin(), types.end(), e.get<std::string>()) == types.end()) types.push_back(e.get<std::string>());
-      }
-    } else if (s.contains("properties") || s.contains("additionalProperties") || s.contains("required")) {
-      types = {"object"};
-    } else if (s.contains("items") || s.contains("prefixItems") || s.contains("minItems") || s.contains("maxItems")) {
-      types = {"array"};
-    } else if (s.contains("minLength") || s.contains("maxLength") || s.contains("format") || s.contains("pattern")) {
-      types = {"string"};
-    } else if (s.contains("minimum") || s.contains("maximum") || s.contains("exclusiveMinimum") || s.contains("exclusiveMaximum") ||
-               s.contains("multipleOf")) {
-      types = {"number"};
-    }
-    if (s.value("nullable", false) == true && !types.empty() && std::find(types.begin(), types.end(), "null") == types.end()) {
-      types.push_back("null");
-    }
-    return types;
-  }
-
-  std::string typed(const std::string& type, const json& s, const std::string& name) {
+  std::string typed(const std::string& type, const json& s, const std::string& name) override {
     if (type == "null") return b_.shared_rule("json-null");
     if (type == "boolean") return b_.shared_rule("json-boolean");
     if (type == "integer") return integer(s, name);
@@ -681,15 +624,8 @@ class SchemaConverter {
       if (tuple) error("both 'prefixItems' and a list in 'items'");
       tuple = &s["items"];
     }
-    ++consumed_;
-    std::string out;
-    if (tuple) {
-      out = tuple_array(*tuple, s, name, ws, sep);
-    } else {
-      out = list_array(s, name, ws, sep);
-    }
-    --consumed_;
-    return out;
+    const Opened opened(*this);
+    return tuple ? tuple_array(*tuple, s, name, ws, sep) : list_array(s, name, ws, sep);
   }
 
   std::string tuple_array(const json& tuple, const json& s, const std::string& name, const std::string& ws, const std::string& sep) {
@@ -743,8 +679,8 @@ class SchemaConverter {
     const json additional = has_additional ? s["additionalProperties"] : json(free_form);
     if (!additional.is_boolean() && !additional.is_object()) error("'additionalProperties' must be a boolean or a schema");
 
-    ++consumed_;
     std::vector<std::string> required_kvs, optional_kvs;
+    std::optional<Opened> opened(std::in_place, *this);
     std::vector<std::string> declared;
     for (const auto& [key, sub] : properties.items()) {
       declared.push_back(key);
@@ -768,7 +704,7 @@ class SchemaConverter {
       PathGuard g(*this, "additionalProperties");
       extra = seq({key, ws, "\":\"", ws, item(additional, name + "-extra-value")});
     }
-    --consumed_;
+    opened.reset();
     if (optional_kvs.size() > kMaxOptional) error("more than {} optional properties in one object", kMaxOptional);
     const std::string members = object_members(required_kvs, optional_kvs, extra, sep, name);
     if (members.empty()) return seq({"\"{\"", ws, "\"}\""});
@@ -862,42 +798,14 @@ class SchemaConverter {
     return JsonGrammarBuilder::literal(text);
   }
 
-  std::string enumeration(const json& s, const std::string& name) {
-    for (const auto& [k, v] : s.items()) {
-      if (is_validating_keyword(k) && k != "enum" && k != "const" && k != "type" && k != "nullable") {
-        error("'{}' next to enum/const is not supported", k);
-      }
-    }
-    json values = json::array();
-    if (s.contains("const")) values.push_back(s["const"]);
-    if (s.contains("enum")) {
-      if (!s["enum"].is_array()) error("'enum' must be a list");
-      json allowed = json::array();
-      for (const auto& v : s["enum"]) {
-        if (!s.contains("const") || v == s["const"]) allowed.push_back(v);
-      }
-      values = allowed;
-    }
-    const auto types = s.contains("type") ? type_list(s) : std::vector<std::string>{};
+  // enum / const: the values, as a trie of their compact JSON texts.
+  std::string values(const json& allowed, const std::string& name) override {
     std::vector<std::string> texts;
-    for (const auto& v : values) {
-      if (!types.empty() && !has_type(v, types)) continue;
+    for (const auto& v : allowed) {
       texts.push_back(dump(v));
       check_size(texts.back().size());
     }
-    if (texts.empty()) error("enum/const allows no value");
     return literal_set(texts, name);
-  }
-
-  static bool has_type(const json& v, const std::vector<std::string>& types) {
-    for (const auto& t : types) {
-      if ((t == "null" && v.is_null()) || (t == "boolean" && v.is_boolean()) || (t == "string" && v.is_string()) ||
-          (t == "array" && v.is_array()) || (t == "object" && v.is_object()) || (t == "number" && v.is_number()) ||
-          (t == "integer" && (v.is_number_integer() || (v.is_number_float() && v.get<double>() == std::floor(v.get<double>()))))) {
-        return true;
-      }
-    }
-    return false;
   }
 
   // Alternatives between fixed texts, as a trie of rules (one per branching point).
@@ -936,148 +844,10 @@ class SchemaConverter {
     return join(alts, " | ");
   }
 
-  std::string any_of(const json& s, const std::string& name) {
-    if (s.contains("anyOf") && s.contains("oneOf")) error("both 'anyOf' and 'oneOf'");
-    const char* key = s.contains("anyOf") ? "anyOf" : "oneOf";
-    for (const auto& [k, v] : s.items()) {
-      if (is_validating_keyword(k) && k != key) error("'{}' next to '{}' is not supported", k, key);
-    }
-    const json& branches = s[key];
-    if (!branches.is_array() || branches.empty()) error("'{}' must be a non-empty list", key);
-    if (branches.size() > kMaxBranches) error("more than {} branches in '{}'", kMaxBranches, key);
-    std::vector<std::string> alts;
-    for (size_t i = 0; i < branches.size(); ++i) {
-      PathGuard g(*this, std::string(key) + "/" + std::to_string(i));
-      alts.push_back(item(branches[i], name + "-" + std::to_string(i)));
-    }
-    return join(alts, " | ");
-  }
-
-  // $ref: one rule per target, made on first use; a reference back to a target still being
-  // built is fine once some JSON text (a '{' or '[') lies in between, else it is a loop.
-  std::string ref(const json& s) {
-    for (const auto& [k, v] : s.items()) {
-      if (k != "$ref" && is_validating_keyword(k)) error("'$ref' next to '{}' is not supported", k);
-    }
-    const json& r = s["$ref"];
-    if (!r.is_string()) error("'$ref' must be a string");
-    const std::string target_ref = r.get<std::string>();
-    for (const auto& [open_ref, consumed] : open_refs_) {
-      if (open_ref == target_ref && consumed == consumed_) error("$ref '{}' refers to itself with no JSON text in between", target_ref);
-    }
-    const auto key = std::make_pair(id_, target_ref);
-    const auto it = b_.ref_rules_.find(key);
-    if (it != b_.ref_rules_.end()) return it->second;
-    const json& target = resolve(target_ref);
-    const std::string rule = b_.unique_name("ref-" + target_ref.substr(target_ref.rfind('/') + 1));
-    b_.ref_rules_[key] = rule;
-    const size_t slot = b_.reserve_rule(rule);
-    open_refs_.emplace_back(target_ref, consumed_);
-    PathGuard g(*this, target_ref);
-    std::string out = body(target, rule);
-    open_refs_.pop_back();
-    check_size(out.size());
-    b_.rules_[slot].second = std::move(out);
-    return rule;
-  }
-
-  const json& resolve(const std::string& r) {
-    if (r.empty() || r[0] != '#') error("$ref '{}' is not supported (only references inside the schema, #/...)", r);
-    try {
-      const json::json_pointer pointer(r.substr(1));
-      return document_.at(pointer);
-    } catch (const nlohmann::json::exception&) {
-      error("$ref '{}' does not name a part of the schema", r);
-    }
-  }
-
-  // allOf: one schema with the branches' properties and required lists combined, the types
-  // intersected, and every other keyword required to agree.
-  json merge_all_of(const json& s) {
-    json merged = s;
-    merged.erase("allOf");
-    const json& branches = s["allOf"];
-    if (!branches.is_array() || branches.empty()) error("'allOf' must be a non-empty list");
-    for (const auto& branch : branches) merge_into(merged, flatten(branch, 0));
-    return merged;
-  }
-
-  // A branch with its $ref followed and its own allOf merged.
-  json flatten(const json& s, int hops) {
-    if (++merge_work_ > kMergeBudget || hops > kMaxDepth) error("'allOf' expands too much (through $ref)");
-    if (s.is_boolean()) {
-      if (!s.get<bool>()) error("the schema false matches nothing");
-      return json::object();
-    }
-    if (!s.is_object()) error("a schema must be an object or a boolean, not {}", s.type_name());
-    json out = s;
-    if (s.contains("$ref")) {
-      for (const auto& [k, v] : s.items()) {
-        if (k != "$ref" && is_validating_keyword(k)) error("'$ref' next to '{}' is not supported", k);
-      }
-      if (!s["$ref"].is_string()) error("'$ref' must be a string");
-      out = flatten(resolve(s["$ref"].get<std::string>()), hops + 1);
-    }
-    if (out.contains("allOf")) {
-      json merged = out;
-      merged.erase("allOf");
-      if (!out["allOf"].is_array() || out["allOf"].empty()) error("'allOf' must be a non-empty list");
-      for (const auto& branch : out["allOf"]) merge_into(merged, flatten(branch, hops + 1));
-      out = std::move(merged);
-    }
-    return out;
-  }
-
-  void merge_into(json& merged, const json& branch) {
-    for (const auto& [k, v] : branch.items()) {
-      if (!is_validating_keyword(k)) continue;
-      if (!merged.contains(k)) {
-        merged[k] = v;
-      } else if (k == "properties") {
-        if (!v.is_object() || !merged[k].is_object()) error("'properties' must be an object");
-        for (const auto& [pk, pv] : v.items()) {
-          json& mine = merged[k][pk];
-          mine = mine.is_null() || mine == pv ? pv : json{{"allOf", json::array({mine, pv})}};
-        }
-      } else if (k == "required") {
-        if (!v.is_array() || !merged[k].is_array()) error("'required' must be a list");
-        for (const auto& r : v) {
-          if (std::find(merged[k].begin(), merged[k].end(), r) == merged[k].end()) merged[k].push_back(r);
-        }
-      } else if (k == "type") {
-        merged[k] = intersect_types(merged[k], v);
-      } else if (merged[k] != v) {
-        error("'allOf' branches disagree on '{}'", k);
-      }
-    }
-  }
-
-  json intersect_types(const json& a, const json& b) {
-    const json la = a.is_array() ? a : json::array({a});
-    const json lb = b.is_array() ? b : json::array({b});
-    json out = json::array();
-    auto has = [](const json& l, const char* t) { return std::find(l.begin(), l.end(), json(t)) != l.end(); };
-    for (const auto& t : la) {
-      if (has(lb, t.is_string() ? t.get<std::string>().c_str() : "")) {
-        out.push_back(t);
-      } else if ((t == "integer" && has(lb, "number")) || (t == "number" && has(lb, "integer"))) {
-        out.push_back("integer");
-      }
-    }
-    if (out.empty()) error("'allOf' branches allow no common type");
-    return out;
-  }
-
   JsonGrammarBuilder& b_;
-  const json& document_;
-  int id_;
-  int depth_ = 0;
-  int consumed_ = 0;  // '{' and '[' entered: a $ref loop needs one in between
-  std::vector<std::pair<std::string, int>> open_refs_;
-  std::vector<std::string> path_;
+  std::map<std::string, size_t> ref_slots_;  // a $ref's rule -> its place in the grammar
   size_t text_size_ = 0;
   int64_t repeats_ = 0;
-  int64_t merge_work_ = 0;
 };
 
 JsonGrammarBuilder::JsonGrammarBuilder() {
@@ -1109,7 +879,7 @@ size_t JsonGrammarBuilder::reserve_rule(const std::string& name) {
 std::string JsonGrammarBuilder::add_schema(const nlohmann::ordered_json& schema, const std::string& name) {
   const std::string rule = unique_name(name);
   const size_t slot = reserve_rule(rule);
-  SchemaConverter converter(*this, schema, ++documents_);
+  SchemaConverter converter(*this, schema);
   try {
     rules_[slot].second = converter.body(schema, rule);
   } catch (const nlohmann::json::exception& e) {
@@ -1119,7 +889,7 @@ std::string JsonGrammarBuilder::add_schema(const nlohmann::ordered_json& schema,
 }
 
 std::string JsonGrammarBuilder::string_text(const nlohmann::ordered_json& schema, StringText mode) {
-  SchemaConverter converter(*this, schema, ++documents_);
+  SchemaConverter converter(*this, schema);
   try {
     return converter.string_text(schema, mode);
   } catch (const nlohmann::json::exception& e) {

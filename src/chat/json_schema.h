@@ -114,8 +114,6 @@ class JsonGrammarBuilder {
   std::set<std::string> taken_;
   std::map<std::string, int> next_suffix_;  // unique_name: the next suffix to try per base name
   std::set<std::string> added_shared_;      // shared rules already in rules_
-  int documents_ = 0;  // numbers each add_schema call's document, for $ref memoisation
-  std::map<std::pair<int, std::string>, std::string> ref_rules_;
 };
 
 }  // namespace bmoe

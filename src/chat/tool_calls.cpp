@@ -23,6 +23,7 @@
 #include <set>
 
 #include "chat/json_schema.h"
+#include "chat/schema_walk.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "text/utf8.h"
@@ -1044,6 +1045,8 @@ struct CallList {
   bool one_per_turn;      // the template takes one call per turn: a grammar never asks for more
 };
 
+class GemmaValues;
+
 class CallGrammar {
  public:
   explicit CallGrammar(ToolFormat format) : format_(format) {}
@@ -1346,23 +1349,11 @@ class CallGrammar {
     return join_optional(items, lit(", "));
   }
 
-  // --- gemma4
+  // --- gemma4: the values are the one schema walk's (chat/schema_walk.h) in Gemma's syntax,
+  // GemmaValues below; the top-level arguments are named one by one, in dictsort order.
 
-  std::string gemma_params(const Tool& t) {
-    std::vector<std::pair<std::string, bool>> items;
-    const auto props = properties(t);
-    json as_object = json::object();
-    for (const auto& p : props) as_object[p.key] = *p.schema;
-    std::set<std::string> required;
-    for (const auto& p : props) {
-      if (p.required) required.insert(p.key);
-    }
-    for (const auto& [key, schema] : dictsorted(as_object)) {
-      const std::string where = ".properties." + key;
-      items.emplace_back(lit(gemma_key_text(key, where) + ":") + " " + gemma(*schema, where, 1), required.count(key) > 0);
-    }
-    return join_optional(items, lit(","));
-  }
+  friend class GemmaValues;
+  std::string gemma_params(const Tool& t);
 
   std::string gemma_key_text(const std::string& key, const std::string& where) {
     const bool bare = !key.empty() && key.find_first_of(":{}[],<\"' \t\r\n") == std::string::npos;
@@ -1420,233 +1411,147 @@ class CallGrammar {
     return "gemma-value";
   }
 
-  const json& resolve(const std::string& ref, const std::string& where) {
-    if (!tool_->params) schema_error(where, "$ref without a schema");
-    if (ref == "#") return *tool_->params;
-    if (ref.rfind("#/", 0) != 0) schema_error(where, fmt::format("$ref \"{}\" is not inside this schema", ref));
-    const json* node = tool_->params;
-    size_t p = 2;
-    while (p <= ref.size()) {
-      size_t e = ref.find('/', p);
-      if (e == std::string::npos) e = ref.size();
-      std::string part = ref.substr(p, e - p);
-      for (size_t i = 0; (i = part.find('~', i)) != std::string::npos; ++i) {
-        if (i + 1 < part.size() && part[i + 1] == '1') part.replace(i, 2, "/");
-        else if (i + 1 < part.size() && part[i + 1] == '0') part.replace(i, 2, "~");
-      }
-      if (node->is_object() && node->contains(part)) {
-        node = &(*node)[part];
-      } else if (node->is_array() && !part.empty() && std::all_of(part.begin(), part.end(), [](char c) { return c >= '0' && c <= '9'; }) &&
-                 part.size() < 9 && std::stoul(part) < node->size()) {
-        node = &(*node)[std::stoul(part)];
-      } else {
-        schema_error(where, fmt::format("$ref \"{}\" points at nothing", ref));
-      }
-      p = e + 1;
-    }
-    return *node;
+  ToolFormat format_;
+  JsonGrammarBuilder b_;
+  const Tool* tool_ = nullptr;
+  int counter_ = 0;
+  std::set<std::string> added_;
+};
+
+// Gemma 4's value syntax for the one schema walk: strings between <|"|> quote tokens (their text
+// from the JSON-schema string walker, raw), objects {key:value,...} with the keys in dictsort
+// order (as the template writes them), arrays [a,b], numbers, booleans and null as JSON writes
+// them. Refuses what the syntax cannot keep to (propertyNames, tuples, ...).
+class GemmaValues final : public SchemaWalk {
+ public:
+  // $refs point into the tool's parameters.
+  GemmaValues(CallGrammar& g, const Tool& t) : SchemaWalk(*t.params), g_(g) {}
+
+  // The grammar of the argument `key` (a top-level property) for `s`.
+  std::string value(const json& s, const std::string& key) {
+    const PathGuard at(*this, "properties/" + key);
+    return walk(s, "g");
   }
 
-  std::string gemma(const json& s, const std::string& where, int depth) {
-    if (depth > kMaxDepth) schema_error(where, "nested deeper than 64");
-    if (s.is_boolean()) {
-      if (!s.get<bool>()) schema_error(where, "the schema false allows no value");
-      return gemma_generic();
-    }
-    if (!s.is_object()) schema_error(where, "not a schema object");
-    if (const json* ref = field(s, "$ref")) return gemma_ref(*ref, where, depth);
-    check_gemma_keywords(s, where);
-    std::vector<std::string> alts;
-    const json* nullable = field(s, "nullable");
-    if (nullable && *nullable == json(true)) alts.push_back("\"null\"");
-    if (field(s, "enum") || field(s, "const")) return gemma_enum(s, where, depth, alts);
-    for (const char* k : {"anyOf", "oneOf"}) {
-      if (const json* branches = field(s, k)) {
-        if (!branches->is_array() || branches->empty()) schema_error(where + "." + k, "not a non-empty array");
-        for (size_t i = 0; i < branches->size(); ++i) {
-          alts.push_back(gemma((*branches)[i], fmt::format("{}.{}[{}]", where, k, i), depth + 1));
-        }
-        return alternatives(alts);
+ private:
+  // The place as the tool-call errors write it: .properties.city.anyOf[0] ($ref hops unnamed).
+  std::string where() const {
+    std::string out;
+    for (const auto& part : path()) {
+      if (part.empty() || part[0] == '#') continue;
+      const size_t slash = part.find('/');
+      if (slash == std::string::npos) {
+        out += "." + part;
+        continue;
       }
+      const std::string rest = part.substr(slash + 1);
+      const bool index = !rest.empty() && std::all_of(rest.begin(), rest.end(), [](char c) { return c >= '0' && c <= '9'; });
+      out += "." + part.substr(0, slash) + (index ? "[" + rest + "]" : "." + rest);
     }
-    if (const json* all = field(s, "allOf")) {
-      if (!all->is_array() || all->size() != 1) schema_error(where, "\"allOf\" is not supported for gemma4 tool calls");
-      return gemma((*all)[0], where + ".allOf[0]", depth + 1);
-    }
-    const std::vector<std::string> types = gemma_types(s, where);
-    if (types.empty()) alts.push_back(gemma_generic());
-    for (const auto& t : types) alts.push_back(gemma_typed(t, s, where, depth));
-    return alternatives(alts);
+    return out;
   }
 
-  // A $ref: one rule per target, shared by every use.
-  std::string gemma_ref(const json& ref, const std::string& where, int depth) {
-    if (!ref.is_string()) schema_error(where + ".$ref", "not a string");
-    const std::string key = fmt::format("{}:{}", tool_->index, ref.get<std::string>());
-    // A rule reached again before any character is written would be left recursion.
-    if (std::find(unconsumed_refs_.begin(), unconsumed_refs_.end(), key) != unconsumed_refs_.end()) {
-      schema_error(where, fmt::format("$ref \"{}\" leads back to itself without a value in between", ref.get<std::string>()));
-    }
-    if (const auto it = refs_.find(key); it != refs_.end()) return it->second;
-    const std::string name = fresh("r");
-    refs_[key] = name;
-    unconsumed_refs_.push_back(key);
-    const std::string body = gemma(resolve(ref.get<std::string>(), where), where, depth + 1);
-    unconsumed_refs_.pop_back();
-    b_.add_rule(name, body);
-    return name;
-  }
+  [[noreturn]] void refuse(const std::string& what) const override { g_.schema_error(where(), what); }
 
-  void check_gemma_keywords(const json& s, const std::string& where) const {
+  void check_keywords(const json& s) override {
     for (const char* k : {"patternProperties", "propertyNames", "minProperties", "maxProperties",
                           "dependencies", "dependentRequired", "dependentSchemas", "if", "then", "else", "not",
                           "contains", "minContains", "maxContains", "unevaluatedProperties",
                           "unevaluatedItems", "prefixItems", "$dynamicRef", "$recursiveRef"}) {
-      if (s.contains(k)) schema_error(where, fmt::format("\"{}\" is not supported for gemma4 tool calls", k));
+      if (s.contains(k)) refuse(fmt::format("\"{}\" is not supported for gemma4 tool calls", k));
     }
     if (const json* u = field(s, "uniqueItems"); u && *u != json(false)) {
-      schema_error(where, "\"uniqueItems\" is not supported for gemma4 tool calls");
+      refuse("\"uniqueItems\" is not supported for gemma4 tool calls");
     }
   }
 
-  // enum / const: each value of an allowed type, as gemma4 writes it, after `alts` (null).
-  std::string gemma_enum(const json& s, const std::string& where, int depth, std::vector<std::string>& alts) {
-    const json* enum_values = field(s, "enum");
-    const json* const_value = field(s, "const");
-    json values = json::array();
-    if (const_value) {
-      values.push_back(*const_value);
-    } else if (enum_values->is_array()) {
-      values = *enum_values;
-    } else {
-      schema_error(where + ".enum", "not an array");
+  std::string any_value() override { return g_.gemma_generic(); }
+  std::string either(const std::vector<std::string>& alts) override { return alternatives(alts); }
+  std::string new_ref_rule(const std::string&) override { return g_.fresh("r"); }
+  void define_ref_rule(const std::string& rule, std::string body) override { g_.b_.add_rule(rule, body); }
+
+  // enum / const: each value as gemma4 writes it (those it cannot write are left out).
+  std::string values(const json& allowed, const std::string&) override {
+    std::vector<std::string> alts;
+    for (const auto& v : allowed) {
+      if (auto text = g_.gemma_text(v, 0)) alts.push_back(lit(*text));
     }
-    const json* type = field(s, "type");
-    size_t kept = 0;
-    for (const auto& v : values) {
-      json types = json::array();
-      if (type && type->is_array()) types = *type;
-      if (type && !type->is_array()) types.push_back(*type);
-      if (type && !json_type_in(v, types)) continue;
-      if (auto text = gemma_text(v, depth)) {
-        alts.push_back(lit(*text));
-        ++kept;
-      }
-    }
-    if (kept == 0) schema_error(where, "no value of enum/const can be written in gemma4 calls");
+    if (alts.empty()) refuse("no value of enum/const can be written in gemma4 calls");
     return alternatives(alts);
   }
 
-  // The types a schema allows: "type", else the keywords present; empty for any value.
-  std::vector<std::string> gemma_types(const json& s, const std::string& where) const {
-    std::vector<std::string> types;
-    if (const json* type = field(s, "type")) {
-      if (type->is_string()) {
-        types.push_back(type->get<std::string>());
-      } else if (type->is_array()) {
-        for (const auto& t : *type) {
-          if (t.is_string()) types.push_back(t.get<std::string>());
-        }
-      }
-      if (types.empty()) schema_error(where + ".type", "not a type name or a list of them");
-    } else if (s.contains("properties") || s.contains("additionalProperties") || s.contains("required")) {
-      types.push_back("object");
-    } else if (s.contains("items") || s.contains("minItems") || s.contains("maxItems")) {
-      types.push_back("array");
-    } else if (s.contains("minLength") || s.contains("maxLength") || s.contains("format") || s.contains("pattern")) {
-      types.push_back("string");
-    }
-    return types;
-  }
-
-  // Values of one type: strings between gemma4's quote tokens (their text from the JSON-schema
-  // string walker, raw), objects and arrays in its own syntax, scalars as JSON writes them.
-  std::string gemma_typed(const std::string& t, const json& s, const std::string& where, int depth) {
+  std::string typed(const std::string& t, const json& s, const std::string&) override {
     if (t == "string") {
-      const std::string text = excluding("gemma-text", kGemmaQuote);
-      return lit(kGemmaQuote) + " " + raw_string(s, where, kGemmaQuote, text) + " " + lit(kGemmaQuote);
+      const std::string text = g_.excluding("gemma-text", kGemmaQuote);
+      return lit(kGemmaQuote) + " " + g_.raw_string(s, where(), kGemmaQuote, text) + " " + lit(kGemmaQuote);
     }
-    if (t == "object") return gemma_object(s, where, depth);
-    if (t == "array") return gemma_array(s, where, depth);
-    if (t == "integer" || t == "number" || t == "boolean" || t == "null") {
-      json scalar = json::object();
-      scalar["type"] = t;
-      for (const char* k : {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"}) {
-        if (const json* v = field(s, k)) scalar[k] = *v;
-      }
-      return json_value(scalar, where);
+    if (t == "object") return object(s);
+    if (t == "array") return array(s);
+    json scalar = json::object();  // integer, number, boolean, null: as JSON writes them
+    scalar["type"] = t;
+    for (const char* k : {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"}) {
+      if (const json* v = field(s, k)) scalar[k] = *v;
     }
-    schema_error(where + ".type", fmt::format("unknown type \"{}\"", t));
+    return g_.json_value(scalar, where());
   }
 
-  // Objects and arrays write '{' / '[' before their members, so $refs inside start afresh.
-  std::string gemma_object(const json& s, const std::string& where, int depth) {
-    std::vector<std::string> outer;
-    outer.swap(unconsumed_refs_);
-    std::string out = gemma_object_body(s, where, depth);
-    unconsumed_refs_.swap(outer);
-    return out;
-  }
-
-  std::string gemma_array(const json& s, const std::string& where, int depth) {
-    std::vector<std::string> outer;
-    outer.swap(unconsumed_refs_);
-    std::string out = gemma_array_body(s, where, depth);
-    unconsumed_refs_.swap(outer);
-    return out;
-  }
-
-  std::string gemma_object_body(const json& s, const std::string& where, int depth) {
-    const json* props = field(s, "properties");
-    if (props && !props->is_object()) schema_error(where + ".properties", "not an object");
+  std::set<std::string> required_keys(const json& s, const json* props) {
     std::set<std::string> required;
-    if (const json* r = field(s, "required")) {
-      if (!r->is_array()) schema_error(where + ".required", "not an array");
-      for (const auto& k : *r) {
-        if (!k.is_string() || !props || !props->contains(k.get<std::string>())) {
-          schema_error(where + ".required", fmt::format("{} is not in properties", compact(k)));
-        }
-        required.insert(k.get<std::string>());
+    const json* r = field(s, "required");
+    if (!r) return required;
+    if (!r->is_array()) g_.schema_error(where() + ".required", "not an array");
+    for (const auto& k : *r) {
+      if (!k.is_string() || !props || !props->contains(k.get<std::string>())) {
+        g_.schema_error(where() + ".required", fmt::format("{} is not in properties", compact(k)));
       }
+      required.insert(k.get<std::string>());
     }
+    return required;
+  }
+
+  std::string object(const json& s) {
+    const Opened opened(*this);
+    const json* props = field(s, "properties");
+    if (props && !props->is_object()) g_.schema_error(where() + ".properties", "not an object");
+    const std::set<std::string> required = required_keys(s, props);
     if (props && !props->empty()) {
       std::vector<std::pair<std::string, bool>> items;
       for (const auto& [key, schema] : dictsorted(*props)) {
-        const std::string w = where + ".properties." + key;
-        items.emplace_back(lit(gemma_key_text(key, w) + ":") + " " + gemma(*schema, w, depth + 1), required.count(key) > 0);
+        const PathGuard at(*this, "properties/" + key);
+        items.emplace_back(lit(g_.gemma_key_text(key, where()) + ":") + " " + walk(*schema, "g"), required.count(key) > 0);
       }
-      return lit("{") + " " + join_optional(items, lit(",")) + " " + lit("}");
+      return lit("{") + " " + g_.join_optional(items, lit(",")) + " " + lit("}");
     }
     const json* extra = field(s, "additionalProperties");
     if (extra && *extra == json(false)) return lit("{}");
-    if (!extra || *extra == json(true)) {
-      add_generic_gemma();
-      return "gemma-dict";
-    }
-    add_generic_gemma();
-    const std::string v = gemma(*extra, where + ".additionalProperties", depth + 1);
-    const std::string member = "gemma-key \":\" " + v;
+    g_.add_generic_gemma();
+    if (!extra || *extra == json(true)) return "gemma-dict";
+    const PathGuard at(*this, "additionalProperties");
+    const std::string member = "gemma-key \":\" " + walk(*extra, "g");
     return "\"{\" ( " + member + " ( \",\" " + member + " )* )? \"}\"";
   }
 
-  std::string gemma_array_body(const json& s, const std::string& where, int depth) {
+  std::optional<int64_t> count(const json& s, const char* key) {
+    const json* v = field(s, key);
+    if (!v) return std::nullopt;
+    if (!v->is_number() || v->get<double>() < 0) g_.schema_error(where() + "." + key, "not a non-negative number");
+    return static_cast<int64_t>(std::min(v->get<double>(), 1e9));
+  }
+
+  std::string array(const json& s) {
+    const Opened opened(*this);
     std::string item;
     if (const json* items = field(s, "items")) {
-      if (items->is_array()) schema_error(where + ".items", "a list of item schemas is not supported for gemma4 tool calls");
-      item = gemma(*items, where + ".items", depth + 1);
+      if (items->is_array()) refuse("a list of item schemas is not supported for gemma4 tool calls");
+      const PathGuard at(*this, "items");
+      item = walk(*items, "g");
     } else {
-      item = gemma_generic();
+      item = g_.gemma_generic();
     }
-    const auto count = [&](const char* key) -> std::optional<int64_t> {
-      const json* v = field(s, key);
-      if (!v) return std::nullopt;
-      if (!v->is_number() || v->get<double>() < 0) schema_error(where + "." + key, "not a non-negative number");
-      return static_cast<int64_t>(std::min(v->get<double>(), 1e9));
-    };
-    const int64_t min = count("minItems").value_or(0);
-    std::optional<int64_t> max = count("maxItems");
-    if (min > 10000) schema_error(where + ".minItems", "above 10000");
-    if (max && *max < min) schema_error(where + ".maxItems", "below minItems");
+    const int64_t min = count(s, "minItems").value_or(0);
+    std::optional<int64_t> max = count(s, "maxItems");
+    if (min > 10000) g_.schema_error(where() + ".minItems", "above 10000");
+    if (max && *max < min) g_.schema_error(where() + ".maxItems", "below minItems");
     if (max && *max > 10000) max.reset();
     if (max && *max == 0) return lit("[]");
     const std::string more = "( \",\" " + item + " )";
@@ -1656,14 +1561,26 @@ class CallGrammar {
     return lit("[") + " " + (min == 0 ? "( " + list + " )?" : list) + " " + lit("]");
   }
 
-  ToolFormat format_;
-  JsonGrammarBuilder b_;
-  const Tool* tool_ = nullptr;
-  int counter_ = 0;
-  std::set<std::string> added_;
-  std::map<std::string, std::string> refs_;
-  std::vector<std::string> unconsumed_refs_;  // $refs entered since the last '{' or '['
+  CallGrammar& g_;
 };
+
+std::string CallGrammar::gemma_params(const Tool& t) {
+  std::vector<std::pair<std::string, bool>> items;
+  const auto props = properties(t);
+  if (props.empty()) return join_optional(items, lit(","));
+  GemmaValues values(*this, t);  // one per tool: its $refs' rules are shared by its arguments
+  json as_object = json::object();
+  for (const auto& p : props) as_object[p.key] = *p.schema;
+  std::set<std::string> required;
+  for (const auto& p : props) {
+    if (p.required) required.insert(p.key);
+  }
+  for (const auto& [key, schema] : dictsorted(as_object)) {
+    items.emplace_back(lit(gemma_key_text(key, ".properties." + key) + ":") + " " + values.value(*schema, key),
+                       required.count(key) > 0);
+  }
+  return join_optional(items, lit(","));
+}
 
 // ---------------------------------------------------------------------------------------------
 // The formats

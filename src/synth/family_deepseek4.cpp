@@ -133,54 +133,149 @@ void validate(const SynthSpec& s) {
   }
 }
 
-// A DeepSeek-V4-style chat template of our own (the real one is in the GGUFs llama.cpp's converter
-// writes): BOS, the system text (with a tool list when there are tools), <｜User｜> and
-// <｜Assistant｜> turns, tool results as <tool_result> user text, the thinking switch
+// DeepSeek-V4's chat template as llama.cpp's converter writes it into the GGUFs
+// (models/templates/deepseek-ai-DeepSeek-V4.jinja): BOS, the system text (with the tool list and
+// DSML call syntax when there are tools), <｜User｜> and <｜Assistant｜> turns, the thinking switch
 // (enable_thinking opens <think>, otherwise </think> closes it at once) and calls as DSML blocks.
 const char* kDeepseek4Template = R"JINJA(
-{%- set thinking = enable_thinking if enable_thinking is defined else false -%}
-{%- set dsml = '<｜DSML｜' -%}
-{%- set dsml_end = '</｜DSML｜' -%}
-{{- bos_token -}}
-{%- set ns = namespace(system='', tools='') -%}
-{%- for m in messages -%}
-  {%- if m.role == 'system' -%}
-    {%- set ns.system = ns.system + ('\n\n' if ns.system else '') + (m.content or '') -%}
+{%- if not add_generation_prompt is defined -%}
+  {%- set add_generation_prompt = false -%}
+{%- endif -%}
+{%- if not thinking is defined -%}
+  {%- if enable_thinking is defined -%}
+    {%- set thinking = enable_thinking -%}
+  {%- else -%}
+    {%- set thinking = false -%}
+  {%- endif -%}
+{%- endif -%}
+{%- if not drop_thinking is defined -%}
+  {%- set drop_thinking = true -%}
+{%- endif -%}
+{%- set dsml_token = '｜DSML｜' -%}
+{%- set thinking_start_token = '<think>' -%}
+{%- set thinking_end_token = '</think>' -%}
+{%- set reasoning_effort_max = 'Reasoning Effort: Absolute maximum with no shortcuts permitted.\nYou MUST be very thorough in your thinking and comprehensively decompose the problem to resolve the root cause, rigorously stress-testing your logic against all potential paths, edge cases, and adversarial scenarios.\nExplicitly write out your entire deliberation process, documenting every intermediate step, considered alternative, and rejected hypothesis to ensure absolutely no assumption is left unchecked.\n\n' -%}
+{%- set response_format_template = '## Response Format:\n\nYou MUST strictly adhere to the following schema to reply:\n' -%}
+{%- set has_tools = false -%}
+{%- set tools_header = '## Tools\n\nYou have access to a set of tools to help answer the user\'s question. You can invoke tools by writing a "<' + dsml_token + 'tool_calls>" block like the following:\n\n<' + dsml_token + 'tool_calls>\n<' + dsml_token + 'invoke name="$TOOL_NAME">\n<' + dsml_token + 'parameter name="$PARAMETER_NAME" string="true|false">$PARAMETER_VALUE</' + dsml_token + 'parameter>\n...\n</' + dsml_token + 'invoke>\n<' + dsml_token + 'invoke name="$TOOL_NAME2">\n...\n</' + dsml_token + 'invoke>\n</' + dsml_token + 'tool_calls>\n\nString parameters should be specified as is and set `string="true"`. For all other types (numbers, booleans, arrays, objects), pass the value in JSON format and set `string="false"`.\n\nIf thinking_mode is enabled (triggered by ' + thinking_start_token + '), you MUST output your complete reasoning inside ' + thinking_start_token + '...' + thinking_end_token + ' BEFORE any tool calls or final response.\n\nOtherwise, output directly after ' + thinking_end_token + ' with tool calls or final response.\n\n### Available Tool Schemas\n\n' -%}
+{%- set tools_footer = '\nYou MUST strictly follow the above defined tool name and parameter schemas to invoke tool calls.\n' -%}
+{%- set ns = namespace(system_prompt='', is_first_sp=true, has_tool_calls=false) -%}
+{%- for message in messages -%}
+  {%- if message['role'] == 'system' -%}
+    {%- if ns.is_first_sp -%}
+      {%- set ns.system_prompt = ns.system_prompt + (message['content'] or '') -%}
+      {%- set ns.is_first_sp = false -%}
+    {%- else -%}
+      {%- set ns.system_prompt = ns.system_prompt + '\n\n' + (message['content'] or '') -%}
+    {%- endif -%}
   {%- endif -%}
 {%- endfor -%}
-{%- if tools -%}
-  {%- for t in tools -%}
-    {%- set ns.tools = ns.tools + (t.function | tojson) + '\n' -%}
+{%- if tools is defined and tools -%}
+  {%- set has_tools = true -%}
+  {%- set ts = namespace(schemas='') -%}
+  {%- for tool in tools -%}
+    {%- if tool['type'] == 'function' -%}
+      {%- set ts.schemas = ts.schemas + (tool['function'] | tojson) + '\n' -%}
+    {%- endif -%}
   {%- endfor -%}
-  {%- set ns.system = ns.system + ('\n\n' if ns.system else '') + '## Tools\n\nCall tools with a ' + dsml + 'tool_calls> block of ' + dsml + 'invoke name="..."> elements, one ' + dsml + 'parameter name="..." string="true|false"> per argument (string="true": the raw text; "false": JSON).\n\n' + ns.tools -%}
+  {%- if ns.system_prompt -%}
+    {%- set ns.system_prompt = ns.system_prompt + '\n\n' + tools_header + ts.schemas + tools_footer -%}
+  {%- else -%}
+    {%- set ns.system_prompt = tools_header + ts.schemas + tools_footer -%}
+  {%- endif -%}
 {%- endif -%}
-{{- ns.system -}}
-{%- for m in messages -%}
-  {%- if m.role == 'user' -%}
-    {{- '<｜User｜>' + (m.content or '') -}}
-  {%- elif m.role == 'tool' -%}
-    {{- '<｜User｜><tool_result>' + (m.content or '') + '</tool_result>' -}}
-  {%- elif m.role == 'assistant' -%}
-    {{- '<｜Assistant｜></think>' + (m.content or '') -}}
-    {%- if m.tool_calls -%}
-      {{- '\n\n' + dsml + 'tool_calls>\n' -}}
-      {%- for c in m.tool_calls -%}
-        {{- dsml + 'invoke name="' + c.function.name + '">\n' -}}
-        {%- if c.function.arguments is mapping -%}
-          {%- for k, v in c.function.arguments.items() -%}
-            {{- dsml + 'parameter name="' + k + '" string="' + ('true' if v is string else 'false') + '">' + (v if v is string else v | tojson) + dsml_end + 'parameter>\n' -}}
-          {%- endfor -%}
+{%- if response_format is defined -%}
+  {%- if ns.system_prompt -%}
+    {%- set ns.system_prompt = ns.system_prompt + '\n\n' -%}
+  {%- endif -%}
+  {%- set ns.system_prompt = ns.system_prompt + response_format_template + (response_format | tojson) -%}
+{%- endif -%}
+{{- bos_token -}}
+{%- if messages and thinking and reasoning_effort is defined and reasoning_effort == 'max' -%}
+  {{- reasoning_effort_max -}}
+{%- endif -%}
+{{- ns.system_prompt -}}
+{%- set last_user_idx = namespace(value=-1) -%}
+{%- for message in messages -%}
+  {%- if message['role'] == 'user' or message['role'] == 'developer' or message['role'] == 'tool' -%}
+    {%- set last_user_idx.value = loop.index0 -%}
+  {%- endif -%}
+{%- endfor -%}
+{%- set state = namespace(in_user=false) -%}
+{%- for message in messages -%}
+  {%- if message['role'] == 'tool' -%}
+    {%- set ns.has_tool_calls = true -%}
+  {%- endif -%}
+{%- endfor -%}
+{%- for message in messages -%}
+  {%- if message['role'] == 'user' or message['role'] == 'developer' -%}
+    {%- if state.in_user -%}
+      {{- '\n\n' -}}
+    {%- else -%}
+      {{- '<｜User｜>' -}}
+      {%- set state.in_user = true -%}
+    {%- endif -%}
+    {{- message['content'] or '' -}}
+  {%- elif message['role'] == 'tool' -%}
+    {%- if state.in_user -%}
+      {{- '\n\n' -}}
+    {%- else -%}
+      {{- '<｜User｜>' -}}
+      {%- set state.in_user = true -%}
+    {%- endif -%}
+    {{- '<tool_result>' + (message['content'] or '') + '</tool_result>' -}}
+  {%- elif message['role'] == 'assistant' -%}
+    {%- set state.in_user = false -%}
+    {{- '<｜Assistant｜>' -}}
+    {%- set is_after_last_user = loop.index0 > last_user_idx.value -%}
+    {%- set keep_reasoning = thinking and ((not drop_thinking) or has_tools or is_after_last_user or ns.has_tool_calls) -%}
+    {%- if keep_reasoning -%}
+      {{- thinking_start_token -}}
+      {%- if message['reasoning_content'] is defined and message['reasoning_content'] -%}
+        {{- message['reasoning_content'] -}}
+      {%- endif -%}
+      {{- thinking_end_token -}}
+    {%- else -%}
+      {{- thinking_end_token -}}
+    {%- endif -%}
+    {%- if message['content'] is defined and message['content'] -%}
+      {{- message['content'] -}}
+    {%- endif -%}
+    {%- if message['tool_calls'] -%}
+      {{- '\n\n<' + dsml_token + 'tool_calls>\n' -}}
+      {%- for tool in message['tool_calls'] -%}
+        {%- set func = tool['function'] -%}
+        {{- '<' + dsml_token + 'invoke name="' + func['name'] + '">\n' -}}
+        {%- set args = func['arguments'] -%}
+        {%- if args is string -%}
+          {%- set args = args | from_json -%}
         {%- endif -%}
-        {{- dsml_end + 'invoke>\n' -}}
+        {%- for key, val in args.items() -%}
+          {%- if val is string -%}
+            {{- '<' + dsml_token + 'parameter name="' + key + '" string="true">' + val + '</' + dsml_token + 'parameter>\n' -}}
+          {%- else -%}
+            {{- '<' + dsml_token + 'parameter name="' + key + '" string="false">' + (val | tojson) + '</' + dsml_token + 'parameter>\n' -}}
+          {%- endif -%}
+        {%- endfor -%}
+        {%- if not args -%}
+          {{- '\n' -}}
+        {%- endif -%}
+        {{- '</' + dsml_token + 'invoke>\n' -}}
       {%- endfor -%}
-      {{- dsml_end + 'tool_calls>' -}}
+      {{- '</' + dsml_token + 'tool_calls>' -}}
     {%- endif -%}
     {{- '<｜end▁of▁sentence｜>' -}}
   {%- endif -%}
 {%- endfor -%}
 {%- if add_generation_prompt -%}
-  {{- '<｜Assistant｜>' + ('<think>' if thinking else '</think>') -}}
-{%- endif -%})JINJA";
+  {{- '<｜Assistant｜>' -}}
+  {%- if thinking -%}
+    {{- thinking_start_token -}}
+  {%- else -%}
+    {{- thinking_end_token -}}
+  {%- endif -%}
+{%- endif -%}
+)JINJA";
 
 }  // namespace
 

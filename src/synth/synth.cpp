@@ -445,7 +445,8 @@ Vocabulary real_vocab(const std::string& name, const std::string& file, int pad_
   return v;
 }
 
-const char* kGemma4Template =
+// The tiny Gemma vocabulary's stand-in (real_gemma_vocab writes Gemma 4's own template).
+const char* kTinyGemma4Template =
     "{{ bos_token }}{% for m in messages %}<|turn>{{ 'model' if m.role == 'assistant' else m.role }}\n{{ m.content }}"
     "<turn|>\n{% endfor %}{% if add_generation_prompt %}<|turn>model\n{% endif %}";
 
@@ -489,7 +490,7 @@ Vocabulary tiny_gemma_vocab() {
   v.eos = 1;
   v.bos = 2;
   v.add_bos = true;
-  v.chat_template = kGemma4Template;
+  v.chat_template = kTinyGemma4Template;
   return v;
 }
 
@@ -555,7 +556,7 @@ Vocabulary real_gemma_vocab(const std::string& file) {
   v.eos = token_id(v, "<eos>");
   v.bos = token_id(v, "<bos>");
   v.add_bos = true;
-  v.chat_template = kGemma4Template;
+  gemma4_real_vocab(v);
   return v;
 }
 
@@ -596,7 +597,8 @@ Vocabulary vocab_of(const SynthSpec& spec) {
     return v;
   }
   Vocabulary v = real_vocab(spec.vocab, spec.vocab_file, spec.vocab_size);
-  if (spec.arch == "qwen35moe") v.pre = "qwen35";  // Qwen3.5's pre-tokenizer on the Qwen3 vocabulary
+  if (spec.arch == "qwen35moe") qwen35_vocab(v);
+  if (spec.arch == "gpt-oss") gpt_oss_vocab(v);
   if (spec.arch == "lfm2moe") {  // LFM2's pre-tokenizer (llama3's, whole-word tokens first) adds BOS
     v.pre = "lfm2";
     v.add_bos = true;

@@ -39,6 +39,12 @@ void glm4_vocab(Vocabulary& v);
 // Ling's pre-tokenizer, role and tool tokens, end token and a stand-in chat template
 // (family_bailingmoe3.cpp).
 void ling_vocab(Vocabulary& v);
+// The real chat templates where the vocabulary is the real one and its package ships none of the
+// model's own: Qwen3.5's (family_qwen35moe.cpp, with Qwen3.5's pre-tokenizer), gpt-oss's
+// (family_gpt_oss.cpp) and Gemma 4's (family_gemma4.cpp).
+void qwen35_vocab(Vocabulary& v);
+void gpt_oss_vocab(Vocabulary& v);
+void gemma4_real_vocab(Vocabulary& v);
 // DeepSeek-V4's chat format (thinking switch, DSML tool calls) on DeepSeek's vocabulary
 // (family_deepseek4.cpp); a stand-in vocabulary keeps its own.
 void deepseek4_vocab(Vocabulary& v);

@@ -1021,7 +1021,7 @@ class ServerHardeningTest(unittest.TestCase):
 class ServerToolsTest(unittest.TestCase):
     """Tool calls and constrained output, with the models' real chat templates (Qwen3's from its
     npm tokenizer package, gpt-oss's harmony template from llama.cpp's tree) over tiny models, and
-    bmoe-synth's DeepSeek-V4 template on tiny-deepseek4."""
+    DeepSeek-V4's template (as bmoe-synth writes it) on tiny-deepseek4."""
 
     @classmethod
     def setUpClass(cls):
@@ -1035,7 +1035,7 @@ class ServerToolsTest(unittest.TestCase):
                 f.write(templates[name])
             model = synth(f"{preset}-{vocab}", preset, "--vocab", vocab)  # shared by the two Qwen templates
             cls.servers[name] = Server(model, "-c", "2048", "--chat-template-file", path)
-        # DeepSeek-V4's DSML calls: bmoe-synth's own DeepSeek template on DeepSeek's vocabulary.
+        # DeepSeek-V4's DSML calls: DeepSeek-V4's template (bmoe-synth writes it) on DeepSeek's vocabulary.
         deepseek = synth("tiny-deepseek4-deepseek_v3", "tiny-deepseek4", "--vocab", "deepseek_v3")
         cls.servers["deepseek4"] = Server(deepseek, "-c", "2048")
         cls.server = cls.servers["qwen3"]

