@@ -1092,7 +1092,9 @@ TEST(ToolCalls, GemmaAndJsonShareTheSchemaWalk) {
       {json{{"enum", {1, 2}}, {"minimum", 1}}, "'minimum' next to enum/const is not supported"},
       {json{{"$ref", "#/$defs/loop"}}, "refers to itself with no JSON text in between"},
       {json{{"allOf", {{{"type", "string"}}, {{"type", "integer"}}}}}, "'allOf' branches allow no common type"}};
-  for (const auto& [schema, words] : refused) {
+  for (const auto& entry : refused) {
+    const json& schema = entry.first;  // not a structured binding: clang 14 cannot capture those
+    const std::string& words = entry.second;
     EXPECT_NE(refusal([&] { return plain(schema); }).find(words), std::string::npos) << schema.dump();
     EXPECT_NE(refusal([&] { return gemma(schema); }).find(words), std::string::npos) << schema.dump();
   }
