@@ -2,6 +2,10 @@
 // (the family: model/arch_lfm2moe.cpp).
 #include "synth/synth_family.h"
 
+#include <fmt/format.h>
+
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace bmoe {
@@ -52,7 +56,78 @@ SynthSpec preset(const std::string& name) {
   return s;
 }
 
+// LFM2-8B-A1B's chat template (llama.cpp's models/templates/LFM2-8B-A1B.jinja, what its GGUF
+// carries): tools listed in the system turn, ChatML turns, tool results wrapped in their markers.
+const char* const kLfm2Template = R"lfm2(
+{{- bos_token -}}
+{%- set system_prompt = "" -%}
+{%- set ns = namespace(system_prompt="") -%}
+{%- if messages[0]["role"] == "system" -%}
+	{%- set ns.system_prompt = messages[0]["content"] -%}
+	{%- set messages = messages[1:] -%}
+{%- endif -%}
+{%- if tools -%}
+	{%- set ns.system_prompt = ns.system_prompt + ("\n" if ns.system_prompt else "") + "List of tools: <|tool_list_start|>[" -%}
+	{%- for tool in tools -%}
+		{%- if tool is not string -%}
+			{%- set tool = tool | tojson -%}
+		{%- endif -%}
+		{%- set ns.system_prompt = ns.system_prompt + tool -%}
+		{%- if not loop.last -%}
+			{%- set ns.system_prompt = ns.system_prompt + ", " -%}
+		{%- endif -%}
+	{%- endfor -%}
+	{%- set ns.system_prompt = ns.system_prompt + "]<|tool_list_end|>" -%}
+{%- endif -%}
+{%- if ns.system_prompt -%}
+	{{- "<|im_start|>system\n" + ns.system_prompt + "<|im_end|>\n" -}}
+{%- endif -%}
+{%- for message in messages -%}
+	{{- "<|im_start|>" + message["role"] + "\n" -}}
+	{%- set content = message["content"] -%}
+	{%- if content is not string -%}
+		{%- set content = content | tojson -%}
+	{%- endif -%}
+	{%- if message["role"] == "tool" -%}
+		{%- set content = "<|tool_response_start|>" + content + "<|tool_response_end|>" -%}
+	{%- endif -%}
+	{{- content + "<|im_end|>\n" -}}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+	{{- "<|im_start|>assistant\n" -}}
+{%- endif -%})lfm2";
+
+// LFM2's control tokens, which its template and tool calls write. The llama3 vocabulary that
+// stands in for LFM2's has none of them, so they take the places of its reserved special tokens
+// (ids of tokens a prompt never holds): a chat prompt then tokenizes marker for marker as with
+// LFM2's own vocabulary.
+constexpr const char* kLfm2ControlTokens[] = {"<|startoftext|>", "<|im_start|>", "<|im_end|>",
+                                              "<|tool_list_start|>", "<|tool_list_end|>", "<|tool_call_start|>",
+                                              "<|tool_call_end|>", "<|tool_response_start|>", "<|tool_response_end|>"};
+
+int32_t id_of(const Vocabulary& v, const std::string& text) {
+  const auto it = std::find(v.tokens.begin(), v.tokens.end(), text);
+  return it == v.tokens.end() ? -1 : static_cast<int32_t>(it - v.tokens.begin());
+}
+
 }  // namespace
+
+void lfm2_vocab(Vocabulary& v) {
+  v.pre = "lfm2";  // llama3's split with whole-word tokens first; LFM2 adds BOS
+  v.add_bos = true;
+  // Only the llama3 stand-in has the reserved tokens to rename; another vocabulary keeps its own
+  // tokens and template.
+  const size_t n = std::size(kLfm2ControlTokens);
+  for (size_t k = 0; k < n; ++k) {
+    if (id_of(v, fmt::format("<|reserved_special_token_{}|>", k)) < 0) return;
+  }
+  for (size_t k = 0; k < n; ++k) {
+    v.tokens[static_cast<size_t>(id_of(v, fmt::format("<|reserved_special_token_{}|>", k)))] = kLfm2ControlTokens[k];
+  }
+  v.bos = id_of(v, "<|startoftext|>");
+  v.eos = id_of(v, "<|im_end|>");
+  v.chat_template = kLfm2Template + 1;  // past the raw string's first newline
+}
 
 const SynthFamily& lfm2moe_synth() {
   static const SynthFamily family{"lfm2moe", {"tiny-lfm2moe", "lfm2-8b-a1b"}, preset, set_lfm2moe_metadata, false, nullptr};

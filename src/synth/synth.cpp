@@ -599,10 +599,7 @@ Vocabulary vocab_of(const SynthSpec& spec) {
   Vocabulary v = real_vocab(spec.vocab, spec.vocab_file, spec.vocab_size);
   if (spec.arch == "qwen35moe") qwen35_vocab(v);
   if (spec.arch == "gpt-oss") gpt_oss_vocab(v);
-  if (spec.arch == "lfm2moe") {  // LFM2's pre-tokenizer (llama3's, whole-word tokens first) adds BOS
-    v.pre = "lfm2";
-    v.add_bos = true;
-  }
+  if (spec.arch == "lfm2moe") lfm2_vocab(v);
   if (spec.arch == "glm4moe") glm4_vocab(v);
   if (spec.arch == "bailingmoe3") ling_vocab(v);
   if (spec.arch == "deepseek4") deepseek4_vocab(v);

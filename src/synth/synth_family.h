@@ -45,6 +45,9 @@ void ling_vocab(Vocabulary& v);
 void qwen35_vocab(Vocabulary& v);
 void gpt_oss_vocab(Vocabulary& v);
 void gemma4_real_vocab(Vocabulary& v);
+// LFM2's pre-tokenizer and BOS; on the llama3 vocabulary that stands in for LFM2's, LFM2's control
+// tokens (in place of reserved ones), its end token and its real chat template (family_lfm2moe.cpp).
+void lfm2_vocab(Vocabulary& v);
 // DeepSeek-V4's chat format (thinking switch, DSML tool calls) on DeepSeek's vocabulary
 // (family_deepseek4.cpp); a stand-in vocabulary keeps its own.
 void deepseek4_vocab(Vocabulary& v);

@@ -85,6 +85,7 @@ CHAT_FORMATS = {
     "gemma4": lambda p: f"<|turn>user\n{p}<turn|>\n<|turn>model\n",
     "glm4": lambda p: f"[gMASK]<sop><|user|>\n{p}<|assistant|>",
     "ling": lambda p: f"<role>HUMAN</role>{p}<|role_end|><role>ASSISTANT</role>",
+    "lfm2": lambda p: f"<|startoftext|><|im_start|>user\n{p}<|im_end|>\n<|im_start|>assistant\n",
     # The real templates the real-shape presets write (bmoe-cli --chat renders with thinking on).
     "qwen35": lambda p: f"<|im_start|>user\n{p}<|im_end|>\n<|im_start|>assistant\n<think>\n",
     "gemma4-real": lambda p: f"<|turn>system\n<|think|>\n<turn|>\n<|turn>user\n{p}<turn|>\n<|turn>model\n",
@@ -384,11 +385,11 @@ class TinyLfm2Moe(Conformance, unittest.TestCase):
 class Lfm2_8B_Cut3(Conformance, unittest.TestCase):
     """3 layers of the LFM2-8B-A1B shape: two short-convolution layers with dense FFNs, then an
     attention layer with 32 sigmoid-routed experts (the preset's first attention layer is its
-    third); llama3 vocabulary with LFM2's pre-tokenizer."""
+    third); llama3 vocabulary with LFM2's pre-tokenizer, control tokens and chat template."""
     name = "lfm2-8b-cut3"
     preset = "lfm2-8b-a1b"
     model_args = ("--layers", "3")
-    chat = "llama3"
+    chat = "lfm2"
     strict = False  # all-f32 attention: TinyLfm2Moe (same layer kinds) and the Qwen3 cut (real shape)
 
 

@@ -108,13 +108,13 @@ class SynthesizedTemplateTest(unittest.TestCase):
 
 
     def test_real_shape_presets_write_the_models_templates(self):
-        # On the real vocabularies (as qwen3.6-35b-a3b, gpt-oss-20b/120b, gemma-4-26b-a4b, qwen3-30b-a3b
-        # and deepseek-v4-flash write them; tiny shapes keep the files small) bmoe-synth writes the
+        # On the real vocabularies (as qwen3.6-35b-a3b, gpt-oss-20b/120b, gemma-4-26b-a4b, qwen3-30b-a3b,
+        # deepseek-v4-flash and lfm2-8b-a1b write them; tiny shapes keep the files small) bmoe-synth writes the
         # real template, byte for byte the one test_every_template_renders_like_the_reference checks.
         templates = load_templates()
         for preset, vocab, name in [("tiny-qwen35moe", "qwen3", "qwen3.5"), ("tiny-gpt-oss", "gptoss", "gpt-oss"),
                                     ("tiny-gemma4", "gemma", "gemma4"), ("tiny-qwen3moe", "qwen3", "qwen3"),
-                                    ("tiny-deepseek4", "deepseek_v3", "deepseek-v4")]:
+                                    ("tiny-deepseek4", "deepseek_v3", "deepseek-v4"), ("tiny-lfm2moe", "llama3", "lfm2")]:
             with self.subTest(preset=preset, vocab=vocab):
                 model = synth(f"templates-{preset}-{vocab}", preset, "--vocab", vocab)
                 source = json.loads(subprocess.run(
