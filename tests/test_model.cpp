@@ -425,6 +425,33 @@ TEST(Glm4Moe, BadNextnBlocksAreOneLineErrors) {
   EXPECT_NE(err.find("layer 1: attn_q_norm is missing"), std::string::npos) << err;
 }
 
+// Gemma 4's layer_output_scale is declared in the layer plan where the file holds it and applies
+// to every FFN kind: a dense layer (no router) with the weight is scaled, as llama.cpp scales it.
+TEST(Gemma4, DenseLayersApplyTheirOutputScale) {
+  const auto same = [](GgufWriter&, const GgufModel&) {};
+  const auto dense_layer1 = [](bool keep_scale) {
+    return [keep_scale](const std::string& t) {
+      if (!t.starts_with("blk.1.")) return TensorEdit::Keep;
+      if (t == "blk.1.layer_output_scale.weight") return keep_scale ? TensorEdit::Keep : TensorEdit::Drop;
+      const bool moe = t.find("ffn_gate_inp") != std::string::npos || t.find("_exps") != std::string::npos ||
+                       t.find("pre_ffw_norm_2") != std::string::npos || t.find("post_ffw_norm_") != std::string::npos;
+      return moe ? TensorEdit::Drop : TensorEdit::Keep;
+    };
+  };
+  const auto run = [](const std::string& path, bool scaled) {
+    auto model = load_model(path, LoadOptions{});
+    const ModelConfig& c = model->transformer->config();
+    EXPECT_EQ(c.ffn_at(1), FfnKind::Dense);
+    EXPECT_EQ(c.plan[1].norms.output_scale, scaled);
+    EXPECT_TRUE(c.plan[0].norms.output_scale);
+    return logits_after(*model, 2, 512, some_tokens(12, 1));
+  };
+  const auto with = run(rewrite_preset("tiny-gemma4", "dense-scaled.gguf", same, dense_layer1(true)), true);
+  const auto without = run(rewrite_preset("tiny-gemma4", "dense-unscaled.gguf", same, dense_layer1(false)), false);
+  for (float v : with) ASSERT_TRUE(std::isfinite(v));
+  EXPECT_NE(with, without);  // the old forward pass scaled only the parallel dense + MoE kind
+}
+
 // Rows decoded one at a time after a long prompt are replayed on the decode path, the prompt's
 // rows on the batch path: a rewind into the decoded part gives the state of the first run.
 TEST(RecurrentRewind, ReplayKeepsEachRowsAttentionPath) {

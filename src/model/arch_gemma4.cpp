@@ -95,6 +95,9 @@ void read_gemma4(ArchLoader& a, ModelConfig& c) {
     c.plan.push_back({MixerKind::Attention, moe ? FfnKind::ParallelDenseMoe : FfnKind::Dense});
   }
   c.plan_norms({.qk = QkNorm::PerHead, .v = true, .post_mixer = true, .post_ffn = true});
+  for (int l = 0; l < c.n_layer; ++l) {
+    c.plan[static_cast<size_t>(l)].norms.output_scale = a.has_tensor(fmt::format("blk.{}.layer_output_scale.weight", l));
+  }
 }
 
 // The full layers rotate through the model's one table of per-pair frequency factors; the

@@ -329,6 +329,7 @@ void check_plan_norms(const ModelConfig& c, const ModelWeights& w) {
       check_norm(n.post_mixer, L.attention->post_attn_norm, "post_attention_norm", layer);
     }
     check_norm(n.post_ffn, L.post_ffn_norm, "post_ffw_norm", layer);
+    check_norm(n.output_scale, L.out_scale, "layer_output_scale", layer);
   }
 }
 

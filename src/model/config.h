@@ -54,6 +54,9 @@ struct LayerNorms {
   bool v = false;            // attention kinds: each value head RMS-normed without a weight (gemma4)
   bool post_mixer = false;   // attention kinds: their output normed before the residual add (gemma4)
   bool post_ffn = false;     // the FFN's output normed before the residual add (gemma4)
+  // The layer's output (the residual after the FFN's add) times the layer's one-float weight
+  // layer_output_scale (gemma4, in the layers whose file holds it: optional there as in llama.cpp).
+  bool output_scale = false;
 };
 
 // A layer as its family declares it: the forward pass runs the plan, it does not infer the

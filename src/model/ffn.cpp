@@ -37,6 +37,12 @@ class DenseMlp {
   ActivationBuffer down_act_;
 };
 
+// Row i of the layer's output times its output scale, where the plan declares one (the loader
+// has checked the weight is there).
+void scale_output(const LayerWeights& L, int layer, const LayerPass& pass, int i) {
+  if (pass.cfg.norms_at(layer).output_scale) ops::scale(pass.residual.row(i), L.out_scale[0], pass.cfg.n_embd);
+}
+
 // The kinds that pre-norm the residual (ffn_norm), compute one output per token and add it back
 // (after the post-norm where the plan has one).
 class PreNormFfn : public Ffn {
@@ -55,6 +61,7 @@ class PreNormFfn : public Ffn {
       float* row = out_.data() + static_cast<size_t>(i) * E;
       if (post_norm) ops::rms_norm(row, L.post_ffn_norm.data(), row, E, pass.cfg.norm_eps);
       pass.residual.add(i, row);
+      scale_output(L, layer, pass, i);
     }
   }
 
@@ -153,7 +160,7 @@ class ParallelDenseMoeFfn final : public Ffn {
       ops::add(dense, moe, E);
       if (post_norm) ops::rms_norm(dense, L.post_ffn_norm.data(), dense, E, eps);
       pass.residual.add(i, dense);
-      if (!L.out_scale.empty()) ops::scale(pass.residual.row(i), L.out_scale[0], E);
+      scale_output(L, layer, pass, i);
     }
   }
 
