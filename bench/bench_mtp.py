@@ -38,8 +38,9 @@ GEN_RE = re.compile(r"generation: (\d+) tokens, ([\d.]+) s/token, ([\d.]+) tok/s
 READ_RE = re.compile(r"flash read ([\d.]+) MiB/tok")
 SPEC_RE = re.compile(r"speculative: drafted (\d+), accepted (\d+) \([\d.]+ %\), (\d+) verify passes")
 # bmoe-cli's per-step profile: "  verify: N steps, R rows each, T ms, L expert lookups (H % hits), M MiB read"
-STEP_RE = re.compile(r"  (plain|verify|drafter): (\d+) steps, ([\d.]+) [a-z ]+ each, ([\d.]+) ms, ([\d.]+) expert lookups "
-                     r"\((\d+) % hits\), ([\d.]+) MiB read")
+# (builds before the hits were counted print no "(H % hits)")
+STEP_RE = re.compile(r"  (plain|verify|drafter): (\d+) steps, ([\d.]+) [a-z ]+ each, ([\d.]+) ms, ([\d.]+) expert lookups"
+                     r"(?: \((\d+) % hits\))?, ([\d.]+) MiB read")
 
 
 def loadavg():
@@ -75,7 +76,7 @@ def run(args, flags, tag):
     r["tokens_per_pass"] = len(r["tokens"]) / max(1, passes)
     for kind, steps, rows, ms, lookups, hits, mib in STEP_RE.findall(p.stderr):
         r[kind] = {"steps": int(steps), "rows": float(rows), "ms": float(ms), "lookups": float(lookups),
-                   "hit_pct": int(hits), "mib": float(mib)}
+                   "hit_pct": int(hits) if hits else "?", "mib": float(mib)}
     log(f"  {tag}: {r['tok_s']:.2f} tok/s" + (f", {r['mib_per_token']:.1f} MiB/tok" if "mib_per_token" in r else "")
         + f", load {load:.1f}")
     return r
