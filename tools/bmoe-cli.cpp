@@ -412,9 +412,10 @@ void print_answer(const CliOptions& o, const Tokenizer& tok, const std::vector<i
 void print_draft_profile(const DraftProfile& p) {
   auto line = [](const char* name, const StepCost& c, const char* rows) {
     const double n = c.steps > 0 ? static_cast<double>(c.steps) : 1.0;
-    fmt::print(stderr, "  {}: {} steps, {:.2f} {} each, {:.1f} ms, {:.1f} expert lookups, {:.1f} MiB read\n", name, c.steps,
-               static_cast<double>(c.rows) / n, rows, 1e3 * c.seconds / n, static_cast<double>(c.lookups) / n,
-               static_cast<double>(c.bytes_read) / n / 1048576.0);
+    const double hit_pct = c.lookups > 0 ? 100.0 * static_cast<double>(c.hits) / static_cast<double>(c.lookups) : 0.0;
+    fmt::print(stderr, "  {}: {} steps, {:.2f} {} each, {:.1f} ms, {:.1f} expert lookups ({:.0f} % hits), {:.1f} MiB read\n",
+               name, c.steps, static_cast<double>(c.rows) / n, rows, 1e3 * c.seconds / n,
+               static_cast<double>(c.lookups) / n, hit_pct, static_cast<double>(c.bytes_read) / n / 1048576.0);
   };
   line("plain", p.plain, "rows");
   line("verify", p.verify, "rows");

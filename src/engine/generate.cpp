@@ -60,6 +60,7 @@ void add_cost(StepCost& into, const StepCost& part) {
   into.rows += part.rows;
   into.seconds += part.seconds;
   into.lookups += part.lookups;
+  into.hits += part.hits;
   into.bytes_read += part.bytes_read;
 }
 
@@ -74,6 +75,7 @@ class CostMeter {
     cost.rows += rows;
     cost.seconds += timer_.seconds();
     cost.lookups += now.requests - before_.requests;
+    cost.hits += now.hits - before_.hits;
     cost.bytes_read += now.bytes_read - before_.bytes_read;
   }
 
@@ -118,6 +120,7 @@ std::vector<int32_t> feed_token(Session& session, int32_t token, Drafting* draft
   step.add_to(pass, static_cast<int64_t>(draft.size()) + 1);
   pass.seconds -= drafter.seconds;
   pass.lookups -= drafter.lookups;
+  pass.hits -= drafter.hits;
   pass.bytes_read -= drafter.bytes_read;
   DraftProfile& profile = drafting->profile;
   add_cost(draft.empty() ? profile.plain : profile.verify, pass);

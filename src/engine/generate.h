@@ -55,6 +55,7 @@ struct StepCost {
   int64_t rows = 0;  // tokens the steps' passes ran (a drafter: tokens it proposed)
   double seconds = 0;
   uint64_t lookups = 0;
+  uint64_t hits = 0;  // of the lookups, those served from memory (streamed: the cache)
   uint64_t bytes_read = 0;
 };
 

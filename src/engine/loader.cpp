@@ -10,7 +10,6 @@
 #include "core/timer.h"
 #include "engine/gguf_vocabulary.h"
 #include "model/arch.h"
-#include "model/nextn_head.h"
 #include "moe/resident_experts.h"
 #include "quant/quant.h"
 #include "telemetry/system.h"
@@ -242,11 +241,9 @@ uint64_t prefetch_staging_bytes(const ExpertLayout& layout, int per_layer, int w
 }
 
 void attach_streaming(LoadedModel& model, const StreamingOptions& options) {
-  StreamingOptions own = options;
-  // The MTP head's experts (its block is layer n_layer) stay out of the cache: a draft's reads
-  // must not evict what the trunk reads every token.
-  if (has_nextn_head(*model.transformer)) own.uncached_from_layer = model.transformer->config().n_layer;
-  auto store = std::make_unique<StreamingExperts>(model.expert_layout, own);
+  // An MTP head's block is one more streamed layer (n_layer) of the same layout: its experts go
+  // through the same cache as the trunk's, one lookup per expert per head pass.
+  auto store = std::make_unique<StreamingExperts>(model.expert_layout, options);
   model.streamer_ = store.get();
   model.experts = std::move(store);
   model.transformer->set_experts(model.experts.get());

@@ -135,7 +135,7 @@ void StreamingExperts::begin_layer(const LayerRouting& routing) {
   const std::vector<Access> accesses = accesses_of(routing);
   ++time_;
   if (prefetcher_.enabled()) hint_policy(layer);
-  const VisitPlan plan = uncached(layer) ? lookup_only(accesses) : cache_.begin_visit(accesses);
+  const VisitPlan plan = cache_.begin_visit(accesses);
   drop_evicted(plan.evicted);
   stats_.requests += accesses.size();
   for (size_t i = 0; i < accesses.size(); ++i) fetch(i, accesses[i].key, plan.hit[i], plan.cache[i]);
@@ -145,19 +145,6 @@ void StreamingExperts::begin_layer(const LayerRouting& routing) {
   stats_.evictions = cache_.evictions();
   update_fill_stats();
   check_at_boundary();
-}
-
-bool StreamingExperts::uncached(int layer) const {
-  return options_.uncached_from_layer >= 0 && layer >= options_.uncached_from_layer;
-}
-
-// A visit of an uncached layer: what is resident (a warm start's) hits, the rest is read for
-// the visit alone; the policy neither sees nor admits any of it.
-VisitPlan StreamingExperts::lookup_only(std::span<const Access> accesses) const {
-  VisitPlan plan;
-  plan.cache.assign(accesses.size(), false);
-  for (const Access& a : accesses) plan.hit.push_back(cache_.contains(a.key));
-  return plan;
 }
 
 void StreamingExperts::open_visit(const LayerRouting& routing) {

@@ -76,10 +76,6 @@ struct StreamingOptions {
   // Target read size; longer windows are split into equal reads of 2/3 to 3/2 of this so every
   // lane stays busy to the end of a layer. A multiple of the O_DIRECT alignment (4 KiB).
   uint64_t read_chunk_bytes = 1 << 20;
-  // Layers from this one on are read without entering the cache (-1: none): the MTP head's
-  // block (layer n_layer), whose reads then cannot evict the trunk's cached experts. Lossless:
-  // its experts are read again when it needs them again.
-  int uncached_from_layer = -1;
 };
 
 class StreamingExperts : public ExpertSource {
@@ -160,8 +156,6 @@ class StreamingExperts : public ExpertSource {
   std::vector<Access> accesses_of(const LayerRouting& routing) const;
   void hint_policy(int layer);
   void drop_evicted(const std::vector<ExpertKey>& evicted);
-  bool uncached(int layer) const;  // StreamingOptions::uncached_from_layer
-  VisitPlan lookup_only(std::span<const Access> accesses) const;
   // Serves expert `i` of the visit: a hit from the cache, a miss from the prefetcher's staging
   // area or by reading it now; `admit`: the cache keeps the miss.
   void fetch(size_t i, ExpertKey key, bool hit, bool admit);
