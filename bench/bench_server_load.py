@@ -324,6 +324,7 @@ def main():
           f"{chunk_ms:.0f} ms each (server prompt_ms / chunks) |")
     print(f"| other streams' longest pause in that window | {worst:.0f} ms over {len(gaps)} gaps "
           f"(median token gap of the whole run {step_ms:.0f} ms) |")
+    print(f"| other streams' gaps in that window: median / p90 | {pct(gaps, 0.5) * 1e3:.0f} / {pct(gaps, 0.9) * 1e3:.0f} ms |")
     over = sum(g * 1e3 > chunk_ms + step_ms for g in gaps)
     print(f"| gaps in that window longer than one chunk + one median step | {over} of {len(gaps)} |")
     verdict = "yes" if gaps and worst <= chunk_ms + step_ms else "no"
