@@ -1,7 +1,8 @@
 // Continuous batching (engine/generate.h ParallelDecode): every sequence of a batch produces
 // exactly the tokens it produces alone, greedy or seeded sampling, resident or streamed, in every
-// family (hybrid and sliding-window ones included), while sequences join and leave mid-run and
-// one is cancelled; the rows of a step share the experts they chose.
+// family (hybrid and sliding-window ones included), while sequences join and leave mid-run (their
+// prompts read in chunks inside the decode steps' passes) and one is cancelled; the rows of a
+// step share the experts they chose.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -33,6 +35,7 @@ struct Job {
   std::string prompt;
   int limit;
   SamplerConfig sampler;
+  size_t tokens = 0;  // > 0: the prompt cut to this many tokens
 };
 
 std::vector<Job> jobs() {
@@ -45,7 +48,8 @@ std::vector<Job> jobs() {
   hot.seed = 97;
   return {{"the quick brown fox jumps over the lazy dog", 80, SamplerConfig{}},
           {"once upon a time", 40, warm},
-          {"a b c d e f g h i j k l m n o p q r s t u v w x y z and then some more words", 64, hot},
+          {"a b c d e f g h i j k l m n o p q r s t u v w x y z a b c d e f g h i j k l m n o p q r s t u v w x y z "
+           "a b c d e f g h i j k l m n o p q r s t u v w x y z and then some more words", 64, hot, 70},
           {"hello", 24, SamplerConfig{}}};
 }
 
@@ -63,7 +67,9 @@ std::unique_ptr<LoadedModel> open_model(const std::string& path, bool stream) {
 }
 
 std::vector<int32_t> prompt_of(LoadedModel& model, const Job& job) {
-  return model.tokenizer->encode(job.prompt, false, model.tokenizer->vocab().add_bos);
+  std::vector<int32_t> ids = model.tokenizer->encode(job.prompt, false, model.tokenizer->vocab().add_bos);
+  if (job.tokens > 0 && ids.size() > job.tokens) ids.resize(job.tokens);
+  return ids;
 }
 
 GenerateParams params_of(const Job& job) {
@@ -80,11 +86,38 @@ std::vector<int32_t> alone(LoadedModel& model, const Job& job) {
   return generate(s, prompt_of(model, job), params_of(job)).tokens;
 }
 
+// A sequence that reads its prompt inside a ParallelDecode's steps: one chunk per step, cut where
+// a fresh read of the prompt in batches of n_batch cuts it; added to the batch once read.
+struct ChunkedJoin {
+  Session* session = nullptr;
+  std::vector<int32_t> prompt;
+  size_t fed = 0;
+  int n_batch = 64;
+  // The next chunk (nullptr when none is being read).
+  const PromptChunk* next() {
+    if (!session) return nullptr;
+    const size_t n = std::min(static_cast<size_t>(n_batch) - fed % static_cast<size_t>(n_batch), prompt.size() - fed);
+    chunk = {session, std::span<const int32_t>(prompt).subspan(fed, n), static_cast<int>(prompt.size())};
+    return &chunk;
+  }
+  // After the step that read it: whether the prompt is done (then it is no longer read).
+  bool read() {
+    if (!session) return false;
+    fed += chunk.tokens.size();
+    if (fed < prompt.size()) return false;
+    session = nullptr;
+    return true;
+  }
+  PromptChunk chunk;
+};
+
 class BatchIdentity : public ::testing::TestWithParam<std::tuple<std::string, bool>> {};
 
-// Sequences 0 and 1 start together, 2 joins after 3 steps, 3 after 10; 1 is cancelled after
-// 12 steps; 3 and 1 leave long before 0. Each answer equals the sequence's own run alone (the
-// cancelled one: a prefix of it).
+// Sequences 0 and 1 start together; 2 starts reading its prompt (over 64 tokens: a chunk on the
+// batch attention path, then one on the decode path) inside the steps after 3 steps, 3 after 10
+// (one short chunk); 1 is cancelled after 12 steps; 3 and 1 leave long before 0. Each answer
+// equals the sequence's own run alone (the cancelled one: a prefix of it), and every step is one
+// pass, the prompt chunks included.
 TEST_P(BatchIdentity, EverySequenceEqualsItselfAlone) {
   const auto& [preset, stream] = GetParam();
   const std::string path = test_model_path(preset, 4);
@@ -92,33 +125,46 @@ TEST_P(BatchIdentity, EverySequenceEqualsItselfAlone) {
   const std::vector<Job> js = jobs();
   std::vector<std::vector<int32_t>> want;
   for (const Job& j : js) want.push_back(alone(*model, j));
+  ASSERT_GT(prompt_of(*model, js[2]).size(), 64u);
+  ASSERT_LT(prompt_of(*model, js[2]).size() + static_cast<size_t>(js[2].limit), static_cast<size_t>(kCtx));
 
   ThreadPool pool(2);
   std::vector<std::unique_ptr<Session>> sessions;
   ParallelDecode batch(*model, pool);
   std::atomic<bool> cancel_1{false};
   std::vector<int> ids(js.size(), -1);
-  auto join = [&](size_t i) {
-    sessions.push_back(std::make_unique<Session>(*model, pool, kCtx, 64, js[i].sampler));
-    sessions.back()->prefill(prompt_of(*model, js[i]));
+  auto add = [&](size_t i) {
     DecodeHooks hooks;
     if (i == 1) hooks.cancel = &cancel_1;
-    ids[i] = batch.add(*sessions.back(), js[i].limit, params_of(js[i]), hooks);
+    ids[i] = batch.add(*sessions[i], js[i].limit, params_of(js[i]), hooks);
   };
-  join(0);
-  join(1);
+  for (size_t i = 0; i < js.size(); ++i) sessions.push_back(std::make_unique<Session>(*model, pool, kCtx, 64, js[i].sampler));
+  sessions[0]->prefill(prompt_of(*model, js[0]));
+  add(0);
+  sessions[1]->prefill(prompt_of(*model, js[1]));
+  add(1);
+  ChunkedJoin joining;
+  size_t joining_job = 0;
+  uint64_t chunks = 0, prompt_rows = 0;
   std::vector<GenerateResult> got(js.size());
   int steps = 0, widest = 0;
   while (batch.running() > 0 || steps == 0) {
-    if (steps == 3) join(2);
-    if (steps == 10) join(3);
+    if (steps == 3 || steps == 10) {
+      ASSERT_EQ(joining.session, nullptr) << preset << ": the previous prompt is still being read";
+      joining_job = steps == 3 ? 2 : 3;
+      joining = {sessions[joining_job].get(), prompt_of(*model, js[joining_job])};
+    }
     if (steps == 12) cancel_1 = true;
     widest = std::max(widest, batch.running());
-    for (int id : batch.step()) {
+    const PromptChunk* chunk = joining.next();
+    chunks += chunk != nullptr;
+    prompt_rows += chunk ? chunk->tokens.size() : 0;
+    for (int id : batch.step(chunk)) {
       for (size_t i = 0; i < ids.size(); ++i) {
         if (ids[i] == id) got[i] = batch.take(id);
       }
     }
+    if (joining.read()) add(joining_job);
     ++steps;
   }
   EXPECT_EQ(widest, 4);
@@ -137,6 +183,11 @@ TEST_P(BatchIdentity, EverySequenceEqualsItselfAlone) {
   const SessionBatch& b = batch.batch();
   EXPECT_GT(b.steps(), 0u);
   EXPECT_LT(b.distinct_experts(), b.routed_slots()) << preset;
+  // Every step that read a chunk was one pass: the chunk rode with the decode rows.
+  EXPECT_GE(chunks, 3u);
+  EXPECT_EQ(b.chunk_steps(), chunks);
+  EXPECT_EQ(b.prompt_rows(), prompt_rows);
+  EXPECT_EQ(b.steps(), static_cast<uint64_t>(steps) - 1);  // the last step only ended answers
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, BatchIdentity,
@@ -148,6 +199,61 @@ INSTANTIATE_TEST_SUITE_P(Families, BatchIdentity,
                            std::string n = std::get<0>(info.param) + (std::get<1>(info.param) ? "_streamed" : "_resident");
                            for (char& ch : n) ch = std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
                            return n;
+                         });
+
+// A prompt read inside the steps after a kept prefix (the slot's earlier conversation, its
+// answer's rows on the decode path), with the f32 KV cache in a plain family and the f16 one in
+// a hybrid family (recurrent state: keep_prefix replays): the answer equals the same request on
+// a fresh session, and the running answer beside it equals its own alone.
+class BatchChunks : public ::testing::TestWithParam<std::tuple<std::string, KvType>> {};
+
+TEST_P(BatchChunks, APromptAfterAKeptPrefixEqualsAFreshRead) {
+  const auto& [preset, kv] = GetParam();
+  auto model = open_model(test_model_path(preset, 4), false);
+  const int n_batch = 16;
+  GenerateParams params = params_of(jobs()[0]);
+  params.max_tokens = 12;
+  auto fresh = [&](const std::vector<int32_t>& prompt, const GenerateParams& p) {
+    ThreadPool pool(2);
+    Session s(*model, pool, kCtx, n_batch, p.sampler, kv);
+    return generate(s, prompt, p).tokens;
+  };
+  const std::vector<int32_t> first = prompt_of(*model, jobs()[1]);
+  ThreadPool pool(2);
+  Session reader(*model, pool, kCtx, n_batch, params.sampler, kv);
+  std::vector<int32_t> second = first;
+  const std::vector<int32_t> answer = generate(reader, first, params).tokens;
+  second.insert(second.end(), answer.begin(), answer.end());
+  const std::vector<int32_t> more = prompt_of(*model, jobs()[2]);
+  second.insert(second.end(), more.begin(), more.end());
+  const std::vector<int32_t> want = fresh(second, params);
+  const Job other = jobs()[0];
+  const std::vector<int32_t> want_other = fresh(prompt_of(*model, other), params_of(other));
+
+  Session decoding(*model, pool, kCtx, n_batch, other.sampler, kv);
+  decoding.prefill(prompt_of(*model, other));
+  ParallelDecode batch(*model, pool);
+  const int other_id = batch.add(decoding, other.limit, params_of(other));
+  ChunkedJoin joining{&reader, second, static_cast<size_t>(reader.keep_prefix(second)), n_batch};
+  ASSERT_GT(joining.fed, first.size() / 2) << "the earlier conversation's rows were not kept";
+  int reader_id = -1;
+  std::vector<int32_t> got, got_other;
+  while (batch.running() > 0) {
+    for (int id : batch.step(joining.next())) (id == other_id ? got_other : got) = batch.take(id).tokens;
+    if (joining.read()) reader_id = batch.add(reader, params.max_tokens, params);
+  }
+  ASSERT_GE(reader_id, 0);
+  EXPECT_EQ(got, want) << preset;
+  EXPECT_EQ(got_other, want_other) << preset;
+  EXPECT_GE(batch.batch().chunk_steps(), 2u);
+}
+
+INSTANTIATE_TEST_SUITE_P(KvTypes, BatchChunks,
+                         ::testing::Values(std::make_tuple(std::string("tiny-qwen3moe"), KvType::F32),
+                                           std::make_tuple(std::string("tiny-qwen35moe"), KvType::F16)),
+                         [](const auto& info) {
+                           return std::string(std::get<0>(info.param) == "tiny-qwen3moe" ? "qwen3moe" : "qwen35moe") +
+                                  (std::get<1>(info.param) == KvType::F16 ? "_f16" : "_f32");
                          });
 
 // Grammars, stop strings and a cancel inside one batch: five sequences decoding together (a

@@ -339,7 +339,7 @@ int ParallelDecode::running() const {
   return n;
 }
 
-std::vector<int> ParallelDecode::step() {
+std::vector<int> ParallelDecode::step(const PromptChunk* chunk) {
   std::vector<int> ended;
   std::vector<Sequence*> fed;
   std::vector<Session*> sessions;
@@ -357,10 +357,10 @@ std::vector<int> ParallelDecode::step() {
     q->result = q->loop.finish();
     ended.push_back(static_cast<int>(id));
   }
-  if (sessions.empty()) return ended;
+  if (sessions.empty() && !chunk) return ended;
   std::vector<size_t> first_records;
   for (Session* s : sessions) first_records.push_back(s->records().size());
-  batch_->accept(sessions, tokens);
+  batch_->accept(sessions, tokens, chunk);
   for (size_t i = 0; i < fed.size(); ++i) fed[i]->loop.fed(first_records[i]);
   return ended;
 }

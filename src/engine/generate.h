@@ -131,8 +131,9 @@ class ParallelDecode {
   // Adds a sequence whose prompt `session` was fed; returns its id (0, 1, ... in order of adding).
   int add(Session& session, int limit, GenerateParams params, DecodeHooks hooks = {});
   // One step: every running sequence emits its next token, then those that go on are fed in one
-  // pass. Returns the ids of the sequences whose answers ended in this step.
-  std::vector<int> step();
+  // pass, which also reads `chunk` when given (a prompt being read, SessionBatch::accept).
+  // Returns the ids of the sequences whose answers ended in this step.
+  std::vector<int> step(const PromptChunk* chunk = nullptr);
   int running() const;
   // The answer of a sequence that ended (once; it is then forgotten).
   GenerateResult take(int id);

@@ -60,10 +60,14 @@ PrefillRecord Session::prefill(const std::vector<int32_t>& tokens, const Prefill
   state_.set_batch_path(false);
   state_.set_layer_hook(nullptr);
   state_.set_prefill(false);
+  prompt_read(tokens);
+  return {static_cast<int>(tokens.size()), timer.seconds()};
+}
+
+void Session::prompt_read(std::span<const int32_t> tokens) {
   history_.insert(history_.end(), tokens.begin(), tokens.end());
   if (mtp_head_) mtp_head_->read_prompt(history_);  // the MTP head's pass over the prompt
   sampler_.begin(history_);  // an answer starts here: its penalties look back from this point
-  return {static_cast<int>(tokens.size()), timer.seconds()};
 }
 
 int Session::kept_prefix(const std::vector<int32_t>& prompt) const {

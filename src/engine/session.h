@@ -144,6 +144,9 @@ class Session {
   int verify(int32_t token, const std::vector<int32_t>& draft, const StepStart& before, const Stopwatch& timer);
   // After `token` was fed (alone or in a batch): the logits, history and sampler move on.
   void took(int32_t token);
+  // After prompt tokens were fed (prefill, or a chunk in a batch's pass): the history, the MTP
+  // head and the sampler's look-back move on.
+  void prompt_read(std::span<const int32_t> tokens);
   LoadedModel& model_;
   ThreadPool& pool_;
   InferenceState state_;

@@ -1,7 +1,9 @@
-// Several sessions of one model fed together, one token each per step (continuous batching):
-// one forward pass (model/batch_pass.h) in which the routed experts that several sequences chose
-// are asked of the expert source once. Each session moves on exactly as Session::accept would
-// move it (logits, history, sampler, a record), the step's cost shared equally among them.
+// Several sessions of one model fed together, one token each per step (continuous batching),
+// and with them, in the same pass, the next chunk of a prompt being read (llama-server's mixed
+// batches): one forward pass (model/batch_pass.h) in which the routed experts that several
+// sequences chose are asked of the expert source once. Each decoding session moves on exactly as
+// Session::accept would move it (logits, history, sampler, a record), the step's cost shared
+// equally among them; the reading session exactly as Session::prefill of that chunk would.
 #pragma once
 
 #include <cstdint>
@@ -13,26 +15,49 @@
 
 namespace bmoe {
 
+// Prompt rows to read in a step's pass: `tokens` are the rows at positions [n_past, n_past +
+// size) of `session`'s prompt of `prompt_length` tokens (0: they end it), all within one chunk
+// of a fresh read of it (Session::prefill's cuts at multiples of n_batch).
+struct PromptChunk {
+  Session* session = nullptr;
+  std::span<const int32_t> tokens;
+  int prompt_length = 0;
+};
+
 class SessionBatch {
  public:
   SessionBatch(LoadedModel& model, ThreadPool& pool);
   // The lossless options act as in a session; the lossy ones act on batches of one only.
   void set_routing_options(const RoutingOptions& options) { pass_.set_routing_options(options); }
-  // Feeds tokens[i] to sessions[i] in one pass; every session must be of this batch's model.
-  void accept(std::span<Session* const> sessions, std::span<const int32_t> tokens);
+  // Feeds tokens[i] to sessions[i], and the chunk's tokens to its session when there is one
+  // (as Session::prefill(chunk tokens, {}, prompt_length) would), in one pass; every session must
+  // be of this batch's model, and the chunk's not among `sessions`.
+  void accept(std::span<Session* const> sessions, std::span<const int32_t> tokens, const PromptChunk* chunk = nullptr);
+  // Whether `session` can read a prompt chunk in a batch's pass: not with an MTP head (its pass
+  // over the prompt keeps the trunk's hidden rows, which a batch does not).
+  static bool reads_prompts(const Session& session) { return session.mtp_head_ == nullptr; }
   // Steps run, the rows they fed (a step's rows are its sessions), and how much the rows
   // shared experts (BatchPass::routed_slots).
   uint64_t steps() const { return steps_; }
   uint64_t rows() const { return rows_; }
+  // Of those passes, the ones that carried a prompt chunk, and the prompt rows they read.
+  uint64_t chunk_steps() const { return chunk_steps_; }
+  uint64_t prompt_rows() const { return prompt_rows_; }
   uint64_t routed_slots() const { return pass_.routed_slots(); }
   uint64_t distinct_experts() const { return pass_.distinct_experts(); }
 
  private:
   LoadedModel& model_;
   BatchPass pass_;
+  void begin_chunk(const PromptChunk& chunk, std::span<Session* const> sessions);
+  void end_chunk(const PromptChunk& chunk);
   std::vector<InferenceState*> states_;
+  std::vector<int32_t> tokens_;
+  std::vector<int> counts_;
   uint64_t steps_ = 0;
   uint64_t rows_ = 0;
+  uint64_t chunk_steps_ = 0;
+  uint64_t prompt_rows_ = 0;
 };
 
 }  // namespace bmoe

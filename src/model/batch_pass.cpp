@@ -10,11 +10,15 @@ namespace bmoe {
 BatchPass::BatchPass(Transformer& model, ThreadPool& pool)
     : model_(model), cfg_(model.config()), pool_(pool), ffns_(model.config()),
       experts_(model.config(), model.weights(), pool, hooks_, *this) {
-  // Each state's own route hook sees its rows, as when it decodes alone.
+  // Each state's own route hook sees its own rows, numbered as in its own pass, with its own
+  // prefill and replay flags, as when it runs alone.
   hooks_.route = [this](RouteEvent& ev) {
-    InferenceState& s = *states_[static_cast<size_t>(ev.row)];
+    const size_t seq = static_cast<size_t>(row_state_[static_cast<size_t>(ev.row)]);
+    InferenceState& s = *states_[seq];
     if (!s.hooks_.route) return;
-    ev.row = 0;
+    ev.row -= first_[seq];
+    ev.prefill = s.hooks_.prefill;
+    ev.replay = s.hooks_.replay;
     s.hooks_.route(ev);
   };
 }
@@ -30,90 +34,130 @@ void BatchPass::set_routing_options(const RoutingOptions& options) {
 }
 
 void BatchPass::decode(std::span<InferenceState* const> states, std::span<const int32_t> tokens) {
+  ones_.assign(states.size(), 1);
+  run(states, tokens, ones_);
+}
+
+void BatchPass::check(std::span<InferenceState* const> states, std::span<const int32_t> tokens,
+                      std::span<const int> counts) {
   if (states.empty()) fail("internal: a batch without sequences");
-  if (states.size() != tokens.size()) fail("internal: {} sequences but {} tokens", states.size(), tokens.size());
+  if (states.size() != counts.size()) fail("internal: {} sequences but {} row counts", states.size(), counts.size());
+  size_t rows = 0;
   for (size_t i = 0; i < states.size(); ++i) {
+    if (counts[i] <= 0) fail("internal: a sequence without rows in a batch");
+    rows += static_cast<size_t>(counts[i]);
     if (&states[i]->model_ != &model_) fail("internal: a batch of sequences of different models");
+    if (counts[i] > 1 && states[i]->keep_hidden_) fail("internal: a batch cannot keep a chunk's hidden states");
     if (std::find(states.begin(), states.begin() + static_cast<std::ptrdiff_t>(i), states[i]) != states.begin() + static_cast<std::ptrdiff_t>(i)) {
       fail("internal: a sequence twice in one batch");
     }
   }
+  if (rows != tokens.size()) fail("internal: {} rows but {} tokens", rows, tokens.size());
+}
+
+void BatchPass::run(std::span<InferenceState* const> states, std::span<const int32_t> tokens, std::span<const int> counts) {
+  check(states, tokens, counts);
   states_ = states;
+  first_.clear();
+  count_.assign(counts.begin(), counts.end());
+  row_state_.clear();
+  for (size_t i = 0; i < states.size(); ++i) {
+    first_.push_back(static_cast<int>(row_state_.size()));
+    row_state_.insert(row_state_.end(), static_cast<size_t>(counts[i]), static_cast<int>(i));
+  }
   size_t begun = 0;
   try {
-    for (; begun < states.size(); ++begun) states[begun]->begin_rows(&tokens[begun], 1);
+    for (; begun < states.size(); ++begun) states[begun]->begin_rows(&tokens[static_cast<size_t>(first_[begun])], count_[begun]);
     begin(states, tokens);
     run_layers(states);
     output_head(states);
   } catch (...) {
-    for (size_t i = 0; i < begun; ++i) states[i]->abandon_rows(1);
+    for (size_t i = 0; i < begun; ++i) states[i]->abandon_rows(count_[i]);
     states_ = {};
     throw;
   }
-  for (InferenceState* s : states) ++s->n_past_;
+  for (size_t i = 0; i < states.size(); ++i) states[i]->n_past_ += count_[i];
   states_ = {};
 }
 
 // The batch's residual rows start as the states' embedded rows (every hyper-connection stream of
 // them, deepseek4), at their own positions; each row's token id goes to the hash-routed layers.
 void BatchPass::begin(std::span<InferenceState* const> states, std::span<const int32_t> tokens) {
-  const int n = static_cast<int>(states.size());
   const int streams = std::max(1, cfg_.hc.streams);
   const size_t width = static_cast<size_t>(cfg_.n_embd) * static_cast<size_t>(streams);
-  residual_.resize(n, cfg_.n_embd, streams);
-  positions_.resize(states.size());
+  residual_.resize(static_cast<int>(tokens.size()), cfg_.n_embd, streams);
+  positions_.resize(tokens.size());
   tokens_.assign(tokens.begin(), tokens.end());
-  for (int i = 0; i < n; ++i) {
-    InferenceState& s = *states[static_cast<size_t>(i)];
-    std::copy_n(s.residual_.streams_of(0), width, residual_.streams_of(i));
-    positions_[static_cast<size_t>(i)] = s.n_past_;
+  for (size_t i = 0; i < states.size(); ++i) {
+    InferenceState& s = *states[i];
+    for (int r = 0; r < count_[i]; ++r) {
+      std::copy_n(s.residual_.streams_of(r), width, residual_.streams_of(first_[i] + r));
+      positions_[static_cast<size_t>(first_[i] + r)] = s.n_past_ + r;
+    }
   }
   experts_.set_tokens(tokens_.data());
 }
 
-// A mixer that cannot run the rows together runs each state's row alone on the state's own
-// residual: the row's streams, and with several streams the pre-mix's row, post and comb that
-// its add() mixes the output back with, go there and come back.
-void BatchPass::mix_alone(InferenceState& s, Mixer& unit, const LayerWeights& L, int layer, int i) {
+// A mixer that cannot run the rows together runs each state's rows alone on the state's own
+// residual, as its own pass: the rows' streams, and with several streams the pre-mix's rows, post
+// and comb that its add() mixes the output back with, go there and come back.
+void BatchPass::mix_alone(InferenceState& s, Mixer& unit, const LayerWeights& L, int layer, const Mixer::SequenceRows& rows) {
   const int E = cfg_.n_embd, streams = residual_.streams();
+  const size_t width = static_cast<size_t>(E) * static_cast<size_t>(streams);
   ResidualStream& own = s.residual_;
-  std::copy_n(residual_.streams_of(i), static_cast<size_t>(E) * static_cast<size_t>(streams), own.streams_of(0));
-  if (streams > 1) {
-    std::copy_n(residual_.row(i), E, own.row(0));
-    std::copy_n(residual_.post(i), streams, own.post(0));
-    std::copy_n(residual_.comb(i), streams * streams, own.comb(0));
+  for (int r = 0; r < rows.n; ++r) {
+    std::copy_n(residual_.streams_of(rows.first + r), width, own.streams_of(r));
+    if (streams > 1) {
+      std::copy_n(residual_.row(rows.first + r), E, own.row(r));
+      std::copy_n(residual_.post(rows.first + r), streams, own.post(r));
+      std::copy_n(residual_.comb(rows.first + r), streams * streams, own.comb(r));
+    }
   }
-  unit.forward(L, layer, LayerPass{pool_, cfg_, own, s.positions_.data(), 1, false});
-  std::copy_n(own.streams_of(0), static_cast<size_t>(E) * static_cast<size_t>(streams), residual_.streams_of(i));
+  unit.forward(L, layer, LayerPass{pool_, cfg_, own, s.positions_.data(), rows.n, rows.batch_path});
+  for (int r = 0; r < rows.n; ++r) std::copy_n(own.streams_of(r), width, residual_.streams_of(rows.first + r));
 }
 
 // Per layer: the mixer on every row at once where its kind can (attention: projections and output
-// batched, each row attending over its own sequence's KV rows), else each state's mixer on its own
-// row (the recurrent kinds); then the layer's FFN on all rows at once.
+// batched, each sequence's rows attending over its own KV rows on its own path), else each
+// state's mixer on its own rows (the recurrent kinds); then the layer's FFN on all rows at once.
 void BatchPass::run_layers(std::span<InferenceState* const> states) {
   const ModelWeights& w = model_.weights();
-  const int n = static_cast<int>(states.size());
   hooks_.prefill = false;
   if (hooks_.router) hooks_.router->begin_pass(cfg_.n_layer);
-  const LayerPass pass{pool_, cfg_, residual_, positions_.data(), n, false};
+  const LayerPass pass{pool_, cfg_, residual_, positions_.data(), static_cast<int>(tokens_.size()), false};
   const FfnContext ffn{experts_, model_.experts()};
   for (int l = 0; l < cfg_.n_layer; ++l) {
     const LayerWeights& L = w.layers[static_cast<size_t>(l)];
     units_.clear();
-    for (InferenceState* s : states) units_.push_back(&s->mixers_.at(l));
+    for (size_t i = 0; i < states.size(); ++i) {
+      InferenceState& s = *states[i];
+      // The path s's own eval() of these rows takes (InferenceState::begin_rows records it).
+      units_.push_back({&s.mixers_.at(l), first_[i], count_[i], count_[i] >= kAttentionBatchRows || s.batch_path()});
+    }
     if (L.hyper) hyper::pre_mix(pool_, residual_, L.hyper->attn(), cfg_);
-    if (!units_[0]->forward_sequences(units_, L, l, pass)) {
-      for (int i = 0; i < n; ++i) mix_alone(*states[static_cast<size_t>(i)], *units_[static_cast<size_t>(i)], L, l, i);
+    if (!units_[0].unit->forward_sequences(units_, L, l, pass)) {
+      for (size_t i = 0; i < states.size(); ++i) mix_alone(*states[i], *units_[i].unit, L, l, units_[i]);
     }
     if (L.hyper) hyper::pre_mix(pool_, residual_, L.hyper->ffn(), cfg_);
     ffns_.at(l).forward(L, l, pass, ffn);
   }
 }
 
-// The output norm and head on every row at once; each state gets its row's logits.
+// The output norm and head on each state's last row (all rows at once when each state has
+// one); each state gets its last row's logits, as its eval() does.
 void BatchPass::output_head(std::span<InferenceState* const> states) {
   const int n = static_cast<int>(states.size());
-  output_logits(pool_, model_, residual_, 0, n, head_);
+  ResidualStream* rows = &residual_;
+  if (static_cast<size_t>(n) != tokens_.size()) {
+    const size_t width = static_cast<size_t>(cfg_.n_embd) * static_cast<size_t>(residual_.streams());
+    last_rows_.resize(n, cfg_.n_embd, residual_.streams());
+    for (int i = 0; i < n; ++i) {
+      const int last = first_[static_cast<size_t>(i)] + count_[static_cast<size_t>(i)] - 1;
+      std::copy_n(residual_.streams_of(last), width, last_rows_.streams_of(i));
+    }
+    rows = &last_rows_;
+  }
+  output_logits(pool_, model_, *rows, 0, n, head_);
   const size_t V = static_cast<size_t>(model_.weights().output.rows);
   for (int i = 0; i < n; ++i) {
     const float* row = head_.logits.data() + static_cast<size_t>(i) * V;

@@ -38,20 +38,20 @@ class AttentionBase : public Mixer {
   }
 
   void forward(const LayerWeights& weights, int layer, const LayerPass& pass) final {
-    KvCache* own = &cache_;
-    run(weights, layer, pass, std::span<KvCache* const>(&own, 1));
+    const CacheRows own{&cache_, 0, pass.n, pass.batch_path};
+    run(weights, layer, pass, std::span<const CacheRows>(&own, 1));
   }
 
-  // The projections, norms, RoPE and output of every row at once; each row's K and V stored in,
-  // and its query attending over, its own sequence's cache (rows are decode rows, as alone).
-  bool forward_sequences(std::span<Mixer* const> units, const LayerWeights& weights, int layer,
+  // The projections, norms, RoPE and output of every row at once; each sequence's rows' K and V
+  // stored in, and their queries attending over, its own cache, in one attention call per
+  // sequence on its own path: the call its own pass makes, so its rows get the same bits.
+  bool forward_sequences(std::span<const SequenceRows> seqs, const LayerWeights& weights, int layer,
                          const LayerPass& pass) final {
-    if (pass.batch_path || units.size() != static_cast<size_t>(pass.n)) return false;
     caches_.clear();
-    for (Mixer* u : units) {
-      auto* unit = dynamic_cast<AttentionBase*>(u);
+    for (const SequenceRows& q : seqs) {
+      auto* unit = dynamic_cast<AttentionBase*>(q.unit);
       if (unit == nullptr) return false;
-      caches_.push_back(&unit->cache_);
+      caches_.push_back({&unit->cache_, q.first, q.n, q.batch_path});
     }
     run(weights, layer, pass, caches_);
     return true;
@@ -60,21 +60,28 @@ class AttentionBase : public Mixer {
   uint64_t kv_bytes() const final { return cache_.bytes(); }
 
  protected:
-  // The layer on the pass's rows; caches: one for all rows (a sequence's own pass) or one per
-  // row (a batch of sequences).
-  virtual void run(const LayerWeights& weights, int layer, const LayerPass& pass, std::span<KvCache* const> caches) = 0;
+  // A run of consecutive rows of the pass that belong to one sequence: its cache, and the
+  // attention path its own pass takes.
+  struct CacheRows {
+    KvCache* cache;
+    int first, n;
+    bool batch_path;
+  };
+  // The layer on the pass's rows; seqs: one run of every row (a sequence's own pass) or one per
+  // sequence (a batch of sequences).
+  virtual void run(const LayerWeights& weights, int layer, const LayerPass& pass, std::span<const CacheRows> seqs) = 0;
   // q_, k_, v_ from h_; q_parts: query-sized parts per head in the q rows (2: [query | gate]).
   void project(const AttentionWeights& L, int layer, const LayerPass& pass, int q_parts);
   void add_biases(const AttentionWeights& L, int layer, const LayerPass& pass);
-  void prepare_rows(const AttentionWeights& L, int layer, const LayerPass& pass, std::span<KvCache* const> caches);
-  void attend(const AttentionWeights& L, int layer, const LayerPass& pass, std::span<KvCache* const> caches);
+  void prepare_rows(const AttentionWeights& L, int layer, const LayerPass& pass, std::span<const CacheRows> seqs);
+  void attend(const AttentionWeights& L, int layer, const LayerPass& pass, std::span<const CacheRows> seqs);
   void output(const AttentionWeights& L, int layer, const LayerPass& pass);
 
   std::vector<float> h_, q_, k_, v_, attn_, proj_;
 
  private:
   KvCache cache_;
-  std::vector<KvCache*> caches_;  // forward_sequences: each row's sequence's cache
+  std::vector<CacheRows> caches_;  // forward_sequences: each sequence's rows and cache
   Activations acts_;
   ActivationBuffer out_act_;
 };
@@ -85,7 +92,7 @@ class AttentionMixer final : public AttentionBase {
   AttentionMixer(const ModelConfig& c, int n_ctx, KvType kv_type) : AttentionBase(c, MixerKind::Attention, n_ctx, kv_type) {}
 
  private:
-  void run(const LayerWeights& weights, int layer, const LayerPass& pass, std::span<KvCache* const> caches) override {
+  void run(const LayerWeights& weights, int layer, const LayerPass& pass, std::span<const CacheRows> caches) override {
     const AttentionWeights& L = *weights.attention;
     pre_norm(pass, weights.attn_norm, h_);
     project(L, layer, pass, 1);
@@ -104,7 +111,7 @@ class GatedAttentionMixer final : public AttentionBase {
       : AttentionBase(c, MixerKind::GatedAttention, n_ctx, kv_type) {}
 
  private:
-  void run(const LayerWeights& weights, int layer, const LayerPass& pass, std::span<KvCache* const> caches) override {
+  void run(const LayerWeights& weights, int layer, const LayerPass& pass, std::span<const CacheRows> caches) override {
     const AttentionWeights& L = *weights.attention;
     pre_norm(pass, weights.attn_norm, h_);
     project(L, layer, pass, 2);
@@ -180,14 +187,16 @@ void GatedAttentionMixer::split_query_gate(int n, int n_head, int head_dim) {
 // Per row: q/k norms (per head or over all heads), the weightless v norm, RoPE, then the row's
 // K and V into the cache.
 void AttentionBase::prepare_rows(const AttentionWeights& L, int layer, const LayerPass& pass,
-                                 std::span<KvCache* const> caches) {
+                                 std::span<const CacheRows> seqs) {
   const ModelConfig& c = pass.cfg;
   const int H = c.n_head, HKV = c.n_head_kv_at(layer);
   const int dk = c.head_dim_at(layer), dv = c.head_dim_v_at(layer);
   const int64_t q_width = static_cast<int64_t>(H) * dk, k_width = static_cast<int64_t>(HKV) * dk,
                 v_width = static_cast<int64_t>(HKV) * dv;
   const LayerNorms& norms = c.norms_at(layer);
+  size_t seq = 0;
   for (int i = 0; i < pass.n; ++i) {
+    while (i >= seqs[seq].first + seqs[seq].n) ++seq;
     float* q = q_.data() + static_cast<size_t>(i) * q_width;
     float* k = k_.data() + static_cast<size_t>(i) * k_width;
     if (norms.qk == QkNorm::PerHead) {
@@ -205,14 +214,16 @@ void AttentionBase::prepare_rows(const AttentionWeights& L, int layer, const Lay
     const float* freq_factors = L.rope_freqs.empty() ? nullptr : L.rope_freqs.data();
     ops::rope(q, H, dk, pass.positions[i], rope, freq_factors);
     ops::rope(k, HKV, dk, pass.positions[i], rope, freq_factors);
-    caches[caches.size() == 1 ? 0 : static_cast<size_t>(i)]->store(layer, pass.positions[i], k, v);
+    seqs[seq].cache->store(layer, pass.positions[i], k, v);
   }
 }
 
-void AttentionBase::attend(const AttentionWeights& L, int layer, const LayerPass& pass, std::span<KvCache* const> caches) {
+// One attention call per sequence over its own cache, with the parameters its own pass gives.
+void AttentionBase::attend(const AttentionWeights& L, int layer, const LayerPass& pass, std::span<const CacheRows> seqs) {
   const ModelConfig& c = pass.cfg;
   const int dk = c.head_dim_at(layer), dv = c.head_dim_v_at(layer);
   const int64_t attn_width = static_cast<int64_t>(c.n_head) * dv;
+  const int64_t q_width = static_cast<int64_t>(c.n_head) * dk;
   AttentionParams p;
   p.n_head = c.n_head;
   p.n_head_kv = c.n_head_kv_at(layer);
@@ -222,19 +233,14 @@ void AttentionBase::attend(const AttentionWeights& L, int layer, const LayerPass
   p.softcap = c.attention.softcap;
   p.sliding_window = c.sliding_at(layer);
   p.sinks = L.attn_sinks.empty() ? nullptr : L.attn_sinks.data();
-  // An f32 cache is compared against llama.cpp's classic path (its flash attention rounds to
-  // f16 whatever the cache type); an f16 cache follows its default flash attention.
-  p.numerics = caches[0]->type() == KvType::F32 ? AttentionNumerics::Classic : AttentionNumerics::Flash;
-  p.batch_path = pass.batch_path;
   attn_.resize(static_cast<size_t>(pass.n * attn_width));
-  if (caches.size() == 1) {
-    attention(pass.pool, *caches[0], layer, p, q_.data(), pass.positions, pass.n, attn_.data());
-  } else {
-    const int64_t q_width = static_cast<int64_t>(c.n_head) * dk;
-    for (int i = 0; i < pass.n; ++i) {
-      attention(pass.pool, *caches[static_cast<size_t>(i)], layer, p, q_.data() + i * q_width, pass.positions + i, 1,
-                attn_.data() + i * attn_width);
-    }
+  for (const CacheRows& q : seqs) {
+    // An f32 cache is compared against llama.cpp's classic path (its flash attention rounds to
+    // f16 whatever the cache type); an f16 cache follows its default flash attention.
+    p.numerics = q.cache->type() == KvType::F32 ? AttentionNumerics::Classic : AttentionNumerics::Flash;
+    p.batch_path = q.batch_path;
+    attention(pass.pool, *q.cache, layer, p, q_.data() + q.first * q_width, pass.positions + q.first, q.n,
+              attn_.data() + q.first * attn_width);
   }
 }
 

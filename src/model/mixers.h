@@ -25,12 +25,21 @@ class Mixer {
   virtual ~Mixer() = default;
   // Runs `layer` (of this unit's kind) on the pass's rows.
   virtual void forward(const LayerWeights& L, int layer, const LayerPass& pass) = 0;
-  // Several sequences' decode rows in one pass (continuous batching): row i is the next token of
-  // the sequence whose unit of this kind is units[i]. A kind whose dense work does not depend on
-  // a sequence's state runs it on all rows at once (one pass over its weights, in this unit's
-  // scratch) and each row's state-bound work in units[i], and returns true; the others return
-  // false, and the caller then runs each row in its own unit with forward().
-  virtual bool forward_sequences(std::span<Mixer* const> units, const LayerWeights& L, int layer, const LayerPass& pass) {
+  // Several sequences' rows in one pass (continuous batching): seqs[j] is a run of consecutive
+  // rows of the pass that belong to one sequence, whose unit of this kind is seqs[j].unit (one
+  // decode row, or a chunk of its prompt). A kind whose dense work does not depend on a
+  // sequence's state runs it on all rows at once (one pass over its weights, in this unit's
+  // scratch) and each sequence's state-bound work in its own unit, on the attention path that
+  // sequence's rows would take alone (SequenceRows::batch_path), and returns true; the others
+  // return false, and the caller then runs each sequence's rows in its own unit with forward().
+  struct SequenceRows {
+    Mixer* unit;
+    int first;        // its first row in the pass
+    int n;            // its rows
+    bool batch_path;  // as LayerPass::batch_path of the sequence's own pass
+  };
+  virtual bool forward_sequences(std::span<const SequenceRows> seqs, const LayerWeights& L, int layer,
+                                 const LayerPass& pass) {
     return false;
   }
   virtual uint64_t kv_bytes() const { return 0; }

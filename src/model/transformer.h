@@ -57,7 +57,7 @@ void output_logits(ThreadPool& pool, const Transformer& model, ResidualStream& r
 // the hook its routers (ResidualRouter).
 class InferenceState : private ResidualRouter {
  public:
-  friend class BatchPass;  // runs one decode row of several states (batch_pass.h)
+  friend class BatchPass;  // runs several states' rows in one pass (batch_pass.h)
   // rewind_slack: positions a bounded state keeps beyond its window (kRewindSlack; n_ctx or
   // more keeps every position, as a full KV cache does).
   InferenceState(Transformer& model, ThreadPool& pool, int n_ctx, KvType kv_type = KvType::F16,
@@ -70,7 +70,7 @@ class InferenceState : private ResidualRouter {
   // norm; n_embd floats per row) instead of logits: what embeddings pool.
   const std::vector<float>& eval_hidden(const int32_t* tokens, int n);
 
-  // The logits the last eval() (or BatchPass::decode) returned.
+  // The logits the last eval() (or BatchPass::run) returned.
   const std::vector<float>& logits() const { return head_.logits; }
   // Keeps the hidden state of every row an eval() runs (not a rewind's replay) until
   // take_hidden_states(): what an MTP head reads (llama.cpp's h_nextn): the output-normed row

@@ -134,8 +134,10 @@ struct RateWindow {
 // difference is the lookups (reads, on a miss) that sharing saved.
 struct BatchShare {
   uint64_t steps = 0, rows = 0, routed_slots = 0, distinct_experts = 0;
+  uint64_t chunk_steps = 0;  // steps whose pass also read a prompt chunk
   BatchShare& operator+=(const BatchShare& o) {
     steps += o.steps;
+    chunk_steps += o.chunk_steps;
     rows += o.rows;
     routed_slots += o.routed_slots;
     distinct_experts += o.distinct_experts;
@@ -158,9 +160,10 @@ struct Counters {
   uint64_t passes = 0, busy_slots_in_passes = 0, n_tokens_max = 0;
   RateWindow prompt_window, predict_window;
   BatchShare batch;  // --parallel > 1
-  // --parallel > 1, timed on the worker: each decode step of the batch, each prompt chunk read
-  // between steps, and the time between two tokens of one running answer (a step, plus a chunk
-  // when one was read in between), and of that gap the part neither took (admission, bookkeeping).
+  // --parallel > 1, timed on the worker: each decode step of the batch, each prompt chunk (read
+  // in a step's pass while answers run, so that pass's time; else alone), and the time between
+  // two tokens of one running answer (a step, plus a chunk when one was read alone in between),
+  // and of that gap the part neither took (admission, bookkeeping).
   DurationHistogram step_seconds, chunk_seconds, token_gap_seconds, token_gap_overhead_seconds;
 };
 
@@ -281,10 +284,15 @@ class DecodeWorker {
   void work_slots();
   bool admit(Slot& slot);
   void start_choice(Slot& slot);
+  Slot* next_reader(size_t& next_prompt);
+  bool reads_in_step(const Slot& slot) const;
+  bool chunk_of(Slot& slot, std::vector<int32_t>& chunk);
   void read_prompt_chunk(Slot& slot);
+  void chunk_read(Slot& slot, size_t n, double seconds);
+  void prompt_failed(Slot& slot, const std::string& error);
   void embed_turn(Slot& slot);
   void release(const Slot& slot);
-  void decode_step();
+  void decode_step(Slot* reader);
   void end_choice(Slot& slot, GenerateResult result, const std::string& error);
   void publish_slot(const Slot& slot);
   Slot* free_slot_for(const Job& job);

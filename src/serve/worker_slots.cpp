@@ -1,9 +1,12 @@
 // bmoe-server --parallel N > 1: N slots, each a session with its own KV cache (and prefix), fed
-// by the worker's one thread. Each turn of the loop admits queued jobs into free slots, reads one
-// chunk of one waiting prompt (round robin), then runs one decode step of every decoding slot
-// (ParallelDecode: one pass, each routed expert read once for all). A running answer therefore
-// waits at most one prompt chunk between two of its tokens, and a queued job, when a slot is
-// free, at most one chunk and one step before its prompt starts.
+// by the worker's one thread. Each turn of the loop admits queued jobs into free slots, then runs
+// one decode step of every decoding slot that also reads one chunk of one waiting prompt (round
+// robin): one pass for the decode rows and the chunk's rows (ParallelDecode with a PromptChunk,
+// llama-server's mixed batches), each routed expert read once for all. A running answer therefore
+// waits about one chunk's pass between two of its tokens, and a queued job, when a slot is free,
+// at most one step before its prompt starts. A chunk that cannot ride in a step (no answer
+// running, an embeddings input, a session with an MTP head, lossy routing options that act on
+// one-row passes) is read in its own pass before the step, as before.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -16,7 +19,9 @@
 namespace bmoe {
 namespace {
 
-BatchShare share_of(const SessionBatch& b) { return {b.steps(), b.rows(), b.routed_slots(), b.distinct_experts()}; }
+BatchShare share_of(const SessionBatch& b) {
+  return {b.steps(), b.rows(), b.routed_slots(), b.distinct_experts(), b.chunk_steps()};
+}
 
 }  // namespace
 
@@ -54,16 +59,14 @@ void DecodeWorker::work_slots() {
         for (auto& job : active_) job->cancel.store(true);
       }
     }
-    for (size_t k = 0; k < slots_.size(); ++k) {
-      Slot& slot = *slots_[(next_prompt + k) % slots_.size()];
-      if (!slot.job || slot.decode_id >= 0) continue;
+    Slot* reader = next_reader(next_prompt);
+    if (reader && !reads_in_step(*reader)) {
       Stopwatch turn;
-      slot.embedding ? embed_turn(slot) : read_prompt_chunk(slot);
+      reader->embedding ? embed_turn(*reader) : read_prompt_chunk(*reader);
       turn_prompt_seconds_ = turn.seconds();
-      next_prompt = (next_prompt + k + 1) % slots_.size();
-      break;
+      reader = nullptr;
     }
-    if (parallel_->running() > 0) decode_step();
+    if (parallel_->running() > 0) decode_step(reader);
   }
   std::lock_guard<std::mutex> lock(mutex_);
   for (auto& job : queue_) finish(*job, {}, kShuttingDown, 503);
@@ -138,32 +141,74 @@ void DecodeWorker::start_choice(Slot& slot) {
   publish_slot(slot);
 }
 
-// One chunk of the slot's prompt, up to the next multiple of -b tokens (the batches a whole
-// prefill runs, after a kept prefix too, so that the rows equal a fresh read's); the last one
-// hands the slot to the decode steps.
-void DecodeWorker::read_prompt_chunk(Slot& slot) {
-  Job& job = *slot.job;
-  if (job.cancel.load()) {
+// The next slot reading a prompt (or embedding inputs), round robin; nullptr when none.
+DecodeWorker::Slot* DecodeWorker::next_reader(size_t& next_prompt) {
+  for (size_t k = 0; k < slots_.size(); ++k) {
+    Slot& slot = *slots_[(next_prompt + k) % slots_.size()];
+    if (!slot.job || slot.decode_id >= 0) continue;
+    next_prompt = (next_prompt + k + 1) % slots_.size();
+    return &slot;
+  }
+  return nullptr;
+}
+
+// Whether the slot's next prompt chunk rides in the decode step's pass: answers are running, it
+// is a prompt (not embeddings inputs), its session can read a chunk in a batch (no MTP head), and
+// no lossy routing option is set (they act on one-row passes, which a chunk would widen).
+bool DecodeWorker::reads_in_step(const Slot& slot) const {
+  const RoutingOptions options = run_.config.routing();
+  return !slot.embedding && parallel_->running() > 0 && SessionBatch::reads_prompts(*slot.session) &&
+         options.route_ahead == 0 && options.drop_cold == 0.0f;
+}
+
+// The slot's next prompt chunk, up to the next multiple of -b tokens (the batches a whole
+// prefill runs, after a kept prefix too, so that the rows equal a fresh read's); false (the
+// choice ended) when its job was cancelled.
+bool DecodeWorker::chunk_of(Slot& slot, std::vector<int32_t>& chunk) {
+  if (slot.job->cancel.load()) {
     GenerateResult r;
     r.finish_reason = "cancelled";
-    return end_choice(slot, r, "");
+    end_choice(slot, r, "");
+    return false;
   }
   const size_t n_batch = static_cast<size_t>(slot.session->n_batch());
   const size_t n = std::min(n_batch - slot.fed % n_batch, slot.prompt.size() - slot.fed);
+  chunk.assign(slot.prompt.begin() + static_cast<std::ptrdiff_t>(slot.fed),
+               slot.prompt.begin() + static_cast<std::ptrdiff_t>(slot.fed + n));
+  return true;
+}
+
+// One chunk of the slot's prompt in its own pass (no answer running, or one that cannot ride in
+// a step: reads_in_step).
+void DecodeWorker::read_prompt_chunk(Slot& slot) {
+  std::vector<int32_t> chunk;
+  if (!chunk_of(slot, chunk)) return;
+  double seconds = 0;
   try {
-    const std::vector<int32_t> chunk(slot.prompt.begin() + static_cast<std::ptrdiff_t>(slot.fed),
-                                     slot.prompt.begin() + static_cast<std::ptrdiff_t>(slot.fed + n));
-    const double seconds = slot.session->prefill(chunk, {}, static_cast<int>(slot.prompt.size())).seconds;
-    slot.prefill_seconds += seconds;
-    slot.fed += n;
-    slot.telemetry->prompt_read(static_cast<double>(slot.fed));
-    count_pass(busy_slots());
+    seconds = slot.session->prefill(chunk, {}, static_cast<int>(slot.prompt.size())).seconds;
+  } catch (const std::exception& e) {
+    return prompt_failed(slot, e.what());
+  }
+  count_pass(busy_slots());
+  chunk_read(slot, chunk.size(), seconds);
+}
+
+void DecodeWorker::prompt_failed(Slot& slot, const std::string& error) {
+  slot.session->reset();
+  end_choice(slot, {}, error);
+}
+
+// After a chunk of n tokens was read in `seconds` (its own pass, or the step's that carried it):
+// the counters; the last one hands the slot to the decode steps.
+void DecodeWorker::chunk_read(Slot& slot, size_t n, double seconds) {
+  Job& job = *slot.job;
+  slot.prefill_seconds += seconds;
+  slot.fed += n;
+  slot.telemetry->prompt_read(static_cast<double>(slot.fed));
+  {
     std::lock_guard<std::mutex> lock(mutex_);
     counters_.chunk_seconds.add(seconds);
     counters_.n_tokens_max = std::max<uint64_t>(counters_.n_tokens_max, slot.fed);
-  } catch (const std::exception& e) {
-    slot.session->reset();
-    return end_choice(slot, {}, e.what());
   }
   publish_slot(slot);
   if (slot.fed < slot.prompt.size()) return;
@@ -188,16 +233,23 @@ void DecodeWorker::read_prompt_chunk(Slot& slot) {
   publish_slot(slot);
 }
 
-void DecodeWorker::decode_step() {
+// One step of every decoding slot; with a reader, its next prompt chunk read in the same pass.
+void DecodeWorker::decode_step(Slot* reader) {
   std::vector<int> ended, decoding;
   for (auto& slot : slots_) {
     if (slot->decode_id >= 0) decoding.push_back(slot->id);
   }
+  std::vector<int32_t> chunk;
+  if (reader && !chunk_of(*reader, chunk)) reader = nullptr;
+  PromptChunk prompt;
+  if (reader) prompt = {reader->session.get(), chunk, static_cast<int>(reader->prompt.size())};
+  double seconds = 0;
   try {
     const uint64_t passes_before = parallel_->batch().steps();
     Stopwatch timer;
-    ended = parallel_->step();
-    after_step(timer.seconds(), parallel_->batch().steps() > passes_before, decoding);
+    ended = parallel_->step(reader ? &prompt : nullptr);
+    seconds = timer.seconds();
+    after_step(seconds, parallel_->batch().steps() > passes_before, decoding);
   } catch (const std::exception& e) {
     // A failed pass leaves every decoding session unusable: their jobs fail, the batch restarts.
     const std::string error = e.what();
@@ -211,8 +263,10 @@ void DecodeWorker::decode_step() {
       slot->session->reset();
       end_choice(*slot, {}, error);
     }
+    if (reader) prompt_failed(*reader, error);
     return;
   }
+  if (reader) chunk_read(*reader, chunk.size(), seconds);
   for (auto& slot : slots_) {
     if (slot->decode_id >= 0) publish_slot(*slot);
   }

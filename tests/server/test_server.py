@@ -520,7 +520,7 @@ class ServerMtpTest(unittest.TestCase):
 
 class ServerParallelTest(unittest.TestCase):
     """--parallel N: concurrent requests decoded together, each answer identical to the same
-    request alone (greedy, on a --parallel 1 server), a long prompt read in chunks between the
+    request alone (greedy, on a --parallel 1 server), a long prompt read in chunks inside the
     others' steps, /slots and per-slot /metrics, a cancelled stream that frees its slot, and the
     bounded queue's 503 + Retry-After beyond the slots."""
 
@@ -684,11 +684,15 @@ class ServerParallelTest(unittest.TestCase):
             self.assertEqual((m["llamacpp:requests_processing"], m["llamacpp:requests_deferred"]), (0, 0))
             self.assertEqual(m["llamacpp:n_tokens_max"], max(a["tokens_evaluated"] + a["tokens_predicted"] for a in answers))
             # The batch: each answer's tokens but its last were fed as rows of shared steps, and
-            # every forward pass is a step or one prompt chunk of -b 16.
+            # every forward pass is a step or one prompt chunk of -b 16 read alone: a chunk read
+            # while an answer runs rides in that answer's step (one pass for both).
             steps, rows = m["bmoe_batch_steps_total"], m["bmoe_batch_rows_total"]
             self.assertEqual(rows, sum(p - 1 for p in predicted))
             self.assertGreater(rows, steps, "no step ran two rows")
-            self.assertEqual(m["llamacpp:n_decode_total"], steps + sum(-(-e // 16) for e in evaluated))
+            chunks, mixed = sum(-(-e // 16) for e in evaluated), m["bmoe_batch_chunk_steps_total"]
+            self.assertGreater(mixed, 0, "no prompt chunk was read in a decode step")
+            self.assertLess(mixed, chunks, "the first prompt, read while nothing ran, had its own pass")
+            self.assertEqual(m["llamacpp:n_decode_total"], steps + chunks - mixed)
             self.assertGreater(m["llamacpp:n_busy_slots_per_decode"], 1.0)
             self.assertLessEqual(m["llamacpp:n_busy_slots_per_decode"], 2.0)
             self.assertEqual(m["bmoe_batch_rows_per_step"], rows / steps)
