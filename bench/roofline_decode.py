@@ -31,6 +31,9 @@ from bench_prompt import prompt_ids
 from common import BUILD, log, machine, resident_unless_streamed, tool
 
 GEN_RE = re.compile(r"generation: (\d+) tokens, ([\d.]+) s/token, ([\d.]+) tok/s")
+# The process's CPU time (all threads) per generated token: on a shared machine it moves less
+# with the load than the wall time does (a thread waiting for a core is not charged).
+CPU_RE = re.compile(r"process: cpu ([\d.]+) s/tok")
 
 # ggml type id -> (elements per block, bytes per block), for the types bmoe reads.
 TYPE_BLOCKS = {0: (1, 4), 1: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34),
@@ -129,11 +132,11 @@ def decode_s_per_token(model, ids, tokens, threads):
     p = subprocess.run([tool("bmoe-cli"), "-m", model, "--prompt-ids", ",".join(map(str, ids)), "-n", str(tokens),
                         "-t", str(threads), "-c", str(max(4096, len(ids) + tokens + 64)), "--ignore-eos",
                         *resident_unless_streamed([])], capture_output=True, text=True)
-    m = GEN_RE.search(p.stderr)
+    m, c = GEN_RE.search(p.stderr), CPU_RE.search(p.stderr)
     if p.returncode != 0 or not m:
         log(p.stderr[-2000:])
-        return None
-    return float(m.group(2))
+        return None, None
+    return float(m.group(2)), float(c.group(1)) if c else None
 
 
 def load():
@@ -153,37 +156,41 @@ def main():
     weights, kv_per_pos, desc = bytes_per_token(args.model)
     depths = [int(x) for x in args.depths.split(",")]
     decode_s_per_token(args.model, prompt_ids(args.model, 64), 4, args.threads)  # untimed: page the file in
-    runs, triads, loads = {d: [] for d in depths}, [], []
+    runs, cpus, triads, loads = {d: [] for d in depths}, {d: [] for d in depths}, [], []
     for r in range(args.repeats):
         loads.append(load())
         triads.append(triad_all())
         log(f"round {r + 1}: triad/all {triads[-1]:.1f} GB/s (load {loads[-1]:.1f})")
         for d in depths:
             loads.append(load())
-            s = decode_s_per_token(args.model, prompt_ids(args.model, d), args.tokens, args.threads)
+            s, cpu = decode_s_per_token(args.model, prompt_ids(args.model, d), args.tokens, args.threads)
             runs[d].append(s)
-            log(f"round {r + 1}: depth {d}: {s} s/token (load {loads[-1]:.1f})")
+            cpus[d].append(cpu)
+            log(f"round {r + 1}: depth {d}: {s} s/token, process cpu {cpu} s/token (load {loads[-1]:.1f})")
     triad = statistics.median(triads)
     print(f"Decode roofline: {os.path.basename(args.model)}, {args.tokens} tokens, -t {args.threads}, resident, f16 KV; "
           f"{machine()}; triad/all {', '.join(f'{t:.1f}' for t in triads)} GB/s (median {triad:.1f}); "
           f"load average at run starts {min(loads):.1f}-{max(loads):.1f}\n\n{desc}\n")
     print("| depth | weights MB/token | KV MB/token | total MB/token | decode ms/token (runs) | tok/s | achieved GB/s "
-          "| % of triad | bound ms (bytes / triad) | measured / bound |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| % of triad | bound ms (bytes / triad) | measured / bound | process CPU ms/token (runs) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     rows = []
     for d in depths:
         kv = kv_per_pos * d
         total = weights + kv
         times = [t for t in runs[d] if t]
         if not times:
-            print(f"| {d} | {weights / 1e6:.0f} | {kv / 1e6:.0f} | {total / 1e6:.0f} | failed | | | | | |")
+            print(f"| {d} | {weights / 1e6:.0f} | {kv / 1e6:.0f} | {total / 1e6:.0f} | failed | | | | | | |")
             continue
         t = statistics.median(times)
         bound = total / (triad * 1e9)
-        rows.append({"depth": d, "weights": weights, "kv": kv, "s_per_token": times, "triad_gbs": triads})
+        cpu = [x for x in cpus[d] if x]
+        rows.append({"depth": d, "weights": weights, "kv": kv, "s_per_token": times, "cpu_s_per_token": cpu,
+                     "triad_gbs": triads})
         print(f"| {d} | {weights / 1e6:.0f} | {kv / 1e6:.0f} | {total / 1e6:.0f} | {1e3 * t:.1f} "
               f"({' / '.join(f'{1e3 * x:.1f}' for x in times)}) | {1 / t:.1f} | {total / t / 1e9:.1f} "
-              f"| {100 * total / t / 1e9 / triad:.0f} % | {1e3 * bound:.1f} | {t / bound:.1f}x |")
+              f"| {100 * total / t / 1e9 / triad:.0f} % | {1e3 * bound:.1f} | {t / bound:.1f}x "
+              f"| {' / '.join(f'{1e3 * x:.1f}' for x in cpu)} |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"model": args.model, "desc": desc, "loads": loads, "rows": rows}, f, indent=1)

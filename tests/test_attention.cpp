@@ -336,6 +336,24 @@ TEST(DecodeAttention, FlashSlidingWindowSinksSoftcapAndF32Cache) {
   expect_decode_exact(c, AttentionNumerics::Flash, c.positions - 2, 2, 2);
 }
 
+// The f16 kernel's shapes: Qwen3-30B-A3B's heads (a group of 8, 128 dims: two dot products of
+// four heads per key), and odd sizes whose dot and V sum take the 8-lane and scalar tails with
+// a group of 5 (four heads, then one).
+TEST(DecodeAttention, FlashF16KernelShapesMatchReferenceBitForBit) {
+  Case c = long_case();
+  c.n_head = 16;
+  c.n_head_kv = 2;
+  c.dk = 128;
+  c.dv = 128;
+  expect_decode_exact(c, AttentionNumerics::Flash, c.positions - 2, 2, 2);
+  c.n_head = 10;
+  c.dk = 44;  // 16 + 16 + 8 + 4
+  c.dv = 36;  // 8 x 4 + 4
+  c.softcap = 5.0f;
+  c.sinks = true;
+  expect_decode_exact(c, AttentionNumerics::Flash, c.positions - 3, 3, 2);
+}
+
 TEST(DecodeAttention, ClassicMatchesOneHeadReferenceBitForBit) {
   Case c = long_case();
   c.sliding_window = 300;

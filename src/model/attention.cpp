@@ -94,58 +94,76 @@ DotFn cache_dot(const KvCache& cache) {
 // running max, the sum of weights, then the dv weighted V sums in f32.
 constexpr size_t kPartialHeader = 2;
 
+// flash_block on an f16 cache: the group's steps by f16_flash_keys (quant.h), which converts
+// each key and value row once for all the group's heads; the partials' headers are set.
+void flash_block_f16(const KvCache& cache, int layer, const AttentionParams& p, int kv_head, const uint16_t* queries,
+                     int j0, int j1, float* partials, size_t head_stride, uint16_t* acc16) {
+  const int group = p.n_head / p.n_head_kv, dv = p.head_dim_v;
+  F16FlashArgs a;
+  a.q = queries;
+  a.heads = group;
+  a.dk = p.head_dim_k;
+  a.dv = dv;
+  a.k = reinterpret_cast<const uint16_t*>(head_row(cache, true, layer, j0, kv_head, a.dk));
+  a.v = reinterpret_cast<const uint16_t*>(head_row(cache, false, layer, j0, kv_head, dv));
+  a.k_stride = static_cast<size_t>(cache.k_width(layer));
+  a.v_stride = static_cast<size_t>(cache.v_width(layer));
+  a.scale = p.softcap != 0.0f ? p.scale / p.softcap : p.scale;
+  a.softcap = p.softcap;
+  thread_local std::vector<float> max, sum;
+  max.assign(static_cast<size_t>(group), -INFINITY);
+  sum.assign(static_cast<size_t>(group), 0.0f);
+  f16_flash_keys(a, j1 - j0 + 1, max.data(), sum.data(), acc16);
+  for (int h = 0; h < group; ++h) {
+    float* part = partials + static_cast<size_t>(h) * head_stride;
+    part[0] = max[static_cast<size_t>(h)];
+    part[1] = sum[static_cast<size_t>(h)];
+    const uint16_t* acc = acc16 + static_cast<size_t>(h) * dv;
+    for (int d = 0; d < dv; ++d) part[kPartialHeader + d] = fp16_to_fp32(acc[d]);
+  }
+}
+
 // ggml's online softmax for the heads of `kv_head` over positions [j0, j1] of one row. Per head
 // and key: the score from the dot, times the scale (then the softcap); a new maximum rescales
 // the V sum by exp(old - new) and the key weighs 1, otherwise it weighs exp(s - max); the V sum
-// takes v * weight, rounded to f16 after every step on an f16 cache (ggml's f16 running sum).
-// Head h's partial goes to partials + h * head_stride.
+// takes v * weight, rounded to f16 after every step on an f16 cache (ggml's f16 running sum,
+// flash_block_f16). Head h's partial goes to partials + h * head_stride.
 void flash_block(const KvCache& cache, int layer, const AttentionParams& p, int kv_head, const void* queries,
                  int j0, int j1, float* partials, size_t head_stride) {
   const int group = p.n_head / p.n_head_kv, dk = p.head_dim_k, dv = p.head_dim_v;
-  const bool f16 = cache.type() == KvType::F16;
-  const DotFn dot = cache_dot(cache);
-  const size_t q_bytes = static_cast<size_t>(dk) * cache.element_bytes();
-  const float scale = p.softcap != 0.0f ? p.scale / p.softcap : p.scale;
-  thread_local std::vector<uint16_t> acc16;
-  if (f16) acc16.assign(static_cast<size_t>(group) * dv, 0);
   for (int h = 0; h < group; ++h) {
     float* part = partials + static_cast<size_t>(h) * head_stride;
     part[0] = -INFINITY;
     part[1] = 0.0f;
     std::fill(part + kPartialHeader, part + kPartialHeader + dv, 0.0f);
   }
+  if (cache.type() == KvType::F16) {
+    thread_local std::vector<uint16_t> acc16;
+    acc16.assign(static_cast<size_t>(group) * dv, 0);
+    return flash_block_f16(cache, layer, p, kv_head, static_cast<const uint16_t*>(queries), j0, j1, partials,
+                           head_stride, acc16.data());
+  }
+  const DotFn dot = cache_dot(cache);
+  const float scale = p.softcap != 0.0f ? p.scale / p.softcap : p.scale;
   for (int j = j0; j <= j1; ++j) {
     const uint8_t* k = head_row(cache, true, layer, j, kv_head, dk);
-    const uint8_t* v = head_row(cache, false, layer, j, kv_head, dv);
+    const auto* v = reinterpret_cast<const float*>(head_row(cache, false, layer, j, kv_head, dv));
     for (int h = 0; h < group; ++h) {
       float* part = partials + static_cast<size_t>(h) * head_stride;
-      float* acc32 = part + kPartialHeader;
-      uint16_t* acc = f16 ? acc16.data() + static_cast<size_t>(h) * dv : nullptr;
-      float s = dot(k, static_cast<const uint8_t*>(queries) + h * q_bytes, dk) * scale;
+      float* acc = part + kPartialHeader;
+      float s = dot(k, static_cast<const float*>(queries) + static_cast<size_t>(h) * dk, dk) * scale;
       if (p.softcap != 0.0f) s = p.softcap * std::tanh(s);
       float ms = 1.0f, vs = 1.0f;
       if (s > part[0]) {
         ms = std::exp(part[0] - s);
         part[0] = s;
-        if (f16) f16_scale(acc, ms, dv);
-        else ops::scale(acc32, ms, dv);
+        ops::scale(acc, ms, dv);
       } else {
         vs = std::exp(s - part[0]);
       }
-      if (f16) {
-        f16_fma_into(acc, reinterpret_cast<const uint16_t*>(v), vs, dv);
-      } else {
-        const auto* v32 = reinterpret_cast<const float*>(v);
-        for (int d = 0; d < dv; ++d) acc32[d] += v32[d] * vs;
-      }
+      for (int d = 0; d < dv; ++d) acc[d] += v[d] * vs;
       part[1] = part[1] * ms + vs;
     }
-  }
-  if (!f16) return;
-  for (int h = 0; h < group; ++h) {
-    float* acc32 = partials + static_cast<size_t>(h) * head_stride + kPartialHeader;
-    const uint16_t* acc = acc16.data() + static_cast<size_t>(h) * dv;
-    for (int d = 0; d < dv; ++d) acc32[d] = fp16_to_fp32(acc[d]);
   }
 }
 

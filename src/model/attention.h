@@ -37,6 +37,8 @@ class KvCache {
   // Row of position `pos`: uint16_t (f16) or float elements depending on type().
   const void* k_row(int layer, int pos) const { return row(k_, layer, pos, k_width_[static_cast<size_t>(layer)]); }
   const void* v_row(int layer, int pos) const { return row(v_, layer, pos, v_width_[static_cast<size_t>(layer)]); }
+  int k_width(int layer) const { return k_width_[static_cast<size_t>(layer)]; }
+  int v_width(int layer) const { return v_width_[static_cast<size_t>(layer)]; }
   size_t element_bytes() const { return type_ == KvType::F16 ? 2 : 4; }
   size_t bytes() const;
 

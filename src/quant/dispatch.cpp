@@ -239,6 +239,32 @@ void f16_fma_into(uint16_t* acc, const uint16_t* v, float s, int64_t n) {
   for (int64_t i = 0; i < n; ++i) acc[i] = fp32_to_fp16(std::fma(fp16_to_fp32(v[i]), s, fp16_to_fp32(acc[i])));
 }
 
+void f16_flash_keys(const F16FlashArgs& a, int n_keys, float* max, float* sum, uint16_t* acc) {
+#if defined(__x86_64__)
+  if (active_isa() == Isa::Avx2 && cpu_features().avx512bw) return avx512::f16_flash_keys(a, n_keys, max, sum, acc);
+  if (active_isa() == Isa::Avx2) return avx2::f16_flash_keys(a, n_keys, max, sum, acc);
+#endif
+  for (int j = 0; j < n_keys; ++j) {
+    const uint16_t* k = a.k + static_cast<size_t>(j) * a.k_stride;
+    const uint16_t* v = a.v + static_cast<size_t>(j) * a.v_stride;
+    for (int h = 0; h < a.heads; ++h) {
+      uint16_t* acc_h = acc + static_cast<size_t>(h) * a.dv;
+      float s = dot_f16_pair(k, a.q + static_cast<size_t>(h) * a.dk, a.dk) * a.scale;
+      if (a.softcap != 0.0f) s = a.softcap * std::tanh(s);
+      float ms = 1.0f, vs = 1.0f;
+      if (s > max[h]) {
+        ms = std::exp(max[h] - s);
+        max[h] = s;
+        f16_scale(acc_h, ms, a.dv);
+      } else {
+        vs = std::exp(s - max[h]);
+      }
+      f16_fma_into(acc_h, v, vs, a.dv);
+      sum[h] = sum[h] * ms + vs;
+    }
+  }
+}
+
 float dot_f16_pair(const uint16_t* x, const uint16_t* y, int64_t n) {
 #if defined(__x86_64__)
   if (active_isa() == Isa::Avx2) return avx2::dot_f16(x, y, n);

@@ -60,6 +60,25 @@ float dot_f16_pair(const uint16_t* x, const uint16_t* y, int64_t n);
 void f16_scale(uint16_t* acc, float s, int64_t n);
 void f16_fma_into(uint16_t* acc, const uint16_t* v, float s, int64_t n);
 
+// Flash attention's decode step for `heads` query heads sharing one KV head of an f16 cache:
+// ggml's online softmax over keys k, k + k_stride, ... (elements) in order. Per head and key:
+// s = dot_f16_pair(k, q_h) * scale, then s = softcap * tanh(s) if softcap != 0; if s > max[h]
+// the running sum is rescaled (f16_scale by exp(max - s)), max[h] = s and the key weighs 1,
+// otherwise it weighs exp(s - max[h]); acc_h takes f16_fma_into(v, weight) and
+// sum[h] = sum[h] * rescale + weight. Bit for bit that composition of the kernels above; the
+// SIMD paths convert each key and value row once for all the heads instead of once per head.
+struct F16FlashArgs {
+  const uint16_t* q = nullptr;  // heads x dk query elements (f16)
+  int heads = 0;
+  int dk = 0, dv = 0;
+  const uint16_t* k = nullptr;  // the first key's head row
+  const uint16_t* v = nullptr;
+  size_t k_stride = 0, v_stride = 0;  // elements from one position's row to the next
+  float scale = 1.0f, softcap = 0.0f;
+};
+// max, sum: heads values; acc: heads x dv f16 running V sums, updated in place.
+void f16_flash_keys(const F16FlashArgs& args, int n_keys, float* max, float* sum, uint16_t* acc);
+
 // Converts n floats into activation format `format` (F32, F16, BF16, Q8_0 or Q8_K).
 void quantize_activations(TensorType format, const float* src, void* dst, int64_t n);
 size_t activation_bytes(TensorType format, int64_t n);

@@ -5,6 +5,10 @@
 #include <cstddef>
 #include <cstdint>
 
+namespace bmoe {
+struct F16FlashArgs;  // quant.h
+}
+
 // Declares a tile kernel (DotTileFn).
 #define BMOE_DOT_TILE(name)                                                                                       \
   void name(const void* w, size_t stride, int64_t rows, const void* const* acts, int64_t n_act, int64_t n, float* out, \
@@ -34,6 +38,7 @@ void quantize_f16(const float* src, void* dst, int64_t n);
 void dequantize_f16(const void* src, float* dst, int64_t n);
 void f16_scale(uint16_t* acc, float s, int64_t n);
 void f16_fma_into(uint16_t* acc, const uint16_t* v, float s, int64_t n);
+void f16_flash_keys(const F16FlashArgs& args, int n_keys, float* max, float* sum, uint16_t* acc);  // flash_avx2.cpp
 // float_kernels.h
 void gemm_f32(float* c, int64_t ldc, const float* a, int64_t lda, const float* b, int64_t ldb, int64_t m,
               int64_t k, int64_t n);
@@ -93,6 +98,7 @@ namespace bmoe::avx512 {
 BMOE_AVX512_INT_KERNELS
 void gemm_f32(float* c, int64_t ldc, const float* a, int64_t lda, const float* b, int64_t ldb, int64_t m,
               int64_t k, int64_t n);
+void f16_flash_keys(const F16FlashArgs& args, int n_keys, float* max, float* sum, uint16_t* acc);  // flash_avx512.cpp
 }  // namespace bmoe::avx512
 
 namespace bmoe::neon {
