@@ -159,6 +159,7 @@ std::string config_json(const CliOptions& c, const LoadedRun& run) {
     j["overlap"] = o.overlapping();
     j["overlap_adaptive"] = o.adaptive_overlap();
     j["prefetch"] = o.prefetch;
+    j["early_reads"] = o.early_reads;
     j["predictor"] = flags.predictor;
   }
   j["route_ahead"] = o.route_ahead;
