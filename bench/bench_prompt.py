@@ -10,6 +10,7 @@ runs alternate (bmoe, llama.cpp, bmoe, ...). Prints a markdown table with median
 alternation; its own column).
 
     bench/bench_prompt.py [--lengths 128,512,2048] [--threads 2] [--repeats 2] [--models qwen,gpt-oss] [--isa-ab avx512]
+    bench/bench_prompt.py --model PATH.gguf [...]   (a model already written, e.g. a deepseek4 cut)
 """
 import argparse
 import json
@@ -78,13 +79,17 @@ def main():
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--models", default="qwen,gpt-oss")
     ap.add_argument("--isa-ab", help="also run bmoe under this BMOE_ISA value in each round")
+    ap.add_argument("--model", help="run this model file instead of --models' cuts")
     args = ap.parse_args()
     lengths = [int(x) for x in args.lengths.split(",")]
     rows = []
-    for key in args.models.split(","):
-        preset, layers = MODELS[key]
-        model = os.path.join(REPO, "bench", "out", "models", f"{preset}-{layers}l.gguf")
-        ensure_model(model, preset, "--layers", str(layers))
+    for key in ([args.model] if args.model else args.models.split(",")):
+        if args.model:
+            model, preset, layers = key, os.path.basename(key), 0
+        else:
+            preset, layers = MODELS[key]
+            model = os.path.join(REPO, "bench", "out", "models", f"{preset}-{layers}l.gguf")
+            ensure_model(model, preset, "--layers", str(layers))
         warm = prompt_ids(model, 64)
         run_bmoe_prompt(model, warm, args.threads)
         run_llama_prompt(model, warm, args.threads)
@@ -96,10 +101,10 @@ def main():
                 theirs.append(run_llama_prompt(model, ids, args.threads))
                 if args.isa_ab:
                     alt.append(run_bmoe_prompt(model, ids, args.threads, isa=args.isa_ab))
-                log(f"{preset} {layers}l, {n} tokens, repeat {r + 1}: bmoe {ours[-1]} tok/s, llama.cpp {theirs[-1]} tok/s"
+                log(f"{preset}{f' {layers}l' if layers else ''}, {n} tokens, repeat {r + 1}: bmoe {ours[-1]} tok/s, llama.cpp {theirs[-1]} tok/s"
                     + (f", bmoe BMOE_ISA={args.isa_ab} {alt[-1]} tok/s" if args.isa_ab else ""))
             a, b = median(ours), median(theirs)
-            rows.append((f"{preset}, {layers} layers", n, ours, theirs, a / b, alt))
+            rows.append((f"{preset}, {layers} layers" if layers else preset, n, ours, theirs, a / b, alt))
     ab = f" bmoe BMOE_ISA={args.isa_ab} tok/s | ratio |" if args.isa_ab else ""
     print(f"| model | prompt tokens | bmoe tok/s | llama.cpp tok/s | ratio |{ab}\n|---|---|---|---|---|"
           + ("---|---|" if args.isa_ab else ""))

@@ -24,6 +24,7 @@
 #include "moe/learned_policy.h"
 #include "moe/optgen_policy.h"
 #include "moe/streaming_experts.h"
+#include "model/batch_pass.h"
 #include <fmt/format.h>
 #include <unistd.h>
 #include "io/direct_io.h"
@@ -61,6 +62,7 @@ struct StreamConfig {
   bool adapt = false;  // with overlap: probe both modes and keep the faster (--overlap)
   int affinity = 0;    // prefetch from the routing history, this many layers ahead (--predictor affinity)
   IoEngine engine = IoEngine::Threads;
+  bool early_reads = true;  // hash-routed layers' experts read at the start of each pass (--no-early-reads)
 };
 
 std::unique_ptr<LoadedModel> streamed(const std::string& path, const StreamConfig& c) {
@@ -82,6 +84,7 @@ std::unique_ptr<LoadedModel> streamed(const std::string& path, const StreamConfi
   so.affinity_window = c.affinity;
   so.prefetch_bytes = prefetch_staging_bytes(model->expert_layout, (c.prefetch ? top_k : 0) + (c.affinity ? top_k : 0),
                                              std::max(c.prefetch, c.affinity));
+  if (c.early_reads) so.prefetch_bytes += early_read_staging_bytes(model->expert_layout, model->transformer->config(), 1);
   attach_streaming(*model, so);
   return model;
 }
@@ -344,6 +347,15 @@ TEST_P(FamilyStreamingIdentity, StreamedEqualsResident) {
         << " prefetch " << c.prefetch;
     const ExpertStats st = model->experts->stats();
     EXPECT_GT(st.misses, 0u);
+    // Hash-routed layers (deepseek4) have their experts read at the start of each pass, and
+    // every such read is the one their layer then asks for; other families read none early.
+    if (model->transformer->config().moe.n_hash_layers > 0) {
+      EXPECT_GT(st.early_reads, 0u) << GetParam();
+      EXPECT_EQ(st.early_used, st.early_reads) << GetParam();
+      EXPECT_EQ(st.early_wasted_bytes, 0u) << GetParam();
+    } else {
+      EXPECT_EQ(st.early_reads, 0u) << GetParam();
+    }
     // The predictor applies each family's router input (gemma4's scaled plain norm included):
     // it must beat picking experts at random, k/n of them right.
     if (c.prefetch > 0) {
@@ -862,6 +874,84 @@ TEST(Streaming, DeepSeek4LongContextAndRewindEqualResident) {
     auto model = streamed(path, c);
     EXPECT_EQ(run(*model), want) << c.cache_mib_x10;
   }
+}
+
+// Serves a model from another source and records, in order, the exact hints it gets and the
+// layers it is asked for.
+class RecordingSource : public ExpertSource {
+ public:
+  explicit RecordingSource(ExpertSource& inner) : inner_(inner) {}
+  struct Event {
+    bool hint = false;  // an exact hint, else a begin_layer
+    int layer = 0;
+    std::set<int32_t> experts;
+  };
+  std::vector<Event> events;
+
+  void hint(std::span<const LayerPrediction> predictions) override {
+    for (const LayerPrediction& p : predictions) {
+      if (p.exact) events.push_back({true, p.layer, {p.experts.begin(), p.experts.end()}});
+    }
+    inner_.hint(predictions);
+  }
+  void begin_layer(const LayerRouting& r) override {
+    events.push_back({false, r.layer, {r.experts.begin(), r.experts.end()}});
+    inner_.begin_layer(r);
+  }
+  int take_ready(std::vector<int>& ready) override { return inner_.take_ready(ready); }
+  std::span<const Weight> matrices(int index) override { return inner_.matrices(index); }
+  void end_layer() override { inner_.end_layer(); }
+  ExpertStats stats() const override { return inner_.stats(); }
+  std::string describe() const override { return "recording"; }
+
+ private:
+  ExpertSource& inner_;
+};
+
+// deepseek4's hash-routed layers route by token id: before the first layer of every pass runs
+// (prompt chunks, decode steps, a batch of two sequences), each of them has been hinted exactly
+// the experts it then asks for, so a streaming source can read them while the layers before
+// compute. Layers routed by their router get no exact hint.
+TEST(EarlyReads, HashRoutedLayersAreHintedExactlyBeforeThePassRuns) {
+  const std::string path = test_model_path("tiny-deepseek4", 4);
+  auto model = load_model(path, LoadOptions{});
+  const int hashed = model->transformer->config().moe.n_hash_layers;
+  ASSERT_GE(hashed, 2);  // a later hash layer's hint must come before an earlier layer runs
+  RecordingSource recorder(*model->experts);
+  model->transformer->set_experts(&recorder);
+  ThreadPool pool(2);
+  Session a(*model, pool, 512, 64, SamplerConfig{}), b(*model, pool, 512, 64, SamplerConfig{});
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 80; ++i) prompt.push_back(static_cast<int32_t>((i * 7919 + 13) % 400 + 3));
+  a.prefill(prompt);  // passes of 64 and 16 tokens
+  b.prefill(std::vector<int32_t>(prompt.begin(), prompt.begin() + 5));
+  for (int i = 0; i < 3; ++i) a.accept(a.sample());
+  BatchPass batch(*model->transformer, pool);
+  InferenceState* states[] = {&a.state(), &b.state()};
+  const int32_t step[] = {11, 257};
+  batch.decode(states, step);
+
+  std::map<int, std::set<int32_t>> hinted;  // exact hints not yet used by their layer
+  int hashed_visits = 0, passes = 0;
+  for (const RecordingSource::Event& e : recorder.events) {
+    if (e.hint) {
+      EXPECT_LT(e.layer, hashed);
+      hinted[e.layer] = e.experts;
+      continue;
+    }
+    if (e.layer == 0) {
+      ++passes;
+      for (int l = 0; l < hashed; ++l) EXPECT_TRUE(hinted.count(l)) << "pass " << passes << " layer " << l << " not hinted";
+    }
+    if (e.layer >= hashed) continue;
+    ++hashed_visits;
+    ASSERT_TRUE(hinted.count(e.layer)) << "pass " << passes << " layer " << e.layer;
+    EXPECT_EQ(hinted[e.layer], e.experts) << "pass " << passes << " layer " << e.layer;
+    hinted.erase(e.layer);
+  }
+  EXPECT_EQ(passes, 2 + 1 + 3 + 1);  // a's two prompt passes, b's one, three steps, the batch
+  EXPECT_EQ(hashed_visits, passes * hashed);
+  model->transformer->set_experts(model->experts.get());
 }
 
 TEST(StreamingFaults, FailedReadIsAnErrorNotAWrongToken) {

@@ -159,6 +159,7 @@ std::string config_json(const CliOptions& c, const LoadedRun& run) {
     j["overlap"] = o.overlapping();
     j["overlap_adaptive"] = o.adaptive_overlap();
     j["prefetch"] = o.prefetch;
+    j["early_reads"] = o.early_reads;
     j["predictor"] = flags.predictor;
   }
   j["route_ahead"] = o.route_ahead;
@@ -241,10 +242,18 @@ void chat_turn(const CliOptions& o, const ChatTemplate& chat, Session& session, 
   g_interrupted.store(false);
 }
 
+// The run's configuration from the flags. --route-replay forces the hash-routed layers' routing
+// too, so their experts known from the token ids are not the ones read: no early reads then.
+RunConfig cli_run_config(const CliOptions& o) {
+  RunConfig c = run_config(o.run);
+  if (!o.route_replay.empty()) c.early_reads = false;
+  return c;
+}
+
 // -i: a chat loop. The conversation is re-rendered each turn with the model's chat format and
 // the session keeps the KV rows of the common prefix, so only the new turn is evaluated.
 int interactive(const CliOptions& o) {
-  LoadedRun loaded = load_run(run_config(o.run));
+  LoadedRun loaded = load_run(cli_run_config(o));
   const ChatTemplate chat = o.chatml ? ChatTemplate::builtin(ChatFormat::ChatML) : chat_template_for(loaded);
   ThreadPool pool(loaded.config.thread_count());
   const std::unique_ptr<Session> session = open_session(loaded, pool);
@@ -605,7 +614,7 @@ int run_parallel(const CliOptions& o) {
   if (!o.teacher_force.empty() || !o.csv.empty() || !o.route_trace.empty() || !o.dump_logits.empty()) {
     fail("--parallel runs without --teacher-force, --csv, --route-trace and --dump-logits");
   }
-  LoadedRun loaded = load_run(run_config(o.run));
+  LoadedRun loaded = load_run(cli_run_config(o));
   ThreadPool pool(loaded.config.thread_count());
   ParallelCliRun(o, loaded, pool).run();
   report_prefetch(loaded);
@@ -624,7 +633,7 @@ int run(const CliOptions& o) {
 
   MemoryWatcher watcher;
   const auto thermal_start = read_thermal();
-  LoadedRun loaded = load_run(run_config(o.run));
+  LoadedRun loaded = load_run(cli_run_config(o));
   const RunConfig& config = loaded.config;
   const std::string text = chat_prompt(o, loaded, prompt);
   ThreadPool pool(config.thread_count());

@@ -176,6 +176,9 @@ void add_streaming_flags(CLI::App& app, RunOptions& o) {
                  "hidden state), affinity (which experts followed this token's experts in earlier tokens, learned as "
                  "it runs), or both; each pauses itself while mostly wrong")
       ->capture_default_str()->check(CLI::IsMember({"router", "affinity", "both"}));
+  app.add_flag("--no-early-reads", o.no_early_reads,
+               "streaming: do not read the hash-routed layers' experts (deepseek4: known from the token ids) at "
+               "the start of each pass; they are then read when their layer runs (output is the same either way)");
   app.add_option("--predict-log", o.config.predict_log, "streaming: write the prefetch predictions checked against the real routing (CSV)");
   app.add_option("--cache-file", o.config.cache_file,
                  "streaming: start with the experts listed in FILE read into the cache (if it exists and was saved for "
@@ -270,6 +273,7 @@ RunConfig run_config(const RunOptions& o) {
   c.dense_weights = o.dense_weights == "mmap" ? DenseWeights::Mmap : DenseWeights::Anon;
   c.io_engine = o.io_engine == "uring" ? IoEngine::Uring : IoEngine::Threads;
   c.odirect = !o.no_odirect;
+  c.early_reads = !o.no_early_reads;
   c.predictor = predictor_named(o.predictor);
   return c;
 }

@@ -27,6 +27,7 @@ struct RunOptions {
   int64_t cache_ceil_mb = -1;  // -1: no ceiling
   std::string io_engine = "threads";
   bool no_odirect = false;
+  bool no_early_reads = false;
   std::string predictor = "both";  // router, affinity or both
   bool moe_stream = false;     // --moe-stream
   bool no_moe_stream = false;  // --no-moe-stream (neither: the mode chooses itself)

@@ -230,14 +230,30 @@ std::unique_ptr<LoadedModel> load_model(const std::string& path, const LoadOptio
   return model;
 }
 
-uint64_t prefetch_staging_bytes(const ExpertLayout& layout, int per_layer, int window) {
-  if (window <= 0) return 0;
+namespace {
+
+// The most a staged expert takes: each matrix window is rounded out to the direct-I/O
+// alignment on both ends.
+uint64_t largest_staged_expert(const ExpertLayout& layout) {
   uint64_t largest = 0;
   for (const ExpertLayerLayout& l : layout.layers) {
-    // Each matrix window is rounded out to the direct-I/O alignment on both ends.
     largest = std::max<uint64_t>(largest, l.expert_bytes() + l.matrices.size() * 2 * kDirectAlignment);
   }
-  return static_cast<uint64_t>(window + 1) * static_cast<uint64_t>(per_layer) * largest;
+  return largest;
+}
+
+}  // namespace
+
+uint64_t prefetch_staging_bytes(const ExpertLayout& layout, int per_layer, int window) {
+  if (window <= 0) return 0;
+  return static_cast<uint64_t>(window + 1) * static_cast<uint64_t>(per_layer) * largest_staged_expert(layout);
+}
+
+uint64_t early_read_staging_bytes(const ExpertLayout& layout, const ModelConfig& cfg, int rows) {
+  const int hashed = std::min(cfg.moe.n_hash_layers, cfg.n_layer);
+  if (hashed <= 0) return 0;
+  const int per_layer = std::min(cfg.n_expert, cfg.n_expert_used * std::max(1, rows));
+  return static_cast<uint64_t>(hashed) * static_cast<uint64_t>(per_layer) * largest_staged_expert(layout);
 }
 
 void attach_streaming(LoadedModel& model, const StreamingOptions& options) {

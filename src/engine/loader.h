@@ -69,6 +69,11 @@ ModelPreview preview_model(const std::string& path);
 // routers' top-k guess), one window in flight while the layer being computed still holds the
 // previous prediction's reads. 0 when window is 0.
 uint64_t prefetch_staging_bytes(const ExpertLayout& layout, int per_layer, int window);
+// Staging room for the early reads of the hash-routed layers (their experts, known from the
+// token ids, are read at the start of each pass): per such layer, the experts one step of `rows`
+// tokens routes (top-k x rows, at most the layer's experts) of the largest expert; a prompt
+// chunk's experts beyond that are read when their layer runs. 0 for a model without them.
+uint64_t early_read_staging_bytes(const ExpertLayout& layout, const ModelConfig& cfg, int rows);
 
 // Streaming: creates the expert store (after loading, once the cache budget is decided).
 void attach_streaming(LoadedModel& model, const StreamingOptions& options);

@@ -61,6 +61,9 @@ RunSummary summarize(const std::vector<TokenRecord>& records, const ExpertStats&
   s.evictions = final_stats.evictions;
   s.probe_overlap_s = final_stats.probe_overlap_seconds;
   s.probe_serial_s = final_stats.probe_serial_seconds;
+  s.early_reads = final_stats.early_reads;
+  s.early_used = final_stats.early_used;
+  s.early_wasted_bytes = final_stats.early_wasted_bytes;
   s.steady_from = records.size();
   for (size_t i = 0; i < records.size(); ++i) {
     if (records[i].steady) {
@@ -103,6 +106,12 @@ std::string summary_lines(const RunSummary& s, bool streaming, int lanes, uint64
         out += fmt::format("; latest probe {:.3f} s/pass overlapped vs {:.3f} serial", s.probe_overlap_s, s.probe_serial_s);
       }
       out += "\n";
+    }
+    if (s.early_reads > 0) {
+      out += fmt::format("moe-early: {} experts of hash-routed layers read before their layer ran, {} used ({:.1f} %), "
+                         "wasted {:.1f} MiB\n",
+                         s.early_reads, s.early_used, 100.0 * static_cast<double>(s.early_used) / static_cast<double>(s.early_reads),
+                         static_cast<double>(s.early_wasted_bytes) / 1048576.0);
     }
     if (s.steady.tokens == 0) {
       out += fmt::format("moe-steady: none of {} tokens (the cache never filled)\n", s.tokens);
@@ -147,7 +156,10 @@ void write_metrics(const std::string& path, const MetricsInput& m) {
                  {"cache_evictions", s.evictions},
                  {"overlapped_tokens", s.overlapped_tokens},
                  {"probe_overlap_s_per_pass", s.probe_overlap_s},
-                 {"probe_serial_s_per_pass", s.probe_serial_s}};
+                 {"probe_serial_s_per_pass", s.probe_serial_s},
+                 {"early_reads", s.early_reads},
+                 {"early_reads_used", s.early_used},
+                 {"early_wasted_bytes", s.early_wasted_bytes}};
   auto costs = [](const StepCosts& c) {
     return nlohmann::json{{"tokens", c.tokens},
                           {"tok_per_s", c.seconds_per_token > 0 ? 1.0 / c.seconds_per_token : 0.0},

@@ -43,6 +43,11 @@ struct RunSummary {
   size_t overlapped_tokens = 0;
   double probe_overlap_s = 0;
   double probe_serial_s = 0;
+  // Early reads of the hash-routed layers' experts (deepseek4), over the whole run (prompt
+  // included): read at the start of a pass, used by their layer, and bytes nobody used.
+  uint64_t early_reads = 0;
+  uint64_t early_used = 0;
+  uint64_t early_wasted_bytes = 0;
   StepCosts whole;
   // The steady state: the tokens from the first whose step began with the expert cache full
   // (every token of a run without a cache to fill, or warm-started full from --cache-file).

@@ -112,8 +112,9 @@ void warn_lru_below_cycle(const StreamingOptions& so, const LoadedModel& model, 
 // Sizes the cache, attaches the streaming store and warm-starts it; returns the cache budget.
 uint64_t stream_experts(const RunConfig& c, LoadedModel& model) {
   const ModelConfig& cfg = model.transformer->config();
-  const uint64_t staging = prefetch_staging_bytes(model.expert_layout, reads_ahead_per_layer(c, cfg),
-                                                  std::max(c.prefetch, c.route_ahead));
+  const uint64_t staging =
+      prefetch_staging_bytes(model.expert_layout, reads_ahead_per_layer(c, cfg), std::max(c.prefetch, c.route_ahead)) +
+      (c.early_reads ? early_read_staging_bytes(model.expert_layout, cfg, c.parallel) : 0);
   const uint64_t budget = c.cache_bytes ? *c.cache_bytes
                                         : auto_cache_budget(c, context_memory(c, cfg), staging,
                                                             ReadPlanner::every_expert_bytes(model.expert_layout));

@@ -71,6 +71,9 @@ struct RunConfig {
   Predictor predictor = Predictor::Both;  // streaming: what `prefetch` predicts with
   std::string predict_log;  // streaming: CSV of the checked predictions (needs prefetch or route_ahead)
   std::string cache_file;   // streaming: warm start from this file, and save the hot set there
+  // streaming: the hash-routed layers' experts (known from the token ids) are read at the start
+  // of each pass, into a staging area beside the prefetch one (lossless; see loader.h)
+  bool early_reads = true;
 
   // Lossy knobs (off by default).
   int route_ahead = 0;

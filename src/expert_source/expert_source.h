@@ -57,6 +57,10 @@ struct LayerPrediction {
   int distance = 1;
   std::vector<int32_t> experts;
   PredictionSource source = PredictionSource::Router;
+  // Known, not guessed: the layer routes by token id (deepseek4's hash-routed layers), so these
+  // are its experts unless a route hook replaces them. Read early whatever the predictors'
+  // state, and counted as early reads rather than scored as predictions.
+  bool exact = false;
 };
 
 // Counters every source keeps (cumulative since creation).
@@ -86,6 +90,13 @@ struct ExpertStats {
   uint64_t prefetch_wasted_bytes = 0;  // bytes read ahead that nobody used
   uint64_t prefetch_reads_by[kPredictionSources] = {};  // the same split by the source that asked first
   uint64_t prefetch_used_by[kPredictionSources] = {};
+  // Early reads: experts of layers whose routing is known before they run (exact hints: the
+  // hash-routed layers, from the pass's token ids), read into the staging area at the start of
+  // the pass so they land while the earlier layers compute. Like a used prefetch, a used early
+  // read still counts as a cache miss.
+  uint64_t early_reads = 0;
+  uint64_t early_used = 0;          // early reads the layer's routing then asked for
+  uint64_t early_wasted_bytes = 0;  // bytes read early that nobody used (a route hook moved them)
   uint64_t cache_used_bytes = 0;
   uint64_t cache_budget_bytes = 0;
   // The cache holds as much as its budget allows: from here on every cached miss evicts, and a
@@ -135,8 +146,9 @@ class ExpertSource {
   virtual std::span<const Weight> matrices(int index) = 0;
   virtual void end_layer() = 0;
 
-  // Optional: experts predicted for later layers (prefetch). Only what is read changes, never
-  // what is computed. Each prediction replaces the previous one for its layer.
+  // Optional: experts predicted for later layers (prefetch), or known for them (exact hints:
+  // hash-routed layers, given at the start of a pass). Only what is read changes, never what is
+  // computed. Each prediction replaces the previous one for its layer.
   virtual void hint(std::span<const LayerPrediction> predictions) {}
   // Whether the expert is in memory now (a lossy knob skips cold experts; default: resident).
   virtual bool resident(int layer, int expert) const { return true; }

@@ -50,6 +50,35 @@ void RoutedExperts::hashed_experts(const RoutedExpertWeights& L, int32_t token, 
   for (size_t s = 0; s < k; ++s) ids[s] = static_cast<int32_t>(L.hash_experts[static_cast<size_t>(token) * k + s]);
 }
 
+// Each hash-routed layer's experts for the pass's tokens, in order of first use (the order the
+// layer will ask for them), as one exact hint. A route hook may still replace the routing: the
+// reads are then wasted, never wrong, since the source computes what the layer routes.
+void RoutedExperts::hint_hashed_layers(int n, ExpertSource& source) {
+  if (!tokens_ || cfg_.moe.n_hash_layers == 0) return;
+  std::vector<LayerPrediction> known;
+  std::vector<int32_t> ids;
+  for (int l = 0; l < cfg_.n_layer; ++l) {
+    const auto& experts = weights_.layers[static_cast<size_t>(l)].experts;
+    const RoutedExpertWeights* L = experts ? &*experts : nullptr;
+    if (!L || L->hash_experts.empty()) continue;
+    LayerPrediction p;
+    p.layer = l;
+    p.distance = l + 1;  // layers ahead of the pass's start: the nearest read first
+    p.exact = true;
+    std::vector<bool> seen(static_cast<size_t>(cfg_.n_expert), false);
+    for (int i = 0; i < n; ++i) {
+      hashed_experts(*L, tokens_[i], ids);
+      for (int32_t e : ids) {
+        if (e < 0 || e >= cfg_.n_expert || seen[static_cast<size_t>(e)]) continue;
+        seen[static_cast<size_t>(e)] = true;
+        p.experts.push_back(e);
+      }
+    }
+    known.push_back(std::move(p));
+  }
+  if (!known.empty()) source.hint(known);
+}
+
 void RoutedExperts::gate(const RoutedExpertWeights& L, float* logits, std::vector<int32_t>& ids,
                           std::vector<float>& wts, int32_t token) const {
   const int NE = cfg_.n_expert;

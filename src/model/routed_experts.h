@@ -58,6 +58,10 @@ class RoutedExperts {
            float* out);
   // The token ids of the pass's rows (hash-routed layers route by them), or null.
   void set_tokens(const int32_t* tokens) { tokens_ = tokens; }
+  // At the start of a pass of `n` rows (after set_tokens): the hash-routed layers' experts for
+  // these tokens are known before those layers run, so they go to `source` as exact hints and
+  // their reads may start while the earlier layers compute. Changes only what is read when.
+  void hint_hashed_layers(int n, ExpertSource& source);
   // What the router of `layer` reads, computed from a residual row.
   void router_input(int layer, const float* x, float* out) const;
   // The router of `layer` and the gating on residual rows (the router hook's predictions).

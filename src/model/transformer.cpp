@@ -233,6 +233,7 @@ void InferenceState::run_layers(int n) {
   const LayerPass pass{pool_, cfg_, residual_, positions_.data(), n, batch_path()};
   const FfnContext ffn{experts_, *model_.experts_};
   experts_.set_tokens(batch_tokens_.data());
+  experts_.hint_hashed_layers(n, *model_.experts_);
   for (int l = 0; l < cfg_.n_layer; ++l) {
     const LayerWeights& L = w.layers[static_cast<size_t>(l)];
     if (L.hyper) hyper::pre_mix(pool_, residual_, L.hyper->attn(), cfg_);

@@ -36,6 +36,10 @@ void Prefetcher::hint(std::span<const LayerPrediction> predictions) {
 
 void Prefetcher::take(const LayerPrediction& p) {
   if (!planner_.streams(p.layer)) return;
+  if (p.exact) {  // known routing: nothing to score, no accuracy to pause on
+    read_ahead(p);
+    return;
+  }
   auto& pending = predictions_[p.layer];
   const auto same = std::find_if(pending.begin(), pending.end(), [&](const LayerPrediction& q) {
     return q.distance == p.distance && q.source == p.source;
@@ -53,12 +57,12 @@ void Prefetcher::read_ahead(const LayerPrediction& p) {
     if (reads_left == 0) break;
     if (e < 0 || e >= planner_.n_expert(p.layer)) continue;
     if (cache_.contains(make_expert_key(p.layer, e))) continue;
-    stage(p.layer, e, p.distance, p.source);
+    stage(p.layer, e, p.distance, p.source, p.exact);
     --reads_left;
   }
 }
 
-void Prefetcher::stage(int layer, int expert, int distance, PredictionSource source) {
+void Prefetcher::stage(int layer, int expert, int distance, PredictionSource source, bool exact) {
   const ExpertKey key = make_expert_key(layer, expert);
   if (cache_.contains(key) || staged(key)) return;
   const uint64_t bytes = planner_.slot_bytes(layer, expert);
@@ -67,12 +71,17 @@ void Prefetcher::stage(int layer, int expert, int distance, PredictionSource sou
   s.layer = layer;
   s.bytes = bytes;
   s.source = source;
+  s.exact = exact;
   s.buffer = pool_.take(planner_.cached_bytes(layer));
   s.ticket = std::make_unique<ReadTicket>();
   planner_.queue(layer, expert, *s.buffer, *s.ticket, distance);
   staged_bytes_ += bytes;
-  ++counters_.prefetch_reads;
-  ++counters_.prefetch_reads_by[static_cast<int>(source)];
+  if (exact) {
+    ++counters_.early_reads;
+  } else {
+    ++counters_.prefetch_reads;
+    ++counters_.prefetch_reads_by[static_cast<int>(source)];
+  }
   staged_.emplace(key, std::move(s));
 }
 
@@ -154,8 +163,12 @@ Prefetcher::Adopted Prefetcher::adopt(ExpertKey key) {
   staged_.erase(it);
   staged_bytes_ -= s.bytes;
   lanes_.promote(s.ticket.get());
-  ++counters_.prefetch_used;
-  ++counters_.prefetch_used_by[static_cast<int>(s.source)];
+  if (s.exact) {
+    ++counters_.early_used;
+  } else {
+    ++counters_.prefetch_used;
+    ++counters_.prefetch_used_by[static_cast<int>(s.source)];
+  }
   return {std::move(s.buffer), std::move(s.ticket)};
 }
 
@@ -174,7 +187,7 @@ void Prefetcher::discard(Staged staged) {
   lanes_.cancel(staged.ticket.get());
   lanes_.poll();
   staged_bytes_ -= staged.bytes;
-  counters_.prefetch_wasted_bytes += staged.bytes;
+  (staged.exact ? counters_.early_wasted_bytes : counters_.prefetch_wasted_bytes) += staged.bytes;
   if (staged.ticket->done()) {
     pool_.give(std::move(staged.buffer));
   } else {

@@ -3,7 +3,9 @@
 //
 // Predictions come from the model's routers (hint()) and from the routing history: learn()
 // feeds each single-token visit to an AffinityPredictor and takes its guesses for the next
-// layers. Each prediction is kept for its layer (the latest per distance and source) and,
+// layers. Exact hints (hint() with LayerPrediction::exact: a hash-routed layer's experts, known
+// from the token ids at the start of a pass) are read ahead the same way but never kept, scored
+// or paused: they are the routing, and count as early reads. Each prediction is kept for its layer (the latest per distance and source) and,
 // unless its source is paused, the experts it names that are not in memory are read ahead at
 // priority = distance, behind every urgent read, while the staging area has room (full: the
 // read is skipped, never evicted for). An affinity prediction reads only its best
@@ -110,13 +112,14 @@ class Prefetcher {
     std::unique_ptr<ReadTicket> ticket;
     uint64_t bytes = 0;
     PredictionSource source = PredictionSource::Router;
+    bool exact = false;  // an exact hint's read (counted as an early read)
   };
   // Keeps `p` for its layer and reads it ahead unless its source is paused.
   void take(const LayerPrediction& p);
   void read_ahead(const LayerPrediction& p);
   // Reads (layer, expert) ahead unless it is in memory or being read ahead already, or the
   // staging area is full.
-  void stage(int layer, int expert, int distance, PredictionSource source);
+  void stage(int layer, int expert, int distance, PredictionSource source, bool exact);
   // Scores one prediction and moves its source's accuracy (pausing or resuming it).
   PredictionRecord score(const LayerPrediction& p, std::span<const int32_t> routed);
   void judge(const LayerPrediction& p, int predicted, std::span<const int32_t> routed);
