@@ -126,7 +126,7 @@ void BatchPass::run_layers(std::span<InferenceState* const> states) {
   if (hooks_.router) hooks_.router->begin_pass(cfg_.n_layer);
   const LayerPass pass{pool_, cfg_, residual_, positions_.data(), static_cast<int>(tokens_.size()), false};
   const FfnContext ffn{experts_, model_.experts()};
-  experts_.hint_hashed_layers(n, model_.experts());
+  experts_.hint_hashed_layers(pass.n, model_.experts());
   for (int l = 0; l < cfg_.n_layer; ++l) {
     const LayerWeights& L = w.layers[static_cast<size_t>(l)];
     units_.clear();
