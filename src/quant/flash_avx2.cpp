@@ -3,22 +3,14 @@
 
 #include "quant/simd_kernels.h"
 
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c")
-#endif
+#include "quant/isa_target.h"
+BMOE_ISA_BEGIN("avx2,fma,f16c")
 
 #include "quant/x86_shared.h"  // after the target pragma
 #define BMOE_FLASH_NS avx2
 #define BMOE_FLASH_WIDE 0
 #include "quant/flash_x86_kernels.h"
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+BMOE_ISA_END()
 
 #endif  // __x86_64__

@@ -10,12 +10,8 @@
 #include "quant/float_kernels.h"
 #include "quant/simd_kernels.h"
 
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c")
-#endif
+#include "quant/isa_target.h"
+BMOE_ISA_BEGIN("avx2,fma,f16c")
 
 #include "quant/x86_shared.h"  // after the target pragma: compiled for AVX2
 
@@ -156,10 +152,6 @@ void delta_step(float* state, int s, const float* q, const float* k, const float
 
 }  // namespace bmoe::avx2
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+BMOE_ISA_END()
 
 #endif  // __x86_64__

@@ -11,13 +11,8 @@
 #include "quant/float_kernels.h"
 #include "quant/simd_kernels.h"
 
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma,f16c,avx512f,avx512bw"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw")
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // see quant_avx512.cpp
-#endif
+#include "quant/isa_target.h"
+BMOE_ISA512_BEGIN("avx2,fma,f16c,avx512f,avx512bw")
 
 namespace bmoe::avx512 {
 namespace {
@@ -73,10 +68,6 @@ void gemm_f32(float* c, int64_t ldc, const float* a, int64_t lda, const float* b
 
 }  // namespace bmoe::avx512
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+BMOE_ISA_END()
 
 #endif  // __x86_64__

@@ -13,12 +13,8 @@
 #include "quant/quant.h"
 #include "quant/simd_kernels.h"
 
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c")
-#endif
+#include "quant/isa_target.h"
+BMOE_ISA_BEGIN("avx2,fma,f16c")
 
 #include "quant/x86_shared.h"  // after the target pragma: compiled for AVX2
 
@@ -188,10 +184,6 @@ void quantize_f16(const float* src, void* dst, int64_t n) {
 
 }  // namespace bmoe::avx2
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+BMOE_ISA_END()
 
 #endif  // __x86_64__

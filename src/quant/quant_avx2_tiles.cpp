@@ -13,12 +13,8 @@
 #include "quant/quant.h"
 #include "quant/simd_kernels.h"
 
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c")
-#endif
+#include "quant/isa_target.h"
+BMOE_ISA_BEGIN("avx2,fma,f16c")
 
 #define BMOE_X86_VNNI 0
 #include "quant/x86_shared.h"  // after the target pragma: compiled for AVX2
@@ -26,10 +22,6 @@
 #define BMOE_AVX2_TILES_NS avx2
 #include "quant/quant_avx2_tiles_kernels.h"
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+BMOE_ISA_END()
 
 #endif  // __x86_64__

@@ -14,12 +14,8 @@
 #include "quant/quant.h"
 #include "quant/simd_kernels.h"
 
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma,f16c,avxvnni"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c,avxvnni")
-#endif
+#include "quant/isa_target.h"
+BMOE_ISA_BEGIN("avx2,fma,f16c,avxvnni")
 
 #define BMOE_X86_VNNI 1
 #include "quant/x86_shared.h"  // after the target pragma: compiled for AVX2 + AVX-VNNI
@@ -29,10 +25,6 @@
 #define BMOE_X86_ROWS_NS avx2_vnni
 #include "quant/quant_x86_rows_kernels.h"  // the one-row and eight-row kernels of decode
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+BMOE_ISA_END()
 
 #endif  // __x86_64__

@@ -13,16 +13,8 @@
 #include "quant/quant.h"
 #include "quant/simd_kernels.h"
 
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")
-// GCC 12's AVX-512 intrinsics fill their unused merge operand with _mm512_undefined_*(), which
-// its own -Wmaybe-uninitialized then reports at each use (a known false positive).
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"  // the same placeholder, where GCC is sure
-#endif
+#include "quant/isa_target.h"
+BMOE_ISA512_BEGIN("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")
 
 #define BMOE_X86_VNNI 2
 #include "quant/x86_shared.h"  // after the target pragma: compiled for AVX-512 VNNI here
@@ -32,10 +24,6 @@
 #define BMOE_X86_ROWS_NS avx512vl_vnni
 #include "quant/quant_x86_rows_kernels.h"  // the 256-bit one-row and eight-row kernels, EVEX VNNI
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+BMOE_ISA_END()
 
 #endif  // __x86_64__
