@@ -85,6 +85,7 @@ std::unique_ptr<LoadedModel> streamed(const std::string& path, const StreamConfi
   so.prefetch_bytes = prefetch_staging_bytes(model->expert_layout, (c.prefetch ? top_k : 0) + (c.affinity ? top_k : 0),
                                              std::max(c.prefetch, c.affinity));
   if (c.early_reads) so.prefetch_bytes += early_read_staging_bytes(model->expert_layout, model->transformer->config(), 1);
+  so.early_reads = c.early_reads;
   attach_streaming(*model, so);
   return model;
 }
@@ -375,6 +376,18 @@ INSTANTIATE_TEST_SUITE_P(Families, FamilyStreamingIdentity,
                            for (char& ch : n) ch = std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
                            return n;
                          });
+
+// --no-early-reads holds with router prefetch on too (the staging area is then there anyway):
+// the hash-routed layers' exact hints are ignored, and the output is the same.
+TEST(EarlyReads, OffStaysOffWithPrefetch) {
+  const std::string path = test_model_path("tiny-deepseek4", 4);
+  StreamConfig c{10, 4, true, DenseWeights::Anon, true, "", 2};
+  c.early_reads = false;
+  auto model = streamed(path, c);
+  const auto& want = resident_reference(path);
+  EXPECT_EQ(greedy(*model, 2, 16, RoutingOptions{c.prefetch}), std::vector<int32_t>(want.begin(), want.begin() + 16));
+  EXPECT_EQ(model->experts->stats().early_reads, 0u);
+}
 
 TEST(Streaming, SplitModelEqualsResident) {
   const std::string whole = test_model_path("tiny-qwen3moe", 4);

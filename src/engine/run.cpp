@@ -67,6 +67,7 @@ StreamingOptions streaming_options(const RunConfig& c, const ModelConfig& cfg, u
   StreamingOptions so;
   so.prefetch_bytes = staging;
   so.predict_log = !c.predict_log.empty();
+  so.early_reads = c.early_reads;
   so.affinity_window = c.affinity_prefetch();
   so.affinity_reads = affinity_reads(c, cfg);
   so.top_k = cfg.n_expert_used;

@@ -37,7 +37,7 @@ void Prefetcher::hint(std::span<const LayerPrediction> predictions) {
 void Prefetcher::take(const LayerPrediction& p) {
   if (!planner_.streams(p.layer)) return;
   if (p.exact) {  // known routing: nothing to score, no accuracy to pause on
-    read_ahead(p);
+    if (options_.early_reads) read_ahead(p);
     return;
   }
   auto& pending = predictions_[p.layer];

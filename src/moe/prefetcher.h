@@ -43,6 +43,9 @@ struct PrefetchOptions {
   uint64_t staging_bytes = 0;  // the staging area (0: prefetch off)
   int top_k = 0;               // experts a layer routes per token
   bool keep_log = false;       // keep one PredictionRecord per prediction
+  // Read exact hints (routing known before the layer runs) ahead; false: ignore them, so a run
+  // that turned early reads off (or forces its routing) spends no staging room on them.
+  bool early_reads = true;
   // Prefetch from the routing history (0: off; needs staging_bytes): layers ahead, and reads per
   // predicted layer (0: top_k / 2, at least 1).
   int affinity_window = 0;

@@ -14,6 +14,7 @@ PrefetchOptions prefetch_options(const StreamingOptions& o) {
   p.staging_bytes = o.prefetch_bytes;
   p.top_k = o.top_k;
   p.keep_log = o.predict_log;
+  p.early_reads = o.early_reads;
   p.affinity_window = o.affinity_window;
   p.affinity_reads = o.affinity_reads;
   p.affinity_min_score = o.affinity_min_score;

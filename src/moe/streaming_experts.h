@@ -61,6 +61,7 @@ struct StreamingOptions {
   // loader sizes it to (window + 1) x top-k experts.
   uint64_t prefetch_bytes = 0;
   bool predict_log = false;  // keep one record per prediction (--predict-log)
+  bool early_reads = true;   // read exact hints ahead (PrefetchOptions::early_reads)
   // Prefetch from the routing history (--predictor affinity; 0: off): after each visit of a
   // single token (at most top_k experts), an AffinityPredictor guesses the next
   // affinity_window layers and up to affinity_reads experts per layer that are not in memory
