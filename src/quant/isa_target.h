@@ -16,7 +16,8 @@
 
 // The same for AVX-512 code. GCC 12's AVX-512 intrinsics fill their unused merge operand with
 // _mm512_undefined_*(), which its own -W(maybe-)uninitialized then reports at each use (a known
-// false positive), so those two warnings are off inside (until BMOE_ISA_END's pop).
+// false positive), so those two warnings are off from here to the end of the file (GCC's
+// pop_options does not restore diagnostics; each AVX-512 file ends with its kernels).
 #if defined(__clang__)
 #define BMOE_ISA512_BEGIN(isa) BMOE_ISA_BEGIN(isa)
 #else
