@@ -38,7 +38,7 @@ GEN_RE = re.compile(r"generation: (\d+) tokens, ([\d.]+) s/token, ([\d.]+) tok/s
 READ_RE = re.compile(r"flash read ([\d.]+) MiB/tok")
 SPEC_RE = re.compile(r"speculative: drafted (\d+), accepted (\d+) \([\d.]+ %\), (\d+) verify passes")
 # bmoe-cli's per-step profile: "  verify: N steps, R rows each, T ms, L expert lookups (H % hits), M MiB read"
-# (builds before the hits were counted print no "(H % hits)")
+# (resident runs, and builds before the hits were counted, print no "(H % hits)")
 STEP_RE = re.compile(r"  (plain|verify|drafter): (\d+) steps, ([\d.]+) [a-z ]+ each, ([\d.]+) ms, ([\d.]+) expert lookups"
                      r"(?: \((\d+) % hits\))?, ([\d.]+) MiB read")
 

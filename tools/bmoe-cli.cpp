@@ -421,10 +421,15 @@ void print_answer(const CliOptions& o, const Tokenizer& tok, const std::vector<i
 void print_draft_profile(const DraftProfile& p) {
   auto line = [](const char* name, const StepCost& c, const char* rows) {
     const double n = c.steps > 0 ? static_cast<double>(c.steps) : 1.0;
-    const double hit_pct = c.lookups > 0 ? 100.0 * static_cast<double>(c.hits) / static_cast<double>(c.lookups) : 0.0;
-    fmt::print(stderr, "  {}: {} steps, {:.2f} {} each, {:.1f} ms, {:.1f} expert lookups ({:.0f} % hits), {:.1f} MiB read\n",
-               name, c.steps, static_cast<double>(c.rows) / n, rows, 1e3 * c.seconds / n,
-               static_cast<double>(c.lookups) / n, hit_pct, static_cast<double>(c.bytes_read) / n / 1048576.0);
+    // Resident experts are never read, so a hit share is only said where something streamed.
+    const bool streamed = c.hits > 0 || c.bytes_read > 0;
+    const std::string hits =
+        streamed && c.lookups > 0
+            ? fmt::format(" ({:.0f} % hits)", 100.0 * static_cast<double>(c.hits) / static_cast<double>(c.lookups))
+            : "";
+    fmt::print(stderr, "  {}: {} steps, {:.2f} {} each, {:.1f} ms, {:.1f} expert lookups{}, {:.1f} MiB read\n", name,
+               c.steps, static_cast<double>(c.rows) / n, rows, 1e3 * c.seconds / n, static_cast<double>(c.lookups) / n,
+               hits, static_cast<double>(c.bytes_read) / n / 1048576.0);
   };
   line("plain", p.plain, "rows");
   line("verify", p.verify, "rows");
