@@ -252,7 +252,11 @@ bool DecodeWorker::shutting_down() {
 bool DecodeWorker::submit(const std::shared_ptr<Job>& job) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (shutting_down_) return false;
-  if (queue_.size() >= capacity_) {
+  // With slots, a request that a free slot takes at the worker's next turn is not waiting: the
+  // bound is on the requests beyond the free slots (else a burst that arrives before the worker's
+  // next turn would be refused with slots free).
+  const size_t free_slots = slots_.size() - std::min(active_.size(), slots_.size());
+  if (queue_.size() >= capacity_ + free_slots) {
     ++counters_.rejected_busy;
     return false;
   }

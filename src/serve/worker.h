@@ -232,7 +232,8 @@ class DecodeWorker {
   void shutdown();
   bool shutting_down();
 
-  // Queues a job; false when the queue is full or the server is shutting down.
+  // Queues a job; false when the queue is full (with slots: more than --queue requests beyond the
+  // free slots wait) or the server is shutting down.
   bool submit(const std::shared_ptr<Job>& job);
 
   void count(uint64_t Counters::*field);

@@ -638,6 +638,17 @@ class ServerParallelTest(unittest.TestCase):
             s.stop()
 
 
+    def test_free_slots_take_requests_with_no_queue(self):
+        """--queue bounds the requests waiting beyond the free slots: with --queue 0 a request for
+        a free slot is taken (the worker admits it at its next turn), not refused as a full queue."""
+        s = Server(self.model, "-c", "512", "--parallel", "2", "--queue", "0")
+        try:
+            for _ in range(2):
+                status, body = s.post("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 4, "temperature": 0})
+                self.assertEqual(status, 200, body)
+        finally:
+            s.stop()
+
     def test_metrics_report_the_shared_batch(self):
         """Two requests decoded together on --parallel 2 and a third queued behind them: /metrics
         (llama-server's llamacpp:* names, bmoe's per-slot and batch figures) counts every token
