@@ -208,7 +208,8 @@ INSTANTIATE_TEST_SUITE_P(Families, BatchIdentity,
 class BatchChunks : public ::testing::TestWithParam<std::tuple<std::string, KvType>> {};
 
 TEST_P(BatchChunks, APromptAfterAKeptPrefixEqualsAFreshRead) {
-  const auto& [preset, kv] = GetParam();
+  const std::string& preset = std::get<0>(GetParam());
+  const KvType kv = std::get<1>(GetParam());  // not a structured binding: the lambdas capture it (clang 14)
   auto model = open_model(test_model_path(preset, 4), false);
   const int n_batch = 16;
   GenerateParams params = params_of(jobs()[0]);
