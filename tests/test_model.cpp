@@ -20,6 +20,7 @@
 #include "model/delta_net.h"
 #include "core/rng.h"
 #include "synth/synth.h"
+#include "sanitized.h"
 #include "test_util.h"
 
 namespace bmoe {
@@ -59,7 +60,12 @@ TEST(Model, BatchSizeAndThreadsDoNotChangeLogits) {
     const auto prompt = model->tokenizer->encode("the quick brown fox jumps over the lazy dog again and again", false, false);
     ASSERT_GT(prompt.size(), 8u);
     const auto reference = logits_after(*model, 1, 512, prompt);
-    for (auto [threads, batch] : {std::pair{2, 512}, {3, 5}, {2, 1}, {4, 7}}) {
+    // Under the sanitizers the two splits that differ most from the reference's (odd batches on
+    // odd threads, one token at a time); the Release run takes all four.
+    const std::vector<std::pair<int, int>> splits =
+        kAddressSanitized ? std::vector<std::pair<int, int>>{{3, 5}, {2, 1}}
+                          : std::vector<std::pair<int, int>>{{2, 512}, {3, 5}, {2, 1}, {4, 7}};
+    for (auto [threads, batch] : splits) {
       EXPECT_EQ(logits_after(*model, threads, batch, prompt), reference) << preset << ", " << threads << " threads, batch " << batch;
     }
     for (float v : reference) ASSERT_TRUE(std::isfinite(v));

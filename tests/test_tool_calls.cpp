@@ -22,6 +22,7 @@
 #include "core/rng.h"
 #include "text/grammar.h"
 #include "text/utf8.h"
+#include "sanitized.h"
 
 using namespace bmoe;
 using json = nlohmann::ordered_json;
@@ -326,7 +327,9 @@ const ToolFormat kFormats[] = {ToolFormat::Hermes, ToolFormat::QwenXml, ToolForm
 
 // Checks that every text the grammar produces parses back into calls of `tools` (or of
 // only_function) whose arguments validate.
-void check_walks(ToolFormat f, const json& tools, bool parallel, const std::string& only = "", int walks = 40) {
+// 40 walks (16 under the sanitizers: the same grammars, memory and UB checked on fewer paths).
+void check_walks(ToolFormat f, const json& tools, bool parallel, const std::string& only = "",
+                 int walks = full_or_sanitized(40, 16)) {
   SCOPED_TRACE(std::string(tool_format_name(f)) + (parallel ? " parallel" : " single") + (only.empty() ? "" : " " + only));
   const std::string gbnf = tool_call_gbnf(f, tools, parallel, only);
   std::shared_ptr<const Grammar> g;
