@@ -19,6 +19,13 @@ against bmoe-default, to show what the saving costs). PPL is each run's own, at 
         [--runs bmoe-default,bmoe-avx2,bmoe-b32,bmoe-t1,llama-zen4-u512,llama-haswell-u512,...]
         [--pairs A:B,...] [--csv OUT.csv]
 
+--routes also records which experts each token of the first chunk routes to, layer by layer:
+bmoe-cli --route-trace (the chunk's ids as one prompt) and llama_kld with LLAMA_KLD_ROUTES for
+each llama CPU level at micro-batches of n_ctx; it prints, per layer, the share of tokens whose
+expert set differs between two runs and the share whose first difference is at that layer, and
+the router's probability gap between its k-th and (k+1)-th expert (llama.cpp's) at the tokens
+where the sets first part against all tokens.
+
 A run whose file is in WORKDIR already is not repeated (its PPL and load come from its .json).
 Delete WORKDIR afterwards: each file is n_chunk * (ctx/2 - 1) rows of 2 bytes per token (235 MB
 for 3 chunks of 512 on a 151,936-token vocabulary).
@@ -29,6 +36,7 @@ import json
 import math
 import os
 import re
+import struct
 import subprocess
 import sys
 
@@ -100,6 +108,95 @@ def ensure_run(run, args, base):
     return path, facts
 
 
+def first_chunk_base(args, base):
+    """A copy of the base file holding only its first chunk (for the route records)."""
+    path = os.path.join(args.workdir, "chunk0.logits")
+    with open(base, "rb") as f:
+        data = f.read()
+    n_ctx, n_vocab, n_chunk = struct.unpack_from("<Iii", data, 8)
+    row_bytes = 2 * (2 * ((n_vocab + 1) // 2) + 4)
+    rows_at = 20 + 4 * n_ctx * n_chunk
+    with open(path, "wb") as f:
+        f.write(data[:8] + struct.pack("<Iii", n_ctx, n_vocab, 1) + data[20:20 + 4 * n_ctx])
+        f.write(data[rows_at:rows_at + row_bytes * (n_ctx - 1 - n_ctx // 2)])
+    return path, list(struct.unpack_from(f"<{n_ctx}i", data, 20))
+
+
+def bmoe_routes(args, ids, path):
+    """{(layer, pos): frozenset(experts)} of bmoe evaluating ids as one prompt."""
+    if not os.path.exists(path):
+        subprocess.run([tool("bmoe-cli"), "-m", args.model, "--prompt-ids", ",".join(map(str, ids)), "-n", "1",
+                        "-t", str(args.threads), "--no-moe-stream", "--route-trace", path],
+                       capture_output=True, text=True, check=True)
+    routes = {}
+    with open(path) as f:
+        for line in f:
+            if line[0] == "#" or line.startswith("turn"):
+                continue
+            turn, phase, step, layer, slot, expert = map(int, line.split(",")[:6])
+            if phase == 0:
+                routes.setdefault((layer, step), set()).add(expert)
+    return {key: frozenset(v) for key, v in routes.items()}, {}
+
+
+def llama_routes(args, level, chunk0, path):
+    """({(layer, pos): frozenset(experts)}, {(layer, pos): router gap}) of llama.cpp at this level."""
+    if not os.path.exists(path):
+        env = {**os.environ, "LLAMA_BACKEND_DIR": backend_dir(level, args.workdir), "LLAMA_KLD_ROUTES": path}
+        subprocess.run([args.driver, "eval", args.model, chunk0, str(args.ctx), str(args.threads), path + ".logits"],
+                       capture_output=True, text=True, env=env, check=True)
+    routes, gaps = {}, {}
+    with open(path) as f:
+        for line in f:
+            v = line.split()
+            if v[0] == "0":
+                key = (int(v[1]), int(v[2]))
+                routes[key], gaps[key] = frozenset(map(int, v[3:-1])), float(v[-1])
+    last = max(layer for layer, _ in routes)
+    if min(pos for layer, pos in routes if layer == last) == 0:  # a driver that counted from 0 there
+        routes = {(l, p + (args.ctx // 2 if l == last else 0)): v for (l, p), v in routes.items()}
+        gaps = {(l, p + (args.ctx // 2 if l == last else 0)): v for (l, p), v in gaps.items()}
+    return routes, gaps
+
+
+def route_table(name_a, a, name_b, b, gaps):
+    """Per layer: tokens whose expert set differs, and whose first difference is at that layer."""
+    layers = sorted({layer for layer, _ in a})
+    # llama.cpp runs the last layer on the scored rows only: compare the positions both have there.
+    positions = sorted({pos for _, pos in a if all((layer, pos) in a and (layer, pos) in b for layer in layers)})
+    first = {}
+    for pos in positions:
+        for layer in layers:
+            if a[(layer, pos)] != b[(layer, pos)]:
+                first[pos] = layer
+                break
+    lines = [f"routes {name_a} vs {name_b} ({len(positions)} tokens): layer, tokens differing, first differing here"]
+    for layer in layers:
+        differ = sum(a[(layer, p)] != b[(layer, p)] for p in positions)
+        here = sum(1 for p in positions if first.get(p) == layer)
+        lines.append(f"  {layer:3d}  {differ / len(positions):7.2%}  {here / len(positions):7.2%}")
+    if gaps:
+        at_flip = sorted(gaps[(layer, p)] for p, layer in first.items())
+        every = sorted(gaps.values())
+        med = lambda v: v[len(v) // 2] if v else float("nan")  # noqa: E731
+        lines.append(f"  router gap k-th minus (k+1)-th (llama.cpp): median {med(every):.3g} over all tokens and "
+                     f"layers, {med(at_flip):.3g} where the sets first part; max there {max(at_flip, default=0):.3g}")
+    return "\n".join(lines)
+
+
+def route_report(args, base, llama_levels):
+    chunk0, ids = first_chunk_base(args, base)
+    runs = {"bmoe": bmoe_routes(args, ids, os.path.join(args.workdir, "routes-bmoe.csv"))}
+    for level in llama_levels:
+        runs["llama-" + level] = llama_routes(args, level, chunk0, os.path.join(args.workdir, f"routes-{level}.txt"))
+    names = list(runs)
+    tables = []
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            tables.append(route_table(a, runs[a][0], b, runs[b][0], runs[b][1] or runs[a][1]))
+    return "\n".join(tables)
+
+
 def compare(args, a, b):
     p = subprocess.run([args.driver, "compare", a, b], capture_output=True, text=True, check=True)
     return json.loads(p.stdout.strip().splitlines()[-1])
@@ -117,6 +214,7 @@ def main():
     ap.add_argument("--pairs", default="", help="A:B,... (default: bmoe-default against every other run, "
                                                 "and each llama run against the first llama run)")
     ap.add_argument("--csv")
+    ap.add_argument("--routes", action="store_true", help="also compare the expert choices of the first chunk")
     args = ap.parse_args()
     os.makedirs(args.workdir, exist_ok=True)
     args.driver = build_llama_program("llama_kld", ["-O2"])
@@ -148,6 +246,9 @@ def main():
             w.writeheader()
             w.writerows(rows)
     print(json.dumps(rows, indent=1))
+    if args.routes:
+        levels = sorted({re.fullmatch(r"llama-([a-z0-9]+)-u\d+", r).group(1) for r in llama})
+        print(route_report(args, files["bmoe-default"], levels))
 
 
 if __name__ == "__main__":

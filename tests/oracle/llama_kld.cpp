@@ -11,6 +11,10 @@
 //     the KL divergence of OTHER's saved distributions against BASE's (no model; nll_mean 0:
 //     a saved row clamps log-probs more than 16 below its top, as most next tokens are here).
 // ROWS (optional) gets one line per scored row: index, KLD, base top id, other top id.
+// LLAMA_KLD_ROUTES=FILE (eval) writes each token's routed experts, a line per chunk, layer and
+// position: "chunk layer pos e1 .. ek gap" (the router's top k, best first, and the router
+// probability of the k-th less the (k+1)-th's), to find where two runs' expert choices part
+// (UBATCH = n_ctx: the positions are counted per micro-batch).
 // The JSON: {count, nll_mean, kld_mean, kld_p99, kld_p999, kld_median, kld_max, same_top}.
 //
 // Built against node-llama-cpp's prebuilt libraries (tests/conformance/common.py
@@ -145,6 +149,55 @@ int compare(const char* base_path, const char* other_path, const char* rows_path
   return 0;
 }
 
+// LLAMA_KLD_ROUTES: the graph callback keeps each layer's expert ranking (ffn_moe_argsort-<il>,
+// n_expert x n_tokens of the micro-batch) and writes its first k per token.
+struct RouteDump {
+  FILE* out = nullptr;
+  int chunk = 0, k = 0;
+  int first_scored = 0, n_scored = 0;  // the rows with logits: first_scored .. + n_scored - 1
+  std::vector<int> seen;  // tokens written per layer in this chunk (micro-batches arrive in order)
+  std::vector<float> probs;  // the layer's router probabilities (ffn_moe_probs-<il>), computed before the ranking
+};
+RouteDump g_routes;
+
+bool dump_routes(struct ggml_tensor* t, bool ask, void*) {
+  static const char kName[] = "ffn_moe_argsort-", kProbs[] = "ffn_moe_probs-";
+  const bool is_probs = std::strncmp(t->name, kProbs, sizeof(kProbs) - 1) == 0;
+  if (!is_probs && std::strncmp(t->name, kName, sizeof(kName) - 1) != 0) return false;
+  if (ask) return true;
+  if (is_probs) {
+    if (t->type != GGML_TYPE_F32) die("router probabilities are not f32");
+    g_routes.probs.resize(static_cast<size_t>(ggml_nelements(t)));
+    ggml_backend_tensor_get(t, g_routes.probs.data(), 0, g_routes.probs.size() * sizeof(float));
+    return true;
+  }
+  const int layer = std::atoi(t->name + sizeof(kName) - 1);
+  if (static_cast<int>(g_routes.seen.size()) <= layer) g_routes.seen.resize(layer + 1, 0);
+  const int64_t n_expert = t->ne[0], n_tokens = t->ne[1];
+  std::vector<int32_t> order(static_cast<size_t>(n_expert * n_tokens));
+  ggml_backend_tensor_get(t, order.data(), 0, order.size() * sizeof(int32_t));
+  for (int64_t j = 0; j < n_tokens; ++j) {
+    // The last layer runs only the rows whose logits are asked for (the scored half).
+    if (g_routes.seen[layer] == 0 && n_tokens == g_routes.n_scored) g_routes.seen[layer] = g_routes.first_scored;
+    std::fprintf(g_routes.out, "%d %d %d", g_routes.chunk, layer, g_routes.seen[layer]++);
+    const int32_t* rank = order.data() + j * n_expert;
+    for (int e = 0; e < g_routes.k; ++e) std::fprintf(g_routes.out, " %d", rank[e]);
+    const bool have_probs = g_routes.probs.size() == order.size() && g_routes.k < n_expert;
+    const float* p = g_routes.probs.data() + j * n_expert;
+    std::fprintf(g_routes.out, " %.6g\n", have_probs ? p[rank[g_routes.k - 1]] - p[rank[g_routes.k]] : -1.0f);
+  }
+  return true;
+}
+
+// The router's k, from the GGUF's "<arch>.expert_used_count".
+int experts_used(const llama_model* model) {
+  char arch[64], value[32];
+  if (llama_model_meta_val_str(model, "general.architecture", arch, sizeof(arch)) < 0) die("no general.architecture");
+  const std::string key = std::string(arch) + ".expert_used_count";
+  if (llama_model_meta_val_str(model, key.c_str(), value, sizeof(value)) < 0) die("not a MoE model (no " + key + ")");
+  return std::atoi(value);
+}
+
 llama_context* open_context(llama_model* model, uint32_t n_ctx, int ubatch, int threads) {
   llama_context_params cp = llama_context_default_params();
   cp.n_ctx = n_ctx;
@@ -154,6 +207,13 @@ llama_context* open_context(llama_model* model, uint32_t n_ctx, int ubatch, int 
   cp.n_threads = cp.n_threads_batch = threads;
   cp.type_k = cp.type_v = GGML_TYPE_F16;
   cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_AUTO;  // llama-perplexity's defaults
+  if (const char* path = std::getenv("LLAMA_KLD_ROUTES")) {
+    g_routes.out = std::fopen(path, "w");
+    if (!g_routes.out) die(std::string("cannot write ") + path);
+    g_routes.k = experts_used(model);
+    cp.cb_eval = dump_routes;
+    cp.cb_eval_user_data = nullptr;
+  }
   llama_context* ctx = llama_init_from_model(model, cp);
   if (!ctx) die("cannot create a context");
   return ctx;
@@ -179,12 +239,16 @@ int eval(char** argv, const char* rows_path) {
   std::fwrite(&base.n_chunk, 4, 1, out);
   std::fwrite(base.tokens.data(), 4, base.tokens.size(), out);
   const int n_ctx = static_cast<int>(base.n_ctx), first = n_ctx / 2;
+  g_routes.first_scored = first;
+  g_routes.n_scored = n_ctx - 1 - first;
   std::vector<uint16_t> saved(row_words(n_vocab));
   std::vector<float> log_q(n_vocab);
   KldStats st;
   size_t r = 0;
   for (int c = 0; c < base.n_chunk; ++c) {
     llama_memory_clear(llama_get_memory(ctx), true);
+    g_routes.chunk = c;
+    g_routes.seen.assign(g_routes.seen.size(), 0);
     llama_batch b = llama_batch_init(n_ctx, 0, 1);
     for (int i = 0; i < n_ctx; ++i) {
       b.token[i] = base.tokens[static_cast<size_t>(c) * n_ctx + i];
@@ -210,6 +274,7 @@ int eval(char** argv, const char* rows_path) {
     llama_batch_free(b);
   }
   if (std::fclose(out) != 0) die(std::string("writing ") + argv[6] + " failed");
+  if (g_routes.out) std::fclose(g_routes.out);
   st.print(rows_path);
   llama_free(ctx);
   llama_model_free(model);
