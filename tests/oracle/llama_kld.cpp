@@ -149,6 +149,18 @@ int compare(const char* base_path, const char* other_path, const char* rows_path
   return 0;
 }
 
+// A new base-logits file with `base`'s header and tokens, for this run's rows.
+FILE* open_saved(const char* path, const SavedLogits& base) {
+  FILE* out = std::fopen(path, "wb");
+  if (!out) die(std::string("cannot write ") + path);
+  std::fwrite("_logits_", 1, 8, out);
+  std::fwrite(&base.n_ctx, 4, 1, out);
+  std::fwrite(&base.n_vocab, 4, 1, out);
+  std::fwrite(&base.n_chunk, 4, 1, out);
+  std::fwrite(base.tokens.data(), 4, base.tokens.size(), out);
+  return out;
+}
+
 // LLAMA_KLD_ROUTES: the graph callback keeps each layer's expert ranking (ffn_moe_argsort-<il>,
 // n_expert x n_tokens of the micro-batch) and writes its first k per token.
 struct RouteDump {
@@ -231,13 +243,7 @@ int eval(char** argv, const char* rows_path) {
   const int n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
   if (n_vocab != base.n_vocab) die("the model's vocabulary differs from the base file's");
   llama_context* ctx = open_context(model, base.n_ctx, std::atoi(argv[4]), std::atoi(argv[5]));
-  FILE* out = std::fopen(argv[6], "wb");
-  if (!out) die(std::string("cannot write ") + argv[6]);
-  std::fwrite("_logits_", 1, 8, out);
-  std::fwrite(&base.n_ctx, 4, 1, out);
-  std::fwrite(&base.n_vocab, 4, 1, out);
-  std::fwrite(&base.n_chunk, 4, 1, out);
-  std::fwrite(base.tokens.data(), 4, base.tokens.size(), out);
+  FILE* out = open_saved(argv[6], base);
   const int n_ctx = static_cast<int>(base.n_ctx), first = n_ctx / 2;
   g_routes.first_scored = first;
   g_routes.n_scored = n_ctx - 1 - first;
