@@ -175,7 +175,7 @@ def route_table(name_a, a, name_b, b, gaps):
         differ = sum(a[(layer, p)] != b[(layer, p)] for p in positions)
         here = sum(1 for p in positions if first.get(p) == layer)
         lines.append(f"  {layer:3d}  {differ / len(positions):7.2%}  {here / len(positions):7.2%}")
-    if gaps:
+    if gaps and first:
         at_flip = sorted(gaps[(layer, p)] for p, layer in first.items())
         every = sorted(gaps.values())
         med = lambda v: v[len(v) // 2] if v else float("nan")  # noqa: E731
