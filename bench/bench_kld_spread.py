@@ -22,9 +22,10 @@ against bmoe-default, to show what the saving costs). PPL is each run's own, at 
 --routes also records which experts each token of the first chunk routes to, layer by layer:
 bmoe-cli --route-trace (the chunk's ids as one prompt) and llama_kld with LLAMA_KLD_ROUTES for
 each llama CPU level at micro-batches of n_ctx; it prints, per layer, the share of tokens whose
-expert set differs between two runs and the share whose first difference is at that layer, and
-the router's probability gap between its k-th and (k+1)-th expert (llama.cpp's) at the tokens
-where the sets first part against all tokens.
+expert set differs between two runs and the share whose first difference is at that layer, then
+the first flips (a differing set with none at an earlier layer and an earlier or equal position:
+where rounding alone parted the runs) with the router's probability gap between its k-th and
+(k+1)-th expert there (llama.cpp's), and that gap's median over all tokens and layers.
 
 A run whose file is in WORKDIR already is not repeated (its PPL and load come from its .json).
 Delete WORKDIR afterwards: each file is n_chunk * (ctx/2 - 1) rows of 2 bytes per token (235 MB
@@ -160,7 +161,9 @@ def llama_routes(args, level, chunk0, path):
 
 
 def route_table(name_a, a, name_b, b, gaps):
-    """Per layer: tokens whose expert set differs, and whose first difference is at that layer."""
+    """Per layer: tokens whose expert set differs, and whose first difference is at that layer;
+    then the first flips (a differing set with none at an earlier layer and an earlier or equal
+    position, over every position both runs recorded) and their router gaps."""
     layers = sorted({layer for layer, _ in a})
     # llama.cpp runs the last layer on the scored rows only: compare the positions both have there.
     positions = sorted({pos for _, pos in a if all((layer, pos) in a and (layer, pos) in b for layer in layers)})
@@ -175,12 +178,18 @@ def route_table(name_a, a, name_b, b, gaps):
         differ = sum(a[(layer, p)] != b[(layer, p)] for p in positions)
         here = sum(1 for p in positions if first.get(p) == layer)
         lines.append(f"  {layer:3d}  {differ / len(positions):7.2%}  {here / len(positions):7.2%}")
-    if gaps and first:
-        at_flip = sorted(gaps[(layer, p)] for p, layer in first.items())
+    differ = {key for key in a if key in b and a[key] != b[key]}
+    earliest = {}  # layer -> the smallest differing position there
+    for layer, pos in differ:
+        earliest[layer] = min(pos, earliest.get(layer, pos))
+    seeds = sorted((layer, pos) for layer, pos in differ
+                   if not any(earliest.get(l2, pos + 1) <= pos for l2 in range(layer)))
+    lines.append(f"  first flips (layer, position, router gap): {len(seeds)}: " +
+                 ", ".join(f"({l}, {p}, {gaps.get((l, p), float('nan')):.2g})" for l, p in seeds))
+    if gaps:
         every = sorted(gaps.values())
-        med = lambda v: v[len(v) // 2] if v else float("nan")  # noqa: E731
-        lines.append(f"  router gap k-th minus (k+1)-th (llama.cpp): median {med(every):.3g} over all tokens and "
-                     f"layers, {med(at_flip):.3g} where the sets first part; max there {max(at_flip, default=0):.3g}")
+        lines.append(f"  router gap k-th minus (k+1)-th (llama.cpp's): median {every[len(every) // 2]:.3g} "
+                     f"over all tokens and layers")
     return "\n".join(lines)
 
 
