@@ -200,9 +200,9 @@ struct SlotView {
 // The one decoding thread: a bounded queue of jobs, each run on one of the server's sessions
 // (its slots; their KV prefixes later requests reuse), with the counters /metrics reports.
 // With --parallel 1 a job runs to completion on the single session; with N > 1 a job takes a
-// free slot between two steps, its prompt is read one chunk (-b tokens) at a time between the
-// decode steps of the other slots, and every step decodes all decoding slots in one pass
-// (ParallelDecode).
+// free slot between two steps, its prompt is read one chunk (-b tokens) at a time inside the
+// decode steps of the other slots, and every step decodes all decoding slots in one pass (the
+// engine's BatchSlots schedules both, as for bmoe-cli --parallel).
 class DecodeWorker {
  public:
   // queue_capacity: jobs that may wait while one decodes; submit refuses more.
