@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/thread_pool.h"
+#include "engine/batch_slots.h"
 #include "engine/generate.h"
 #include "engine/loader.h"
 #include "engine/routing.h"
@@ -432,6 +433,95 @@ TEST(BatchReplay, EachSequenceRoutesAsItsOwnReplayAlone) {
     }
   }
   EXPECT_LT(batch.batch().distinct_experts(), batch.batch().routed_slots());
+}
+
+// A mixed step (two decode rows and a prompt chunk of m rows in one pass) splits its cost by rows:
+// each decode row's record holds 1/(2 + m) of the pass's wall time and expert lookups, hits and
+// bytes, the chunk (SessionBatch::last_chunk, its prompt time) the rest, so records plus chunk
+// are exactly the pass's counters and at most its wall time; the batch's decode and prompt parts
+// sum to every pass. Before the split, the records alone held the whole pass, and the same
+// seconds counted again as the chunk's prompt time.
+TEST(BatchAccounting, AMixedStepSplitsItsPassByRows) {
+  auto model = open_model(test_model_path("tiny-qwen3moe", 4), true);
+  const std::vector<Job> js = jobs();
+  ThreadPool pool(2);
+  std::vector<std::unique_ptr<Session>> sessions;
+  ParallelDecode batch(*model, pool);
+  for (size_t i = 0; i < 2; ++i) {
+    sessions.push_back(std::make_unique<Session>(*model, pool, kCtx, 64, js[i].sampler));
+    sessions.back()->prefill(prompt_of(*model, js[i]));
+    batch.add(*sessions.back(), 8, params_of(js[i]));
+  }
+  Session reader(*model, pool, kCtx, 64, js[0].sampler);
+  const std::vector<int32_t> prompt = prompt_of(*model, js[2]);
+  const size_t m = 6;  // 8 rows: the 32 lookups of the tiny model's step split into whole parts
+  const PromptChunk chunk{&reader, std::span<const int32_t>(prompt).first(m), static_cast<int>(prompt.size())};
+  const ExpertStats first = model->experts->stats();
+  batch.step();  // a plain step: the records hold the whole pass
+  const ExpertStats before = model->experts->stats();
+  const size_t r0 = sessions[0]->records().size(), r1 = sessions[1]->records().size();
+  Stopwatch outside;
+  batch.step(&chunk);
+  const double outer = outside.seconds();
+  const ExpertStats after = model->experts->stats();
+  const PassPart& c = batch.batch().last_chunk();
+  const TokenRecord& a = sessions[0]->records().at(r0);
+  const TokenRecord& b = sessions[1]->records().at(r1);
+  ASSERT_EQ(sessions[0]->records().size(), r0 + 1);
+  EXPECT_EQ(a.batch, static_cast<int>(2 + m));
+  EXPECT_EQ(c.rows, m);
+  const uint64_t lookups = after.requests - before.requests;
+  ASSERT_GE(lookups, 2 + m) << "too few lookups to split";
+  EXPECT_LT(a.routed + b.routed, lookups) << "the decode rows took the chunk's share";
+  EXPECT_EQ(a.routed + b.routed + c.lookups, lookups);
+  EXPECT_EQ(a.hits + b.hits + c.hits, after.hits - before.hits);
+  EXPECT_EQ(a.bytes_read + b.bytes_read + c.bytes_read, after.bytes_read - before.bytes_read);
+  EXPECT_GT(after.bytes_read, before.bytes_read) << "the step read nothing (cache too large)";
+  const double decode_seconds = (a.wall_ms + b.wall_ms) / 1e3;
+  EXPECT_GT(c.seconds, 0.0);
+  EXPECT_LE(decode_seconds + c.seconds, outer) << "the pass counted twice";
+  EXPECT_NEAR(decode_seconds / (decode_seconds + c.seconds), 2.0 / static_cast<double>(2 + m), 1e-9);
+  // The parts of all passes so far: the plain step's wholly the decode rows', the mixed one's split.
+  const SessionBatch& sb = batch.batch();
+  EXPECT_EQ(sb.decode_part().lookups + sb.prompt_part().lookups, after.requests - first.requests);
+  EXPECT_EQ(sb.prompt_part().lookups, c.lookups);
+  EXPECT_EQ(sb.decode_part().rows, 4u);
+  EXPECT_EQ(sb.decode_part().passes, 2u);
+}
+
+// bmoe-cli's and bmoe-server's slots (BatchSlots): three prompts on three slots, the first read
+// alone, the other two in chunks inside the running answers' steps; decoding begins before the
+// last prompt is read, and each answer equals its prompt's alone.
+TEST(BatchSlotsTest, PromptsRideInStepsAndEachAnswerEqualsItsOwnAlone) {
+  auto model = open_model(test_model_path("tiny-qwen3moe", 4), false);
+  std::vector<Job> js = jobs();
+  js.resize(3);
+  for (Job& j : js) j.limit = 12;
+  ThreadPool pool(2);
+  BatchSlots slots(*model, pool, RoutingOptions{}, 3);
+  std::vector<std::unique_ptr<Session>> sessions;
+  for (size_t i = 0; i < js.size(); ++i) {
+    sessions.push_back(std::make_unique<Session>(*model, pool, kCtx, 64, js[i].sampler));
+    slots.read(static_cast<int>(i), *sessions.back(), prompt_of(*model, js[i]), 0, {js[i].limit, params_of(js[i]), {}});
+  }
+  std::vector<std::vector<int32_t>> got(js.size());
+  int turn = 0, first_decode = 0, last_read = 0, read = 0, rode = 0;
+  for (bool busy = true; busy; ++turn) {
+    const BatchSlots::Turn t = slots.turn();
+    ASSERT_TRUE(t.reader_error.empty() && t.step_error.empty()) << t.reader_error << t.step_error;
+    rode += t.rode;
+    if (t.prompt_done && ++read == 3) last_read = turn + 1;
+    if (!t.decoded.empty() && first_decode == 0) first_decode = turn + 1;
+    for (int s : t.ended) got[static_cast<size_t>(s)] = slots.answer(s).tokens;
+    busy = false;
+    for (int s = 0; s < 3; ++s) busy = busy || !slots.free(s);
+  }
+  EXPECT_GE(rode, 2);
+  EXPECT_GT(first_decode, 0);
+  EXPECT_LT(first_decode, last_read) << "every prompt was read before decoding began";
+  for (size_t i = 0; i < js.size(); ++i) EXPECT_EQ(got[i], alone(*model, js[i])) << "sequence " << i;
+  const BatchShare share = slots.share();
+  EXPECT_EQ(share.chunk_steps, static_cast<uint64_t>(rode));
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 #include "core/progress.h"
 #include "core/timer.h"
 #include "core/version.h"
+#include "engine/batch_slots.h"
 #include "engine/generate.h"
 #include "engine/report.h"
 #include "engine/routing.h"
@@ -477,8 +478,9 @@ void write_run_metrics(const CliOptions& o, const LoadedRun& loaded, const RunSu
   write_metrics(o.metrics, mi);
 }
 
-// --parallel N: the lines of -f as prompts, N decoded at once (ParallelDecode); a sequence that
-// ends makes room for the next prompt, which is read between two steps.
+// --parallel N: the lines of -f as prompts, N decoded at once, scheduled as bmoe-server's slots
+// are (engine/batch_slots.h): a free slot takes the next prompt, whose chunks ride in the running
+// sequences' decode steps, and it decodes from the step after its last chunk.
 std::vector<std::string> prompt_lines(const CliOptions& o) {
   if (o.prompt_file.empty()) fail("--parallel {} needs -f FILE with one prompt per line", o.run.config.parallel);
   std::istringstream in(read_whole_file(o.prompt_file, "prompt file"));
@@ -508,8 +510,8 @@ struct ParallelSequence {
 class ParallelCliRun {
  public:
   ParallelCliRun(const CliOptions& o, LoadedRun& loaded, ThreadPool& pool)
-      : o_(o), loaded_(loaded), pool_(pool), batch_(*loaded.model, pool), prompts_(prompt_lines(o)) {
-    batch_.set_routing_options(loaded.config.routing());
+      : o_(o), loaded_(loaded), pool_(pool), slots_(*loaded.model, pool, loaded.config.routing(), loaded.config.parallel),
+        held_(static_cast<size_t>(loaded.config.parallel)), prompts_(prompt_lines(o)) {
     if (!o.route_replay.empty()) {
       trace_ = std::make_unique<RouteReplayer>(o.route_replay, loaded.model->transformer->config());
       fmt::print(stderr, "route-replay: forcing routing from {} ({} prompt, {} decode steps), sequence i from step i x {} "
@@ -519,66 +521,86 @@ class ParallelCliRun {
   void run();
 
  private:
-  void admit();
-  void finish(int id);
+  bool admit();
+  void count(const BatchSlots::Turn& t);
+  void finish(int slot);
   void report(double seconds) const;
 
   const CliOptions& o_;
   LoadedRun& loaded_;
   ThreadPool& pool_;
-  ParallelDecode batch_;
+  BatchSlots slots_;
+  std::vector<ParallelSequence> held_;  // by slot: the sequence it reads or decodes
   std::unique_ptr<RouteReplayer> trace_;  // --route-replay, shared by the sequences' replays
   std::vector<std::string> prompts_;
   size_t next_ = 0;
-  std::map<int, ParallelSequence> running_;  // by ParallelDecode id
   std::vector<double> step_seconds_;
-  uint64_t decode_bytes_ = 0, decode_lookups_ = 0, decode_hits_ = 0, decode_allocations_ = 0;  // in decode steps
-  int generated_ = 0;
-  double prefill_seconds_ = 0;
+  int generated_ = 0, turns_ = 0;
+  double prompt_seconds_ = 0;  // chunks read alone, and the chunks' share of the steps that read them
+  uint64_t chunks_ = 0, chunks_in_steps_ = 0;
+  size_t prompts_read_ = 0;
+  int first_decode_turn_ = 0, last_prompt_turn_ = 0;  // 1-based turns; 0: none yet
 };
 
 void ParallelCliRun::run() {
   Stopwatch clock;
-  while (next_ < prompts_.size() || batch_.running() > 0) {
-    while (next_ < prompts_.size() && batch_.running() < loaded_.config.parallel) admit();
-    const ExpertStats before = loaded_.model->experts->stats();
-    Stopwatch step;
-    const std::vector<int> ended = batch_.step();
-    step_seconds_.push_back(step.seconds());
-    const ExpertStats after = loaded_.model->experts->stats();
-    decode_bytes_ += after.bytes_read - before.bytes_read;
-    decode_lookups_ += after.requests - before.requests;
-    decode_hits_ += after.hits - before.hits;
-    decode_allocations_ += after.buffer_allocations - before.buffer_allocations;
-    for (int id : ended) finish(id);
+  while (admit()) {
+    ++turns_;
+    const BatchSlots::Turn t = slots_.turn();
+    if (!t.reader_error.empty()) fail("prompt {}: {}", held_[static_cast<size_t>(t.reader)].index + 1, t.reader_error);
+    if (!t.step_error.empty()) fail("{}", t.step_error);
+    count(t);
+    for (int slot : t.ended) finish(slot);
   }
-  report(clock.seconds() - prefill_seconds_);
+  report(clock.seconds() - prompt_seconds_);
 }
 
-void ParallelCliRun::admit() {
+// Free slots take the next prompts; false once every prompt is answered.
+bool ParallelCliRun::admit() {
   const RunConfig& c = loaded_.config;
-  ParallelSequence q;
-  q.index = next_++;
-  q.session = open_session(loaded_, pool_, sampler_config(o_));
-  if (trace_) {
-    q.replay = std::make_unique<RouteReplayer>(trace_->starting_at(static_cast<int>(q.index) * o_.route_replay_stride));
-    q.session->state().set_route_hook([replay = q.replay.get()](RouteEvent& e) { replay->on_route(e); });
+  bool busy = false;
+  for (int slot = 0; slot < c.parallel; ++slot) {
+    if (!slots_.free(slot)) {
+      busy = true;
+      continue;
+    }
+    if (next_ >= prompts_.size()) continue;
+    ParallelSequence& q = held_[static_cast<size_t>(slot)];
+    q = ParallelSequence{};
+    q.index = next_++;
+    q.session = open_session(loaded_, pool_, sampler_config(o_));
+    if (trace_) {
+      q.replay = std::make_unique<RouteReplayer>(trace_->starting_at(static_cast<int>(q.index) * o_.route_replay_stride));
+      q.session->state().set_route_hook([replay = q.replay.get()](RouteEvent& e) { replay->on_route(e); });
+    }
+    q.prompt = q.session->tokenize(chat_prompt(o_, loaded_, prompts_[q.index]), true);
+    if (static_cast<int>(q.prompt.size()) >= c.sequence_ctx()) {
+      fail("prompt {} has {} tokens, more than a sequence's context of {} (raise -c)", q.index + 1, q.prompt.size(), c.sequence_ctx());
+    }
+    const int limit = o_.n_predict < 0 ? c.sequence_ctx() - static_cast<int>(q.prompt.size()) : o_.n_predict;
+    slots_.read(slot, *q.session, q.prompt, 0, {limit, decode_params(o_, loaded_, q.prompt), {}});
+    busy = true;
   }
-  q.prompt = q.session->tokenize(chat_prompt(o_, loaded_, prompts_[q.index]), true);
-  if (static_cast<int>(q.prompt.size()) >= c.sequence_ctx()) {
-    fail("prompt {} has {} tokens, more than a sequence's context of {} (raise -c)", q.index + 1, q.prompt.size(), c.sequence_ctx());
+  return busy;
+}
+
+// A turn's prompt chunk and step, into the report's figures.
+void ParallelCliRun::count(const BatchSlots::Turn& t) {
+  if (t.reader >= 0 && t.chunk_tokens > 0) {
+    ++chunks_;
+    chunks_in_steps_ += t.rode;
+    prompt_seconds_ += t.chunk_seconds;
   }
-  prefill_seconds_ += q.session->prefill(q.prompt).seconds;
-  const int limit = o_.n_predict < 0 ? c.sequence_ctx() - static_cast<int>(q.prompt.size()) : o_.n_predict;
-  GenerateParams params = decode_params(o_, loaded_, q.prompt);
-  const int id = batch_.add(*q.session, limit, std::move(params));
-  running_.emplace(id, std::move(q));
+  prompts_read_ += t.prompt_done;
+  if (t.prompt_done && prompts_read_ == prompts_.size()) last_prompt_turn_ = turns_;
+  if (t.stepped) step_seconds_.push_back(t.step_seconds);
+  if (!t.decoded.empty() && first_decode_turn_ == 0) first_decode_turn_ = turns_;
 }
 
 // A finished answer: on stdout (text, or --json one object per line), its line on stderr.
-void ParallelCliRun::finish(int id) {
-  const GenerateResult r = batch_.take(id);
-  const ParallelSequence& q = running_.at(id);
+void ParallelCliRun::finish(int slot) {
+  const GenerateResult r = slots_.answer(slot);
+  ParallelSequence& q = held_[static_cast<size_t>(slot)];
   generated_ += static_cast<int>(r.tokens.size());
   const Tokenizer& tok = *loaded_.model->tokenizer;
   if (o_.json) {
@@ -595,23 +617,29 @@ void ParallelCliRun::finish(int id) {
   fmt::print(stderr, "sequence {}: prompt {} tokens, {} tokens in {:.3f} s, {:.2f} tok/s ({})\n", q.index + 1, q.prompt.size(),
              r.tokens.size(), r.decode_seconds, static_cast<double>(r.tokens.size()) / std::max(r.decode_seconds, 1e-9),
              r.finish_reason);
-  running_.erase(id);
+  q = ParallelSequence{};
 }
 
+// The decode figures are the decode rows' share of the steps' passes (SessionBatch splits a pass
+// that also read a prompt chunk by rows), so the flash MiB per generated token leave the prompt's
+// reads out; `seconds` is the run less the prompts' time, so the two sum to the run.
 void ParallelCliRun::report(double seconds) const {
-  const SessionBatch& b = batch_.batch();
-  const double mib = static_cast<double>(decode_bytes_) / (1 << 20);
+  const BatchShare b = slots_.share();
+  const PassPart& d = b.decode_part;
+  const double mib = static_cast<double>(d.bytes_read) / (1 << 20);
   fmt::print(stderr, "parallel: {} sequences, {} at once: {} tokens in {:.3f} s of decode steps, {:.2f} tok/s aggregate\n",
              prompts_.size(), loaded_.config.parallel, generated_, seconds, generated_ / std::max(seconds, 1e-9));
   fmt::print(stderr, "parallel: token latency p50 {:.1f} ms, p95 {:.1f} ms over {} steps; prompts read in {:.3f} s\n",
-             percentile(step_seconds_, 0.5) * 1e3, percentile(step_seconds_, 0.95) * 1e3, step_seconds_.size(), prefill_seconds_);
+             percentile(step_seconds_, 0.5) * 1e3, percentile(step_seconds_, 0.95) * 1e3, step_seconds_.size(), prompt_seconds_);
+  fmt::print(stderr, "parallel: {} prompt chunks, {} of them inside decode steps; decoding began at turn {}, the last prompt "
+             "was read at turn {}\n", chunks_, chunks_in_steps_, first_decode_turn_, last_prompt_turn_);
   fmt::print(stderr, "parallel: flash {:.2f} MiB per generated token ({:.1f} MiB in decode steps, hit {:.1f} %); "
              "experts {} distinct of {} routed ({:.2f}); {} expert buffers allocated\n",
              generated_ ? mib / generated_ : 0.0, mib,
-             decode_lookups_ ? 100.0 * static_cast<double>(decode_hits_) / static_cast<double>(decode_lookups_) : 0.0,
-             b.distinct_experts(), b.routed_slots(),
-             b.routed_slots() ? static_cast<double>(b.distinct_experts()) / static_cast<double>(b.routed_slots()) : 1.0,
-             decode_allocations_);
+             d.lookups ? 100.0 * static_cast<double>(d.hits) / static_cast<double>(d.lookups) : 0.0,
+             b.distinct_experts, b.routed_slots,
+             b.routed_slots ? static_cast<double>(b.distinct_experts) / static_cast<double>(b.routed_slots) : 1.0,
+             d.buffer_allocations);
 }
 
 int run_parallel(const CliOptions& o) {

@@ -2,8 +2,10 @@
 // and with them, in the same pass, the next chunk of a prompt being read (llama-server's mixed
 // batches): one forward pass (model/batch_pass.h) in which the routed experts that several
 // sequences chose are asked of the expert source once. Each decoding session moves on exactly as
-// Session::accept would move it (logits, history, sampler, a record), the step's cost shared
-// equally among them; the reading session exactly as Session::prefill of that chunk would.
+// Session::accept would move it (logits, history, sampler, a record), the reading session exactly
+// as Session::prefill of that chunk would. The pass's cost is split among its rows (PassPart):
+// each decode row's record holds one row's share, the chunk its rows' shares, so the parts sum to
+// the pass and no second is counted twice.
 #pragma once
 
 #include <cstdint>
@@ -22,6 +24,14 @@ struct PromptChunk {
   Session* session = nullptr;
   std::span<const int32_t> tokens;
   int prompt_length = 0;
+};
+
+// A part of one or more passes: its rows' share of their wall time and expert counters.
+struct PassPart {
+  uint64_t passes = 0, rows = 0;
+  double seconds = 0;
+  uint64_t lookups = 0, hits = 0, bytes_read = 0, buffer_allocations = 0;
+  PassPart& operator+=(const PassPart& o);
 };
 
 class SessionBatch {
@@ -44,6 +54,12 @@ class SessionBatch {
   uint64_t chunk_steps() const { return chunk_steps_; }
   uint64_t prompt_rows() const { return prompt_rows_; }
   uint64_t routed_slots() const { return pass_.routed_slots(); }
+  // The passes' cost split by rows: the decode rows' share (the sum of their records) and the
+  // prompt chunks' share, summed over the steps; and the last step's chunk's share (its prompt
+  // time), zero when it carried none. decode_part() + prompt_part() = the passes.
+  const PassPart& decode_part() const { return decode_part_; }
+  const PassPart& prompt_part() const { return prompt_part_; }
+  const PassPart& last_chunk() const { return last_chunk_; }
   uint64_t distinct_experts() const { return pass_.distinct_experts(); }
 
  private:
@@ -51,6 +67,8 @@ class SessionBatch {
   BatchPass pass_;
   void begin_chunk(const PromptChunk& chunk, std::span<Session* const> sessions);
   void end_chunk(const PromptChunk& chunk);
+  void split_cost(std::span<Session* const> sessions, std::span<const int32_t> tokens, size_t chunk_rows, double wall,
+                  const Session::StepStart& before);
   std::vector<InferenceState*> states_;
   std::vector<int32_t> tokens_;
   std::vector<int> counts_;
@@ -58,6 +76,7 @@ class SessionBatch {
   uint64_t rows_ = 0;
   uint64_t chunk_steps_ = 0;
   uint64_t prompt_rows_ = 0;
+  PassPart decode_part_, prompt_part_, last_chunk_;
 };
 
 }  // namespace bmoe

@@ -192,11 +192,17 @@ void add_batch_metrics(MetricsText& m, const Counters& c) {
   m.add_value("bmoe_batch_rows_per_step", "gauge", "Average rows per decode step of the batch.",
               b.steps ? static_cast<double>(b.rows) / static_cast<double>(b.steps) : 0.0);
   add_histogram(m, "bmoe_batch_step_seconds", "One decode step of the batch (--parallel > 1).", c.step_seconds);
+  m.add_value("bmoe_batch_decode_seconds_total", "counter",
+              "The decode rows' share of the steps' passes (a pass that also read a prompt chunk is split by rows).",
+              b.decode_part.seconds);
+  m.add_value("bmoe_batch_prompt_seconds_total", "counter",
+              "The prompt chunks' rows' share of the steps' passes; with the decode rows' share, the passes' time.",
+              b.prompt_part.seconds);
   m.add_value("bmoe_batch_chunk_steps_total", "counter",
               "Decode steps whose pass also read a prompt chunk (one pass for both, each expert read once).",
               static_cast<double>(b.chunk_steps));
   add_histogram(m, "bmoe_prompt_chunk_seconds",
-                "One prompt chunk (-b tokens): the step's pass that read it, or its own pass when no answer ran (--parallel > 1).",
+                "One prompt chunk (-b tokens): its rows' share of the step's pass that read it, or its own pass (--parallel > 1).",
                 c.chunk_seconds);
   add_histogram(m, "bmoe_token_gap_seconds",
                 "Between two tokens of one running answer, on the worker (--parallel > 1): a step, and a chunk when one was read.",

@@ -21,6 +21,7 @@
 
 #include "core/thread_pool.h"
 #include "core/timer.h"
+#include "engine/batch_slots.h"
 #include "engine/generate.h"
 #include "engine/run.h"
 #include "engine/session.h"
@@ -129,22 +130,6 @@ struct RateWindow {
   double per_second() const { return seconds > 0 ? steps / seconds : 0.0; }
 };
 
-// The shared batch of --parallel N > 1 (SessionBatch): its decode steps, the rows they fed, and
-// the (row, expert) choices routed against the distinct experts looked up for them; the
-// difference is the lookups (reads, on a miss) that sharing saved.
-struct BatchShare {
-  uint64_t steps = 0, rows = 0, routed_slots = 0, distinct_experts = 0;
-  uint64_t chunk_steps = 0;  // steps whose pass also read a prompt chunk
-  BatchShare& operator+=(const BatchShare& o) {
-    steps += o.steps;
-    chunk_steps += o.chunk_steps;
-    rows += o.rows;
-    routed_slots += o.routed_slots;
-    distinct_experts += o.distinct_experts;
-    return *this;
-  }
-};
-
 struct Counters {
   uint64_t ok = 0, rejected_busy = 0, bad_request = 0, cancelled = 0, failed = 0, unauthorized = 0;
   uint64_t prompt_tokens = 0, reused_tokens = 0, generated_tokens = 0;
@@ -159,9 +144,10 @@ struct Counters {
   // answer), and the rates since the last scrape.
   uint64_t passes = 0, busy_slots_in_passes = 0, n_tokens_max = 0;
   RateWindow prompt_window, predict_window;
-  BatchShare batch;  // --parallel > 1
+  BatchShare batch;  // --parallel > 1 (engine/batch_slots.h)
   // --parallel > 1, timed on the worker: each decode step of the batch, each prompt chunk (read
-  // in a step's pass while answers run, so that pass's time; else alone), and the time between
+  // in a step's pass while answers run: its rows' share of that pass, SessionBatch; else its own
+  // pass), and the time between
   // two tokens of one running answer (a step, plus a chunk when one was read alone in between),
   // and of that gap the part neither took (admission, bookkeeping).
   DurationHistogram step_seconds, chunk_seconds, token_gap_seconds, token_gap_overhead_seconds;
@@ -214,9 +200,9 @@ struct SlotView {
 // The one decoding thread: a bounded queue of jobs, each run on one of the server's sessions
 // (its slots; their KV prefixes later requests reuse), with the counters /metrics reports.
 // With --parallel 1 a job runs to completion on the single session; with N > 1 a job takes a
-// free slot between two steps, its prompt is read one chunk (-b tokens) at a time between the
-// decode steps of the other slots, and every step decodes all decoding slots in one pass
-// (ParallelDecode).
+// free slot between two steps, its prompt is read one chunk (-b tokens) at a time inside the
+// decode steps of the other slots, and every step decodes all decoding slots in one pass (the
+// engine's BatchSlots schedules both, as for bmoe-cli --parallel).
 class DecodeWorker {
  public:
   // queue_capacity: jobs that may wait while one decodes; submit refuses more.
@@ -272,7 +258,6 @@ class DecodeWorker {
     size_t fed = 0;                        // prompt tokens in the KV cache (kept prefix included)
     int reused = 0;
     double prefill_seconds = 0;
-    int decode_id = -1;  // in parallel_ while decoding
     int pieces = 0;
     // llama-server's t_max_predict_ms, as in run_choice.
     std::optional<Stopwatch> since_first_piece;
@@ -285,15 +270,15 @@ class DecodeWorker {
   void work_slots();
   bool admit(Slot& slot);
   void start_choice(Slot& slot);
-  Slot* next_reader(size_t& next_prompt);
-  bool reads_in_step(const Slot& slot) const;
-  bool chunk_of(Slot& slot, std::vector<int32_t>& chunk);
-  void read_prompt_chunk(Slot& slot);
+  DecodeHooks answer_hooks(Slot& slot);
+  void drop_cancelled_readers();
+  void take_turn();
+  void step_failed(const BatchSlots::Turn& t);
   void chunk_read(Slot& slot, size_t n, double seconds);
   void prompt_failed(Slot& slot, const std::string& error);
   void embed_turn(Slot& slot);
   void release(const Slot& slot);
-  void decode_step(Slot* reader);
+  void answers_ended(const std::vector<int>& ended);
   void end_choice(Slot& slot, GenerateResult result, const std::string& error);
   void publish_slot(const Slot& slot);
   Slot* free_slot_for(const Job& job);
@@ -322,8 +307,7 @@ class DecodeWorker {
   int prompt_done_ = 0, prompt_total_ = 0;  // the prompt being read (total 0: none), for /stats
   Counters counters_;
   std::vector<std::unique_ptr<Slot>> slots_;     // --parallel N > 1
-  std::unique_ptr<ParallelDecode> parallel_;
-  BatchShare batch_before_;  // the sharing of batches a failed pass replaced
+  std::unique_ptr<BatchSlots> batch_;  // the slots' scheduling: prompt chunks and decode steps
   double turn_prompt_seconds_ = 0;  // the loop's turn: the prompt chunk or embeddings input it ran
   std::vector<SlotView> slot_views_;            // under mutex_
   std::vector<std::shared_ptr<Job>> active_;    // the slots' jobs, under mutex_ (shutdown cancels them)

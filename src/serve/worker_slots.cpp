@@ -1,12 +1,13 @@
 // bmoe-server --parallel N > 1: N slots, each a session with its own KV cache (and prefix), fed
 // by the worker's one thread. Each turn of the loop admits queued jobs into free slots, then runs
-// one decode step of every decoding slot that also reads one chunk of one waiting prompt (round
-// robin): one pass for the decode rows and the chunk's rows (ParallelDecode with a PromptChunk,
-// llama-server's mixed batches), each routed expert read once for all. A running answer therefore
-// waits about one chunk's pass between two of its tokens, and a queued job, when a slot is free,
-// at most one step before its prompt starts. A chunk that cannot ride in a step (no answer
-// running, an embeddings input, a session with an MTP head, lossy routing options that act on
-// one-row passes) is read in its own pass before the step, as before.
+// one turn of the engine's slot scheduling (engine/batch_slots.h, which bmoe-cli --parallel
+// shares): one decode step of every decoding slot that also reads one chunk of one waiting prompt
+// (round robin), one pass for the decode rows and the chunk's rows, each routed expert read once
+// for all. A running answer therefore waits about one chunk's pass between two of its tokens, and
+// a queued job, when a slot is free, at most one step before its prompt starts. A chunk that
+// cannot ride in a step (no answer running, a session with an MTP head, lossy routing options
+// that act on one-row passes) is read in its own pass before the step, and so is an embeddings
+// job's input (one per turn).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -17,20 +18,12 @@
 #include "serve/worker.h"
 
 namespace bmoe {
-namespace {
-
-BatchShare share_of(const SessionBatch& b) {
-  return {b.steps(), b.rows(), b.routed_slots(), b.distinct_experts(), b.chunk_steps()};
-}
-
-}  // namespace
 
 void DecodeWorker::start_slots() {
   const int n = std::max(1, run_.config.parallel);
   for (int i = 0; i < n; ++i) slot_views_.push_back(SlotView{i});
   if (n == 1) return;
-  parallel_ = std::make_unique<ParallelDecode>(*run_.model, pool_);
-  parallel_->set_routing_options(run_.config.routing());
+  batch_ = std::make_unique<BatchSlots>(*run_.model, pool_, run_.config.routing(), n);
   for (int i = 0; i < n; ++i) {
     auto slot = std::make_unique<Slot>();
     slot->id = i;
@@ -41,7 +34,6 @@ void DecodeWorker::start_slots() {
 }
 
 void DecodeWorker::work_slots() {
-  size_t next_prompt = 0;  // round robin over the slots reading a prompt
   for (;;) {
     turn_prompt_seconds_ = 0;
     bool any_busy = false;
@@ -59,14 +51,8 @@ void DecodeWorker::work_slots() {
         for (auto& job : active_) job->cancel.store(true);
       }
     }
-    Slot* reader = next_reader(next_prompt);
-    if (reader && !reads_in_step(*reader)) {
-      Stopwatch turn;
-      reader->embedding ? embed_turn(*reader) : read_prompt_chunk(*reader);
-      turn_prompt_seconds_ = turn.seconds();
-      reader = nullptr;
-    }
-    if (parallel_->running() > 0) decode_step(reader);
+    drop_cancelled_readers();
+    take_turn();
   }
   std::lock_guard<std::mutex> lock(mutex_);
   for (auto& job : queue_) finish(*job, {}, kShuttingDown, 503);
@@ -92,6 +78,7 @@ bool DecodeWorker::admit(Slot& slot) {
   slot.results.clear();
   if (!job->embed_inputs.empty()) {  // one input per turn, as a prompt chunk is read
     slot.embedding.emplace();
+    batch_->take_turns(slot.id);
     publish_slot(slot);
     return true;
   }
@@ -134,6 +121,8 @@ void DecodeWorker::start_choice(Slot& slot) {
     slot.fed = static_cast<size_t>(slot.reused);
     slot.telemetry.emplace(job, slot.choice, static_cast<int>(slot.prompt.size()), slot.reused);
     slot.telemetry->prompt_read(static_cast<double>(slot.fed));  // llama-server's first event: the kept part
+    const int limit = std::min(params.max_tokens, n_ctx() - static_cast<int>(slot.prompt.size()));
+    batch_->read(slot.id, *slot.session, slot.prompt, slot.fed, {limit, std::move(params), answer_hooks(slot)});
   } catch (const std::exception& e) {
     slot.session->reset();
     return end_choice(slot, {}, e.what());
@@ -141,82 +130,12 @@ void DecodeWorker::start_choice(Slot& slot) {
   publish_slot(slot);
 }
 
-// The next slot reading a prompt (or embedding inputs), round robin; nullptr when none.
-DecodeWorker::Slot* DecodeWorker::next_reader(size_t& next_prompt) {
-  for (size_t k = 0; k < slots_.size(); ++k) {
-    Slot& slot = *slots_[(next_prompt + k) % slots_.size()];
-    if (!slot.job || slot.decode_id >= 0) continue;
-    next_prompt = (next_prompt + k + 1) % slots_.size();
-    return &slot;
-  }
-  return nullptr;
-}
-
-// Whether the slot's next prompt chunk rides in the decode step's pass: answers are running, it
-// is a prompt (not embeddings inputs), its session can read a chunk in a batch (no MTP head), and
-// no lossy routing option is set (they act on one-row passes, which a chunk would widen).
-bool DecodeWorker::reads_in_step(const Slot& slot) const {
-  const RoutingOptions options = run_.config.routing();
-  return !slot.embedding && parallel_->running() > 0 && SessionBatch::reads_prompts(*slot.session) &&
-         options.route_ahead == 0 && options.drop_cold == 0.0f;
-}
-
-// The slot's next prompt chunk, up to the next multiple of -b tokens (the batches a whole
-// prefill runs, after a kept prefix too, so that the rows equal a fresh read's); false (the
-// choice ended) when its job was cancelled.
-bool DecodeWorker::chunk_of(Slot& slot, std::vector<int32_t>& chunk) {
-  if (slot.job->cancel.load()) {
-    GenerateResult r;
-    r.finish_reason = "cancelled";
-    end_choice(slot, r, "");
-    return false;
-  }
-  const size_t n_batch = static_cast<size_t>(slot.session->n_batch());
-  const size_t n = std::min(n_batch - slot.fed % n_batch, slot.prompt.size() - slot.fed);
-  chunk.assign(slot.prompt.begin() + static_cast<std::ptrdiff_t>(slot.fed),
-               slot.prompt.begin() + static_cast<std::ptrdiff_t>(slot.fed + n));
-  return true;
-}
-
-// One chunk of the slot's prompt in its own pass (no answer running, or one that cannot ride in
-// a step: reads_in_step).
-void DecodeWorker::read_prompt_chunk(Slot& slot) {
-  std::vector<int32_t> chunk;
-  if (!chunk_of(slot, chunk)) return;
-  double seconds = 0;
-  try {
-    seconds = slot.session->prefill(chunk, {}, static_cast<int>(slot.prompt.size())).seconds;
-  } catch (const std::exception& e) {
-    return prompt_failed(slot, e.what());
-  }
-  count_pass(busy_slots());
-  chunk_read(slot, chunk.size(), seconds);
-}
-
-void DecodeWorker::prompt_failed(Slot& slot, const std::string& error) {
-  slot.session->reset();
-  end_choice(slot, {}, error);
-}
-
-// After a chunk of n tokens was read in `seconds` (its own pass, or the step's that carried it):
-// the counters; the last one hands the slot to the decode steps.
-void DecodeWorker::chunk_read(Slot& slot, size_t n, double seconds) {
+// What a slot's answer streams: its pieces (with t_max_predict_ms' cut), log-probabilities, and
+// the job's cancel flag.
+DecodeHooks DecodeWorker::answer_hooks(Slot& slot) {
   Job& job = *slot.job;
-  slot.prefill_seconds += seconds;
-  slot.fed += n;
-  slot.telemetry->prompt_read(static_cast<double>(slot.fed));
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    counters_.chunk_seconds.add(seconds);
-    counters_.n_tokens_max = std::max<uint64_t>(counters_.n_tokens_max, slot.fed);
-  }
-  publish_slot(slot);
-  if (slot.fed < slot.prompt.size()) return;
-  GenerateParams params = job.params;
-  params.sampler.seed += static_cast<uint64_t>(slot.choice);
-  const int limit = std::min(params.max_tokens, n_ctx() - static_cast<int>(slot.prompt.size()));
-  DecodeHooks hooks;
   const int index = slot.choice;
+  DecodeHooks hooks;
   hooks.on_piece = [this, &slot, &job, index](const std::string& piece) {
     publish_progress();
     ++slot.pieces;
@@ -229,56 +148,78 @@ void DecodeWorker::chunk_read(Slot& slot, size_t n, double seconds) {
   };
   hooks.on_logprob = [&job, index](const TokenLogprob& lp) { job.push({index, {}, lp, {}}); };
   hooks.cancel = &job.cancel;
-  slot.decode_id = parallel_->add(*slot.session, limit, std::move(params), std::move(hooks));
+  return hooks;
+}
+
+// A reading slot whose job was cancelled ends its choice before its next chunk.
+void DecodeWorker::drop_cancelled_readers() {
+  for (auto& slot : slots_) {
+    if (!slot->job || !batch_->reading(slot->id) || !slot->job->cancel.load()) continue;
+    GenerateResult r;
+    r.finish_reason = "cancelled";
+    end_choice(*slot, r, "");
+  }
+}
+
+// One turn of the slots' scheduling: a prompt chunk (or embeddings input) and the decode step,
+// then the counters and the answers that ended.
+void DecodeWorker::take_turn() {
+  BatchSlots::TurnHooks hooks;
+  hooks.own_turn = [this](int id) { embed_turn(*slots_[static_cast<size_t>(id)]); };
+  hooks.chunk_read = [this](int id, size_t n, double seconds, bool rode) {
+    if (!rode) count_pass(busy_slots());
+    chunk_read(*slots_[static_cast<size_t>(id)], n, seconds);
+  };
+  const BatchSlots::Turn t = batch_->turn(hooks);
+  if (t.reader >= 0 && !t.rode) turn_prompt_seconds_ = t.chunk_seconds;
+  if (!t.reader_error.empty()) prompt_failed(*slots_[static_cast<size_t>(t.reader)], t.reader_error);
+  if (!t.step_error.empty()) return step_failed(t);
+  if (!t.decoded.empty()) after_step(t.step_seconds, t.stepped, t.decoded);
+  for (auto& slot : slots_) {
+    if (batch_->decoding(slot->id)) publish_slot(*slot);
+  }
+  answers_ended(t.ended);
+}
+
+// The step's pass failed: every answer in it fails, its session reset (a chunk that rode in
+// it failed with it: take_turn).
+void DecodeWorker::step_failed(const BatchSlots::Turn& t) {
+  for (int id : t.decoded) {
+    Slot& slot = *slots_[static_cast<size_t>(id)];
+    slot.last_token_at = 0;
+    slot.session->reset();
+    end_choice(slot, {}, t.step_error);
+  }
+}
+
+void DecodeWorker::prompt_failed(Slot& slot, const std::string& error) {
+  slot.session->reset();
+  end_choice(slot, {}, error);
+}
+
+// After a chunk of n tokens was read in `seconds` (its own pass, or its rows' share of the step's
+// that carried it): the slot's prompt time, progress and counters.
+void DecodeWorker::chunk_read(Slot& slot, size_t n, double seconds) {
+  Job& job = *slot.job;
+  slot.prefill_seconds += seconds;
+  slot.fed += n;
+  slot.telemetry->prompt_read(static_cast<double>(slot.fed));
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    counters_.chunk_seconds.add(seconds);
+    counters_.n_tokens_max = std::max<uint64_t>(counters_.n_tokens_max, slot.fed);
+  }
   publish_slot(slot);
 }
 
-// One step of every decoding slot; with a reader, its next prompt chunk read in the same pass.
-void DecodeWorker::decode_step(Slot* reader) {
-  std::vector<int> ended, decoding;
-  for (auto& slot : slots_) {
-    if (slot->decode_id >= 0) decoding.push_back(slot->id);
-  }
-  std::vector<int32_t> chunk;
-  if (reader && !chunk_of(*reader, chunk)) reader = nullptr;
-  PromptChunk prompt;
-  if (reader) prompt = {reader->session.get(), chunk, static_cast<int>(reader->prompt.size())};
-  double seconds = 0;
-  try {
-    const uint64_t passes_before = parallel_->batch().steps();
-    Stopwatch timer;
-    ended = parallel_->step(reader ? &prompt : nullptr);
-    seconds = timer.seconds();
-    after_step(seconds, parallel_->batch().steps() > passes_before, decoding);
-  } catch (const std::exception& e) {
-    // A failed pass leaves every decoding session unusable: their jobs fail, the batch restarts.
-    const std::string error = e.what();
-    batch_before_ += share_of(parallel_->batch());
-    parallel_ = std::make_unique<ParallelDecode>(*run_.model, pool_);
-    parallel_->set_routing_options(run_.config.routing());
-    for (auto& slot : slots_) {
-      if (slot->decode_id < 0) continue;
-      slot->decode_id = -1;
-      slot->last_token_at = 0;
-      slot->session->reset();
-      end_choice(*slot, {}, error);
-    }
-    if (reader) prompt_failed(*reader, error);
-    return;
-  }
-  if (reader) chunk_read(*reader, chunk.size(), seconds);
-  for (auto& slot : slots_) {
-    if (slot->decode_id >= 0) publish_slot(*slot);
-  }
+// The slots whose answers ended in the step: each choice ends (the next one starts, or the job).
+void DecodeWorker::answers_ended(const std::vector<int>& ended) {
   for (int id : ended) {
-    for (auto& slot : slots_) {
-      if (slot->decode_id != id) continue;
-      slot->decode_id = -1;
-      slot->last_token_at = 0;
-      GenerateResult r = parallel_->take(id);
-      if (slot->timed_out && r.finish_reason == "cancelled" && !slot->job->cancel.load()) r.finish_reason = "stop";
-      end_choice(*slot, std::move(r), "");
-    }
+    Slot& slot = *slots_[static_cast<size_t>(id)];
+    slot.last_token_at = 0;
+    GenerateResult r = batch_->answer(id);
+    if (slot.timed_out && r.finish_reason == "cancelled" && !slot.job->cancel.load()) r.finish_reason = "stop";
+    end_choice(slot, std::move(r), "");
   }
 }
 
@@ -302,8 +243,7 @@ void DecodeWorker::after_step(double seconds, bool ran, const std::vector<int>& 
   if (ran) count_pass(busy_slots());
   std::lock_guard<std::mutex> lock(mutex_);
   Counters& c = counters_;
-  c.batch = batch_before_;
-  c.batch += share_of(parallel_->batch());
+  c.batch = batch_->share();
   if (ran) c.step_seconds.add(seconds);
   for (int id : decoding) {
     Slot& slot = *slots_[static_cast<size_t>(id)];
@@ -327,6 +267,7 @@ int DecodeWorker::busy_slots() const {
 // is free.
 void DecodeWorker::end_choice(Slot& slot, GenerateResult result, const std::string& error) {
   Job& job = *slot.job;
+  batch_->release(slot.id);
   const bool embeddings = error == "embeddings";
   if (!embeddings) {
     result.prompt_tokens = static_cast<int>(slot.prompt.size());
@@ -367,10 +308,11 @@ void DecodeWorker::release(const Slot& slot) {
 void DecodeWorker::publish_slot(const Slot& slot) {
   std::lock_guard<std::mutex> lock(mutex_);
   SlotView& v = slot_views_[static_cast<size_t>(slot.id)];
-  v.state = !slot.job ? "idle" : slot.decode_id >= 0 ? "decoding" : "prompt";
+  const bool decoding = batch_->decoding(slot.id);
+  v.state = !slot.job ? "idle" : decoding ? "decoding" : "prompt";
   v.n_prompt = static_cast<int>(slot.prompt.size());
   v.n_prompt_done = static_cast<int>(slot.fed);
-  if (slot.decode_id >= 0 && v.n_decoded < slot.pieces) v.generated_tokens += static_cast<uint64_t>(slot.pieces - v.n_decoded);
+  if (decoding && v.n_decoded < slot.pieces) v.generated_tokens += static_cast<uint64_t>(slot.pieces - v.n_decoded);
   v.n_decoded = slot.pieces;
 }
 

@@ -304,6 +304,26 @@ class ParallelCli(TinyModelCase):
             self.assertLess(int(m.group(1)), int(m.group(2)))
             self.assertRegex(p.stderr, r"flash [0-9.]+ MiB per generated token")
 
+    def test_prompts_ride_in_the_running_steps(self):
+        """As bmoe-server's slots: the first prompt is read alone, the others in chunks of -b inside
+        the running answers' decode steps, so decoding begins before the last prompt is read; the
+        long prompt's answer (read in four chunks beside two answers) equals its answer alone."""
+        long_prompt = " ".join(["the quick brown fox jumps over the lazy dog"] * 6)
+        prompts = ["hello", "once upon a time", long_prompt]
+        path = os.path.join(self.tmp.name, "ride.txt")
+        write(path, ("\n".join(prompts) + "\n").encode())
+        p = self.cli("-f", path, "-np", "3", "-b", "16", "--temp", "0")
+        m = re.search(r"parallel: (\d+) prompt chunks, (\d+) of them inside decode steps; decoding began at turn (\d+), "
+                      r"the last prompt was read at turn (\d+)", p.stderr)
+        self.assertIsNotNone(m, p.stderr[-1500:])
+        chunks, inside, began, last = (int(g) for g in m.groups())
+        self.assertGreaterEqual(chunks, 4)
+        self.assertEqual(inside, chunks - 1, "only the first prompt's chunk had a pass of its own")
+        self.assertLess(began, last, "every prompt was read before decoding began")
+        answers = {j["index"]: j["tokens"] for j in map(json.loads, p.stdout.splitlines())}
+        alone = json.loads(self.cli("-p", long_prompt, "-b", "16", "--temp", "0").stdout)
+        self.assertEqual(answers[2], alone["tokens"])
+
 
 class TheModeChoosesItself(TinyModelCase):
     """Without --moe-stream / --no-moe-stream the run streams when the model does not fit in the

@@ -717,6 +717,14 @@ class ServerParallelTest(unittest.TestCase):
             self.assertEqual(m["bmoe_batch_step_seconds_count"], steps)
             self.assertEqual(m['bmoe_batch_step_seconds_bucket{le="+Inf"}'], steps)
             self.assertEqual(m["bmoe_prompt_chunk_seconds_count"], sum(-(-e // 16) for e in evaluated))
+            # A step that read a chunk is split by rows: the decode rows' share and the chunks'
+            # sum to the passes (within the steps' time, never over it), and each request's
+            # prompt time is its chunks' times, so the prompt seconds are the chunks' sum.
+            decode_part, prompt_part = m["bmoe_batch_decode_seconds_total"], m["bmoe_batch_prompt_seconds_total"]
+            self.assertGreater(prompt_part, 0)
+            self.assertLessEqual(decode_part + prompt_part, m["bmoe_batch_step_seconds_sum"] * (1 + 1e-9))
+            self.assertLessEqual(prompt_part, m["bmoe_prompt_chunk_seconds_sum"] * (1 + 1e-9))
+            self.assertAlmostEqual(m["llamacpp:prompt_seconds_total"], m["bmoe_prompt_chunk_seconds_sum"], places=6)
             self.assertEqual(m["bmoe_token_gap_seconds_count"], rows)
             self.assertEqual(m["bmoe_token_gap_overhead_seconds_count"], rows)
             self.assertLessEqual(m["bmoe_token_gap_overhead_seconds_sum"], m["bmoe_token_gap_seconds_sum"])
