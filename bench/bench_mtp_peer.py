@@ -22,8 +22,15 @@ target disagrees ("generated output is not valid"), so its tokens are not compar
 each draft step's candidates; bmoe-cli --mtp --dump-logits after the prompt plus the first j
 plain tokens writes the head's first two draft steps (argmax = its proposals for the same step).
 
+--heads MTP_ORACLE: tests/oracle/mtp_oracle.cpp (built against node-llama-cpp's prebuilt library)
+against bmoe-cli --mtp --dump-logits on the bench prompt and test_mtp.py's prompts: the trunks'
+greedy tokens and both heads' two draft steps, where the trunks agree.
+
+--llama-env OMP_WAIT_POLICY=passive: llama.cpp's OpenMP threads busy-wait by default; on a shared
+2-core machine that stalled some of its tokens for about a second (1.2-1.8 tok/s vs 31.6 passive).
+
     bench/bench_mtp_peer.py --model /work/models/qwen3.6-35b-a3b-l4.gguf \\
-        --llama-bin /work/llama-build/bin --out bench/results/DATE/mtp-peer
+        --llama-bin /work/llama-build/bin --out bench/results/DATE/mtp-peer --llama-env OMP_WAIT_POLICY=passive
 """
 import argparse
 import array
