@@ -745,8 +745,8 @@ class ServerParallelTest(unittest.TestCase):
         bodies = [{"prompt": "The capital of France is", "n_predict": 40, "temperature": 0, "grammar": grammar},
                   {"prompt": "Once upon a time", "n_predict": 40, "temperature": 0.9, "seed": 7, "grammar": grammar},
                   {"prompt": "1 2 3 4 5 6 7 8", "n_predict": 60, "temperature": 0, "ignore_eos": True},
-                  {"prompt": self.LONG, "n_predict": 120, "temperature": 0, "ignore_eos": True}]
-        alone = Server(self.model, "-c", "512", *flags)
+                  {"prompt": self.LONG, "n_predict": 400, "temperature": 0, "ignore_eos": True}]
+        alone = Server(self.model, "-c", "1024", *flags)
         try:
             unstopped = alone.post("/completion", bodies[2])[1]["content"]
             self.assertGreaterEqual(len(unstopped), 6)
@@ -756,7 +756,8 @@ class ServerParallelTest(unittest.TestCase):
             alone.stop()
         self.assertEqual(want[2]["stop_type"], "word")
         self.assertLess(want[2]["tokens_predicted"], 60)
-        s = Server(self.model, "-c", "2560", "--parallel", "5", *flags)
+        # 2048 positions a slot: the "endless" stream runs until its slot's context is full.
+        s = Server(self.model, "-c", "10240", "--parallel", "5", *flags)
         try:
             cut = open_endless_stream(s, "/completion", {"prompt": "Tell me a story", "n_predict": 100000})
             got = [None] * len(bodies)
@@ -766,12 +767,14 @@ class ServerParallelTest(unittest.TestCase):
             threads = [threading.Thread(target=client, args=(i,)) for i in range(len(bodies))]
             for t in threads:
                 t.start()
-            wait_until(lambda: s.metrics()["llamacpp:requests_processing"] >= 3, 30)
+            # The cut stream and the long answer (400 tokens) at least: the grammar and stop-string
+            # answers can end within one poll (measured: three of them in the first 0.1 s).
+            wait_until(lambda: s.metrics()["llamacpp:requests_processing"] >= 2, 30)
             running = s.metrics()["llamacpp:requests_processing"]
             cut.close()  # the client goes away mid-batch
             for t in threads:
                 t.join()
-            self.assertGreaterEqual(running, 3, "the cut stream never shared the batch")
+            self.assertGreaterEqual(running, 2, "the cut stream never shared the batch")
             for i, (g, w) in enumerate(zip(got, want)):
                 self.assertEqual((g["tokens"], g["content"], g["stop_type"]), (w["tokens"], w["content"], w["stop_type"]),
                                  f"request {i}")
