@@ -327,9 +327,9 @@ const ToolFormat kFormats[] = {ToolFormat::Hermes, ToolFormat::QwenXml, ToolForm
 
 // Checks that every text the grammar produces parses back into calls of `tools` (or of
 // only_function) whose arguments validate.
-// 40 walks (16 under the sanitizers: the same grammars, memory and UB checked on fewer paths).
+// 40 walks (24 under the sanitizers: the same grammars, memory and UB checked on fewer paths).
 void check_walks(ToolFormat f, const json& tools, bool parallel, const std::string& only = "",
-                 int walks = full_or_sanitized(40, 16)) {
+                 int walks = full_or_sanitized(40, 24)) {
   SCOPED_TRACE(std::string(tool_format_name(f)) + (parallel ? " parallel" : " single") + (only.empty() ? "" : " " + only));
   const std::string gbnf = tool_call_gbnf(f, tools, parallel, only);
   std::shared_ptr<const Grammar> g;
