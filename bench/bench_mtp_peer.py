@@ -165,23 +165,10 @@ def configs(args, oracle):
 
 def trace(args, prompt, plain_tokens):
     """The heads' proposals for the first args.trace generation steps, both engines."""
-    n_vocab = None
     bmoe = []
     for j in range(args.trace):
-        dump = os.path.join(args.out, "logs", f"head-{j}.f32")
-        ids = prompt + plain_tokens[:j]
-        p = subprocess.run([tool("bmoe-cli"), "-m", args.model, "--prompt-ids", ",".join(map(str, ids)), "-n", "1",
-                            "-t", str(args.threads), "--no-moe-stream", "--mtp", "--draft", "2", "--dump-logits", dump],
-                           capture_output=True, text=True, cwd=REPO, timeout=args.timeout)
-        if p.returncode != 0:
-            sys.exit(f"trace {j}: bmoe-cli failed: {p.stderr.strip().splitlines()[-1:]}")
-        a = array.array("f")
-        with open(dump, "rb") as f:
-            a.frombytes(f.read())
-        os.remove(dump)
-        n_vocab = len(a) // 3
-        rows = [a[i * n_vocab:(i + 1) * n_vocab] for i in range(3)]
-        bmoe.append([max(range(n_vocab), key=row.__getitem__) for row in rows])  # trunk, step 0, step 1
+        rows = bmoe_head_dump(args, prompt + plain_tokens[:j], f"head-{j}")
+        bmoe.append([argmax(row) for row in rows])  # trunk, step 0, step 1
     # llama.cpp: the real head (no synthetic acceptance), k = 2 drafts per step, debug logging.
     tag = "trace-llama"
     server = LlamaServer(args, ["--spec-type", "draft-mtp", "--spec-draft-n-max", "2", "--spec-draft-p-min", "0",
