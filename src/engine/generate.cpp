@@ -85,35 +85,58 @@ class CostMeter {
   const Stopwatch timer_;
 };
 
+// The tokens drafting wants drafted after `token` now, within the answer's `budget` and the
+// context's room (0: a plain step).
+int draft_length(Session& session, const Drafting* drafting, int budget) {
+  const int room = session.state().n_ctx() - session.state().n_past() - 1;
+  return drafting ? std::min({drafting->controller.length(), budget, room}) : 0;
+}
+
+// The drafter's guesses after the session's history and `token`, at most `length`; its cost
+// (an MTP head's passes and reads) into `cost`.
+std::vector<int32_t> propose_draft(Session& session, Drafting& drafting, int32_t token, int length, StepCost& cost) {
+  const CostMeter meter(*session.model().experts);
+  std::vector<int32_t> sequence = session.history();
+  sequence.push_back(token);
+  std::vector<int32_t> draft = drafting.drafter->propose(sequence, length);
+  // Propose's bound, enforced: a longer draft could run past the context.
+  draft.resize(std::min(draft.size(), static_cast<size_t>(length)));
+  meter.add_to(cost, static_cast<int64_t>(draft.size()));
+  return draft;
+}
+
+// A drafting step into the profile and the controller: `pass` is the step less the drafter's
+// part; `drafted` tokens proposed, `kept` of them kept.
+void count_step(Drafting& drafting, const StepCost& pass, const StepCost& drafter, int drafted, int kept) {
+  DraftProfile& profile = drafting.profile;
+  add_cost(drafted == 0 ? profile.plain : profile.verify, pass);
+  if (drafter.steps > 0) add_cost(profile.drafter, drafter);
+  drafting.controller.report(drafted, kept);
+}
+
 // Feeds `token` (just emitted) so that the next one can be sampled. While drafting wants a draft,
 // also proposes and verifies up to `budget` draft tokens; returns the kept ones, already fed, to
 // be emitted in order before sampling again. The drafter runs inside the step, so its cost counts
 // in the step's records.
 std::vector<int32_t> feed_token(Session& session, int32_t token, Drafting* drafting, int budget) {
-  const int room = session.state().n_ctx() - session.state().n_past() - 1;
-  const int length = drafting ? std::min({drafting->controller.length(), budget, room}) : 0;
+  const int length = draft_length(session, drafting, budget);
   if (length <= 0) {
     if (!drafting) {
       session.accept(token);
       return {};
     }
     const CostMeter step(*session.model().experts);
+    StepCost pass;
     session.accept(token);
-    step.add_to(drafting->profile.plain, 1);
-    drafting->controller.report(0, 0);
+    step.add_to(pass, 1);
+    count_step(*drafting, pass, StepCost{}, 0, 0);
     return {};
   }
   std::vector<int32_t> draft;
   const CostMeter step(*session.model().experts);
   StepCost drafter;
   const int kept = session.draft_and_accept(token, [&] {
-    const CostMeter meter(*session.model().experts);
-    std::vector<int32_t> sequence = session.history();
-    sequence.push_back(token);
-    draft = drafting->drafter->propose(sequence, length);
-    // Propose's bound, enforced: a longer draft could run past the context.
-    draft.resize(std::min(draft.size(), static_cast<size_t>(length)));
-    meter.add_to(drafter, static_cast<int64_t>(draft.size()));
+    draft = propose_draft(session, *drafting, token, length, drafter);
     return draft;
   });
   StepCost pass;  // the step less the drafter's part
@@ -122,25 +145,41 @@ std::vector<int32_t> feed_token(Session& session, int32_t token, Drafting* draft
   pass.lookups -= drafter.lookups;
   pass.hits -= drafter.hits;
   pass.bytes_read -= drafter.bytes_read;
-  DraftProfile& profile = drafting->profile;
-  add_cost(draft.empty() ? profile.plain : profile.verify, pass);
-  add_cost(profile.drafter, drafter);
-  drafting->controller.report(static_cast<int>(draft.size()), kept);
+  count_step(*drafting, pass, drafter, static_cast<int>(draft.size()), kept);
   draft.resize(static_cast<size_t>(kept));
   return draft;
+}
+
+// The cost a batch step's records from `first` hold (the session's rows' share of the pass, and
+// the drafter's cost that the first holds), less the drafter's: the step's pass part.
+StepCost batch_pass_cost(const Session& session, size_t first, const StepCost& drafter, int64_t rows) {
+  StepCost pass;
+  pass.steps = 1;
+  pass.rows = rows;
+  for (size_t k = first; k < session.records().size(); ++k) {
+    const TokenRecord& r = session.records()[k];
+    pass.seconds += r.wall_ms / 1e3;
+    pass.lookups += r.routed;
+    pass.hits += r.hits;
+    pass.bytes_read += r.bytes_read;
+  }
+  pass.seconds = std::max(0.0, pass.seconds - drafter.seconds);
+  pass.lookups -= drafter.lookups;
+  pass.hits -= drafter.hits;
+  pass.bytes_read -= drafter.bytes_read;
+  return pass;
 }
 
 // One run of the decode loop: the token source (a kept draft's tokens, which the verification
 // pass fed already, then the session's samples), the text on its way out, and the result.
 class DecodeLoop {
  public:
-  // `may_draft`: false where the caller feeds the tokens one per step (a batch of sequences).
-  DecodeLoop(Session& session, int limit, const GenerateParams& params, const DecodeHooks& hooks, bool may_draft = true)
+  DecodeLoop(Session& session, int limit, const GenerateParams& params, const DecodeHooks& hooks)
       : session_(session), params_(params), hooks_(hooks), tok_(*session.model().tokenizer), stop_(params.stop),
         limit_(limit) {
     if (params.grammar) grammar_ = std::make_unique<GrammarFilter>(params.grammar, tok_);
     grammar_waits_ = grammar_ && !params.grammar_after.empty();
-    if (may_draft && drafts_with(params)) {
+    if (drafts_with(params)) {
       drafting_ = std::make_unique<Drafting>(DraftController(params.draft),
                                              make_drafter(params.draft, session.mtp_head()));
     }
@@ -159,6 +198,22 @@ class DecodeLoop {
   // next_to_feed's token was fed by the caller; its record starts at first_record.
   void fed(size_t first_record) {
     if (hooks_.on_step && !pending_forced_) hooks_.on_step(first_record);
+  }
+  // A batch's step (ParallelDecode): the draft to verify with next_to_feed's token (empty: a
+  // plain row), its drafter's cost into `drafter`; then batch_fed with what the pass kept.
+  std::vector<int32_t> batch_draft(int32_t token, StepCost& drafter) {
+    const int length = draft_length(session_, drafting_.get(), pending_budget_);
+    return length > 0 ? propose_draft(session_, *drafting_, token, length, drafter) : std::vector<int32_t>{};
+  }
+  void batch_fed(size_t first_record, std::vector<int32_t> draft, int kept, const StepCost& drafter) {
+    if (drafting_) {
+      const StepCost pass = batch_pass_cost(session_, first_record, drafter, static_cast<int64_t>(draft.size()) + 1);
+      count_step(*drafting_, pass, drafter, static_cast<int>(draft.size()), kept);
+    }
+    draft.resize(static_cast<size_t>(kept));
+    known_ = std::move(draft);
+    next_known_ = 0;
+    fed(first_record);
   }
   GenerateResult finish();
   Session& session() { return session_; }
@@ -310,7 +365,7 @@ GenerateResult decode_tokens(Session& session, int limit, const GenerateParams& 
 // One sequence of a ParallelDecode: its parameters and hooks outlive the loop that reads them.
 struct ParallelDecode::Sequence {
   Sequence(Session& session, int limit, GenerateParams p, DecodeHooks h)
-      : params(std::move(p)), hooks(std::move(h)), loop(session, limit, params, hooks, /*may_draft=*/false) {}
+      : params(std::move(p)), hooks(std::move(h)), loop(session, limit, params, hooks) {}
   GenerateParams params;
   DecodeHooks hooks;
   DecodeLoop loop;
@@ -342,26 +397,31 @@ int ParallelDecode::running() const {
 std::vector<int> ParallelDecode::step(const PromptChunk* chunk) {
   std::vector<int> ended;
   std::vector<Sequence*> fed;
-  std::vector<Session*> sessions;
-  std::vector<int32_t> tokens;
+  std::vector<DecodeRows> rows;
+  std::vector<StepCost> drafters;
   for (size_t id = 0; id < sequences_.size(); ++id) {
     Sequence* q = sequences_[id].get();
     if (!q || q->ended) continue;
     if (const std::optional<int32_t> token = q->loop.next_to_feed()) {
       fed.push_back(q);
-      sessions.push_back(&q->loop.session());
-      tokens.push_back(*token);
+      drafters.emplace_back();
+      // Each sequence drafts for itself (its own history, drafter and controller), before the
+      // pass that verifies every sequence's draft at once.
+      std::vector<int32_t> draft = q->loop.batch_draft(*token, drafters.back());
+      const StepCost& d = drafters.back();
+      const PassPart drafter{0, 0, d.seconds, d.lookups, d.hits, d.bytes_read, 0};
+      rows.push_back(DecodeRows{&q->loop.session(), *token, std::move(draft), drafter});
       continue;
     }
     q->ended = true;
     q->result = q->loop.finish();
     ended.push_back(static_cast<int>(id));
   }
-  if (sessions.empty() && !chunk) return ended;
+  if (rows.empty() && !chunk) return ended;
   std::vector<size_t> first_records;
-  for (Session* s : sessions) first_records.push_back(s->records().size());
-  batch_->accept(sessions, tokens, chunk);
-  for (size_t i = 0; i < fed.size(); ++i) fed[i]->loop.fed(first_records[i]);
+  for (const DecodeRows& r : rows) first_records.push_back(r.session->records().size());
+  batch_->accept(rows, chunk);
+  for (size_t i = 0; i < fed.size(); ++i) fed[i]->loop.batch_fed(first_records[i], std::move(rows[i].draft), rows[i].kept, drafters[i]);
   return ended;
 }
 

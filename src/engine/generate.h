@@ -121,8 +121,12 @@ GenerateResult decode_tokens(Session& session, int limit, const GenerateParams& 
 // sampler, grammar, stop strings, limit and hooks), and every step feeds the next token of all
 // running sequences in one pass (SessionBatch), so an expert several of them chose is read and
 // computed once. A sequence joins between steps, its prompt fed already, and leaves at the step
-// its answer ends (end token, stop string, limit, full context, cancel flag). No drafting: a row
-// is one token. Each sequence's result equals decode_tokens' on its session alone.
+// its answer ends (end token, stop string, limit, full context, cancel flag). A sequence whose
+// parameters draft (drafts_with) drafts for itself, as decode_tokens would (its own drafter,
+// adaptive length and pauses): its rows in a step are its token and its draft, every sequence's
+// verified in the same pass, so a routed expert is read once for all of them. Each sequence's
+// result equals decode_tokens' on its session alone (and, drafting being lossless, its result
+// without drafting).
 class ParallelDecode {
  public:
   ParallelDecode(LoadedModel& model, ThreadPool& pool);

@@ -166,12 +166,19 @@ int Session::verify(int32_t token, const std::vector<int32_t>& draft, const Step
   const int n = static_cast<int>(batch.size());
   const int start = state_.n_past();
   const std::vector<float>& all = state_.eval(batch.data(), n, /*all_logits=*/true);
+  const int kept = keep_verified(batch, all.data(), start);
+  const double wall = timer.seconds();
+  for (int i = 0; i <= kept; ++i) record(batch[static_cast<size_t>(i)], wall, before, i, kept + 1, n);
+  return kept;
+}
+
+int Session::judge_draft(std::span<const int32_t> draft, const float* rows) {
   const int n_vocab = model_.transformer->config().n_vocab;
   // Row i holds the logits after batch[i]: draft[i] survives when it is their argmax, or the
   // sampler's draw from them.
   int kept = 0;
   for (; kept <= static_cast<int>(draft.size()); ++kept) {
-    const float* logits = all.data() + static_cast<size_t>(kept) * n_vocab;
+    const float* logits = rows + static_cast<size_t>(kept) * n_vocab;
     if (!sampled_) {
       if (kept == static_cast<int>(draft.size()) || Sampler::argmax(logits, n_vocab) != draft[static_cast<size_t>(kept)]) break;
       continue;
@@ -182,30 +189,35 @@ int Session::verify(int32_t token, const std::vector<int32_t>& draft, const Step
       break;
     }
   }
-  const float* row = all.data() + static_cast<size_t>(kept) * n_vocab;
-  draft_logits_.assign(row, row + n_vocab);
+  return kept;
+}
+
+int Session::keep_verified(std::span<const int32_t> batch, const float* rows, int start) {
+  const int kept = judge_draft(batch.subspan(1), rows);
+  const int n_vocab = model_.transformer->config().n_vocab;
+  const float* row = rows + static_cast<size_t>(kept) * n_vocab;
+  draft_logits_.assign(row, row + n_vocab);  // before truncate, whose replay may overwrite the rows
   logits_ = &draft_logits_;
   state_.truncate(start + 1 + kept);  // drop the rejected tail's KV rows
-  const double wall = timer.seconds();
   for (int i = 0; i <= kept; ++i) {
     history_.push_back(batch[static_cast<size_t>(i)]);
     sampler_.accept(batch[static_cast<size_t>(i)]);
-    record(batch[static_cast<size_t>(i)], wall, before, i, kept + 1, n);
   }
   return kept;
 }
 
 // Appends the record of one kept token: share `share` of `of` equal parts of a pass that cost
 // `wall_seconds` and moved the expert counters from `before` to now.
-void Session::record(int32_t token, double wall_seconds, const StepStart& start, int share, int of, int batch) {
+void Session::record(int32_t token, double wall_seconds, const StepStart& start, int share, int of, int batch, int parts) {
   const ExpertStats after = model_.experts->stats();
   const ProcessCounters process = read_process_counters();
   const ExpertStats& before = start.experts;
   auto part = [&](uint64_t total) {
     const uint64_t base = total / static_cast<uint64_t>(of);
-    return share == 0 ? total - base * static_cast<uint64_t>(of - 1) : base;  // remainder on the first
+    const uint64_t mine = base * static_cast<uint64_t>(parts);
+    return share == 0 ? mine + (total - base * static_cast<uint64_t>(of)) : mine;  // remainder on the first
   };
-  const double fraction = 1.0 / of;
+  const double fraction = static_cast<double>(parts) / of;
   TokenRecord r;
   r.index = static_cast<int>(records_.size());
   r.token = token;

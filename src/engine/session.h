@@ -5,6 +5,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -139,9 +140,18 @@ class Session {
     ProcessCounters process;
   };
   StepStart step_start() const;
-  void record(int32_t token, double wall_seconds, const StepStart& before, int share, int of, int batch);
+  // Appends a record of parts [share, share + parts) of `of` equal parts of a pass (the integer
+  // counters' remainder on part 0).
+  void record(int32_t token, double wall_seconds, const StepStart& before, int share, int of, int batch, int parts = 1);
   // The verification pass of accept_draft, its step begun at `before` / `timer`.
   int verify(int32_t token, const std::vector<int32_t>& draft, const StepStart& before, const Stopwatch& timer);
+  // How many draft tokens the verification rows keep (`rows`: the logits after the fed token and
+  // after each draft token, n_vocab each); a sampled one leaves its first other draw pending.
+  int judge_draft(std::span<const int32_t> draft, const float* rows);
+  // After a pass fed `batch` (the token, then its draft) from position `start`, with its rows'
+  // logits `rows`: keeps the judged prefix (logits, KV and recurrent state, history, sampler) and
+  // returns how many draft tokens it holds. Records are the caller's.
+  int keep_verified(std::span<const int32_t> batch, const float* rows, int start);
   // After `token` was fed (alone or in a batch): the logits, history and sampler move on.
   void took(int32_t token);
   // After prompt tokens were fed (prefill, or a chunk in a batch's pass): the history, the MTP

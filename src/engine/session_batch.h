@@ -34,6 +34,17 @@ struct PassPart {
   PassPart& operator+=(const PassPart& o);
 };
 
+// A decoding session's rows in a step: its next token, and the draft tokens verified with it
+// (speculative decoding in a batch; empty: one row), the drafter's cost paid before the pass (its
+// first record of the step holds it), and after accept() the draft tokens kept.
+struct DecodeRows {
+  Session* session = nullptr;
+  int32_t token = -1;
+  std::vector<int32_t> draft;
+  PassPart drafter;
+  int kept = 0;
+};
+
 class SessionBatch {
  public:
   SessionBatch(LoadedModel& model, ThreadPool& pool);
@@ -43,10 +54,16 @@ class SessionBatch {
   // (as Session::prefill(chunk tokens, {}, prompt_length) would), in one pass; every session must
   // be of this batch's model, and the chunk's not among `sessions`.
   void accept(std::span<Session* const> sessions, std::span<const int32_t> tokens, const PromptChunk* chunk = nullptr);
+  // accept with drafts: a session with a draft is fed its token and draft tokens in the pass and
+  // keeps what Session::accept_draft keeps of them (greedy: the rows' argmax; sampling: the
+  // sampler's draws, in order), its rejected rows' KV and recurrent state dropped; rows[i].kept
+  // says how many. Its records are the kept tokens' (the session's rows' share of the pass split
+  // among them, the drafter's cost added to the first).
+  void accept(std::span<DecodeRows> rows, const PromptChunk* chunk = nullptr);
   // Whether `session` can read a prompt chunk in a batch's pass: not with an MTP head (its pass
   // over the prompt keeps the trunk's hidden rows, which a batch does not).
   static bool reads_prompts(const Session& session) { return session.mtp_head_ == nullptr; }
-  // Steps run, the rows they fed (a step's rows are its sessions), and how much the rows
+  // Steps run, the decode rows they fed (a session's token and draft tokens), and how much the rows
   // shared experts (BatchPass::routed_slots).
   uint64_t steps() const { return steps_; }
   uint64_t rows() const { return rows_; }
@@ -65,13 +82,15 @@ class SessionBatch {
  private:
   LoadedModel& model_;
   BatchPass pass_;
-  void begin_chunk(const PromptChunk& chunk, std::span<Session* const> sessions);
+  void begin_chunk(const PromptChunk& chunk, std::span<const DecodeRows> rows);
   void end_chunk(const PromptChunk& chunk);
-  void split_cost(std::span<Session* const> sessions, std::span<const int32_t> tokens, size_t chunk_rows, double wall,
-                  const Session::StepStart& before);
+  void split_cost(std::span<const DecodeRows> rows, size_t chunk_rows, double wall, const Session::StepStart& before);
+  void took(DecodeRows& rows, int first_row);
   std::vector<InferenceState*> states_;
   std::vector<int32_t> tokens_;
   std::vector<int> counts_;
+  std::vector<uint8_t> all_logits_;
+  std::vector<DecodeRows> plain_;  // the rows of accept(sessions, tokens)
   uint64_t steps_ = 0;
   uint64_t rows_ = 0;
   uint64_t chunk_steps_ = 0;

@@ -47,7 +47,6 @@ void BatchPass::check(std::span<InferenceState* const> states, std::span<const i
     if (counts[i] <= 0) fail("internal: a sequence without rows in a batch");
     rows += static_cast<size_t>(counts[i]);
     if (&states[i]->model_ != &model_) fail("internal: a batch of sequences of different models");
-    if (counts[i] > 1 && states[i]->keep_hidden_) fail("internal: a batch cannot keep a chunk's hidden states");
     if (std::find(states.begin(), states.begin() + static_cast<std::ptrdiff_t>(i), states[i]) != states.begin() + static_cast<std::ptrdiff_t>(i)) {
       fail("internal: a sequence twice in one batch");
     }
@@ -55,11 +54,15 @@ void BatchPass::check(std::span<InferenceState* const> states, std::span<const i
   if (rows != tokens.size()) fail("internal: {} rows but {} tokens", rows, tokens.size());
 }
 
-void BatchPass::run(std::span<InferenceState* const> states, std::span<const int32_t> tokens, std::span<const int> counts) {
+void BatchPass::run(std::span<InferenceState* const> states, std::span<const int32_t> tokens, std::span<const int> counts,
+                    std::span<const uint8_t> all_logits) {
   check(states, tokens, counts);
+  if (!all_logits.empty() && all_logits.size() != states.size()) fail("internal: {} logits flags for {} sequences", all_logits.size(), states.size());
   states_ = states;
   first_.clear();
   count_.assign(counts.begin(), counts.end());
+  all_logits_.assign(states.size(), 0);
+  std::copy(all_logits.begin(), all_logits.end(), all_logits_.begin());
   row_state_.clear();
   for (size_t i = 0; i < states.size(); ++i) {
     first_.push_back(static_cast<int>(row_state_.size()));
@@ -70,6 +73,7 @@ void BatchPass::run(std::span<InferenceState* const> states, std::span<const int
     for (; begun < states.size(); ++begun) states[begun]->begin_rows(&tokens[static_cast<size_t>(first_[begun])], count_[begun]);
     begin(states, tokens);
     run_layers(states);
+    keep_hidden_rows(states);
     output_head(states);
   } catch (...) {
     for (size_t i = 0; i < begun; ++i) states[i]->abandon_rows(count_[i]);
@@ -144,25 +148,40 @@ void BatchPass::run_layers(std::span<InferenceState* const> states) {
   }
 }
 
-// The output norm and head on each state's last row (all rows at once when each state has
-// one); each state gets its last row's logits, as its eval() does.
+// The rows an MTP head reads, for the states that keep them, as their own eval() keeps them (a
+// rewind's replay never runs in a batch).
+void BatchPass::keep_hidden_rows(std::span<InferenceState* const> states) {
+  for (size_t i = 0; i < states.size(); ++i) {
+    InferenceState& s = *states[i];
+    if (s.keep_hidden_ && !s.replaying_) s.keep_hidden_rows(residual_, first_[i], count_[i]);
+  }
+}
+
+// The output norm and head on each state's last row, or on all its rows when flagged (all rows
+// at once when each state has one); each state gets the logits its eval() gives it.
 void BatchPass::output_head(std::span<InferenceState* const> states) {
   const int n = static_cast<int>(states.size());
+  head_rows_.clear();
+  for (int i = 0; i < n; ++i) {
+    const int first = first_[static_cast<size_t>(i)], count = count_[static_cast<size_t>(i)];
+    for (int r = all_logits_[static_cast<size_t>(i)] ? first : first + count - 1; r < first + count; ++r) head_rows_.push_back(r);
+  }
+  const int m = static_cast<int>(head_rows_.size());
   ResidualStream* rows = &residual_;
-  if (static_cast<size_t>(n) != tokens_.size()) {
+  if (static_cast<size_t>(m) != tokens_.size()) {
     const size_t width = static_cast<size_t>(cfg_.n_embd) * static_cast<size_t>(residual_.streams());
-    last_rows_.resize(n, cfg_.n_embd, residual_.streams());
-    for (int i = 0; i < n; ++i) {
-      const int last = first_[static_cast<size_t>(i)] + count_[static_cast<size_t>(i)] - 1;
-      std::copy_n(residual_.streams_of(last), width, last_rows_.streams_of(i));
-    }
+    last_rows_.resize(m, cfg_.n_embd, residual_.streams());
+    for (int k = 0; k < m; ++k) std::copy_n(residual_.streams_of(head_rows_[static_cast<size_t>(k)]), width, last_rows_.streams_of(k));
     rows = &last_rows_;
   }
-  output_logits(pool_, model_, *rows, 0, n, head_);
+  output_logits(pool_, model_, *rows, 0, m, head_);
   const size_t V = static_cast<size_t>(model_.weights().output.rows);
+  size_t at = 0;
   for (int i = 0; i < n; ++i) {
-    const float* row = head_.logits.data() + static_cast<size_t>(i) * V;
-    states[static_cast<size_t>(i)]->head_.logits.assign(row, row + V);
+    const size_t k = all_logits_[static_cast<size_t>(i)] ? static_cast<size_t>(count_[static_cast<size_t>(i)]) : 1;
+    const float* row = head_.logits.data() + at * V;
+    states[static_cast<size_t>(i)]->head_.logits.assign(row, row + k * V);
+    at += k;
   }
 }
 

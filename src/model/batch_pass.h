@@ -37,8 +37,12 @@ class BatchPass : private ResidualRouter {
   // one forward pass: afterwards each state is as an eval() of its tokens alone leaves it (its
   // logits: its last row's; the rows take the attention path that eval() gives them, so a
   // prompt chunk with the state's set_batch_path as a fresh read sets it). A failure leaves
-  // every state as its failed eval() would. Not for states that keep hidden states (MTP).
-  void run(std::span<InferenceState* const> states, std::span<const int32_t> tokens, std::span<const int> counts);
+  // every state as its failed eval() would. A state that keeps hidden states (an MTP head's
+  // trunk) keeps its rows' as its eval() would. With all_logits (empty, or one flag per state), a
+  // flagged state's logits() are every row's, as eval(..., all_logits = true) gives them (a
+  // speculative verification's rows).
+  void run(std::span<InferenceState* const> states, std::span<const int32_t> tokens, std::span<const int> counts,
+           std::span<const uint8_t> all_logits = {});
 
   // The hook that makes the batch's routing-time decisions (as InferenceState's). Route-ahead
   // and drop-cold act on one-token passes only, so a batch of two or more takes neither.
@@ -54,6 +58,7 @@ class BatchPass : private ResidualRouter {
   void begin(std::span<InferenceState* const> states, std::span<const int32_t> tokens);
   void run_layers(std::span<InferenceState* const> states);
   void mix_alone(InferenceState& s, Mixer& unit, const LayerWeights& L, int layer, const Mixer::SequenceRows& rows);
+  void keep_hidden_rows(std::span<InferenceState* const> states);
   void output_head(std::span<InferenceState* const> states);
   // ResidualRouter over the batch's rows.
   int layers() const override { return cfg_.n_layer; }
@@ -65,6 +70,7 @@ class BatchPass : private ResidualRouter {
   ThreadPool& pool_;
   std::span<InferenceState* const> states_;  // during run(): the route hook's dispatch
   std::vector<int> first_, count_;            // during run(): each state's first row, and rows
+  std::vector<uint8_t> all_logits_;           // during run(): each state's flag (every row's logits)
   std::vector<int> row_state_;                // during run(): each row's state
   Ffns ffns_;
   RoutedExperts experts_;
@@ -73,7 +79,8 @@ class BatchPass : private ResidualRouter {
   std::vector<int32_t> tokens_;  // during run(): each row's token (hash-routed layers)
   std::vector<Mixer::SequenceRows> units_;  // during a layer: each sequence's rows and mixer unit
   std::vector<int> ones_;                   // decode(): a row per state
-  ResidualStream last_rows_;                // each state's last row, for the output head
+  ResidualStream last_rows_;                // the rows the output head runs on
+  std::vector<int> head_rows_;              // their indices in the batch
   HeadScratch head_;
   RoutingHooks hooks_;  // last: destroyed first, as in InferenceState
 };

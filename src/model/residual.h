@@ -34,6 +34,7 @@ class ResidualStream {
   const float* row(int i) const { return (streams_ > 1 ? mixed_.data() : x_.data()) + static_cast<size_t>(i) * width_; }
   // Token i's streams, stream 0 first (streams * width floats).
   float* streams_of(int i) { return x_.data() + static_cast<size_t>(i) * width_ * streams_; }
+  const float* streams_of(int i) const { return x_.data() + static_cast<size_t>(i) * width_ * streams_; }
   // Token i's post weights (streams) and comb matrix (comb[d + streams * s]: source s into destination d).
   float* post(int i) { return post_.data() + static_cast<size_t>(i) * streams_; }
   float* comb(int i) { return comb_.data() + static_cast<size_t>(i) * streams_ * streams_; }

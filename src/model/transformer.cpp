@@ -131,7 +131,7 @@ void InferenceState::advance(const int32_t* tokens, int n) {
     abandon_rows(n);
     throw;
   }
-  if (keep_hidden_ && !replaying_) keep_hidden_rows(n);
+  if (keep_hidden_ && !replaying_) keep_hidden_rows(residual_, 0, n);
   n_past_ += n;
 }
 
@@ -171,7 +171,7 @@ void InferenceState::abandon_rows(int n) {
 // hyper-connections (deepseek4) the token's streams as the last layer left them, unmixed.
 int InferenceState::hidden_width() const { return cfg_.n_embd * std::max(1, cfg_.hc.streams); }
 
-void InferenceState::keep_hidden_rows(int n) {
+void InferenceState::keep_hidden_rows(const ResidualStream& rows, int first, int n) {
   const size_t W = static_cast<size_t>(hidden_width());
   forget_hidden_rows(n_past_);  // rows being evaluated again
   if (hidden_rows_.empty() || hidden_first_ + static_cast<int>(hidden_rows_.size() / W) != n_past_) {
@@ -182,10 +182,10 @@ void InferenceState::keep_hidden_rows(int n) {
   hidden_rows_.resize(at + static_cast<size_t>(n) * W);
   for (int i = 0; i < n; ++i) {
     float* out = hidden_rows_.data() + at + i * W;
-    if (residual_.streams() > 1) {
-      std::copy_n(residual_.streams_of(i), W, out);
+    if (rows.streams() > 1) {
+      std::copy_n(rows.streams_of(first + i), W, out);
     } else {
-      ops::rms_norm(residual_.row(i), model_.weights_.output_norm.data(), out, cfg_.n_embd, cfg_.norm_eps);
+      ops::rms_norm(rows.row(first + i), model_.weights_.output_norm.data(), out, cfg_.n_embd, cfg_.norm_eps);
     }
   }
 }

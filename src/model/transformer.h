@@ -142,7 +142,8 @@ class InferenceState : private ResidualRouter {
   void abandon_rows(int n);
   void run_layers(int n);
   void normalize_rows(int first, int n);  // rows [first, n) of the residual stream, normed, into h_
-  void keep_hidden_rows(int n);           // the pass's n rows, normed, after the kept ones
+  // Rows [first, first + n) of `rows` (this eval's, or a BatchPass's), normed, after the kept ones.
+  void keep_hidden_rows(const ResidualStream& rows, int first, int n);
   void forget_hidden_rows(int from);      // kept rows at positions >= from
   const std::vector<float>& output_head(int first, int n);
   // ResidualRouter: the router hook scores later layers' routers on the residual stream.
