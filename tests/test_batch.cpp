@@ -489,6 +489,134 @@ TEST(BatchAccounting, AMixedStepSplitsItsPassByRows) {
   EXPECT_EQ(sb.decode_part().passes, 2u);
 }
 
+// Drafting inside a batch (issue 36 on issue 32's batch): each sequence drafts for itself and
+// every sequence's token + draft rows are verified in one pass per step. Four sequences on an
+// attention-only family and a hybrid one (recurrent state rolled back to a row copy on a
+// rejection), resident and streamed: greedy and seeded sampling with oracle drafts right about
+// two times in three (kept and refused mid-run), n-gram drafts on a repetitive prompt, and one
+// sequence that joins with its prompt read inside the drafting steps. Each answer equals the
+// sequence's own plain run alone.
+class BatchDraft : public ::testing::TestWithParam<std::tuple<std::string, bool>> {};
+
+TEST_P(BatchDraft, EverySequenceEqualsItsPlainRunAlone) {
+  const auto& [preset, stream] = GetParam();
+  auto model = open_model(test_model_path(preset, 3), stream);
+  std::vector<Job> js = jobs();
+  for (Job& j : js) j.limit = std::min(j.limit, 32);
+  std::vector<std::vector<int32_t>> want;
+  for (const Job& j : js) want.push_back(alone(*model, j));
+  std::vector<GenerateParams> ps;
+  for (size_t i = 0; i < js.size(); ++i) {
+    GenerateParams p = params_of(js[i]);
+    p.draft.max_draft = 4 - static_cast<int>(i % 3);
+    if (i < 2) {  // oracle drafts from the plain run's own output, some tokens made wrong
+      p.draft.oracle = prompt_of(*model, js[i]);
+      p.draft.oracle.insert(p.draft.oracle.end(), want[i].begin(), want[i].end());
+      p.draft.oracle_accept = i == 0 ? 0.6 : 0.75;
+      p.draft.oracle_seed = 3 + i;
+    }
+    ps.push_back(p);
+  }
+  ThreadPool pool(2);
+  std::vector<std::unique_ptr<Session>> sessions;
+  for (const Job& j : js) sessions.push_back(std::make_unique<Session>(*model, pool, kCtx, 64, j.sampler));
+  ParallelDecode batch(*model, pool);
+  std::vector<int> ids(js.size(), -1);
+  for (size_t i = 0; i < 3; ++i) {
+    sessions[i]->prefill(prompt_of(*model, js[i]));
+    ids[i] = batch.add(*sessions[i], js[i].limit, ps[i]);
+  }
+  ChunkedJoin joining;
+  std::vector<GenerateResult> got(js.size());
+  int steps = 0;
+  for (; batch.running() > 0 || steps < 3; ++steps) {
+    if (steps == 2) joining = {sessions[3].get(), prompt_of(*model, js[3])};
+    for (int id : batch.step(joining.next())) {
+      for (size_t i = 0; i < ids.size(); ++i) {
+        if (ids[i] == id) got[i] = batch.take(id);
+      }
+    }
+    if (joining.read()) ids[3] = batch.add(*sessions[3], js[3].limit, ps[3]);
+  }
+  int64_t drafted = 0, accepted = 0, rewinds = 0;
+  for (size_t i = 0; i < js.size(); ++i) {
+    EXPECT_EQ(got[i].tokens, want[i]) << preset << (stream ? " streamed" : " resident") << " sequence " << i;
+    drafted += got[i].drafted;
+    accepted += got[i].accepted;
+    rewinds += sessions[i]->state().row_state_rewinds();
+  }
+  EXPECT_GT(got[0].accepted, 0) << "the greedy oracle's drafts were never kept";
+  EXPECT_LT(got[0].accepted, got[0].drafted) << "no greedy draft was refused: the rollback went untested";
+  EXPECT_GT(got[1].accepted, 0) << "the sampled oracle's drafts were never kept";
+  EXPECT_GT(drafted, accepted);
+  if (model->transformer->config().delta_net.v_heads > 0) EXPECT_GT(rewinds, 0) << "no rewind restored a row copy";
+  // Each step was one pass: the drafts rode with the other sequences' rows (and the chunk).
+  const SessionBatch& b = batch.batch();
+  EXPECT_LE(b.steps(), static_cast<uint64_t>(steps));
+  EXPECT_LT(b.distinct_experts(), b.routed_slots());
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, BatchDraft,
+                         ::testing::Combine(::testing::Values("tiny-qwen3moe", "tiny-qwen35moe"), ::testing::Bool()),
+                         [](const auto& info) {
+                           std::string n = std::get<0>(info.param) + (std::get<1>(info.param) ? "_streamed" : "_resident");
+                           for (char& ch : n) ch = std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
+                           return n;
+                         });
+
+// --mtp in a batch: each sequence's MTP head (its own cache rows, per session) reads the trunk's
+// hidden rows that the batch's pass kept for it, and drafts; greedy and seeded sampling (the
+// latter with the head run and its guesses replaced by the oracle's, so drafts are kept), and a
+// sequence that does not draft beside them. Each equals its plain run alone, resident and
+// streamed (the heads' experts read through the same cache).
+TEST(BatchDraft, MtpHeadsDraftPerSequenceInsideTheBatch) {
+  for (bool stream : {false, true}) {
+    LoadOptions lo;
+    lo.nextn = true;
+    lo.stream_experts = stream;
+    auto model = load_model(test_model_path("tiny-qwen35moe", 3), lo);
+    if (stream) {
+      StreamingOptions so;
+      so.cache_bytes = 256 << 10;
+      so.top_k = model->transformer->config().n_expert_used;
+      attach_streaming(*model, so);
+    }
+    std::vector<Job> js = jobs();
+    js.resize(3);
+    for (Job& j : js) j.limit = 24;
+    ThreadPool pool(2);
+    std::vector<std::vector<int32_t>> want;
+    for (const Job& j : js) want.push_back(alone(*model, j));
+    ParallelDecode batch(*model, pool);
+    std::vector<std::unique_ptr<Session>> sessions;
+    for (size_t i = 0; i < js.size(); ++i) {
+      sessions.push_back(std::make_unique<Session>(*model, pool, kCtx, 64, js[i].sampler));
+      ASSERT_NE(sessions.back()->mtp_head(), nullptr);
+      GenerateParams p = params_of(js[i]);
+      if (i < 2) {
+        p.draft.max_draft = 3;
+        p.draft.mtp = true;
+      }
+      if (i == 1) {
+        p.draft.oracle = prompt_of(*model, js[i]);
+        p.draft.oracle.insert(p.draft.oracle.end(), want[i].begin(), want[i].end());
+      }
+      sessions.back()->prefill(prompt_of(*model, js[i]));
+      batch.add(*sessions.back(), js[i].limit, p);
+    }
+    std::vector<GenerateResult> got(js.size());
+    while (batch.running() > 0) {
+      for (int id : batch.step()) got[static_cast<size_t>(id)] = batch.take(id);
+    }
+    for (size_t i = 0; i < js.size(); ++i) EXPECT_EQ(got[i].tokens, want[i]) << (stream ? "streamed" : "resident") << " sequence " << i;
+    EXPECT_GT(got[0].drafted, 0) << "the MTP head never proposed";
+    EXPECT_LT(got[0].accepted, got[0].drafted);
+    EXPECT_GT(got[1].accepted, 0);
+    EXPECT_GT(got[1].draft_profile.drafter.steps, 0) << "the head did not run under the oracle";
+    EXPECT_EQ(got[2].drafted, 0);
+  }
+}
+
 // bmoe-cli's and bmoe-server's slots (BatchSlots): three prompts on three slots, the first read
 // alone, the other two in chunks inside the running answers' steps; decoding begins before the
 // last prompt is read, and each answer equals its prompt's alone.
