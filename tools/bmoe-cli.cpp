@@ -418,6 +418,21 @@ void print_answer(const CliOptions& o, const Tokenizer& tok, const std::vector<i
   fmt::print("{}\n", j.dump());
 }
 
+void add_cost(StepCost& into, const StepCost& part) {
+  into.steps += part.steps;
+  into.rows += part.rows;
+  into.seconds += part.seconds;
+  into.lookups += part.lookups;
+  into.hits += part.hits;
+  into.bytes_read += part.bytes_read;
+}
+
+void add_profile(DraftProfile& into, const DraftProfile& part) {
+  add_cost(into.plain, part.plain);
+  add_cost(into.verify, part.verify);
+  add_cost(into.drafter, part.drafter);
+}
+
 // Where a drafting run's decode time and expert reads went, per kind of step (each kind's mean).
 void print_draft_profile(const DraftProfile& p) {
   auto line = [](const char* name, const StepCost& c, const char* rows) {
@@ -512,6 +527,13 @@ class ParallelCliRun {
   ParallelCliRun(const CliOptions& o, LoadedRun& loaded, ThreadPool& pool)
       : o_(o), loaded_(loaded), pool_(pool), slots_(*loaded.model, pool, loaded.config.routing(), loaded.config.parallel),
         held_(static_cast<size_t>(loaded.config.parallel)), prompts_(prompt_lines(o)) {
+    if (!loaded.config.draft_oracle.empty()) {
+      for (JsonRun& r : read_json_runs(loaded.config.draft_oracle, "--draft-oracle")) {
+        std::vector<int32_t> whole = r.prompt;
+        whole.insert(whole.end(), r.tokens.begin(), r.tokens.end());
+        oracles_.emplace(std::move(r.prompt), std::move(whole));
+      }
+    }
     if (!o.route_replay.empty()) {
       trace_ = std::make_unique<RouteReplayer>(o.route_replay, loaded.model->transformer->config());
       fmt::print(stderr, "route-replay: forcing routing from {} ({} prompt, {} decode steps), sequence i from step i x {} "
@@ -522,6 +544,7 @@ class ParallelCliRun {
 
  private:
   bool admit();
+  GenerateParams sequence_params(const ParallelSequence& q);
   void count(const BatchSlots::Turn& t);
   void finish(int slot);
   void report(double seconds) const;
@@ -532,6 +555,11 @@ class ParallelCliRun {
   BatchSlots slots_;
   std::vector<ParallelSequence> held_;  // by slot: the sequence it reads or decodes
   std::unique_ptr<RouteReplayer> trace_;  // --route-replay, shared by the sequences' replays
+  // --draft-oracle: each prompt's oracle (prompt + output of an earlier --parallel --json run).
+  std::map<std::vector<int32_t>, std::vector<int32_t>> oracles_;
+  bool drafting_ = false;  // the sequences' parameters draft (drafts_with)
+  int64_t drafted_ = 0, accepted_ = 0, verify_steps_ = 0;
+  DraftProfile profile_;  // the sequences' profiles, summed
   std::vector<std::string> prompts_;
   size_t next_ = 0;
   std::vector<double> step_seconds_;
@@ -578,10 +606,24 @@ bool ParallelCliRun::admit() {
       fail("prompt {} has {} tokens, more than a sequence's context of {} (raise -c)", q.index + 1, q.prompt.size(), c.sequence_ctx());
     }
     const int limit = o_.n_predict < 0 ? c.sequence_ctx() - static_cast<int>(q.prompt.size()) : o_.n_predict;
-    slots_.read(slot, *q.session, q.prompt, 0, {limit, decode_params(o_, loaded_, q.prompt), {}});
+    slots_.read(slot, *q.session, q.prompt, 0, {limit, sequence_params(q), {}});
     busy = true;
   }
   return busy;
+}
+
+// A sequence's decode parameters: with --draft-oracle, the oracle of its own prompt.
+GenerateParams ParallelCliRun::sequence_params(const ParallelSequence& q) {
+  GenerateParams params = decode_params(o_, loaded_, q.prompt);
+  drafting_ = drafting_ || drafts_with(params);
+  if (oracles_.empty()) return params;
+  const auto it = oracles_.find(q.prompt);
+  if (it == oracles_.end()) {
+    fail("--draft-oracle: {} has no run of prompt {} (give the --json output of a --parallel run on the same -f)",
+         loaded_.config.draft_oracle, q.index + 1);
+  }
+  params.draft.oracle = it->second;
+  return params;
 }
 
 // A turn's prompt chunk and step, into the report's figures.
@@ -609,14 +651,28 @@ void ParallelCliRun::finish(int slot) {
     j["prompt"] = q.prompt;
     j["tokens"] = r.tokens;
     j["text"] = utf8_sanitize(tok.decode(r.tokens, o_.show_special));
+    if (drafting_) {
+      j["drafted"] = r.drafted;
+      j["accepted"] = r.accepted;
+    }
     fmt::print("{}\n", j.dump());
   } else {
     fmt::print("[{}] {}\n", q.index + 1, r.text);
   }
   std::fflush(stdout);
-  fmt::print(stderr, "sequence {}: prompt {} tokens, {} tokens in {:.3f} s, {:.2f} tok/s ({})\n", q.index + 1, q.prompt.size(),
+  std::string drafts;
+  if (drafting_) {
+    drafts = fmt::format(", drafted {}, accepted {} ({:.1f} %) in {} verify passes", r.drafted, r.accepted,
+                         r.drafted ? 100.0 * static_cast<double>(r.accepted) / static_cast<double>(r.drafted) : 0.0,
+                         r.verify_steps);
+    drafted_ += r.drafted;
+    accepted_ += r.accepted;
+    verify_steps_ += r.verify_steps;
+    add_profile(profile_, r.draft_profile);
+  }
+  fmt::print(stderr, "sequence {}: prompt {} tokens, {} tokens in {:.3f} s, {:.2f} tok/s ({}{})\n", q.index + 1, q.prompt.size(),
              r.tokens.size(), r.decode_seconds, static_cast<double>(r.tokens.size()) / std::max(r.decode_seconds, 1e-9),
-             r.finish_reason);
+             r.finish_reason, drafts);
   q = ParallelSequence{};
 }
 
@@ -640,6 +696,15 @@ void ParallelCliRun::report(double seconds) const {
              b.distinct_experts, b.routed_slots,
              b.routed_slots ? static_cast<double>(b.distinct_experts) / static_cast<double>(b.routed_slots) : 1.0,
              d.buffer_allocations);
+  if (!drafting_) return;
+  // Every sequence's drafts were verified in the shared steps: tokens per sequence and step say
+  // what the drafts saved (1 without drafting), rows fed what they cost the passes.
+  const int64_t fed = profile_.plain.steps + profile_.verify.steps;
+  fmt::print(stderr, "speculative: drafted {}, accepted {} ({:.1f} %), {} verify passes, max draft {}; {:.2f} tokens per "
+             "sequence and step, {} decode rows fed for {} tokens\n", drafted_, accepted_,
+             drafted_ ? 100.0 * static_cast<double>(accepted_) / static_cast<double>(drafted_) : 0.0, verify_steps_,
+             loaded_.config.draft, fed ? static_cast<double>(generated_) / static_cast<double>(fed) : 0.0, b.rows, generated_);
+  print_draft_profile(profile_);
 }
 
 int run_parallel(const CliOptions& o) {

@@ -6,7 +6,9 @@
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <iterator>
 #include <optional>
+#include <sstream>
 #include <thread>
 
 #include "core/cpu_features.h"
@@ -344,15 +346,32 @@ void save_cache_file(LoadedRun& run) {
   fmt::print(stderr, "moe-cache: saved {} experts to {}\n", keys.size(), path);
 }
 
-JsonRun read_json_run(const std::string& path, const char* flag) {
+JsonRun read_json_run(const std::string& path, const char* flag) { return read_json_runs(path, flag).front(); }
+
+std::vector<JsonRun> read_json_runs(const std::string& path, const char* flag) {
   std::ifstream in(path);
   if (!in) fail("{}: cannot read {}", flag, path);
+  std::vector<JsonRun> runs;
   try {
-    const nlohmann::json j = nlohmann::json::parse(in);
-    return {j.at("prompt").get<std::vector<int32_t>>(), j.at("tokens").get<std::vector<int32_t>>()};
+    // One object (perhaps over several lines), else one per line.
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::vector<nlohmann::json> objects;
+    if (nlohmann::json::accept(text)) {
+      objects.push_back(nlohmann::json::parse(text));
+    } else {
+      std::istringstream lines(text);
+      for (std::string line; std::getline(lines, line);) {
+        if (line.find_first_not_of(" \t\r") != std::string::npos) objects.push_back(nlohmann::json::parse(line));
+      }
+    }
+    for (const nlohmann::json& j : objects) {
+      runs.push_back({j.at("prompt").get<std::vector<int32_t>>(), j.at("tokens").get<std::vector<int32_t>>()});
+    }
   } catch (const nlohmann::json::exception& e) {
     fail("{}: {} is not bmoe-cli --json output ({})", flag, path, e.what());
   }
+  if (runs.empty()) fail("{}: {} is not bmoe-cli --json output (empty)", flag, path);
+  return runs;
 }
 
 }  // namespace bmoe

@@ -184,5 +184,8 @@ struct JsonRun {
   std::vector<int32_t> tokens;
 };
 JsonRun read_json_run(const std::string& path, const char* flag);
+// Every run of a file of them: one object, or one per line (`bmoe-cli --parallel --json`'s
+// output); read_json_run is the first.
+std::vector<JsonRun> read_json_runs(const std::string& path, const char* flag);
 
 }  // namespace bmoe
