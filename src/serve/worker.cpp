@@ -178,7 +178,7 @@ void add_histogram(MetricsText& m, const char* name, const char* help, const Dur
 void add_batch_metrics(MetricsText& m, const Counters& c) {
   const BatchShare& b = c.batch;
   m.add_value("bmoe_batch_steps_total", "counter", "Decode steps of the shared batch (--parallel > 1).", static_cast<double>(b.steps));
-  m.add_value("bmoe_batch_rows_total", "counter", "Rows those steps fed: one token of one running answer each.",
+  m.add_value("bmoe_batch_rows_total", "counter", "Rows those steps fed: each running answer's token and its draft tokens (--draft).",
               static_cast<double>(b.rows));
   m.add_value("bmoe_batch_routed_expert_slots_total", "counter", "Routed (row, expert) choices of those rows, all layers.",
               static_cast<double>(b.routed_slots));
