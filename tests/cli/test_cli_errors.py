@@ -304,6 +304,31 @@ class ParallelCli(TinyModelCase):
             self.assertLess(int(m.group(1)), int(m.group(2)))
             self.assertRegex(p.stderr, r"flash [0-9.]+ MiB per generated token")
 
+    def test_drafts_per_sequence_keep_every_answer(self):
+        """--draft in a batch: each sequence drafts from its own line of an earlier --parallel
+        --json run (--draft-oracle, two tokens in three right), all verified in the shared steps;
+        every answer equals the plain batch's, and the report gives each sequence's and the total
+        acceptance. A prompt missing from the oracle's file is refused with one line."""
+        prompts = ["the quick brown fox", "once upon a time", "hello"]
+        path = os.path.join(self.tmp.name, "drafts.txt")
+        write(path, ("\n".join(prompts) + "\n").encode())
+        plain = self.cli("-f", path, "-np", "2", "--temp", "0")
+        oracle = os.path.join(self.tmp.name, "oracle.jsonl")
+        write(oracle, plain.stdout.encode())
+        p = self.cli("-f", path, "-np", "2", "--temp", "0", "--draft", "3", "--draft-oracle", oracle, "--draft-accept", "0.7")
+        answers = lambda out: {j["index"]: j["tokens"] for j in map(json.loads, out.splitlines())}
+        self.assertEqual(answers(p.stdout), answers(plain.stdout))
+        self.assertEqual(len(re.findall(r"sequence \d: .*drafted \d+, accepted \d+", p.stderr)), 3, p.stderr[-1500:])
+        m = re.search(r"speculative: drafted (\d+), accepted (\d+) .* ([\d.]+) tokens per sequence and step", p.stderr)
+        self.assertIsNotNone(m, p.stderr[-1500:])
+        self.assertGreater(int(m.group(2)), 0)
+        self.assertGreater(float(m.group(3)), 1.0)
+        write(oracle, plain.stdout.splitlines()[0].encode())
+        bad = subprocess.run([tool("bmoe-cli"), "-m", self.model, "-f", path, "-np", "2", "-n", "4", "--draft", "2",
+                              "--draft-oracle", oracle], capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+        self.assertNotEqual(bad.returncode, 0)
+        self.assertIn("--draft-oracle", bad.stderr.strip().splitlines()[-1])
+
     def test_prompts_ride_in_the_running_steps(self):
         """As bmoe-server's slots: the first prompt is read alone, the others in chunks of -b inside
         the running answers' decode steps, so decoding begins before the last prompt is read; the
