@@ -517,6 +517,40 @@ class ServerMtpTest(unittest.TestCase):
         self.assertEqual(float(counted.group(1)), drafted)
         self.assertNotIn("draft_n", plain["timings"])
 
+    def test_mtp_drafts_per_slot_in_a_batch(self):
+        """--parallel 2 --mtp: two requests decoded together, each slot's own head drafting and
+        every draft verified in the shared steps; each answer equals a plain server's, and the
+        timings and /metrics count each slot's drafts."""
+        model = synth("tiny-qwen35moe", "tiny-qwen35moe")
+        bodies = [{"prompt": p, "max_tokens": 32, "temperature": 0, "ignore_eos": True}
+                  for p in ("the harbour town woke slowly", "1 2 3 4 1 2 3 4 1 2 3 4")]
+        plain = Server(model, "-c", "512")
+        try:
+            want = [plain.post("/v1/completions", b)[1]["choices"][0]["text"] for b in bodies]
+        finally:
+            plain.stop()
+        server = Server(model, "-c", "1024", "--parallel", "2", "--mtp", "--draft", "3")
+        try:
+            got = [None, None]
+
+            def client(i):
+                got[i] = server.post("/v1/completions", bodies[i])
+            threads = [threading.Thread(target=client, args=(i,)) for i in range(2)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            status, metrics = server.get("/metrics")
+        finally:
+            server.stop()
+        for i in range(2):
+            self.assertEqual(got[i][0], 200, got[i][1])
+            self.assertEqual(got[i][1]["choices"][0]["text"], want[i], f"request {i}")
+            self.assertGreater(got[i][1]["timings"]["draft_n"], 0, f"request {i}: its slot's head never drafted")
+        counted = re.search(r"^bmoe_draft_tokens_total (\S+)$", metrics, re.M)
+        self.assertIsNotNone(counted, metrics)
+        self.assertEqual(float(counted.group(1)), sum(g[1]["timings"]["draft_n"] for g in got))
+
 
 class ServerParallelTest(unittest.TestCase):
     """--parallel N: concurrent requests decoded together, each answer identical to the same
