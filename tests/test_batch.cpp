@@ -583,7 +583,7 @@ TEST(BatchDraft, MtpHeadsDraftPerSequenceInsideTheBatch) {
     }
     std::vector<Job> js = jobs();
     js.resize(3);
-    for (Job& j : js) j.limit = 24;
+    for (Job& j : js) j.limit = 16;
     ThreadPool pool(2);
     std::vector<std::vector<int32_t>> want;
     for (const Job& j : js) want.push_back(alone(*model, j));
