@@ -37,9 +37,15 @@
 namespace bmoe {
 namespace {
 
-// Greedy tokens per identity run: 32 under the sanitizers (each configuration still reads,
-// evicts, overlaps and predicts over every layer; the Release run decodes the full 64).
-constexpr int kTokens = full_or_sanitized(64, 32);
+#ifdef BMOE_TESTS_EMULATED
+constexpr bool kEmulated = true;  // qemu's own faults (translating code) count against the process
+#else
+constexpr bool kEmulated = false;
+#endif
+
+// Greedy tokens per identity run: 32 under the sanitizers and qemu (each configuration still
+// reads, evicts, overlaps and predicts over every layer; the native Release run decodes 64).
+constexpr int kTokens = kAddressSanitized || kEmulated ? 32 : 64;
 
 std::vector<int32_t> greedy(LoadedModel& model, int threads = 2, int n = kTokens, RoutingOptions routing = {}) {
   ThreadPool pool(threads);
@@ -535,12 +541,6 @@ TEST(Streaming, LargeCacheHitsAfterWarmup) {
   EXPECT_GT(st.hits, st.misses);  // 32 experts, 64 tokens: almost everything hits
   EXPECT_EQ(st.evictions, 0u);
 }
-
-#ifdef BMOE_TESTS_EMULATED
-constexpr bool kEmulated = true;  // qemu's own faults (translating code) count against the process
-#else
-constexpr bool kEmulated = false;
-#endif
 
 // What a stretch of decode steps cost: buffers allocated and page faults of the process.
 struct StretchCosts {
