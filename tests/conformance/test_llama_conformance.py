@@ -27,7 +27,7 @@ import sys
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import (PEER_AVX512, bmoe_greedy, bmoe_logits, bmoe_tokenize, hard_divergence, oracle_jobs,  # noqa: E402
+from common import (PEER_AVX512, bmoe_greedy, bmoe_greedy_all, bmoe_logits, bmoe_tokenize, hard_divergence, oracle_jobs,  # noqa: E402
                     release, run, synth, tool)
 
 TOKENIZER_CORPUS = [
@@ -145,7 +145,9 @@ class Conformance:
         """bmoe's greedy continuations of greedy_texts in one numerics mode (run once)."""
         if mode not in cls.ours:
             flags = MODES[mode][1]
-            cls.ours[mode] = [bmoe_greedy(cls.model, p, cls.tokens, *flags) for p in cls.prompts]
+            # The plain prompts from one process (bmoe-cli's batch scheduler, one slot), the chat
+            # ones each through bmoe-cli's single-sequence path: both paths meet llama.cpp.
+            cls.ours[mode] = bmoe_greedy_all(cls.model, list(cls.prompts), cls.tokens, *flags)
             cls.ours[mode] += [bmoe_greedy(cls.model, p, cls.tokens, "--chat", *flags) for p in cls.chat_prompts]
         return cls.ours[mode]
 

@@ -2,6 +2,8 @@
 // in benchmarks. One process answers a whole job so the model loads once.
 //
 //   node tests/oracle/oracle.mjs tokenize MODEL TEXTS.json       -> [[ids], ...]
+//   node tests/oracle/oracle.mjs tokenize-models _ JOBS.json     -> [[[ids], ...] per job]: JOBS a list of
+//                                                                   {"model": path, "texts": [...]}
 //   node tests/oracle/oracle.mjs greedy   MODEL PROMPTS.json N T  -> [{prompt, tokens, top2}, ...]
 //                                                                   (top2 empty with ORACLE_TOP2=0)
 //   node tests/oracle/oracle.mjs bench    MODEL PROMPT N T        -> {tokens, seconds, tok_s, ...}
@@ -40,7 +42,7 @@ import {getLlama} from "node-llama-cpp";
 
 const [mode, modelPath, arg, nStr, threadsStr] = process.argv.slice(2);
 if (!mode || !modelPath) {
-  console.error("usage: oracle.mjs tokenize|greedy|bench|probs|prefill|nll|kld|decode|jobs MODEL ...");
+  console.error("usage: oracle.mjs tokenize|tokenize-models|greedy|bench|probs|prefill|nll|kld|decode|jobs MODEL ...");
   process.exit(2);
 }
 // Synchronous, complete write: process.exit() right after console.log can cut a piped stdout
@@ -57,15 +59,31 @@ function emit(text) {
 }
 
 const llama = await getLlama({gpu: false, build: "never", logLevel: "error"});
+// A text's ids in one model's vocabulary.
+function tokenizeWith(vocab, text) {
+  const ids = Array.from(vocab.tokenize(text, true));
+  const bos = vocab.tokens.bos;
+  if (vocab.tokens.shouldPrependBosToken && bos != null && ids[0] !== bos) ids.unshift(bos);
+  return ids;
+}
+
+// Several models' vocabularies in one process (starting node and llama.cpp's backend is most of
+// a tokenize run): ARG is a JSON list of {"model": path, "texts": [...]}; MODEL is ignored.
+if (mode === "tokenize-models") {
+  const answers = [];
+  for (const job of JSON.parse(fs.readFileSync(arg, "utf8"))) {
+    const vocab = await llama.loadModel({modelPath: job.model, useMmap: true, vocabOnly: true});
+    answers.push(job.texts.map((t) => tokenizeWith(vocab, t)));
+    await vocab.dispose();
+  }
+  emit(JSON.stringify(answers));
+  process.exit(0);
+}
+
 // Tokenizing needs only the vocabulary: loading the weights too cost 7 s on a 1.7 GB cut.
 const model = await llama.loadModel({modelPath, useMmap: true, vocabOnly: mode === "tokenize"});
 const n = parseInt(nStr ?? "32", 10);
-function tokenize(text) {
-  const ids = Array.from(model.tokenize(text, true));
-  const bos = model.tokens.bos;
-  if (model.tokens.shouldPrependBosToken && bos != null && ids[0] !== bos) ids.unshift(bos);
-  return ids;
-}
+const tokenize = (text) => tokenizeWith(model, text);
 // ORACLE_KV=f32 runs llama.cpp with an f32 KV cache (bmoe: --kv-type f32).
 const kv = (process.env.ORACLE_KV ?? "f16").toUpperCase();
 const flash = process.env.ORACLE_FA === "0" ? false : "auto";  // llama.cpp's default: flash attention on the CPU

@@ -1,7 +1,12 @@
-// Prints a GGUF model's tokenizer.chat_template as JSON (null when it has none), read with
-// node-llama-cpp's GGUF reader: the template bmoe-synth wrote, for the reference renderer.
-//   node tests/templates/model_template.mjs MODEL.gguf
+// Prints GGUF models' tokenizer.chat_template values as a JSON list, one per model given (null
+// for a model without one), read with node-llama-cpp's GGUF reader: the templates bmoe-synth
+// wrote, for the reference renderer. One process for all the models (node's start is most of it).
+//   node tests/templates/model_template.mjs MODEL.gguf...
 import {readGgufFileInfo} from "node-llama-cpp";
 
-const info = await readGgufFileInfo(process.argv[2], {readTensorInfo: false});
-process.stdout.write(JSON.stringify(info.metadata.tokenizer?.chat_template ?? null));
+const templates = [];
+for (const path of process.argv.slice(2)) {
+  const info = await readGgufFileInfo(path, {readTensorInfo: false});
+  templates.push(info.metadata.tokenizer?.chat_template ?? null);
+}
+process.stdout.write(JSON.stringify(templates));

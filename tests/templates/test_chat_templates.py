@@ -24,6 +24,13 @@ def oracle(templates, contexts):
     return json.loads(r.stdout)
 
 
+def model_templates(models):
+    """The chat templates the GGUF files hold, read by node-llama-cpp's GGUF reader (one process)."""
+    r = subprocess.run(["node", os.path.join(os.path.dirname(__file__), "model_template.mjs"), *models],
+                       capture_output=True, text=True, check=True, cwd=ROOT)
+    return json.loads(r.stdout)
+
+
 def ours(source, contexts):
     with tempfile.TemporaryDirectory() as tmp:
         tpath, cpath = os.path.join(tmp, "t.jinja"), os.path.join(tmp, "c.json")
@@ -89,8 +96,7 @@ class SynthesizedTemplateTest(unittest.TestCase):
 
     def test_deepseek4_template(self):
         model = synth("templates-tiny-deepseek4-deepseek_v3", "tiny-deepseek4", "--vocab", "deepseek_v3")
-        source = json.loads(subprocess.run(["node", os.path.join(os.path.dirname(__file__), "model_template.mjs"), model],
-                                           capture_output=True, text=True, check=True, cwd=ROOT).stdout)
+        source = model_templates([model])[0]
         cases = conversations()
         want = oracle({"t": source}, [ctx for _, ctx in cases])["t"]
         have = ours(source, [ctx for _, ctx in cases])
@@ -112,14 +118,12 @@ class SynthesizedTemplateTest(unittest.TestCase):
         # deepseek-v4-flash and lfm2-8b-a1b write them; tiny shapes keep the files small) bmoe-synth writes the
         # real template, byte for byte the one test_every_template_renders_like_the_reference checks.
         templates = load_templates()
-        for preset, vocab, name in [("tiny-qwen35moe", "qwen3", "qwen3.5"), ("tiny-gpt-oss", "gptoss", "gpt-oss"),
-                                    ("tiny-gemma4", "gemma", "gemma4"), ("tiny-qwen3moe", "qwen3", "qwen3"),
-                                    ("tiny-deepseek4", "deepseek_v3", "deepseek-v4"), ("tiny-lfm2moe", "llama3", "lfm2")]:
+        cases = [("tiny-qwen35moe", "qwen3", "qwen3.5"), ("tiny-gpt-oss", "gptoss", "gpt-oss"),
+                 ("tiny-gemma4", "gemma", "gemma4"), ("tiny-qwen3moe", "qwen3", "qwen3"),
+                 ("tiny-deepseek4", "deepseek_v3", "deepseek-v4"), ("tiny-lfm2moe", "llama3", "lfm2")]
+        models = [synth(f"templates-{preset}-{vocab}", preset, "--vocab", vocab) for preset, vocab, _ in cases]
+        for (preset, vocab, name), source in zip(cases, model_templates(models)):
             with self.subTest(preset=preset, vocab=vocab):
-                model = synth(f"templates-{preset}-{vocab}", preset, "--vocab", vocab)
-                source = json.loads(subprocess.run(
-                    ["node", os.path.join(os.path.dirname(__file__), "model_template.mjs"), model],
-                    capture_output=True, text=True, check=True, cwd=ROOT).stdout)
                 self.assertEqual(source, templates[name])
 
 
@@ -144,11 +148,12 @@ class RenderedPromptTokensTest(unittest.TestCase):
             texts = [t for t in ours(templates[name], [ctx for _, ctx in cases]) if isinstance(t, str)]
             by_model.setdefault((preset, vocab), []).extend((name, t) for t in texts)
         checked = 0
-        for (preset, vocab), named in by_model.items():
-            model = synth(f"templates-{preset}-{vocab}", preset, "--vocab", vocab)
-            texts = [t for _, t in named]
-            mine = bmoe_tokenize(model, texts)
-            theirs = llama_oracle("tokenize", model, texts)
+        models = {key: synth(f"templates-{key[0]}-{key[1]}", key[0], "--vocab", key[1]) for key in by_model}
+        # llama.cpp tokenizes for every model in one process.
+        theirs_all = llama_oracle("tokenize-models", "-", [{"model": models[key], "texts": [t for _, t in named]}
+                                                            for key, named in by_model.items()])
+        for ((preset, vocab), named), theirs in zip(by_model.items(), theirs_all):
+            mine = bmoe_tokenize(models[(preset, vocab)], [t for _, t in named])
             for (name, text), a, b in zip(named, mine, theirs):
                 with self.subTest(template=name, text=text[:60]):
                     self.assertEqual(a, b)
