@@ -566,7 +566,8 @@ TEST_P(BatchDraft, EverySequenceEqualsItsPlainRunAlone) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, BatchDraft,
-                         ::testing::Combine(::testing::Values("tiny-qwen3moe", "tiny-qwen35moe"), ::testing::Bool()),
+                         ::testing::Combine(::testing::Values("tiny-qwen3moe", "tiny-qwen35moe"),
+                                            ::testing::ValuesIn(batch_weight_sources())),
                          [](const auto& info) {
                            std::string n = std::get<0>(info.param) + (std::get<1>(info.param) ? "_streamed" : "_resident");
                            for (char& ch : n) ch = std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
@@ -579,7 +580,7 @@ INSTANTIATE_TEST_SUITE_P(Families, BatchDraft,
 // sequence that does not draft beside them. Each equals its plain run alone, resident and
 // streamed (the heads' experts read through the same cache).
 TEST(BatchDraft, MtpHeadsDraftPerSequenceInsideTheBatch) {
-  for (bool stream : {false, true}) {
+  for (bool stream : batch_weight_sources()) {
     LoadOptions lo;
     lo.nextn = true;
     lo.stream_experts = stream;
