@@ -4,6 +4,8 @@
 #include <cmath>
 #include <filesystem>
 #include <iterator>
+#include <limits>
+#include <random>
 #include <set>
 #include <unistd.h>
 
@@ -291,6 +293,24 @@ TEST(Sampler, GreedyPicksArgmaxLowestOnTies) {
   const float logits[] = {0.1f, 3.0f, 3.0f, -1.0f};
   Sampler s(SamplerConfig{});
   EXPECT_EQ(s.sample(logits, 4), 1);
+}
+
+// Sampler::argmax's two-pass form must answer what a left-to-right `>` scan answers, on ties,
+// signed zeros, infinities, NaNs (a leading NaN included) and lengths off the lane width.
+TEST(Sampler, ArgmaxMatchesALeftToRightScan) {
+  const auto scan = [](const std::vector<float>& x) {
+    int32_t best = 0;
+    for (int32_t i = 1; i < static_cast<int32_t>(x.size()); ++i) best = x[i] > x[best] ? i : best;
+    return best;
+  };
+  const float specials[] = {0.0f, -0.0f, std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN(), 2.0f};
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 400; ++trial) {
+    std::vector<float> x(1 + rng() % 70);
+    for (float& v : x) v = rng() % 4 == 0 ? specials[rng() % 6] : static_cast<float>(rng() % 5) - 2.0f;
+    ASSERT_EQ(Sampler::argmax(x.data(), static_cast<int>(x.size())), scan(x)) << "trial " << trial;
+  }
 }
 
 TEST(Sampler, SeededSamplingIsReproducibleAndRespectsTopK) {

@@ -8,12 +8,26 @@
 
 namespace bmoe {
 
+// The first index holding the largest logit; NaNs never win, except a NaN at index 0, which
+// nothing beats (as in a left-to-right `>` scan). Two passes instead of that scan: its index
+// chain is serial (about a millisecond per token over a 248k vocabulary, on the decode's one
+// thread), while a max over independent lanes vectorizes; the first index equal to that max is
+// exactly the scan's answer, since the scan only moves on a strictly greater value.
 int32_t Sampler::argmax(const float* logits, int n_vocab) {
-  int32_t best = 0;
-  for (int32_t i = 1; i < n_vocab; ++i) {
-    if (logits[i] > logits[best]) best = i;
+  if (n_vocab <= 0 || std::isnan(logits[0])) return 0;
+  constexpr int kLanes = 16;
+  float lane[kLanes];
+  std::fill(lane, lane + kLanes, logits[0]);
+  int32_t i = 0;
+  for (; i + kLanes <= n_vocab; i += kLanes) {
+    for (int l = 0; l < kLanes; ++l) lane[l] = logits[i + l] > lane[l] ? logits[i + l] : lane[l];
   }
-  return best;
+  float best = lane[0];
+  for (int l = 1; l < kLanes; ++l) best = lane[l] > best ? lane[l] : best;
+  for (; i < n_vocab; ++i) best = logits[i] > best ? logits[i] : best;
+  int32_t first = 0;
+  while (!(logits[first] == best)) ++first;
+  return first;
 }
 
 const std::vector<SamplerStep> kDefaultSamplerOrder = {SamplerStep::TopNSigma, SamplerStep::TopK, SamplerStep::Typical,
