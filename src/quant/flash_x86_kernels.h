@@ -101,44 +101,176 @@ void dot_heads(const float* k, const float* q, int64_t dk, int heads, float* out
   }
 }
 
-// acc = f16(acc * ms) when ms != 1 (a new maximum), then acc = f16(fma(v, vs, acc)): the two
-// passes of f16_scale and f16_fma_into in one, each step rounded to f16 as they round it.
-void update_acc(uint16_t* acc, const float* v, bool rescale, float ms, float vs, int64_t dv) {
-  const __m256 vms = _mm256_set1_ps(ms), vvs = _mm256_set1_ps(vs);
-  int64_t i = 0;
+// The keys are taken kChunkKeys at a time in three passes, each the same steps in the same order
+// per head and key as ggml's loop (see quant.h): the chunk's scores for every head, then per
+// head its softmax steps (the maxima, the exp arguments, libm expf, the weight sums), then per
+// head and V element its running f16 sum over the chunk's keys. A pass on its own keeps its
+// state in registers: the V sums, the f16 value rounded after every key, stay in f32 registers
+// for a whole chunk instead of going through memory once per key and head, and the expf calls
+// come one after another instead of between vector work that they would clobber.
+constexpr int kChunkKeys = 32;
+
+// Per head (kChunkKeys apart) and key of a chunk.
+struct ChunkSteps {
+  std::vector<float> s;   // scores, then exp arguments
+  std::vector<float> ms;  // rescale of the V sum before the key (1: none)
+  std::vector<float> vs;  // the key's weight
+  std::vector<uint8_t> rescale;
+  void resize(int heads) {
+    const size_t n = static_cast<size_t>(heads) * kChunkKeys;
+    s.resize(n);
+    ms.resize(n);
+    vs.resize(n);
+    rescale.resize(n);
+  }
+  float* scores(int h) { return s.data() + static_cast<size_t>(h) * kChunkKeys; }
+  size_t at(int h, int j) const { return static_cast<size_t>(h) * kChunkKeys + j; }
+};
+
 #if BMOE_FLASH_WIDE
-  const __m512 wms = _mm512_set1_ps(ms), wvs = _mm512_set1_ps(vs);
-  for (; i + 16 <= dv; i += 16) {
-    __m512 a = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(acc + i)));
-    if (rescale) a = _mm512_cvtph_ps(_mm512_cvtps_ph(_mm512_mul_ps(a, wms), _MM_FROUND_TO_NEAREST_INT));
-    a = _mm512_fmadd_ps(_mm512_loadu_ps(v + i), wvs, a);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc + i), _mm512_cvtps_ph(a, _MM_FROUND_TO_NEAREST_INT));
-  }
+using VecF = __m512;
+constexpr int kLanes = 16;
+inline VecF vload_f16(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+inline void vstore_f16(uint16_t* p, VecF a) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtps_ph(a, _MM_FROUND_TO_NEAREST_INT));
+}
+inline VecF vround_f16(VecF a) { return _mm512_cvtph_ps(_mm512_cvtps_ph(a, _MM_FROUND_TO_NEAREST_INT)); }
+inline VecF vload(const float* p) { return _mm512_loadu_ps(p); }
+inline VecF vset1(float x) { return _mm512_set1_ps(x); }
+inline VecF vmul(VecF a, VecF b) { return _mm512_mul_ps(a, b); }
+inline VecF vfma(VecF a, VecF b, VecF c) { return _mm512_fmadd_ps(a, b, c); }
+constexpr int kVHeads = 4;  // heads per V pass: 4 x 4 sums + 4 values + 4 weights of 32 registers
+#else
+using VecF = __m256;
+constexpr int kLanes = 8;
+inline VecF vload_f16(const uint16_t* p) { return load_f16x8(p); }
+inline void vstore_f16(uint16_t* p, VecF a) {
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(a, _MM_FROUND_TO_NEAREST_INT));
+}
+inline VecF vround_f16(VecF a) { return _mm256_cvtph_ps(_mm256_cvtps_ph(a, _MM_FROUND_TO_NEAREST_INT)); }
+inline VecF vload(const float* p) { return _mm256_loadu_ps(p); }
+inline VecF vset1(float x) { return _mm256_set1_ps(x); }
+inline VecF vmul(VecF a, VecF b) { return _mm256_mul_ps(a, b); }
+inline VecF vfma(VecF a, VecF b, VecF c) { return _mm256_fmadd_ps(a, b, c); }
+constexpr int kVHeads = 2;  // 2 x 4 sums + 4 values + 2 weights of 16 registers
 #endif
-  for (; i + 8 <= dv; i += 8) {
-    __m256 a = load_f16x8(acc + i);
-    if (rescale) a = _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_mul_ps(a, vms), _MM_FROUND_TO_NEAREST_INT));
-    a = _mm256_fmadd_ps(_mm256_loadu_ps(v + i), vvs, a);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(acc + i), _mm256_cvtps_ph(a, _MM_FROUND_TO_NEAREST_INT));
-  }
-  for (; i < dv; ++i) {
-    if (rescale) acc[i] = fp32_to_fp16(f16(acc[i]) * ms);
-    acc[i] = fp32_to_fp16(std::fma(v[i], vs, f16(acc[i])));
+constexpr int kVVecs = 4;  // vectors of V elements per pass: 4 independent sums per head
+
+// The f32 copies of the chunk's K and V rows (exact), the next rows requested on the way.
+void convert_rows(const F16FlashArgs& a, int j0, int n, int n_keys, float* kf, float* vf) {
+  for (int j = 0; j < n; ++j) {
+    const int ahead = j0 + j + kPrefetchKeys;
+    if (ahead < n_keys) {
+      prefetch_row(a.k + static_cast<size_t>(ahead) * a.k_stride, a.dk);
+      prefetch_row(a.v + static_cast<size_t>(ahead) * a.v_stride, a.dv);
+    }
+    f16_to_f32(a.k + static_cast<size_t>(j0 + j) * a.k_stride, kf + static_cast<size_t>(j) * a.dk, a.dk);
+    f16_to_f32(a.v + static_cast<size_t>(j0 + j) * a.v_stride, vf + static_cast<size_t>(j) * a.dv, a.dv);
   }
 }
 
-// One key of one head: ggml's online softmax step (see quant.h).
-void softmax_step(float s, const float* v, int64_t dv, float& max, float& sum, uint16_t* acc) {
-  float ms = 1.0f, vs = 1.0f;
-  const bool rescale = s > max;
-  if (rescale) {
-    ms = std::exp(max - s);
-    max = s;
-  } else {
-    vs = std::exp(s - max);
+// Pass 1: the scaled (and capped) score of every head and key of the chunk.
+void chunk_scores(const F16FlashArgs& a, const float* qf, const float* kf, int n, ChunkSteps& st) {
+  constexpr int kHeadsPerDot = BMOE_FLASH_WIDE ? 8 : 4;
+  for (int j = 0; j < n; ++j) {
+    for (int h0 = 0; h0 < a.heads; h0 += kHeadsPerDot) {
+      const int hn = std::min(kHeadsPerDot, a.heads - h0);
+      float s[kHeadsPerDot];
+      dot_heads(kf + static_cast<size_t>(j) * a.dk, qf + h0 * a.dk, a.dk, hn, s);
+      for (int h = h0; h < h0 + hn; ++h) {
+        float x = s[h - h0] * a.scale;
+        if (a.softcap != 0.0f) x = a.softcap * std::tanh(x);
+        st.s[st.at(h, j)] = x;
+      }
+    }
   }
-  update_acc(acc, v, rescale, ms, vs, dv);
-  sum = sum * ms + vs;
+}
+
+// Pass 2: per head and key, a new maximum rescales the sum by exp(old - new) and the key weighs
+// 1, otherwise the key weighs exp(s - max); the weight sum becomes sum * ms + vs. The loops run
+// over the heads inside the keys, so the heads' chains of dependent steps overlap.
+void chunk_softmax(int heads, int n, float* max, float* sum, ChunkSteps& st) {
+  for (int j = 0; j < n; ++j) {
+    for (int h = 0; h < heads; ++h) {
+      const size_t at = st.at(h, j);
+      const float s = st.s[at];
+      st.rescale[at] = s > max[h];
+      if (s > max[h]) {
+        st.s[at] = max[h] - s;
+        max[h] = s;
+      } else {
+        st.s[at] = s - max[h];
+      }
+    }
+  }
+  for (int h = 0; h < heads; ++h) {
+    for (int j = 0; j < n; ++j) {
+      const size_t at = st.at(h, j);
+      const float e = std::exp(st.s[at]);
+      st.ms[at] = st.rescale[at] ? e : 1.0f;
+      st.vs[at] = st.rescale[at] ? 1.0f : e;
+    }
+  }
+  for (int j = 0; j < n; ++j) {
+    for (int h = 0; h < heads; ++h) sum[h] = sum[h] * st.ms[st.at(h, j)] + st.vs[st.at(h, j)];
+  }
+}
+
+// Pass 3 for NH heads from h0 and NV vectors of V elements from d: per key, acc = f16(acc * ms)
+// on a rescale, then acc = f16(fma(v, vs, acc)); the sums stay in registers for the chunk.
+template <int NH, int NV>
+void chunk_values(const ChunkSteps& st, int h0, int64_t d, const float* vf, int64_t dv, int n, uint16_t* acc) {
+  VecF sums[NH][NV];
+#pragma GCC unroll 4
+  for (int h = 0; h < NH; ++h)
+#pragma GCC unroll 4
+    for (int i = 0; i < NV; ++i) sums[h][i] = vload_f16(acc + (h0 + h) * dv + d + i * kLanes);
+  for (int j = 0; j < n; ++j) {
+    const float* v = vf + static_cast<size_t>(j) * dv + d;
+    VecF vv[NV];
+#pragma GCC unroll 4
+    for (int i = 0; i < NV; ++i) vv[i] = vload(v + i * kLanes);
+#pragma GCC unroll 4
+    for (int h = 0; h < NH; ++h) {
+      if (st.rescale[st.at(h0 + h, j)]) {
+        const VecF ms = vset1(st.ms[st.at(h0 + h, j)]);
+#pragma GCC unroll 4
+        for (int i = 0; i < NV; ++i) sums[h][i] = vround_f16(vmul(sums[h][i], ms));
+      }
+      const VecF vs = vset1(st.vs[st.at(h0 + h, j)]);
+#pragma GCC unroll 4
+      for (int i = 0; i < NV; ++i) sums[h][i] = vround_f16(vfma(vv[i], vs, sums[h][i]));
+    }
+  }
+#pragma GCC unroll 4
+  for (int h = 0; h < NH; ++h)
+#pragma GCC unroll 4
+    for (int i = 0; i < NV; ++i) vstore_f16(acc + (h0 + h) * dv + d + i * kLanes, sums[h][i]);
+}
+
+// The elements past the whole vectors, one at a time with the same roundings.
+void chunk_values_tail(const ChunkSteps& st, int h, int64_t d0, const float* vf, int64_t dv, int n, uint16_t* acc) {
+  for (int64_t d = d0; d < dv; ++d) {
+    uint16_t* a = acc + h * dv + d;
+    for (int j = 0; j < n; ++j) {
+      if (st.rescale[st.at(h, j)]) *a = fp32_to_fp16(f16(*a) * st.ms[st.at(h, j)]);
+      *a = fp32_to_fp16(std::fma(vf[static_cast<size_t>(j) * dv + d], st.vs[st.at(h, j)], f16(*a)));
+    }
+  }
+}
+
+template <int NV>
+void chunk_values_heads(const ChunkSteps& st, int heads, int64_t d, const float* vf, int64_t dv, int n, uint16_t* acc) {
+  int h = 0;
+  for (; h + kVHeads <= heads; h += kVHeads) chunk_values<kVHeads, NV>(st, h, d, vf, dv, n, acc);
+  for (; h < heads; ++h) chunk_values<1, NV>(st, h, d, vf, dv, n, acc);
+}
+
+void chunk_all_values(const ChunkSteps& st, int heads, const float* vf, int64_t dv, int n, uint16_t* acc) {
+  int64_t d = 0;
+  for (; d + kVVecs * kLanes <= dv; d += kVVecs * kLanes) chunk_values_heads<kVVecs>(st, heads, d, vf, dv, n, acc);
+  for (; d + kLanes <= dv; d += kLanes) chunk_values_heads<1>(st, heads, d, vf, dv, n, acc);
+  for (int h = 0; h < heads; ++h) chunk_values_tail(st, h, d, vf, dv, n, acc);
 }
 
 }  // namespace
@@ -146,30 +278,19 @@ void softmax_step(float s, const float* v, int64_t dv, float& max, float& sum, u
 void f16_flash_keys(const F16FlashArgs& a, int n_keys, float* max, float* sum, uint16_t* acc) {
   const int64_t dk = a.dk, dv = a.dv;
   thread_local std::vector<float> buf;
-  buf.resize(static_cast<size_t>(a.heads * dk + dk + dv));
+  thread_local ChunkSteps st;
+  buf.resize(static_cast<size_t>(a.heads * dk + kChunkKeys * (dk + dv)));
   float* const qf = buf.data();
   float* const kf = qf + a.heads * dk;
-  float* const vf = kf + dk;
+  float* const vf = kf + kChunkKeys * dk;
+  st.resize(a.heads);
   f16_to_f32(a.q, qf, a.heads * dk);
-  // AVX2: 8 accumulators and the key's two halves in 16 registers; AVX-512: 8 + 1 of 32.
-  constexpr int kHeadsPerDot = BMOE_FLASH_WIDE ? 8 : 4;
-  for (int j = 0; j < n_keys; ++j) {
-    if (j + kPrefetchKeys < n_keys) {
-      prefetch_row(a.k + static_cast<size_t>(j + kPrefetchKeys) * a.k_stride, dk);
-      prefetch_row(a.v + static_cast<size_t>(j + kPrefetchKeys) * a.v_stride, dv);
-    }
-    f16_to_f32(a.k + static_cast<size_t>(j) * a.k_stride, kf, dk);
-    f16_to_f32(a.v + static_cast<size_t>(j) * a.v_stride, vf, dv);
-    for (int h0 = 0; h0 < a.heads; h0 += kHeadsPerDot) {
-      const int hn = std::min(kHeadsPerDot, a.heads - h0);
-      float s[kHeadsPerDot];
-      dot_heads(kf, qf + h0 * dk, dk, hn, s);
-      for (int h = h0; h < h0 + hn; ++h) {
-        float x = s[h - h0] * a.scale;
-        if (a.softcap != 0.0f) x = a.softcap * std::tanh(x);
-        softmax_step(x, vf, dv, max[h], sum[h], acc + h * dv);
-      }
-    }
+  for (int j0 = 0; j0 < n_keys; j0 += kChunkKeys) {
+    const int n = std::min(kChunkKeys, n_keys - j0);
+    convert_rows(a, j0, n, n_keys, kf, vf);
+    chunk_scores(a, qf, kf, n, st);
+    chunk_softmax(a.heads, n, max, sum, st);
+    chunk_all_values(st, a.heads, vf, dv, n, acc);
   }
 }
 
