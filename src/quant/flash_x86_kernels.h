@@ -28,13 +28,12 @@ void f16_to_f32(const uint16_t* h, float* out, int64_t n) {
   for (; i < n; ++i) out[i] = f16(h[i]);
 }
 
-// The rows of a key this many positions ahead are requested while this one is worked on: a
-// head's rows lie a whole position's row apart, a stride the hardware prefetcher follows late.
-constexpr int kPrefetchKeys = 8;
-
+// A head's rows lie a whole position's row apart, a stride the hardware prefetcher follows
+// late, so the next chunk's rows are requested (into L2) while this chunk's scores are worked
+// on: by the time its conversion reads them, the whole chunk's work has covered the latency.
 void prefetch_row(const uint16_t* row, int64_t n) {
   const auto* c = reinterpret_cast<const char*>(row);
-  for (int64_t off = 0; off < n * 2; off += 64) _mm_prefetch(c + off, _MM_HINT_T0);
+  for (int64_t off = 0; off < n * 2; off += 64) _mm_prefetch(c + off, _MM_HINT_T1);
 }
 
 // avx2::dot_f16(k, q_h) for H heads whose queries lie dk apart: two 8-lane accumulators over
@@ -156,32 +155,102 @@ constexpr int kVHeads = 2;  // 2 x 4 sums + 4 values + 2 weights of 16 registers
 #endif
 constexpr int kVVecs = 4;  // vectors of V elements per pass: 4 independent sums per head
 
-// The f32 copies of the chunk's K and V rows (exact), the next rows requested on the way.
-void convert_rows(const F16FlashArgs& a, int j0, int n, int n_keys, float* kf, float* vf) {
-  for (int j = 0; j < n; ++j) {
-    const int ahead = j0 + j + kPrefetchKeys;
-    if (ahead < n_keys) {
-      prefetch_row(a.k + static_cast<size_t>(ahead) * a.k_stride, a.dk);
-      prefetch_row(a.v + static_cast<size_t>(ahead) * a.v_stride, a.dv);
+#if BMOE_FLASH_WIDE
+// Two keys' dot products with 8 heads, straight from the f16 rows (f16 -> f32 is exact): the
+// same 16-lane steps as dot_heads<8>, then the 16 reductions hsum(lo + hi) at once, each sum as
+// hsum adds it: (lo + hi), its two 128-bit halves, lanes 0,1 + 2,3, then lane 0 + lane 1.
+// dk is a multiple of 16. out[j * 8 + h]: key j, head h.
+void dot_two_keys_8_heads(const uint16_t* k0, const uint16_t* k1, const float* q, int64_t dk, float* out) {
+  __m512 a[16];
+#pragma GCC unroll 16
+  for (int i = 0; i < 16; ++i) a[i] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < dk; i += 16) {
+    const __m512 x0 = vload_f16(k0 + i), x1 = vload_f16(k1 + i);
+#pragma GCC unroll 8
+    for (int h = 0; h < 8; ++h) {
+      const __m512 qh = _mm512_loadu_ps(q + h * dk + i);
+      a[h] = _mm512_fmadd_ps(x0, qh, a[h]);
+      a[8 + h] = _mm512_fmadd_ps(x1, qh, a[8 + h]);
     }
-    f16_to_f32(a.k + static_cast<size_t>(j0 + j) * a.k_stride, kf + static_cast<size_t>(j) * a.dk, a.dk);
+  }
+  __m512 t[8], u[4], w[2];
+#pragma GCC unroll 8
+  for (int m = 0; m < 8; ++m)  // lanes 0-7: lo + hi of a[2m]; 8-15: of a[2m + 1]
+    t[m] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * m], a[2 * m + 1], 0x44), _mm512_shuffle_f32x4(a[2 * m], a[2 * m + 1], 0xEE));
+#pragma GCC unroll 4
+  for (int m = 0; m < 4; ++m)  // 128-bit lane q: the two halves of a[4m + q] added
+    u[m] = _mm512_add_ps(_mm512_shuffle_f32x4(t[2 * m], t[2 * m + 1], 0x88), _mm512_shuffle_f32x4(t[2 * m], t[2 * m + 1], 0xDD));
+#pragma GCC unroll 2
+  for (int m = 0; m < 2; ++m)  // lanes 0,1 + lanes 2,3 of each
+    w[m] = _mm512_add_ps(_mm512_shuffle_ps(u[2 * m], u[2 * m + 1], 0x44), _mm512_shuffle_ps(u[2 * m], u[2 * m + 1], 0xEE));
+  // lane 0 + lane 1: lane 4q + k of r holds the sum of a[4k + q]
+  const __m512 r = _mm512_add_ps(_mm512_shuffle_ps(w[0], w[1], 0x88), _mm512_shuffle_ps(w[0], w[1], 0xDD));
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, r);
+#pragma GCC unroll 16
+  for (int i = 0; i < 16; ++i) out[i] = lanes[(i % 4) * 4 + i / 4];
+}
+#endif
+
+// The heads the two-key dot covers (a multiple of 8 on 16 lanes with whole 16-element steps);
+// the others take dot_heads on an f32 copy of the key.
+int paired_heads(const F16FlashArgs& a) {
+#if BMOE_FLASH_WIDE
+  if (a.dk % 16 == 0) return a.heads / 8 * 8;
+#endif
+  (void)a;
+  return 0;
+}
+
+// Requests the K and V rows of key j when it exists.
+void prefetch_key(const F16FlashArgs& a, int j, int n_keys) {
+  if (j >= n_keys) return;
+  prefetch_row(a.k + static_cast<size_t>(j) * a.k_stride, a.dk);
+  prefetch_row(a.v + static_cast<size_t>(j) * a.v_stride, a.dv);
+}
+
+// The f32 copies of the chunk's V rows, and of the K rows if some heads need them (exact).
+void convert_rows(const F16FlashArgs& a, int j0, int n, bool keys, float* kf, float* vf) {
+  for (int j = 0; j < n; ++j) {
+    if (keys) f16_to_f32(a.k + static_cast<size_t>(j0 + j) * a.k_stride, kf + static_cast<size_t>(j) * a.dk, a.dk);
     f16_to_f32(a.v + static_cast<size_t>(j0 + j) * a.v_stride, vf + static_cast<size_t>(j) * a.dv, a.dv);
   }
 }
 
-// Pass 1: the scaled (and capped) score of every head and key of the chunk.
-void chunk_scores(const F16FlashArgs& a, const float* qf, const float* kf, int n, ChunkSteps& st) {
+float capped(const F16FlashArgs& a, float dot) {
+  const float x = dot * a.scale;
+  return a.softcap != 0.0f ? a.softcap * std::tanh(x) : x;
+}
+
+// Pass 1: the scaled (and capped) score of every head and key of the chunk from key j0 on; the
+// next chunk's rows are requested on the way.
+void chunk_scores(const F16FlashArgs& a, const float* qf, const float* kf, int j0, int n, int n_keys, ChunkSteps& st) {
   constexpr int kHeadsPerDot = BMOE_FLASH_WIDE ? 8 : 4;
-  for (int j = 0; j < n; ++j) {
-    for (int h0 = 0; h0 < a.heads; h0 += kHeadsPerDot) {
+  const int paired = paired_heads(a);
+  int j = 0;
+#if BMOE_FLASH_WIDE
+  for (; paired > 0 && j + 2 <= n; j += 2) {
+    const uint16_t* k0 = a.k + static_cast<size_t>(j0 + j) * a.k_stride;
+    prefetch_key(a, j0 + kChunkKeys + j, n_keys);
+    prefetch_key(a, j0 + kChunkKeys + j + 1, n_keys);
+    for (int h0 = 0; h0 < paired; h0 += 8) {
+      float s[16];
+      dot_two_keys_8_heads(k0, k0 + a.k_stride, qf + h0 * a.dk, a.dk, s);
+      for (int h = 0; h < 8; ++h) {
+        st.s[st.at(h0 + h, j)] = capped(a, s[h]);
+        st.s[st.at(h0 + h, j + 1)] = capped(a, s[8 + h]);
+      }
+    }
+  }
+#endif
+  for (int jj = 0; jj < n; ++jj) {  // the heads and keys the pairs did not cover
+    if (jj >= j) prefetch_key(a, j0 + kChunkKeys + jj, n_keys);
+    const int h_from = jj < j ? paired : 0;
+    for (int h0 = h_from; h0 < a.heads; h0 += kHeadsPerDot) {
       const int hn = std::min(kHeadsPerDot, a.heads - h0);
       float s[kHeadsPerDot];
-      dot_heads(kf + static_cast<size_t>(j) * a.dk, qf + h0 * a.dk, a.dk, hn, s);
-      for (int h = h0; h < h0 + hn; ++h) {
-        float x = s[h - h0] * a.scale;
-        if (a.softcap != 0.0f) x = a.softcap * std::tanh(x);
-        st.s[st.at(h, j)] = x;
-      }
+      dot_heads(kf + static_cast<size_t>(jj) * a.dk, qf + h0 * a.dk, a.dk, hn, s);
+      for (int h = h0; h < h0 + hn; ++h) st.s[st.at(h, jj)] = capped(a, s[h - h0]);
     }
   }
 }
@@ -285,10 +354,11 @@ void f16_flash_keys(const F16FlashArgs& a, int n_keys, float* max, float* sum, u
   float* const vf = kf + kChunkKeys * dk;
   st.resize(a.heads);
   f16_to_f32(a.q, qf, a.heads * dk);
+  for (int j = 0; j < std::min(kChunkKeys, n_keys); ++j) prefetch_key(a, j, n_keys);
   for (int j0 = 0; j0 < n_keys; j0 += kChunkKeys) {
     const int n = std::min(kChunkKeys, n_keys - j0);
-    convert_rows(a, j0, n, n_keys, kf, vf);
-    chunk_scores(a, qf, kf, n, st);
+    convert_rows(a, j0, n, paired_heads(a) < a.heads || n % 2 != 0, kf, vf);
+    chunk_scores(a, qf, kf, j0, n, n_keys, st);
     chunk_softmax(a.heads, n, max, sum, st);
     chunk_all_values(st, a.heads, vf, dv, n, acc);
   }
