@@ -2,11 +2,13 @@
 // 8-lane AVX2 + FMA + F16C) and flash_avx512.cpp (1: the dot products and the f16 running sums
 // on 16 lanes) after their target pragmas. Both are bit for bit the composition of
 // avx2::dot_f16, std::exp, avx2::f16_scale and avx2::f16_fma_into that the generic path calls
-// once per key and head. What they save is conversions: the queries go to f32 once per call,
-// each key and value row once per key for all the heads that share it (the generic path
-// converts the query, the key and the value again for every head), and up to four (eight)
-// heads take their dot products from one load of the key. f16 -> f32 is exact, so an f32 copy
-// multiplies and adds exactly as the converted row did; a 16-lane step is two 8-lane steps.
+// once per key and head: per head and key the same operations in the same order, only grouped
+// differently. What they save: the queries go to f32 once per call, each key and value row once
+// per key for all the heads that share it; the keys go in chunks of kChunkKeys through three
+// passes (scores, softmax steps, V sums; see below), so each pass keeps its state in registers;
+// on 16 lanes two keys' dot products for 8 heads share their loads and are reduced together. f16
+// -> f32 is exact, so an f32 copy multiplies and adds exactly as the converted row did; a
+// 16-lane step is two 8-lane steps.
 #pragma once
 
 #include <immintrin.h>
