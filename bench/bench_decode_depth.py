@@ -12,6 +12,10 @@ flash attention "auto").
 
     bench/bench_decode_depth.py [--layers 12] [--depths 512,2048,8192] [--tokens 32] [--threads 2]
                                 [--repeats 1] [--before PATH/TO/OLD/bmoe-cli] [--peer-depths 512,2048]
+                                [--model PATH.gguf] [--csv runs.csv]
+
+Besides the wall rate, each bmoe run's process CPU time per generated token is kept (bmoe-cli's
+"process: cpu" line, both threads): on a shared machine it moves less with the load.
 """
 import argparse
 import json
@@ -25,6 +29,8 @@ from bench_prompt import prompt_ids
 from common import ORACLE, REPO, ensure_model, log, machine, tool
 
 GEN_RE = re.compile(r"generation: (\d+) tokens, ([\d.]+) s/token, ([\d.]+) tok/s")
+CPU_RE = re.compile(r"process: cpu ([\d.]+) s/tok")
+CPU_MS = {}  # (cli, number of ids) -> CPU ms per token of the last run
 
 
 def load():
@@ -40,6 +46,8 @@ def run_bmoe(cli, model, ids, n, threads):
     if p.returncode != 0 or not m:
         log(p.stderr[-2000:])
         return None
+    c = CPU_RE.search(p.stderr)
+    CPU_MS[(cli, len(ids))] = float(c.group(1)) * 1e3 if c else None
     return float(m.group(3))
 
 
@@ -72,9 +80,14 @@ def main():
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--before", default=None, help="an earlier build's bmoe-cli, run alternated with this one")
     ap.add_argument("--peer-depths", default=None, help="depths at which llama.cpp runs too (default: all)")
+    ap.add_argument("--model", default=None, help="an existing cut (default: bench/out/models/, written if absent)")
+    ap.add_argument("--csv", default=None, help="write every run (depth, repeat, engine, tok/s, CPU ms/token, load)")
     args = ap.parse_args()
-    model = os.path.join(REPO, "bench", "out", "models", f"qwen3-30b-a3b-{args.layers}l.gguf")
-    ensure_model(model, "qwen3-30b-a3b", "--layers", str(args.layers))
+    model = args.model or os.path.join(REPO, "bench", "out", "models", f"qwen3-30b-a3b-{args.layers}l.gguf")
+    if not args.model:
+        ensure_model(model, "qwen3-30b-a3b", "--layers", str(args.layers))
+    clis = {"before": args.before, "bmoe": tool("bmoe-cli")}
+    rows = []
     engines = [("before", lambda ids: run_bmoe(args.before, model, ids, args.tokens, args.threads))] if args.before else []
     engines += [("bmoe", lambda ids: run_bmoe(tool("bmoe-cli"), model, ids, args.tokens, args.threads)),
                 ("llama.cpp", lambda ids: run_llama(model, ids, args.tokens, args.threads))]
@@ -91,7 +104,14 @@ def main():
                 loads.append(load())
                 t = run(ids)
                 results.setdefault((depth, name), []).append(t)
-                log(f"depth {depth} repeat {r + 1}: {name} {t} tok/s (load {loads[-1]:.1f})")
+                cpu = CPU_MS.get((clis.get(name), len(ids))) if name in clis else None
+                rows.append((depth, r + 1, name, t, cpu, loads[-1]))
+                log(f"depth {depth} repeat {r + 1}: {name} {t} tok/s, cpu {cpu} ms/token (load {loads[-1]:.1f})")
+    if args.csv:
+        with open(args.csv, "w") as f:
+            f.write("depth,repeat,engine,tok_s,cpu_ms_per_token,load_at_start\n")
+            for row in rows:
+                f.write(",".join("" if x is None else str(x) for x in row) + "\n")
     names = [n for n, _ in engines]
     print(f"Decode at depth: {os.path.basename(model)}, {args.tokens} tokens, -t {args.threads}; {machine()}; "
           f"load average at run starts {min(loads):.1f}-{max(loads):.1f} (mean {mean(loads):.1f})\n")
@@ -107,6 +127,19 @@ def main():
             row.append(f"{m['bmoe'] / m['before']:.2f}x")
         row.append(f"{m['bmoe'] / first:.0%}")
         print("| " + " | ".join(row) + " |")
+    bmoe_names = [n for n in names if n in clis]
+    print("\nProcess CPU ms per generated token (both threads; mean of the repeats), and the speed in CPU terms "
+          "against the first depth:\n")
+    print("| depth | " + " | ".join(f"{n} CPU ms" for n in bmoe_names) + " | "
+          + " | ".join(f"{n} at the first depth" for n in bmoe_names) + " |")
+    print("|---" * (1 + 2 * len(bmoe_names)) + "|")
+    firsts = {}
+    for depth in [int(x) for x in args.depths.split(",")]:
+        c = {n: mean([row[4] for row in rows if row[0] == depth and row[2] == n]) for n in bmoe_names}
+        for n in bmoe_names:
+            firsts.setdefault(n, c[n])
+        print("| " + " | ".join([str(depth)] + [f"{c[n]:.0f}" for n in bmoe_names]
+                                + [f"{firsts[n] / c[n]:.0%}" for n in bmoe_names]) + " |")
 
 
 if __name__ == "__main__":
