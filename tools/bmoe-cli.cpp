@@ -418,21 +418,6 @@ void print_answer(const CliOptions& o, const Tokenizer& tok, const std::vector<i
   fmt::print("{}\n", j.dump());
 }
 
-void add_cost(StepCost& into, const StepCost& part) {
-  into.steps += part.steps;
-  into.rows += part.rows;
-  into.seconds += part.seconds;
-  into.lookups += part.lookups;
-  into.hits += part.hits;
-  into.bytes_read += part.bytes_read;
-}
-
-void add_profile(DraftProfile& into, const DraftProfile& part) {
-  add_cost(into.plain, part.plain);
-  add_cost(into.verify, part.verify);
-  add_cost(into.drafter, part.drafter);
-}
-
 // Where a drafting run's decode time and expert reads went, per kind of step (each kind's mean).
 void print_draft_profile(const DraftProfile& p) {
   auto line = [](const char* name, const StepCost& c, const char* rows) {
@@ -668,7 +653,7 @@ void ParallelCliRun::finish(int slot) {
     drafted_ += r.drafted;
     accepted_ += r.accepted;
     verify_steps_ += r.verify_steps;
-    add_profile(profile_, r.draft_profile);
+    profile_ += r.draft_profile;
   }
   fmt::print(stderr, "sequence {}: prompt {} tokens, {} tokens in {:.3f} s, {:.2f} tok/s ({}{})\n", q.index + 1, q.prompt.size(),
              r.tokens.size(), r.decode_seconds, static_cast<double>(r.tokens.size()) / std::max(r.decode_seconds, 1e-9),

@@ -55,15 +55,6 @@ struct Drafting {
   DraftProfile profile;
 };
 
-void add_cost(StepCost& into, const StepCost& part) {
-  into.steps += part.steps;
-  into.rows += part.rows;
-  into.seconds += part.seconds;
-  into.lookups += part.lookups;
-  into.hits += part.hits;
-  into.bytes_read += part.bytes_read;
-}
-
 // Measures a stretch of decoding into a StepCost: wall time and the expert counters' movement.
 class CostMeter {
  public:
@@ -109,8 +100,8 @@ std::vector<int32_t> propose_draft(Session& session, Drafting& drafting, int32_t
 // part; `drafted` tokens proposed, `kept` of them kept.
 void count_step(Drafting& drafting, const StepCost& pass, const StepCost& drafter, int drafted, int kept) {
   DraftProfile& profile = drafting.profile;
-  add_cost(drafted == 0 ? profile.plain : profile.verify, pass);
-  if (drafter.steps > 0) add_cost(profile.drafter, drafter);
+  (drafted == 0 ? profile.plain : profile.verify) += pass;
+  if (drafter.steps > 0) profile.drafter += drafter;
   drafting.controller.report(drafted, kept);
 }
 

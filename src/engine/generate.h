@@ -57,12 +57,29 @@ struct StepCost {
   uint64_t lookups = 0;
   uint64_t hits = 0;  // of the lookups, those served from memory (streamed: the cache)
   uint64_t bytes_read = 0;
+
+  StepCost& operator+=(const StepCost& part) {
+    steps += part.steps;
+    rows += part.rows;
+    seconds += part.seconds;
+    lookups += part.lookups;
+    hits += part.hits;
+    bytes_read += part.bytes_read;
+    return *this;
+  }
 };
 
 struct DraftProfile {
   StepCost plain;    // one-token steps (no draft: paused, or the drafter had no guess)
   StepCost verify;   // verification passes, the drafter's work left out
   StepCost drafter;  // the drafter's proposals (an MTP head's passes and reads)
+
+  DraftProfile& operator+=(const DraftProfile& part) {
+    plain += part.plain;
+    verify += part.verify;
+    drafter += part.drafter;
+    return *this;
+  }
 };
 
 struct GenerateResult {
