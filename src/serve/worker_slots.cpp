@@ -200,7 +200,6 @@ void DecodeWorker::prompt_failed(Slot& slot, const std::string& error) {
 // After a chunk of n tokens was read in `seconds` (its own pass, or its rows' share of the step's
 // that carried it): the slot's prompt time, progress and counters.
 void DecodeWorker::chunk_read(Slot& slot, size_t n, double seconds) {
-  Job& job = *slot.job;
   slot.prefill_seconds += seconds;
   slot.fed += n;
   slot.telemetry->prompt_read(static_cast<double>(slot.fed));
