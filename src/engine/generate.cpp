@@ -96,6 +96,16 @@ std::vector<int32_t> propose_draft(Session& session, Drafting& drafting, int32_t
   return draft;
 }
 
+// A step's cost less its drafter's part (the drafter ran inside the step): the pass's part. Time
+// is clamped at 0: a batch step's records hold row shares of the pass, rounded.
+StepCost less_drafter(StepCost step, const StepCost& drafter) {
+  step.seconds = std::max(0.0, step.seconds - drafter.seconds);
+  step.lookups -= drafter.lookups;
+  step.hits -= drafter.hits;
+  step.bytes_read -= drafter.bytes_read;
+  return step;
+}
+
 // A drafting step into the profile and the controller: `pass` is the step less the drafter's
 // part; `drafted` tokens proposed, `kept` of them kept.
 void count_step(Drafting& drafting, const StepCost& pass, const StepCost& drafter, int drafted, int kept) {
@@ -130,13 +140,9 @@ std::vector<int32_t> feed_token(Session& session, int32_t token, Drafting* draft
     draft = propose_draft(session, *drafting, token, length, drafter);
     return draft;
   });
-  StepCost pass;  // the step less the drafter's part
-  step.add_to(pass, static_cast<int64_t>(draft.size()) + 1);
-  pass.seconds -= drafter.seconds;
-  pass.lookups -= drafter.lookups;
-  pass.hits -= drafter.hits;
-  pass.bytes_read -= drafter.bytes_read;
-  count_step(*drafting, pass, drafter, static_cast<int>(draft.size()), kept);
+  StepCost step_cost;
+  step.add_to(step_cost, static_cast<int64_t>(draft.size()) + 1);
+  count_step(*drafting, less_drafter(step_cost, drafter), drafter, static_cast<int>(draft.size()), kept);
   draft.resize(static_cast<size_t>(kept));
   return draft;
 }
@@ -154,11 +160,7 @@ StepCost batch_pass_cost(const Session& session, size_t first, const StepCost& d
     pass.hits += r.hits;
     pass.bytes_read += r.bytes_read;
   }
-  pass.seconds = std::max(0.0, pass.seconds - drafter.seconds);
-  pass.lookups -= drafter.lookups;
-  pass.hits -= drafter.hits;
-  pass.bytes_read -= drafter.bytes_read;
-  return pass;
+  return less_drafter(pass, drafter);
 }
 
 // One run of the decode loop: the token source (a kept draft's tokens, which the verification
