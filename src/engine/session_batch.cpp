@@ -136,13 +136,7 @@ void SessionBatch::split_cost(std::span<const DecodeRows> rows, size_t chunk_row
                    pass.buffer_allocations - decoded.buffer_allocations};
     prompt_part_ += last_chunk_;
   }
-  for (const DecodeRows& r : rows) {
-    decoded.seconds += r.drafter.seconds;
-    decoded.lookups += r.drafter.lookups;
-    decoded.hits += r.drafter.hits;
-    decoded.bytes_read += r.drafter.bytes_read;
-    decoded.buffer_allocations += r.drafter.buffer_allocations;
-  }
+  for (const DecodeRows& r : rows) decoded += r.drafter;  // a drafter's part has no passes or rows
   decode_part_ += decoded;
 }
 
