@@ -29,8 +29,8 @@ def synth_or_skip(test, preset, layers, path):
 
 
 class SharedModel:
-    """3 layers of the real Qwen3.6-35B-A3B shape with its MTP block (2.9 GB, larger than either
-    cap; Gated DeltaNet layers hold the recurrent state that verification copies), written once
+    """3 layers of the real Qwen3.6-35B-A3B shape with its MTP block (2.9 GB, larger than the cap;
+    Gated DeltaNet layers hold the recurrent state that verification copies), written once
     for both tests: writing it is most of their time."""
     tmp = None
     path = None
