@@ -490,6 +490,33 @@ TEST(MtpMemory, ThePlannersFigureHoldsTheRowCopiesAndTheHead) {
   EXPECT_EQ(undrafted->state().row_state_bytes(), 0u) << "the short prompt kept copies nobody planned";
 }
 
+// A drafted batch step feeds every sequence's token and drafts (--parallel x (1 + --draft)
+// rows), so one layer's visit may route to top-k experts per row: the streaming store keeps
+// buffers for all of them (at most the layer's experts) rather than for the plain step's.
+TEST(DraftMemory, AWideStepsVisitKeepsBuffersForEveryRow) {
+  auto reserved = [](int draft) {
+    RunConfig c;
+    c.model = test_model_path("tiny-qwen3moe");
+    c.ctx_size = 256;
+    c.moe_mode = MoeMode::Stream;
+    c.cache_bytes = 0;
+    c.parallel = 2;
+    c.draft = draft;
+    c.ngram = draft > 0;
+    LoadedRun run = load_run(c);
+    const ModelConfig& cfg = run.model->transformer->config();
+    EXPECT_EQ(step_rows(c), 2 * (1 + draft));
+    EXPECT_EQ(visit_experts(c, cfg), std::min(cfg.n_expert, cfg.n_expert_used * step_rows(c)));
+    return std::pair{visit_experts(c, cfg), run.model->streamer()->buffer_pool().reserved_bytes()};
+  };
+  const auto [plain_visit, plain_bytes] = reserved(0);
+  const auto [drafted_visit, drafted_bytes] = reserved(3);
+  ASSERT_GT(drafted_visit, plain_visit) << "the tiny model's experts must exceed a plain step's";
+  EXPECT_GT(drafted_bytes, plain_bytes);
+  // With no cache every reserved buffer is a visit's, all of one size here.
+  EXPECT_EQ((drafted_bytes - plain_bytes) % static_cast<uint64_t>(drafted_visit - plain_visit), 0u);
+}
+
 // Routing forced by position (as --route-replay forces a trace's) stays forced when a rejected
 // draft rewinds a hybrid model's recurrent state and replays the kept rows: drafted output
 // equals plain decoding under the same routing.

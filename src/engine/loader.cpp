@@ -256,6 +256,10 @@ uint64_t early_read_staging_bytes(const ExpertLayout& layout, const ModelConfig&
   return static_cast<uint64_t>(hashed) * static_cast<uint64_t>(per_layer) * largest_staged_expert(layout);
 }
 
+uint64_t expert_buffer_bytes(const ExpertLayout& layout, int experts) {
+  return static_cast<uint64_t>(std::max(0, experts)) * largest_staged_expert(layout);
+}
+
 void attach_streaming(LoadedModel& model, const StreamingOptions& options) {
   // An MTP head's block is one more streamed layer (n_layer) of the same layout: its experts go
   // through the same cache as the trunk's, one lookup per expert per head pass.

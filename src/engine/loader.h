@@ -74,6 +74,9 @@ uint64_t prefetch_staging_bytes(const ExpertLayout& layout, int per_layer, int w
 // tokens routes (top-k x rows, at most the layer's experts) of the largest expert; a prompt
 // chunk's experts beyond that are read when their layer runs. 0 for a model without them.
 uint64_t early_read_staging_bytes(const ExpertLayout& layout, const ModelConfig& cfg, int rows);
+// Room for `experts` expert buffers of the largest expert (the buffers a wide step's visit
+// keeps beyond the cache, see visit_experts in engine/run.h).
+uint64_t expert_buffer_bytes(const ExpertLayout& layout, int experts);
 
 // Streaming: creates the expert store (after loading, once the cache budget is decided).
 void attach_streaming(LoadedModel& model, const StreamingOptions& options);

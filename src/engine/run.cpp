@@ -43,13 +43,16 @@ int reads_ahead_per_layer(const RunConfig& c, const ModelConfig& cfg) {
 // The automatic budget: what memory (and the cgroup limit) allows after the dense weights,
 // minus the KV cache, working buffers and a safety margin; and no more than holding every
 // expert takes (`every_expert`), so that a model with memory to spare reserves only its experts.
-uint64_t auto_cache_budget(const RunConfig& c, const ContextMemory& context, uint64_t staging_bytes, uint64_t every_expert) {
+// `visit_bytes`: the buffers a wide step's visit keeps beyond one row's (whose few the working
+// buffers hold).
+uint64_t auto_cache_budget(const RunConfig& c, const ContextMemory& context, uint64_t staging_bytes, uint64_t visit_bytes,
+                           uint64_t every_expert) {
   const MemorySnapshot m = read_memory();
   const auto available = m.available();
   if (!available) fail("--cache-mb auto: cannot read available memory (/proc/meminfo); give --cache-mb N");
   const uint64_t margin = memory_margin(*available);
   const uint64_t kv_bytes = context.kv + context.recurrent, drafting = context.row_copies + context.mtp_head;
-  const uint64_t reserve = kv_bytes + drafting + kWorkingBufferBytes + margin + staging_bytes;
+  const uint64_t reserve = kv_bytes + drafting + kWorkingBufferBytes + visit_bytes + margin + staging_bytes;
   uint64_t budget = *available > reserve ? *available - reserve : 0;
   if (c.cache_ceiling_bytes) budget = std::min(budget, *c.cache_ceiling_bytes);
   const bool capped = budget > every_expert;
@@ -58,7 +61,7 @@ uint64_t auto_cache_budget(const RunConfig& c, const ContextMemory& context, uin
              budget >> 20, *available >> 20,
              m.cgroup_limit ? fmt::format(" (cgroup limit {} MiB)", *m.cgroup_limit >> 20) : "", kv_bytes >> 20,
              drafting ? fmt::format(" - drafting {} MiB", (drafting + (1 << 20) - 1) >> 20) : "",
-             kWorkingBufferBytes >> 20, margin >> 20,
+             (kWorkingBufferBytes + visit_bytes) >> 20, margin >> 20,
              staging_bytes ? fmt::format(" - prefetch staging {} MiB", staging_bytes >> 20) : "",
              c.cache_ceiling_bytes ? fmt::format(", ceiling {} MiB", *c.cache_ceiling_bytes >> 20) : "",
              capped ? fmt::format(", capped at all experts' {} MiB", every_expert >> 20) : "");
@@ -73,7 +76,7 @@ StreamingOptions streaming_options(const RunConfig& c, const ModelConfig& cfg, u
   so.affinity_window = c.affinity_prefetch();
   so.affinity_reads = affinity_reads(c, cfg);
   so.top_k = cfg.n_expert_used;
-  so.visit_experts = std::min(cfg.n_expert, cfg.n_expert_used * std::max(1, c.parallel));
+  so.visit_experts = visit_experts(c, cfg);
   so.cache_bytes = cache_bytes;
   so.policy = c.cache_policy;
   so.io_threads = c.io_threads;
@@ -117,9 +120,10 @@ uint64_t stream_experts(const RunConfig& c, LoadedModel& model) {
   const ModelConfig& cfg = model.transformer->config();
   const uint64_t staging =
       prefetch_staging_bytes(model.expert_layout, reads_ahead_per_layer(c, cfg), std::max(c.prefetch, c.route_ahead)) +
-      (c.early_reads ? early_read_staging_bytes(model.expert_layout, cfg, c.parallel) : 0);
+      (c.early_reads ? early_read_staging_bytes(model.expert_layout, cfg, step_rows(c)) : 0);
+  const uint64_t visit = expert_buffer_bytes(model.expert_layout, visit_experts(c, cfg) - cfg.n_expert_used);
   const uint64_t budget = c.cache_bytes ? *c.cache_bytes
-                                        : auto_cache_budget(c, context_memory(c, cfg), staging,
+                                        : auto_cache_budget(c, context_memory(c, cfg), staging, visit,
                                                             ReadPlanner::every_expert_bytes(model.expert_layout));
   const StreamingOptions so = streaming_options(c, cfg, budget, staging);
   attach_streaming(model, so);
@@ -169,6 +173,12 @@ ModeChoice choose_mode_for(const RunConfig& c) {
 }  // namespace
 
 int row_state_copies(const RunConfig& c) { return std::clamp(c.draft, 0, InferenceState::kMaxRowStates); }
+
+int step_rows(const RunConfig& c) { return std::max(1, c.parallel) * (1 + std::max(0, c.draft)); }
+
+int visit_experts(const RunConfig& c, const ModelConfig& cfg) {
+  return static_cast<int>(std::min<int64_t>(cfg.n_expert, static_cast<int64_t>(cfg.n_expert_used) * step_rows(c)));
+}
 
 ContextMemory context_memory(const RunConfig& c, const ModelConfig& cfg) {
   const uint64_t sequences = static_cast<uint64_t>(std::max(1, c.parallel));

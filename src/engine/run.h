@@ -138,6 +138,13 @@ ContextMemory context_memory(const RunConfig& c, const ModelConfig& cfg);
 // (InferenceState::set_row_state_limit): one per draft token up to kMaxRowStates when drafting
 // (--draft N), none otherwise (a rewind then replays from the saved state).
 int row_state_copies(const RunConfig& c);
+// The most rows one decode step of the run feeds each layer: every sequence's next token and its
+// drafts (--parallel x (1 + --draft)).
+int step_rows(const RunConfig& c);
+// The experts one layer's visit of such a step may route to (top-k per row, at most the layer's
+// experts). The streaming store keeps buffers for them beyond its cache, so that a wide step
+// recycles buffers instead of mapping fresh pages each layer.
+int visit_experts(const RunConfig& c, const ModelConfig& cfg);
 
 // A model loaded as a RunConfig asks, with the settings it was loaded with.
 struct LoadedRun {
