@@ -1255,11 +1255,12 @@ TEST(LearnedPolicy, LearnsAnAlternatingLayer) {
   EXPECT_EQ(p.history(make_expert_key(0, 1)) & 0xFF, 0b01010101u);
 }
 
-// How long the policies' state-bound tests route: 250,000 lookups, or half of that under
-// AddressSanitizer (a million took 14 s of CI, 50 s under ASan). Every expert is seen in the
-// first ~1,000 tokens (16,000 lookups), so both lengths run the policies long past the point
-// where their state must stop growing.
-constexpr uint64_t kBoundTestLookups = kAddressSanitized ? 125000 : 250000;
+// How long the policies' state-bound tests route: a million lookups (the bound issue 34 asks
+// to hold), 125,000 under AddressSanitizer (a million took 50 s there). Every expert is seen in
+// the first ~1,000 tokens (16,000 lookups), so both lengths run the policies long past the point
+// where their state must stop growing. The caches hold 8 experts: the state bound is about the
+// experts seen, not the cache, and a small cache keeps the eviction scans short.
+constexpr uint64_t kBoundTestLookups = kAddressSanitized ? 125000 : 1000000;
 
 // 4 layers of 64 experts, top-4 random routing (seeded), through `cache` until kBoundTestLookups
 // lookups; after each token's four visits, each_token(token, lookups so far). Stops at the first
@@ -1285,8 +1286,8 @@ uint64_t route_random_lookups(ExpertCache& cache, uint64_t seed, EachToken each_
 }
 
 TEST(LearnedPolicy, StateStaysWithinItsBoundOverLongRandomRouting) {
-  // 4 layers of 64 experts, top-4 random routing, through a cache of 40 experts.
-  const uint64_t budget = 40 * 1000;
+  // 4 layers of 64 experts, top-4 random routing, through a cache of 8 experts.
+  const uint64_t budget = 8 * 1000;
   auto owned = std::make_unique<LearnedReusePolicy>(4);
   LearnedReusePolicy* p = owned.get();
   ExpertCache cache(budget, std::move(owned));
@@ -1374,8 +1375,8 @@ TEST(OptgenPolicy, ParsesItsOptionsAndRefusesBadOnes) {
 }
 
 TEST(OptgenPolicy, StateStaysWithinItsBoundOverLongRandomRouting) {
-  // 4 layers of 64 experts, top-4 random routing, through a cache of 40 experts.
-  const uint64_t budget = 40 * 1000;
+  // 4 layers of 64 experts, top-4 random routing, through a cache of 8 experts.
+  const uint64_t budget = 8 * 1000;
   const OptgenOptions o;
   auto owned = std::make_unique<OptgenPolicy>(4, budget, o, make_reuse_estimator(4));
   OptgenPolicy* p = owned.get();
