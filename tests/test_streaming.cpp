@@ -692,32 +692,36 @@ TEST(Streaming, ChunkedReadsEqualResident) {
 }
 
 // --cache-file: a second session that starts from the first one's saved experts hits from its
-// first token, reads fewer bytes, and computes exactly what a resident model computes.
+// first token, reads fewer bytes, and computes exactly what a resident model computes; under the
+// default policy and the two learning ones (issue 34: warm starts keep working with them).
 TEST(CacheFile, WarmStartHitsFromTheFirstTokenAndKeepsTheOutput) {
   const std::string path = test_model_path("tiny-qwen3moe", 4);
-  const std::string saved = ::testing::TempDir() + "bmoe-warm-" + std::to_string(::getpid()) + ".cache";
-  const StreamConfig config{10, 4};  // 1 MiB: part of the experts fit
-  uint64_t cold_bytes = 0;
-  {
-    auto first = streamed(path, config);
-    EXPECT_EQ(greedy(*first), resident_reference(path));
-    cold_bytes = first->experts->stats().bytes_read;
-    write_cache_file(saved, first->expert_layout, first->streamer()->cache().residents());
+  for (const char* policy : {"", "learned", "optgen"}) {
+    SCOPED_TRACE(*policy ? policy : "default policy");
+    const std::string saved = ::testing::TempDir() + "bmoe-warm-" + std::to_string(::getpid()) + ".cache";
+    const StreamConfig config{10, 4, true, DenseWeights::Anon, false, policy};  // 1 MiB: part of the experts fit
+    uint64_t cold_bytes = 0;
+    {
+      auto first = streamed(path, config);
+      EXPECT_EQ(greedy(*first), resident_reference(path));
+      cold_bytes = first->experts->stats().bytes_read;
+      write_cache_file(saved, first->expert_layout, first->streamer()->cache().residents());
+    }
+    auto second = streamed(path, config);
+    std::vector<ExpertKey> keys;
+    std::string why;
+    ASSERT_TRUE(read_cache_file(saved, second->expert_layout, keys, why)) << why;
+    ASSERT_FALSE(keys.empty());
+    const StreamingExperts::WarmStart w = second->streamer()->warm(keys);
+    EXPECT_EQ(w.experts, static_cast<int>(keys.size()));
+    EXPECT_GT(w.bytes, 0u);
+    EXPECT_EQ(second->experts->stats().bytes_read, 0u);  // warm-start reads are no token's
+    EXPECT_LE(second->streamer()->cache().used_bytes(), second->streamer()->cache().budget_bytes());
+    EXPECT_EQ(greedy(*second), resident_reference(path));
+    const ExpertStats st = second->experts->stats();
+    EXPECT_LT(st.bytes_read, cold_bytes);
+    std::filesystem::remove(saved);
   }
-  auto second = streamed(path, config);
-  std::vector<ExpertKey> keys;
-  std::string why;
-  ASSERT_TRUE(read_cache_file(saved, second->expert_layout, keys, why)) << why;
-  ASSERT_FALSE(keys.empty());
-  const StreamingExperts::WarmStart w = second->streamer()->warm(keys);
-  EXPECT_EQ(w.experts, static_cast<int>(keys.size()));
-  EXPECT_GT(w.bytes, 0u);
-  EXPECT_EQ(second->experts->stats().bytes_read, 0u);  // warm-start reads are no token's
-  EXPECT_LE(second->streamer()->cache().used_bytes(), second->streamer()->cache().budget_bytes());
-  EXPECT_EQ(greedy(*second), resident_reference(path));
-  const ExpertStats st = second->experts->stats();
-  EXPECT_LT(st.bytes_read, cold_bytes);
-  std::filesystem::remove(saved);
 }
 
 TEST(CacheFile, ForeignOrDamagedFilesAreIgnoredWithAReason) {
