@@ -507,6 +507,11 @@ TEST(DraftMemory, AWideStepsVisitKeepsBuffersForEveryRow) {
     const ModelConfig& cfg = run.model->transformer->config();
     EXPECT_EQ(step_rows(c), 2 * (1 + draft));
     EXPECT_EQ(visit_experts(c, cfg), std::min(cfg.n_expert, cfg.n_expert_used * step_rows(c)));
+    // A prompt chunk routes top-k experts per row: on the tiny model every expert of a layer.
+    EXPECT_EQ(widest_visit_experts(c, cfg), cfg.n_expert);
+    RunConfig one_row_chunks = c;
+    one_row_chunks.batch_size = 1;
+    EXPECT_EQ(widest_visit_experts(one_row_chunks, cfg), visit_experts(c, cfg));
     return std::pair{visit_experts(c, cfg), run.model->streamer()->buffer_pool().reserved_bytes()};
   };
   const auto [plain_visit, plain_bytes] = reserved(0);

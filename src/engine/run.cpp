@@ -43,8 +43,8 @@ int reads_ahead_per_layer(const RunConfig& c, const ModelConfig& cfg) {
 // The automatic budget: what memory (and the cgroup limit) allows after the dense weights,
 // minus the KV cache, working buffers and a safety margin; and no more than holding every
 // expert takes (`every_expert`), so that a model with memory to spare reserves only its experts.
-// `visit_bytes`: the buffers a wide step's visit keeps beyond one row's (whose few the working
-// buffers hold).
+// `visit_bytes`: the buffers the widest visit (a prompt chunk's, or a wide decode step's) holds
+// beyond one row's (whose few the working buffers hold).
 uint64_t auto_cache_budget(const RunConfig& c, const ContextMemory& context, uint64_t staging_bytes, uint64_t visit_bytes,
                            uint64_t every_expert) {
   const MemorySnapshot m = read_memory();
@@ -121,7 +121,7 @@ uint64_t stream_experts(const RunConfig& c, LoadedModel& model) {
   const uint64_t staging =
       prefetch_staging_bytes(model.expert_layout, reads_ahead_per_layer(c, cfg), std::max(c.prefetch, c.route_ahead)) +
       (c.early_reads ? early_read_staging_bytes(model.expert_layout, cfg, step_rows(c)) : 0);
-  const uint64_t visit = expert_buffer_bytes(model.expert_layout, visit_experts(c, cfg) - cfg.n_expert_used);
+  const uint64_t visit = expert_buffer_bytes(model.expert_layout, widest_visit_experts(c, cfg) - cfg.n_expert_used);
   const uint64_t budget = c.cache_bytes ? *c.cache_bytes
                                         : auto_cache_budget(c, context_memory(c, cfg), staging, visit,
                                                             ReadPlanner::every_expert_bytes(model.expert_layout));
@@ -178,6 +178,12 @@ int step_rows(const RunConfig& c) { return std::max(1, c.parallel) * (1 + std::m
 
 int visit_experts(const RunConfig& c, const ModelConfig& cfg) {
   return static_cast<int>(std::min<int64_t>(cfg.n_expert, static_cast<int64_t>(cfg.n_expert_used) * step_rows(c)));
+}
+
+int widest_visit_experts(const RunConfig& c, const ModelConfig& cfg) {
+  const int64_t chunk_rows = std::max(1, std::min(c.batch(), c.sequence_ctx()));
+  const auto prompt = static_cast<int>(std::min<int64_t>(cfg.n_expert, cfg.n_expert_used * chunk_rows));
+  return std::max(visit_experts(c, cfg), prompt);
 }
 
 ContextMemory context_memory(const RunConfig& c, const ModelConfig& cfg) {

@@ -145,6 +145,11 @@ int step_rows(const RunConfig& c);
 // experts). The streaming store keeps buffers for them beyond its cache, so that a wide step
 // recycles buffers instead of mapping fresh pages each layer.
 int visit_experts(const RunConfig& c, const ModelConfig& cfg);
+// The most experts one layer's visit holds at once: a decode step's (visit_experts) or a prompt
+// chunk's (top-k per row of a --batch-size chunk, at most the layer's experts), whichever is
+// wider. A visit's misses take buffers beside the cache until the layer is done, so the
+// automatic budget leaves room for them.
+int widest_visit_experts(const RunConfig& c, const ModelConfig& cfg);
 
 // A model loaded as a RunConfig asks, with the settings it was loaded with.
 struct LoadedRun {
