@@ -240,4 +240,44 @@ TEST(Reply, ToolCallsAreHeldAndParsedWhenTheAnswerEnds) {
   EXPECT_EQ(split_both_ways(o, call + "\n" + call).calls.size(), 1u);
 }
 
+// DeepSeek-R1's prompt opens the think block; its calls follow the reasoning and any content,
+// streamed or whole; a second call cut off by max_tokens stays text. V3.1's prompt without
+// thinking closes the block, and its calls follow each other directly.
+TEST(Reply, DeepseekCallsAfterTheThinkBlock) {
+  const auto token = [](const std::string& words) {
+    std::string out = "<\xEF\xBD\x9C";
+    for (const char c : words) out += c == ' ' ? std::string("\xE2\x96\x81") : std::string(1, c);
+    return out + "\xEF\xBD\x9C>";
+  };
+  const std::string begin = token("tool calls begin"), end = token("tool calls end"), call = token("tool call begin"),
+                    call_end = token("tool call end"), sep = token("tool sep");
+  ReplyOptions o;
+  o.tools = ToolFormat::DeepseekR1;
+  o.tool_list = nlohmann::ordered_json::parse(R"([{"type": "function", "function": {"name": "get_weather",
+      "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}])");
+  o.prompt_tail = "<\xEF\xBD\x9C" "Assistant\xEF\xBD\x9C><think>\n";
+  const std::string paris = call + "function" + sep + "get_weather\n```json\n{\"city\": \"Paris\"}\n```" + call_end;
+  Split s = split_both_ways(o, "Sunny?\n</think>\n\nLet me check." + begin + paris + "\n" + paris + end);
+  EXPECT_EQ(s.reasoning, "Sunny?\n");
+  EXPECT_EQ(s.content, "Let me check.");
+  ASSERT_EQ(s.calls.size(), 2u);
+  EXPECT_EQ(s.calls[1].name, "get_weather");
+  EXPECT_EQ(s.calls[1].arguments, R"({"city":"Paris"})");
+  const std::string cut = "\n" + call + "function" + sep + "get_weather\n```json\n{\"ci";
+  s = split_both_ways(o, "</think>" + begin + paris + cut);
+  EXPECT_EQ(s.calls.size(), 1u);
+  EXPECT_EQ(s.content, cut);
+  s = split_both_ways(o, "</think>I would write " + begin + " here.");
+  EXPECT_TRUE(s.calls.empty());
+  EXPECT_EQ(s.content, "I would write " + begin + " here.");
+  o.tools = ToolFormat::DeepseekV31;
+  o.prompt_tail = "<\xEF\xBD\x9C" "Assistant\xEF\xBD\x9C><think></think>";
+  const std::string oslo = call + "get_weather" + sep + "{\"city\": \"Oslo\"}" + call_end;
+  s = split_both_ways(o, "Checking." + begin + oslo + oslo + end);
+  EXPECT_EQ(s.reasoning, "");
+  EXPECT_EQ(s.content, "Checking.");
+  ASSERT_EQ(s.calls.size(), 2u);
+  EXPECT_EQ(s.calls[0].arguments, R"({"city":"Oslo"})");
+}
+
 }  // namespace bmoe

@@ -16,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "chat/chat.h"
 #include "chat/json_schema.h"
 #include "chat/tool_calls.h"
 #include "core/error.h"
@@ -92,6 +93,20 @@ std::string dsml_param(const std::string& key, bool string, const std::string& v
 }
 std::string dsml_block(const std::string& calls) { return kDsmlOpen + "\n" + calls + "</" + kDsml + "tool_calls>"; }
 
+// DeepSeek's earlier special tokens: "<｜tool▁calls▁begin｜>" is U+FF5C, "tool", U+2581, ... U+FF5C.
+std::string ds_token(const std::string& words) {
+  std::string out = "<\xEF\xBD\x9C";
+  for (const char c : words) out += c == ' ' ? std::string("\xE2\x96\x81") : std::string(1, c);
+  return out + "\xEF\xBD\x9C>";
+}
+const std::string kCallsBegin = ds_token("tool calls begin"), kCallsEnd = ds_token("tool calls end"),
+                  kCallBegin = ds_token("tool call begin"), kCallEnd = ds_token("tool call end"), kSep = ds_token("tool sep");
+// One call as DeepSeek-V3 / R1's templates write it, and as V3.1's does.
+std::string r1_call(const std::string& name, const std::string& args) {
+  return kCallBegin + "function" + kSep + name + "\n```json\n" + args + "\n```" + kCallEnd;
+}
+std::string v31_call(const std::string& name, const std::string& args) { return kCallBegin + name + kSep + args + kCallEnd; }
+
 // --- real templates -----------------------------------------------------------------------
 
 std::string read_file(const std::filesystem::path& p) {
@@ -134,7 +149,8 @@ const std::map<std::string, std::string>& real_templates() {
                              "Mistral-Small-3.2-24B-Instruct-2506", "mistralai-Mistral-Nemo-Instruct-2407",
                              "mistralai-Ministral-3-14B-Reasoning-2512", "Qwen-Qwen2.5-7B-Instruct", "Qwen-Qwen3-0.6B",
                              "NousResearch-Hermes-3-Llama-3.1-8B-tool_use", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B",
-                             "GLM-4.6", "GLM-4.7-Flash", "deepseek-ai-DeepSeek-V4"}) {
+                             "GLM-4.6", "GLM-4.7-Flash", "deepseek-ai-DeepSeek-V4", "deepseek-ai-DeepSeek-V3.2",
+                             "deepseek-ai-DeepSeek-R1-Distill-Llama-8B", "llama-cpp-deepseek-r1", "deepseek-ai-DeepSeek-V3.1"}) {
       std::string text = run(std::string("git -C '") + dir + "/src' show HEAD:models/templates/" + name + ".jinja 2>/dev/null");
       if (!text.empty()) out[name] = std::move(text);
     }
@@ -272,6 +288,7 @@ bool random_walk(const std::shared_ptr<const Grammar>& g, const std::vector<std:
                  std::string& out) {
   GrammarMatcher m(g);
   out.clear();
+  const std::vector<std::string> wide = literal_chars(literals);
   while (out.size() < cap) {
     if (m.complete() && (!m.can_continue() || rng.uniform() < 0.3)) return true;
     const bool finishing = out.size() > 200;
@@ -302,17 +319,20 @@ bool random_walk(const std::shared_ptr<const Grammar>& g, const std::vector<std:
       allowed += c;
       if (!std::isalnum(static_cast<unsigned char>(c)) && c != ' ' && c != '\t') punct += c;
     }
-    if (allowed.empty()) {
-      // Only a character beyond ASCII goes on (DSML's full-width bar): one the literals hold.
-      std::string next;
-      for (const auto& c : literal_chars(literals)) {
-        if (m.accepts(c)) next = c;
-      }
-      if (next.empty()) return false;
+    // Characters beyond ASCII (DeepSeek's full-width bars) that the literals hold: the only way
+    // on, or (half the time) the pick where an ASCII character would also do, so that both
+    // branches are walked (<｜tool▁call▁begin｜> for another call or <｜tool▁calls▁end｜>).
+    std::vector<std::string> wide_next;
+    for (const auto& c : wide) {
+      if (m.accepts(c)) wide_next.push_back(c);
+    }
+    if (!wide_next.empty() && (allowed.empty() || rng.uniform() < 0.5)) {
+      const std::string& next = wide_next[rng.below(wide_next.size())];
       EXPECT_TRUE(m.accept(next));
       out += next;
       continue;
     }
+    if (allowed.empty()) return false;
     const bool structural = !punct.empty() && allowed.size() > 12 && rng.uniform() < 0.4;
     const char pick = structural ? punct[rng.below(punct.size())] : allowed[rng.below(allowed.size())];
     EXPECT_TRUE(m.accept(std::string_view(&pick, 1)));
@@ -323,7 +343,7 @@ bool random_walk(const std::shared_ptr<const Grammar>& g, const std::vector<std:
 
 const ToolFormat kFormats[] = {ToolFormat::Hermes, ToolFormat::QwenXml, ToolFormat::Harmony, ToolFormat::Gemma4,
                                ToolFormat::Lfm2, ToolFormat::MistralList, ToolFormat::MistralArgs, ToolFormat::Llama3Json,
-                               ToolFormat::GlmXml, ToolFormat::DeepseekDsml};
+                               ToolFormat::GlmXml, ToolFormat::DeepseekDsml, ToolFormat::DeepseekR1, ToolFormat::DeepseekV31};
 
 // Checks that every text the grammar produces parses back into calls of `tools` (or of
 // only_function) whose arguments validate.
@@ -410,7 +430,50 @@ TEST(ToolCalls, DetectsSnippets) {
                            "and its value}.Do not use variables."),
             ToolFormat::Llama3Json);
   EXPECT_EQ(tool_format_of("{%- set dsml_token = '\xEF\xBD\x9C" "DSML\xEF\xBD\x9C' -%}"), ToolFormat::DeepseekDsml);
+  EXPECT_EQ(tool_format_of("{{'" + kCallBegin + "' + tool['type'] + '" + kSep + "' + tool['function']['name'] + '\\n' + "
+                           "'```json' }}"),
+            ToolFormat::DeepseekR1);
+  EXPECT_EQ(tool_format_of("{{'" + kCallBegin + "' + tool['function']['name'] + '" + kSep + "' + tool['function']['arguments'] | tojson }}"),
+            ToolFormat::DeepseekV31);
   EXPECT_EQ(tool_format_of("{% for m in messages %}{{ m.content }}{% endfor %}"), ToolFormat::None);
+}
+
+// DeepSeek's templates from llama.cpp's tree, rendered by bmoe's Jinja engine with two earlier
+// calls: the calls they write are the ones the parser reads back and the forcing grammar allows.
+// (DeepSeek-V3's and R1-Distill-Llama's own templates write calls only for content that is null,
+// which no request has once content is text, in llama.cpp as here: they are detected, not rendered.)
+// Called by DetectsRealTemplates: one clone of llama.cpp's tree per test process.
+static void check_deepseek_renders(const std::map<std::string, std::string>& t) {
+  if (!t.count("deepseek-ai-DeepSeek-V3.1")) return;  // llama.cpp's tree is not installed
+  const json tools = weather_tools();
+  ChatInputs in;
+  in.tools = tools;
+  in.messages = json::parse(R"([{"role": "user", "content": "Weather?"},
+      {"role": "assistant", "content": null, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\", \"days\": 2}"}},
+        {"id": "call_2", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}]},
+      {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}])");
+  int rendered = 0;
+  for (const char* name : {"deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", "llama-cpp-deepseek-r1", "deepseek-ai-DeepSeek-V3.1"}) {
+    const auto it = t.find(name);
+    ASSERT_NE(it, t.end()) << name;
+    SCOPED_TRACE(name);
+    const ToolFormat f = tool_format_of(it->second);
+    const std::string prompt = ChatTemplate::for_model("", it->second, "", "", "", false, nullptr).apply(in);
+    // After the user's turn: llama.cpp's R1 template shows an example call before it.
+    const size_t begin = prompt.find(kCallsBegin, prompt.find("Weather?")), end = prompt.find(kCallsEnd, begin);
+    ASSERT_TRUE(begin != std::string::npos && end != std::string::npos) << prompt;
+    const std::string block = prompt.substr(begin, end + kCallsEnd.size() - begin);
+    const auto r = parse_tool_calls(f, block, tools);
+    ASSERT_TRUE(r.ok) << block;
+    ASSERT_EQ(r.calls.size(), 2u) << block;
+    expect_call(r.calls[0], "get_weather", kParis);
+    expect_call(r.calls[1], "get_time", "{}");
+    EXPECT_EQ(r.rest, "");
+    EXPECT_TRUE(grammar_accepts(tool_call_gbnf(f, tools, true), block)) << block;
+    ++rendered;
+  }
+  EXPECT_EQ(rendered, 3);
 }
 
 TEST(ToolCalls, DetectsRealTemplates) {
@@ -420,7 +483,7 @@ TEST(ToolCalls, DetectsRealTemplates) {
       {"llama3", ToolFormat::None},
       {"llama3_1", ToolFormat::None},  // the npm package's template has no tools (it is Llama 3.0's)
       {"gemma3", ToolFormat::None},
-      {"deepseek_v3", ToolFormat::None},
+      {"deepseek_v3", ToolFormat::DeepseekR1},  // DeepSeek-V3's own template
       {"openai-gpt-oss-120b", ToolFormat::Harmony},
       {"google-gemma-4-31B-it", ToolFormat::Gemma4},
       {"Qwen3.5-4B", ToolFormat::QwenXml},
@@ -435,7 +498,11 @@ TEST(ToolCalls, DetectsRealTemplates) {
       {"Qwen-Qwen2.5-7B-Instruct", ToolFormat::Hermes},
       {"Qwen-Qwen3-0.6B", ToolFormat::Hermes},
       {"NousResearch-Hermes-3-Llama-3.1-8B-tool_use", ToolFormat::Hermes},
-      {"deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", ToolFormat::None},  // its own format is not supported
+      {"deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", ToolFormat::DeepseekR1},
+      {"deepseek-ai-DeepSeek-R1-Distill-Llama-8B", ToolFormat::DeepseekR1},
+      {"llama-cpp-deepseek-r1", ToolFormat::DeepseekR1},  // llama.cpp's fixed R1 template
+      {"deepseek-ai-DeepSeek-V3.1", ToolFormat::DeepseekV31},
+      {"deepseek-ai-DeepSeek-V3.2", ToolFormat::DeepseekDsml},
       {"GLM-4.6", ToolFormat::GlmXml},  // its <tool_call> would read as Hermes without the <arg_key> rule
       {"GLM-4.7-Flash", ToolFormat::GlmXml},
       {"deepseek-ai-DeepSeek-V4", ToolFormat::DeepseekDsml},
@@ -450,6 +517,7 @@ TEST(ToolCalls, DetectsRealTemplates) {
   }
   EXPECT_GE(checked, 5);
   std::printf("[ checked %d real templates ]\n", checked);
+  check_deepseek_renders(t);
 }
 
 TEST(ToolCalls, NamesAndMarkers) {
@@ -463,6 +531,8 @@ TEST(ToolCalls, NamesAndMarkers) {
   EXPECT_STREQ(tool_format_name(ToolFormat::Llama3Json), "llama3-json");
   EXPECT_STREQ(tool_format_name(ToolFormat::GlmXml), "glm-xml");
   EXPECT_STREQ(tool_format_name(ToolFormat::DeepseekDsml), "deepseek-dsml");
+  EXPECT_STREQ(tool_format_name(ToolFormat::DeepseekR1), "deepseek-r1");
+  EXPECT_STREQ(tool_format_name(ToolFormat::DeepseekV31), "deepseek-v3.1");
   EXPECT_STREQ(tool_format_name(ToolFormat::None), "none");
   using V = std::vector<std::string>;
   EXPECT_EQ(tool_call_markers(ToolFormat::Hermes), V{"<tool_call>"});
@@ -470,6 +540,8 @@ TEST(ToolCalls, NamesAndMarkers) {
   EXPECT_EQ(tool_call_markers(ToolFormat::Gemma4), V{"<|tool_call>"});
   EXPECT_EQ(tool_call_markers(ToolFormat::GlmXml), V{"<tool_call>"});
   EXPECT_EQ(tool_call_markers(ToolFormat::DeepseekDsml), V{kDsmlOpen});
+  EXPECT_EQ(tool_call_markers(ToolFormat::DeepseekR1), (V{kCallsBegin, kCallBegin}));
+  EXPECT_EQ(tool_call_markers(ToolFormat::DeepseekV31), (V{kCallsBegin, kCallBegin}));
   EXPECT_EQ(tool_call_markers(ToolFormat::Lfm2), V{"<|tool_call_start|>"});
   EXPECT_EQ(tool_call_markers(ToolFormat::MistralList), V{"[TOOL_CALLS]"});
   EXPECT_EQ(tool_call_markers(ToolFormat::MistralArgs), V{"[TOOL_CALLS]"});
@@ -617,6 +689,84 @@ TEST(ToolCalls, DeepseekDsml) {
         dsml_block(dsml_call("f", "<" + kDsml + "parameter name=\"a\" string=\"true\">1")), dsml_block("text " + paris),
         std::string("I will call ") + kDsmlOpen}) {
     EXPECT_FALSE(parse(ToolFormat::DeepseekDsml, bad).ok) << bad;
+  }
+}
+
+// DeepSeek-V3 and R1 (and R1's distills): calls between special tokens, each naming its type
+// ("function") and fencing its JSON arguments; parallel calls are joined by a newline.
+TEST(ToolCalls, DeepseekR1) {
+  const std::string paris = r1_call("get_weather", R"({"city": "Paris", "days": 2})");
+  const std::string oslo = r1_call("get_weather", R"({"city": "Oslo", "days": 2})");
+  auto r = parse(ToolFormat::DeepseekR1, kCallsBegin + paris + kCallsEnd);
+  ASSERT_TRUE(r.ok);
+  ASSERT_EQ(r.calls.size(), 1u);
+  expect_call(r.calls[0], "get_weather", kParis);
+  EXPECT_EQ(r.rest, "");
+  r = parse(ToolFormat::DeepseekR1, "\n" + kCallsBegin + paris + "\n" + oslo + "\n" + r1_call("get_time", "{}") + kCallsEnd + "\nDone.");
+  ASSERT_EQ(r.calls.size(), 3u);
+  expect_call(r.calls[1], "get_weather", kOslo);
+  expect_call(r.calls[2], "get_time", "{}");
+  EXPECT_EQ(r.rest, "\nDone.");
+  // As llama.cpp's tests record R1: no newline before the closing fence.
+  r = parse(ToolFormat::DeepseekR1, kCallsBegin + kCallBegin + "function" + kSep + "special_function\n```json\n{\"arg1\": 1}```" +
+                                        kCallEnd + kCallsEnd);
+  ASSERT_TRUE(r.ok);
+  expect_call(r.calls[0], "special_function", R"({"arg1":1})");
+  // Nested JSON and text that looks like the tokens inside strings; arguments as a JSON string;
+  // no fence; the outer tokens left out; the closing ones missing at the end of the answer.
+  const std::string tricky = R"({"q": {"a": [1, {"b": "```"}]}, "s": ")" + kCallEnd + kCallsEnd + R"(\n```"})";
+  r = parse(ToolFormat::DeepseekR1, kCallsBegin + r1_call("search", tricky) + kCallsEnd);
+  ASSERT_TRUE(r.ok);
+  EXPECT_EQ(json::parse(r.calls[0].arguments), json::parse(tricky));
+  r = parse(ToolFormat::DeepseekR1, kCallBegin + "function" + kSep + "get_weather\n\"{\\\"city\\\": \\\"Paris\\\", \\\"days\\\": 2}\"" +
+                                        kCallEnd + kCallBegin + "function" + kSep + "get_weather\n```json\n{\"city\": \"Oslo\", \"days\": 2}");
+  ASSERT_EQ(r.calls.size(), 2u);
+  expect_call(r.calls[0], "get_weather", kParis);
+  expect_call(r.calls[1], "get_weather", kOslo);
+  // Cut off inside the second call: the first stands, the rest is text.
+  r = parse(ToolFormat::DeepseekR1, kCallsBegin + paris + "\n" + kCallBegin + "function" + kSep + "get_weather\n```json\n{\"city\": ");
+  ASSERT_EQ(r.calls.size(), 1u);
+  EXPECT_EQ(r.rest, "\n" + kCallBegin + "function" + kSep + "get_weather\n```json\n{\"city\": ");
+  // Not calls: no name, a name of two words, unterminated JSON, an array, text before the fence
+  // closes, text instead of the call's end, V3.1's layout, the tokens in prose.
+  for (const std::string& bad :
+       {kCallsBegin + r1_call("", "{}"), kCallsBegin + r1_call("get weather", "{}"),
+        kCallsBegin + kCallBegin + "function" + kSep + "f\n```json\n{\"a\": 1", kCallsBegin + r1_call("f", "[1]"),
+        kCallsBegin + kCallBegin + "function" + kSep + "f\n```json\n{} x\n```" + kCallEnd,
+        kCallsBegin + kCallBegin + "function" + kSep + "f\n{} and more", kCallsBegin + v31_call("f", "{}"),
+        "I will use " + kCallsBegin + " now"}) {
+    EXPECT_FALSE(parse(ToolFormat::DeepseekR1, bad).ok) << bad;
+  }
+}
+
+// DeepSeek-V3.1: the name before the separator and bare JSON arguments, calls back to back.
+TEST(ToolCalls, DeepseekV31) {
+  const std::string paris = v31_call("get_weather", R"({"city": "Paris", "days": 2})");
+  auto r = parse(ToolFormat::DeepseekV31, kCallsBegin + paris + kCallsEnd);
+  ASSERT_TRUE(r.ok);
+  ASSERT_EQ(r.calls.size(), 1u);
+  expect_call(r.calls[0], "get_weather", kParis);
+  EXPECT_EQ(r.rest, "");
+  // As llama.cpp's tests record V3.1: two calls back to back (content before them is the caller's).
+  r = parse(ToolFormat::DeepseekV31, kCallsBegin + v31_call("get_time", "{\"city\": \"Paris\"}") +
+                                         v31_call("get_weather", "{\"city\": \"Paris\"}") + kCallsEnd + " ok");
+  ASSERT_EQ(r.calls.size(), 2u);
+  expect_call(r.calls[0], "get_time", R"({"city":"Paris"})");
+  expect_call(r.calls[1], "get_weather", R"({"city":"Paris"})");
+  EXPECT_EQ(r.rest, " ok");
+  const std::string tricky = R"({"q": {"a": [1, {"b": "}"}]}, "s": ")" + kSep + kCallEnd + kCallBegin + R"("})";
+  r = parse(ToolFormat::DeepseekV31, "\n" + kCallsBegin + "\n" + v31_call("search", tricky) + "\n" + paris);
+  ASSERT_EQ(r.calls.size(), 2u);
+  EXPECT_EQ(json::parse(r.calls[0].arguments), json::parse(tricky));
+  expect_call(r.calls[1], "get_weather", kParis);
+  r = parse(ToolFormat::DeepseekV31, kCallBegin + "get_weather" + kSep + "{\"city\": \"Paris\", \"days\": 2}");
+  ASSERT_TRUE(r.ok);
+  expect_call(r.calls[0], "get_weather", kParis);
+  for (const std::string& bad :
+       {kCallsBegin + v31_call("", "{}"), kCallsBegin + v31_call("a b", "{}"), kCallsBegin + kCallBegin + "f" + kSep + "{\"a\": ",
+        kCallsBegin + v31_call("f", "1"), kCallsBegin + kCallBegin + "f" + kSep + "{} x" + kCallEnd,
+        kCallsBegin + kCallBegin + "f{}" + kCallEnd, kCallsBegin + "text"}) {
+    EXPECT_FALSE(parse(ToolFormat::DeepseekV31, bad).ok) << bad;
   }
 }
 
@@ -870,7 +1020,9 @@ TEST(ToolCalls, HostileTextNeverCrashes) {
   std::vector<std::string> texts = {std::string(100000, '{'), std::string(100000, '['), "<tool_call>" + std::string(50000, '['),
                                     "<|tool_call>call:f" + std::string(50000, '{'), "<|tool_call_start|>[f(a=" + std::string(50000, '['),
                                     "<|tool_call_start|>[f(a=" + std::string(50000, '('), "[TOOL_CALLS]" + std::string(50000, '['),
-                                    "<tool_call>\n<function=f>\n" + std::string(2000, '<') + "</parameter>"};
+                                    "<tool_call>\n<function=f>\n" + std::string(2000, '<') + "</parameter>",
+                                    kCallsBegin + kCallBegin + "f" + kSep + std::string(50000, '{'),
+                                    kCallsBegin + kCallBegin + "function" + kSep + "f\n```json\n" + std::string(50000, '[')};
   std::string many = "<tool_call>\n<function=f>\n";
   for (int i = 0; i < 3000; ++i) many += "<parameter=a>\nx</parameter>junk";
   texts.push_back(many);
@@ -883,7 +1035,9 @@ TEST(ToolCalls, HostileTextNeverCrashes) {
                             "<|message|>", "<|tool_call_start|>", "<|tool_call_end|>", "True", "null",
                             "<\xEF\xBD\x9C" "DSML\xEF\xBD\x9C" "tool_calls>", "<\xEF\xBD\x9C" "DSML\xEF\xBD\x9C" "invoke name=\"",
                             "<\xEF\xBD\x9C" "DSML\xEF\xBD\x9C" "parameter name=\"", "\" string=\"true\">", "\" string=\"false\">",
-                            "</\xEF\xBD\x9C" "DSML\xEF\xBD\x9C" "parameter>", "</\xEF\xBD\x9C" "DSML\xEF\xBD\x9C" "invoke>"};
+                            "</\xEF\xBD\x9C" "DSML\xEF\xBD\x9C" "parameter>", "</\xEF\xBD\x9C" "DSML\xEF\xBD\x9C" "invoke>",
+                            kCallsBegin.c_str(), kCallsEnd.c_str(), kCallBegin.c_str(), kCallEnd.c_str(), kSep.c_str(),
+                            "function", "```json\n", "```"};
     for (int k = 0, n = static_cast<int>(rng.below(60)); k < n; ++k) t += pieces[rng.below(sizeof pieces / sizeof *pieces)];
     texts.push_back(t);
   }
@@ -910,6 +1064,8 @@ TEST(ToolCalls, GrammarsAcceptTheTrainedLayouts) {
                            "<arg_value>2</arg_value>\n</tool_call>"},
       {ToolFormat::DeepseekDsml,
        dsml_block(dsml_call("get_weather", dsml_param("city", true, "Paris") + dsml_param("days", false, "2")))},
+      {ToolFormat::DeepseekR1, kCallsBegin + r1_call("get_weather", R"({"city": "Paris", "days": 2})") + kCallsEnd},
+      {ToolFormat::DeepseekV31, kCallsBegin + v31_call("get_weather", R"({"city": "Paris", "days": 2})") + kCallsEnd},
   };
   for (const auto& [f, text] : texts) {
     SCOPED_TRACE(tool_format_name(f));
@@ -924,6 +1080,8 @@ TEST(ToolCalls, GrammarsAcceptTheTrainedLayouts) {
     if (f == ToolFormat::Lfm2) two = "<|tool_call_start|>[get_weather(city=\"Paris\", days=2), get_time()]<|tool_call_end|>";
     if (f == ToolFormat::MistralList) two = text.substr(0, text.size() - 1) + ", " + text.substr(13);
     if (f == ToolFormat::DeepseekDsml) two = dsml_block(dsml_call("get_time", "\n") + dsml_call("get_time", "\n"));
+    if (f == ToolFormat::DeepseekR1) two = kCallsBegin + r1_call("get_time", "{}") + "\n" + r1_call("get_time", "{}") + kCallsEnd;
+    if (f == ToolFormat::DeepseekV31) two = kCallsBegin + v31_call("get_time", "{}") + v31_call("get_time", "{}") + kCallsEnd;
     EXPECT_FALSE(grammar_accepts(gbnf, two));
     EXPECT_TRUE(grammar_accepts(tool_call_gbnf(f, tools, true), two)) << two;
     EXPECT_EQ(parse_tool_calls(f, two, tools).calls.size(), 2u) << two;

@@ -545,6 +545,118 @@ ParsedToolCalls parse_deepseek_dsml(std::string_view s, const json&) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// DeepSeek's earlier calls, between special tokens spelled <｜...｜> (U+FF5C bars, U+2581 for spaces):
+//   deepseek-r1   (V3, R1 and its distills) <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n
+//                 ```json\n{...}\n```<｜tool▁call▁end｜>, parallel calls joined by "\n", then <｜tool▁calls▁end｜>
+//   deepseek-v3.1 <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}<｜tool▁call▁end｜>... <｜tool▁calls▁end｜>
+// Both read the fence as optional and the closing tokens as optional at the end of the answer.
+
+// A DeepSeek special token from its words: "tool calls begin" -> <｜tool▁calls▁begin｜>.
+std::string deepseek_token(std::string_view words) {
+  std::string out = "<\xEF\xBD\x9C";
+  for (const char c : words) out += c == ' ' ? std::string("\xE2\x96\x81") : std::string(1, c);
+  return out + "\xEF\xBD\x9C>";
+}
+
+struct DeepseekTokens {
+  std::string calls_begin = deepseek_token("tool calls begin"), calls_end = deepseek_token("tool calls end"),
+              call_begin = deepseek_token("tool call begin"), call_end = deepseek_token("tool call end"),
+              sep = deepseek_token("tool sep");
+};
+
+const DeepseekTokens& deepseek() {
+  static const DeepseekTokens tokens;
+  return tokens;
+}
+
+// The arguments at `p` (after whitespace): a JSON object, or a JSON string holding one, inside an
+// optional ```json fence; `p` ends past the fence.
+std::optional<json> deepseek_arguments(std::string_view s, size_t& p) {
+  size_t q = skip_ws(s, p);
+  const bool fenced = at(s, q, "```");
+  if (fenced) q = skip_ws(s, q + (at(s, q, "```json") ? 7 : 3));
+  const auto v = json_at(s, q);
+  const auto args = v ? arguments_value(&*v) : std::nullopt;
+  if (!args) return std::nullopt;
+  q = skip_ws(s, q);
+  if (fenced && at(s, q, "```")) q += 3;
+  else if (fenced && q < s.size()) return std::nullopt;  // only the end of the answer may stand for the fence
+  p = q;
+  return args;
+}
+
+// A function name: not empty, no whitespace or '<' (which would start a token), at most 256 bytes.
+bool deepseek_name_ok(std::string_view name) {
+  return !name.empty() && name.size() <= 256 &&
+         std::none_of(name.begin(), name.end(), [](char c) { return is_space(c) || c == '<'; });
+}
+
+// One R1 call at `p` (at <｜tool▁call▁begin｜>); `p` ends past <｜tool▁call▁end｜> (or at the end of the answer).
+std::optional<ToolCall> deepseek_r1_call(std::string_view s, size_t& p) {
+  const DeepseekTokens& t = deepseek();
+  size_t q = skip_ws(s, p + t.call_begin.size());
+  if (at(s, q, "function")) q = skip_ws(s, q + 8);
+  if (!at(s, q, t.sep)) return std::nullopt;
+  q += t.sep.size();
+  size_t e = q;
+  while (e < s.size() && s[e] != '\n' && s[e] != '`' && s[e] != '{' && s[e] != '<') ++e;
+  const std::string_view name = trim(s.substr(q, e - q));
+  if (!deepseek_name_ok(name)) return std::nullopt;
+  const auto args = deepseek_arguments(s, e);
+  if (!args) return std::nullopt;
+  if (at(s, e, t.call_end)) e += t.call_end.size();
+  else if (e < s.size()) return std::nullopt;
+  p = e;
+  return ToolCall{"", std::string(name), compact(*args)};
+}
+
+// One V3.1 call at `p` (at <｜tool▁call▁begin｜>), as deepseek_r1_call.
+std::optional<ToolCall> deepseek_v31_call(std::string_view s, size_t& p) {
+  const DeepseekTokens& t = deepseek();
+  const size_t q = p + t.call_begin.size();
+  const size_t sep = s.substr(0, std::min(s.size(), q + 300)).find(t.sep, q);
+  if (sep == npos) return std::nullopt;
+  const std::string_view name = trim(s.substr(q, sep - q));
+  if (!deepseek_name_ok(name)) return std::nullopt;
+  size_t e = sep + t.sep.size();
+  const auto args = deepseek_arguments(s, e);
+  if (!args) return std::nullopt;
+  if (at(s, e, t.call_end)) e += t.call_end.size();
+  else if (e < s.size()) return std::nullopt;
+  p = e;
+  return ToolCall{"", std::string(name), compact(*args)};
+}
+
+// Blocks of calls: <｜tool▁calls▁begin｜> (left out by some answers), calls, <｜tool▁calls▁end｜>.
+ParsedToolCalls parse_deepseek_calls(std::string_view s, std::optional<ToolCall> (*one_call)(std::string_view, size_t&)) {
+  const DeepseekTokens& t = deepseek();
+  std::vector<ToolCall> calls;
+  size_t pos = 0;
+  for (;;) {
+    size_t p = skip_ws(s, pos);
+    if (at(s, p, t.calls_begin)) p += t.calls_begin.size();
+    size_t block_calls = 0;
+    for (;;) {
+      size_t q = skip_ws(s, p);
+      if (!at(s, q, t.call_begin)) break;
+      auto call = one_call(s, q);
+      if (!call) break;
+      calls.push_back(std::move(*call));
+      ++block_calls;
+      p = q;
+    }
+    if (block_calls == 0) break;
+    const size_t q = skip_ws(s, p);
+    if (at(s, q, t.calls_end)) p = q + t.calls_end.size();
+    pos = p;
+  }
+  return finish(std::move(calls), s, pos);
+}
+
+ParsedToolCalls parse_deepseek_r1(std::string_view s, const json&) { return parse_deepseek_calls(s, deepseek_r1_call); }
+ParsedToolCalls parse_deepseek_v31(std::string_view s, const json&) { return parse_deepseek_calls(s, deepseek_v31_call); }
+
+// ---------------------------------------------------------------------------------------------
 // GLM-4.5 / 4.6: <tool_call>NAME\n<arg_key>K</arg_key>\n<arg_value>V</arg_value>\n</tool_call>;
 // GLM-4.7 writes the same tags with no newlines, so whitespace between tags is optional. Values
 // as qwen-xml's: raw text for string schemas (kept exactly), JSON for the others.
@@ -1096,6 +1208,15 @@ class CallGrammar {
     return lit(dsml("<", "invoke name=\"") + t.name + "\">\n") + " " + (params.empty() ? lit("\n") : params) + " " +
            lit(dsml("</", "invoke>") + "\n");
   }
+  std::string deepseek_r1_call(const Tool& t) {
+    const DeepseekTokens& d = deepseek();
+    return lit(d.call_begin + "function" + d.sep + t.name + "\n```json\n") + " " + json_args(t) + " " +
+           lit("\n```" + d.call_end);
+  }
+  std::string deepseek_v31_call(const Tool& t) {
+    const DeepseekTokens& d = deepseek();
+    return lit(d.call_begin + t.name + d.sep) + " " + json_args(t) + " " + lit(d.call_end);
+  }
   std::string gemma4_call(const Tool& t) {
     return lit("<|tool_call>call:" + t.name + "{") + " " + gemma_params(t) + " " + lit("}<tool_call|>");
   }
@@ -1620,6 +1741,13 @@ const std::vector<FormatSpec>& format_table() {
       {ToolFormat::DeepseekDsml, "deepseek-dsml", [](std::string_view t) { return has(t, kDsml); },
        {dsml("<", "tool_calls>")}, parse_deepseek_dsml, &CallGrammar::deepseek_dsml_call,
        {"<\xEF\xBD\x9C" "DSML\xEF\xBD\x9C" "tool_calls>\n", "", "</\xEF\xBD\x9C" "DSML\xEF\xBD\x9C" "tool_calls>", false}, false},
+      {ToolFormat::DeepseekR1, "deepseek-r1",
+       [](std::string_view t) { return has(t, deepseek().sep) && has(t, "```json"); },
+       {deepseek().calls_begin, deepseek().call_begin}, parse_deepseek_r1, &CallGrammar::deepseek_r1_call,
+       {deepseek().calls_begin.c_str(), "\n", deepseek().calls_end.c_str(), false}, false},
+      {ToolFormat::DeepseekV31, "deepseek-v3.1", [](std::string_view t) { return has(t, deepseek().sep); },
+       {deepseek().calls_begin, deepseek().call_begin}, parse_deepseek_v31, &CallGrammar::deepseek_v31_call,
+       {deepseek().calls_begin.c_str(), "", deepseek().calls_end.c_str(), false}, false},
       {ToolFormat::Hermes, "hermes", [](std::string_view t) { return has(t, "<tool_call>"); }, {"<tool_call>"},
        [](std::string_view s, const json&) { return parse_hermes(s); }, &CallGrammar::hermes_call,
        {"", "\n", "", false}, false},

@@ -16,6 +16,12 @@
 //   mistral       [TOOL_CALLS][{"name": "get_weather", "arguments": {...}, "id": "abcDEF123"}] (", " inside [])
 //   mistral-args  [TOOL_CALLS]get_weather[CALL_ID]abcDEF123[ARGS]{...}   ([CALL_ID] optional)   ("")
 //   llama3-json   {"name": "get_weather", "parameters": {...}}   (one call per turn)
+//   deepseek-dsml <｜DSML｜tool_calls>\n<｜DSML｜invoke name="get_weather">\n<｜DSML｜parameter name="city"
+//                 string="true">Paris</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>   ("" inside the block)
+//   deepseek-r1   <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{...}\n```
+//                 <｜tool▁call▁end｜><｜tool▁calls▁end｜>     (DeepSeek-V3, R1 and its distills; "\n" inside the block)
+//   deepseek-v3.1 <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{...}<｜tool▁call▁end｜>
+//                 <｜tool▁calls▁end｜>                         ("" inside the block)
 //
 // Parsing is lenient where it costs nothing (whitespace, a missing closing tag at the end of the
 // answer, "arguments" given as a JSON string, Python literals in lfm2 calls, both Mistral forms
@@ -33,18 +39,19 @@
 namespace bmoe {
 
 enum class ToolFormat { None, Hermes, QwenXml, Harmony, Gemma4, Lfm2, MistralList, MistralArgs, Llama3Json, GlmXml,
-                        DeepseekDsml };
+                        DeepseekDsml, DeepseekR1, DeepseekV31 };
 
 // The format a chat template's source writes tool calls in, from substrings of the source (as
 // llama.cpp detects them): <|channel|> -> Harmony; <|tool_list_start|> or <|tool_call_start|> ->
 // Lfm2; '<|tool_call>call:' or <|tool_call> -> Gemma4; <tool_call> with <function= and
 // <parameter= -> QwenXml; <tool_call> with <arg_key> -> GlmXml; <tool_call> -> Hermes;
 // [TOOL_CALLS] with [ARGS] -> MistralArgs; [TOOL_CALLS] -> MistralList; Llama 3.1's `Respond in
-// the format {"name": function name` -> Llama3Json; ｜DSML｜ (DeepSeek-V4) -> DeepseekDsml;
-// anything else -> None.
+// the format {"name": function name` -> Llama3Json; ｜DSML｜ (DeepSeek-V3.2 and V4) -> DeepseekDsml;
+// <｜tool▁sep｜> with ```json (DeepSeek-V3, R1) -> DeepseekR1; <｜tool▁sep｜> (DeepSeek-V3.1) ->
+// DeepseekV31; anything else -> None.
 ToolFormat tool_format_of(std::string_view chat_template_source);
 // "hermes", "qwen-xml", "glm-xml", "harmony", "gemma4", "lfm2", "mistral", "mistral-args", "llama3-json",
-// "deepseek-dsml", "none".
+// "deepseek-dsml", "deepseek-r1", "deepseek-v3.1", "none".
 const char* tool_format_name(ToolFormat format);
 
 struct ToolCall {
@@ -56,8 +63,9 @@ struct ToolCall {
 // Texts that open tool calls in an answer's content: Hermes and GlmXml "<tool_call>"; QwenXml
 // "<tool_call>" and "<function=" (Qwen3-Coder may leave the opener out); Gemma4 "<|tool_call>"; Lfm2
 // "<|tool_call_start|>"; both Mistral formats "[TOOL_CALLS]"; Llama3Json "{\"name\"" and
-// "{\"type\""; DeepseekDsml "<｜DSML｜tool_calls>". Harmony and None: none (harmony's calls are
-// message headers: parse_harmony_call).
+// "{\"type\""; DeepseekDsml "<｜DSML｜tool_calls>"; DeepseekR1 and DeepseekV31 "<｜tool▁calls▁begin｜>" and
+// "<｜tool▁call▁begin｜>" (an answer may leave the first out). Harmony and None: none (harmony's calls
+// are message headers: parse_harmony_call).
 std::vector<std::string> tool_call_markers(ToolFormat format);
 
 struct ParsedToolCalls {

@@ -626,7 +626,8 @@ json offered_tools(const json& body, bool chat, const RequestContext& context, T
   const bool described = !tools.empty() && tool_format == ToolFormat::None;
   if (described && choice.mode != ToolChoice::Mode::Required) {
     bad_request(fmt::format("tools with tool_choice \"auto\" need a chat template that writes tool calls in a format bmoe "
-                            "reads (Hermes, Qwen XML, harmony, Gemma 4, LFM2, Mistral, Llama 3.1 JSON); this model's is {}. "
+                            "reads (Hermes, Qwen XML, GLM XML, harmony, Gemma 4, LFM2, Mistral, Llama 3.1 JSON, "
+                            "DeepSeek's); this model's is {}. "
                             "tool_choice \"required\" or a named function works with any template",
                             context.chat_template && context.chat_template->is_jinja() ? "not one of them" : "a built-in format"),
                 "tools");

@@ -30,7 +30,8 @@ const json& tools() {
 constexpr bmoe::ToolFormat kFormats[] = {bmoe::ToolFormat::Hermes, bmoe::ToolFormat::QwenXml, bmoe::ToolFormat::Harmony,
                                          bmoe::ToolFormat::Gemma4, bmoe::ToolFormat::Lfm2, bmoe::ToolFormat::MistralList,
                                          bmoe::ToolFormat::MistralArgs, bmoe::ToolFormat::Llama3Json, bmoe::ToolFormat::GlmXml,
-                                         bmoe::ToolFormat::None};
+                                         bmoe::ToolFormat::DeepseekDsml, bmoe::ToolFormat::DeepseekR1,
+                                         bmoe::ToolFormat::DeepseekV31, bmoe::ToolFormat::None};
 
 void check(const bmoe::ParsedToolCalls& r) {
   if (r.ok == r.calls.empty()) std::abort();

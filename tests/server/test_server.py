@@ -1081,7 +1081,8 @@ class ServerHardeningTest(unittest.TestCase):
 class ServerToolsTest(unittest.TestCase):
     """Tool calls and constrained output, with the models' real chat templates (Qwen3's from its
     npm tokenizer package, gpt-oss's harmony template from llama.cpp's tree) over tiny models, and
-    DeepSeek-V4's template (as bmoe-synth writes it) on tiny-deepseek4."""
+    DeepSeek-V4's template (as bmoe-synth writes it) and R1-Distill-Qwen's (llama.cpp's tree) on
+    tiny-deepseek4."""
 
     @classmethod
     def setUpClass(cls):
@@ -1098,6 +1099,12 @@ class ServerToolsTest(unittest.TestCase):
         # DeepSeek-V4's DSML calls: DeepSeek-V4's template (bmoe-synth writes it) on DeepSeek's vocabulary.
         deepseek = synth("tiny-deepseek4-deepseek_v3", "tiny-deepseek4", "--vocab", "deepseek_v3")
         cls.servers["deepseek4"] = Server(deepseek, "-c", "2048")
+        # DeepSeek-R1's call format (R1-Distill-Qwen's template) on the same model. V3.1's format
+        # differs only in the call's layout (tests/test_tool_calls.cpp): no server of its own.
+        path = os.path.join(cls.template_dir.name, "deepseek-r1.jinja")
+        with open(path, "w") as f:
+            f.write(templates["deepseek-r1"])
+        cls.servers["deepseek-r1"] = Server(deepseek, "-c", "2048", "--chat-template-file", path)
         cls.server = cls.servers["qwen3"]
 
     @classmethod
@@ -1150,6 +1157,30 @@ class ServerToolsTest(unittest.TestCase):
         self.assertEqual(len(calls), 1)
         self.check_weather_args(calls[0]["function"]["arguments"])
         self.assertEqual(deltas[-1]["finish_reason"], "tool_calls")
+
+    def test_deepseek_r1_tool_calls(self):
+        """DeepSeek-R1's template names its format; a forced call is written between DeepSeek's
+        tool-call tokens (special tokens of its vocabulary), parsed back, and goes back through the
+        template with its result. (Streaming does not depend on the format: the deepseek4 case.)"""
+        server = self.servers["deepseek-r1"]
+        self.assertEqual(json.loads(server.get("/props")[1])["tool_call_format"], "deepseek-r1")
+        body = {"messages": [{"role": "user", "content": "Weather in Paris?"}], "max_tokens": 200,
+                "tools": [self.WEATHER, self.TIME], "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+                "parallel_tool_calls": False, "chat_template_kwargs": {"enable_thinking": False}}
+        status, resp = server.post("/v1/chat/completions", {**body, "seed": 1, "temperature": 1})
+        self.assertEqual(status, 200, resp)
+        choice = resp["choices"][0]
+        self.assertEqual(choice["finish_reason"], "tool_calls", choice)
+        calls = choice["message"]["tool_calls"]
+        self.assertEqual(len(calls), 1)
+        self.assertEqual(calls[0]["function"]["name"], "get_weather")
+        self.check_weather_args(calls[0]["function"]["arguments"])
+        turn = {"messages": body["messages"] + [
+            {"role": "assistant", "content": None, "tool_calls": calls},
+            {"role": "tool", "tool_call_id": calls[0]["id"], "content": "{\"temp\": 20}"}],
+            "tools": body["tools"], "max_tokens": 2}
+        status, resp = server.post("/v1/chat/completions", turn)
+        self.assertEqual(status, 200, resp)
 
     def test_required_tool_call_follows_the_schema(self):
         body = {"messages": [{"role": "user", "content": "Weather in Paris?"}], "max_tokens": 300,

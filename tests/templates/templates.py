@@ -35,6 +35,7 @@ BUNDLE_TEMPLATES = {  # name -> path in llama.cpp's tree
     "glm-4.6": "models/templates/GLM-4.6.jinja",
     "glm-4.7-flash": "models/templates/GLM-4.7-Flash.jinja",
     "deepseek-v4": "models/templates/deepseek-ai-DeepSeek-V4.jinja",  # what llama.cpp's converter writes
+    "deepseek-v3.1": "models/templates/deepseek-ai-DeepSeek-V3.1.jinja",
 }
 
 
