@@ -266,6 +266,27 @@ void attend_flash(const HeadAttention& a, float* out) {
   ops::scale(out, S == 0.0f ? 0.0f : 1.0f / S, D);
 }
 
+// out[d] += v[d] * w, the product rounded before the add (no fma), as ggml's f32 V sum: eight
+// lanes at a time in the compiler's generic vectors (each lane the scalar loop's two roundings),
+// in AVX2 registers where the CPU has them (a clone picked at load time).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("avx2", "default")))
+#endif
+void add_scaled(float* out, const float* v, float w, int n) {
+  typedef float F8 __attribute__((vector_size(32)));
+  const F8 wv = {w, w, w, w, w, w, w, w};
+  int d = 0;
+  for (; d + 8 <= n; d += 8) {
+    F8 o, x;
+    std::memcpy(&o, out + d, sizeof o);
+    std::memcpy(&x, v + d, sizeof x);
+    const F8 product = x * wv;
+    o += product;
+    std::memcpy(out + d, &o, sizeof o);
+  }
+  for (; d < n; ++d) out[d] += v[d] * w;
+}
+
 // ggml's classic and tiled paths: f32 query, a two-pass f32 softmax with the sink, an f32 V sum.
 void attend_classic(const HeadAttention& a, float* out) {
   const int D = a.D, n_keys = a.keys.size();
@@ -283,9 +304,7 @@ void attend_classic(const HeadAttention& a, float* out) {
   const float inv = static_cast<float>(1.0 / sum);
   std::fill(out, out + D, 0.0f);
   for (int k = 0; k < n_keys; ++k) {
-    const float* key = a.keys.key32(k);
-    const float wk = w[static_cast<size_t>(k)] * inv;
-    for (int d = 0; d < D; ++d) out[d] += key[d] * wk;
+    add_scaled(out, a.keys.key32(k), w[static_cast<size_t>(k)] * inv, D);
   }
 }
 
