@@ -687,6 +687,42 @@ TEST(Dispatch, TileKernelsEqualOneRowBitForBit) {
   if (checked == 0) GTEST_SKIP() << "no tile kernels on this path";
 }
 
+// The float tiles (BF16's 4 x 4 AVX-512 blocks among them) on lengths that are not a multiple
+// of the vector width: the scalar tail after the lane chains, whole and partial blocks of rows
+// and activations. Each output equals the one-row kernel's bit for bit.
+TEST(Dispatch, FloatTilesEqualOneRowOnRaggedLengths) {
+  Rng rng(94);
+  int checked = 0;
+  for (TensorType t : {TensorType::F32, TensorType::F16, TensorType::BF16}) {
+    for (Isa isa : available_isas()) {
+      const TypeKernels* k = kernels_for_isa(t, isa);
+      if (k == nullptr || k->dot_tile == nullptr) continue;
+      for (int trial = 0; trial < 6; ++trial) {
+        const int64_t n = 8 * (1 + static_cast<int64_t>(rng.below(40))) + 1 + trial;  // tails of 1..6
+        const int rows = 1 + static_cast<int>(rng.below(11));
+        const int n_act = 2 + static_cast<int>(rng.below(11));
+        const size_t stride = row_bytes(t, n) + 4 * static_cast<size_t>(trial % 3);
+        const std::vector<uint8_t> w = random_rows(rng, t, n, rows, stride);
+        std::vector<std::vector<uint8_t>> acts;
+        std::vector<const void*> ptrs;
+        for (int a = 0; a < n_act; ++a) acts.push_back(random_activations(rng, *k, n, 1.0));
+        for (const auto& a : acts) ptrs.push_back(a.data());
+        std::vector<float> out(static_cast<size_t>(n_act * rows), -1.0f);
+        k->dot_tile(w.data(), stride, rows, ptrs.data(), n_act, n, out.data(), rows);
+        for (int a = 0; a < n_act; ++a) {
+          for (int r = 0; r < rows; ++r) {
+            const float one = k->dot(w.data() + r * stride, acts[static_cast<size_t>(a)].data(), n);
+            ASSERT_EQ(float_bits(out[static_cast<size_t>(a * rows + r)]), float_bits(one))
+                << type_name(t) << " n=" << n << " row " << r << " act " << a << " of " << n_act;
+          }
+        }
+        ++checked;
+      }
+    }
+  }
+  if (checked == 0) GTEST_SKIP() << "no float tile kernels on this path";
+}
+
 // The two-rows-by-two-inputs kernels (arm64 i8mm) return, for each (row, input) pair, exactly
 // what the one-row kernel returns: batched matmuls use them.
 TEST(Dispatch, PairKernelsEqualOneRowBitForBit) {

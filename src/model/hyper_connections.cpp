@@ -11,24 +11,53 @@ namespace {
 
 float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 
+// The loops below are chains of fmas over rows of 4 x n_embd. The x86-64 baseline has no FMA
+// instruction, so there std::fma is a libm call per element; a clone for CPUs with FMA (picked
+// at load time by the ifunc resolver) runs it inline. An fma rounds once either way: both
+// clones give the same bits.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define BMOE_FMA_CLONES __attribute__((target_clones("fma", "default")))
+#else
+#define BMOE_FMA_CLONES
+#endif
+
+// fn rows [j, j + kRows) . normed, each its own fma chain in element order; the rows run side by
+// side so the chains overlap (one chain waits on the fma before it).
+template <int kRows>
+BMOE_FMA_CLONES void dot_rows(const float* fn, int64_t width, const float* normed, float* out) {
+  float sum[kRows] = {};
+  for (int64_t e = 0; e < width; ++e) {
+    for (int r = 0; r < kRows; ++r) sum[r] = std::fma(fn[r * width + e], normed[e], sum[r]);
+  }
+  for (int r = 0; r < kRows; ++r) out[r] = sum[r];
+}
+
 // mix[j] = fn[j] . rmsnorm(all streams), for `mix` rows of fn.
 void mixes(const float* streams, int64_t width, const Vector& fn, int n_mix, float eps, float* mix,
            std::vector<float>& normed) {
   normed.resize(static_cast<size_t>(width));
   ops::rms_norm(streams, nullptr, normed.data(), width, eps);
-  for (int j = 0; j < n_mix; ++j) {
-    const float* f = fn.data() + static_cast<size_t>(j) * width;
-    float sum = 0.0f;
-    for (int64_t e = 0; e < width; ++e) sum = std::fma(f[e], normed[static_cast<size_t>(e)], sum);
-    mix[j] = sum;
-  }
+  constexpr int kRows = 4;
+  int j = 0;
+  for (; j + kRows <= n_mix; j += kRows) dot_rows<kRows>(fn.data() + j * width, width, normed.data(), mix + j);
+  for (; j < n_mix; ++j) dot_rows<1>(fn.data() + j * width, width, normed.data(), mix + j);
 }
 
 // The mixed row: sum over streams of pre[m] * stream m.
-void fold(const float* streams, const float* pre, int m, int width, float* out) {
+BMOE_FMA_CLONES void fold(const float* streams, const float* pre, int m, int width, float* out) {
   for (int e = 0; e < width; ++e) {
     float sum = 0.0f;
     for (int s = 0; s < m; ++s) sum = std::fma(streams[static_cast<size_t>(s) * width + e], pre[s], sum);
+    out[e] = sum;
+  }
+}
+
+// One destination stream of post_mix: delta * post + the streams mixed by comb's column.
+BMOE_FMA_CLONES void post_mix_stream(const float* old, const float* delta, float post, const float* comb_d, int m,
+                                     int width, float* out) {
+  for (int e = 0; e < width; ++e) {
+    float sum = delta[e] * post;
+    for (int s = 0; s < m; ++s) sum = std::fma(old[static_cast<size_t>(s) * width + e], comb_d[m * s], sum);
     out[e] = sum;
   }
 }
@@ -81,14 +110,7 @@ void ResidualStream::post_mix(int i, const float* delta) {
   const float* old = scratch_.data();
   const float* p = post(i);
   const float* c = comb(i);
-  for (int d = 0; d < m; ++d) {
-    float* out = x + static_cast<size_t>(d) * width;
-    for (int e = 0; e < width; ++e) {
-      float sum = delta[e] * p[d];
-      for (int s = 0; s < m; ++s) sum = std::fma(old[static_cast<size_t>(s) * width + e], c[d + m * s], sum);
-      out[e] = sum;
-    }
-  }
+  for (int d = 0; d < m; ++d) post_mix_stream(old, delta, p[d], c + d, m, width, x + static_cast<size_t>(d) * width);
 }
 
 namespace hyper {

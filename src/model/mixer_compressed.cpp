@@ -150,15 +150,78 @@ struct AttendRow {
   const float* q = nullptr;
 };
 
+// The keys the rows of one attend() chunk read on the classic path, as f32: an f16 cache's rows
+// are converted once for all the heads of all the chunk's rows (f16 -> f32 is exact, so every
+// head reads the values a conversion of its own would give); an f32 cache's are read in place.
+class KeysF32 {
+ public:
+  void load(const LayerState& s, const std::vector<AttendRow>& rows, int first, int end, int D, ThreadPool& pool);
+  const float* raw(const LayerState& s, int64_t slot) const {
+    if (!s.live.raw.f16()) return static_cast<const float*>(s.live.raw.row(slot));
+    return raw_.data() + static_cast<size_t>(slot) * D_;
+  }
+  const float* comp(const LayerState& s, int64_t row) const {
+    if (!s.comp.f16()) return static_cast<const float*>(s.comp.row(row));
+    return comp_.data() + static_cast<size_t>(comp_at_[static_cast<size_t>(row)]) * D_;
+  }
+
+ private:
+  std::vector<float> raw_, comp_;
+  std::vector<int> comp_at_;  // compressed row -> its index in comp_ (-1: not read by the chunk)
+  int D_ = 0;
+};
+
+// Converts the raw slots of positions [lowest first_raw, highest pos] of rows [first, end) and
+// every compressed row one of them selected.
+void KeysF32::load(const LayerState& s, const std::vector<AttendRow>& rows, int first, int end, int D,
+                   ThreadPool& pool) {
+  D_ = D;
+  if (!s.live.raw.f16()) return;
+  int lo = INT_MAX, hi = -1, n_comp = 0;
+  for (int i = first; i < end; ++i) {
+    const AttendRow& row = rows[static_cast<size_t>(i)];
+    lo = std::min(lo, row.first_raw);
+    hi = std::max(hi, row.pos);
+    if (!row.comp_rows.empty()) n_comp = std::max(n_comp, row.comp_rows.back() + 1);
+  }
+  comp_at_.assign(static_cast<size_t>(n_comp), -1);
+  std::vector<int> comp_list;
+  for (int i = first; i < end; ++i) {
+    for (int r : rows[static_cast<size_t>(i)].comp_rows) {
+      int& at = comp_at_[static_cast<size_t>(r)];
+      if (at >= 0) continue;
+      at = static_cast<int>(comp_list.size());
+      comp_list.push_back(r);
+    }
+  }
+  raw_.resize(static_cast<size_t>(s.raw_slots) * D);
+  comp_.resize(comp_list.size() * static_cast<size_t>(D));
+  const int n_raw = hi - lo + 1;
+  pool.run(int64_t{n_raw} + static_cast<int64_t>(comp_list.size()), [&](int64_t job, int) {
+    if (job < n_raw) {
+      const int64_t slot = (lo + job) % s.raw_slots;
+      dequantize_row(TensorType::F16, s.live.raw.row(slot), raw_.data() + slot * D, D);
+    } else {
+      const size_t at = static_cast<size_t>(job - n_raw);
+      dequantize_row(TensorType::F16, s.comp.row(comp_list[at]), comp_.data() + at * D, D);
+    }
+  });
+}
+
 // The keys of one attending row: its raw window in position order, then its compressed rows.
 struct RowKeys {
   const LayerState& s;
   const AttendRow& row;
+  const KeysF32* f32 = nullptr;  // the chunk's keys as f32 (classic path only)
   int n_raw() const { return row.pos - row.first_raw + 1; }
   int size() const { return n_raw() + static_cast<int>(row.comp_rows.size()); }
   std::pair<const Rows*, int64_t> operator[](int k) const {
     if (k < n_raw()) return {&s.live.raw, (row.first_raw + k) % s.raw_slots};
     return {&s.comp, row.comp_rows[static_cast<size_t>(k - n_raw())]};
+  }
+  const float* key32(int k) const {
+    if (k < n_raw()) return f32->raw(s, (row.first_raw + k) % s.raw_slots);
+    return f32->comp(s, row.comp_rows[static_cast<size_t>(k - n_raw())]);
   }
 };
 
@@ -203,24 +266,34 @@ void attend_flash(const HeadAttention& a, float* out) {
   ops::scale(out, S == 0.0f ? 0.0f : 1.0f / S, D);
 }
 
-void load_key(const Rows& rows, int64_t r, int D, float* dst) {
-  if (!rows.f16()) {
-    std::memcpy(dst, rows.row(r), static_cast<size_t>(D) * 4);
-    return;
+// out[d] += v[d] * w, the product rounded before the add (no fma), as ggml's f32 V sum: eight
+// lanes at a time in the compiler's generic vectors (each lane the scalar loop's two roundings),
+// in AVX2 registers where the CPU has them (a clone picked at load time).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("avx2", "default")))
+#endif
+void add_scaled(float* out, const float* v, float w, int n) {
+  typedef float F8 __attribute__((vector_size(32)));
+  const F8 wv = {w, w, w, w, w, w, w, w};
+  int d = 0;
+  for (; d + 8 <= n; d += 8) {
+    F8 o, x;
+    std::memcpy(&o, out + d, sizeof o);
+    std::memcpy(&x, v + d, sizeof x);
+    const F8 product = x * wv;
+    o += product;
+    std::memcpy(out + d, &o, sizeof o);
   }
-  const auto* h16 = static_cast<const uint16_t*>(rows.row(r));
-  for (int d = 0; d < D; ++d) dst[d] = fp16_to_fp32(h16[d]);
+  for (; d < n; ++d) out[d] += v[d] * w;
 }
 
 // ggml's classic and tiled paths: f32 query, a two-pass f32 softmax with the sink, an f32 V sum.
 void attend_classic(const HeadAttention& a, float* out) {
   const int D = a.D, n_keys = a.keys.size();
-  std::vector<float> w(static_cast<size_t>(n_keys)), k32(static_cast<size_t>(D));
+  std::vector<float> w(static_cast<size_t>(n_keys));
   float max = a.sink;
   for (int k = 0; k < n_keys; ++k) {
-    const auto [rows, r] = a.keys[k];
-    load_key(*rows, r, D, k32.data());
-    w[static_cast<size_t>(k)] = kernels(TensorType::F32).dot(k32.data(), a.q, D) * a.scale;
+    w[static_cast<size_t>(k)] = kernels(TensorType::F32).dot(a.keys.key32(k), a.q, D) * a.scale;
     max = std::max(max, w[static_cast<size_t>(k)]);
   }
   double sum = std::exp(a.sink - max);
@@ -231,10 +304,7 @@ void attend_classic(const HeadAttention& a, float* out) {
   const float inv = static_cast<float>(1.0 / sum);
   std::fill(out, out + D, 0.0f);
   for (int k = 0; k < n_keys; ++k) {
-    const auto [rows, r] = a.keys[k];
-    load_key(*rows, r, D, k32.data());
-    const float wk = w[static_cast<size_t>(k)] * inv;
-    for (int d = 0; d < D; ++d) out[d] += k32[static_cast<size_t>(d)] * wk;
+    add_scaled(out, a.keys.key32(k), w[static_cast<size_t>(k)] * inv, D);
   }
 }
 
@@ -318,6 +388,9 @@ class CompressedAttentionMixer final : public Mixer {
                    std::vector<int>& rows);
   void attend(const CompressedAttentionWeights& L, int layer, const LayerState& s, const LayerPass& pass, int first,
               int end);
+  static bool flash_path(const LayerState& s, const LayerPass& pass) {
+    return s.live.raw.f16() && pass.n < kAttentionBatchRows && !pass.batch_path;
+  }
   void attend_head(const LayerState& s, const LayerPass& pass, const AttendRow& row, int head, float* out) const;
   void output(const CompressedAttentionWeights& L, int layer, const LayerPass& pass);
 
@@ -331,6 +404,7 @@ class CompressedAttentionMixer final : public Mixer {
   std::vector<LayerState> layers_;
   std::vector<float> h_, qa_, qr_, q_, kv_, ckv_, cgate_, ikv_, igate_, iq_, iw_, attn_, z_, proj_;
   std::vector<AttendRow> rows_;
+  KeysF32 keys32_;  // the attending chunk's keys in f32 (classic path)
   Activations acts_, qr_acts_;
   std::vector<ActivationBuffer> group_acts_;
   ActivationBuffer out_act_;
@@ -519,6 +593,7 @@ void CompressedAttentionMixer::attend(const CompressedAttentionWeights& L, int l
       select_rows(L, s, pass, i, row.comp_rows);
     }
   }
+  if (!flash_path(s, pass)) keys32_.load(s, rows_, first, end, D, pass.pool);
   pass.pool.run(int64_t{end - first} * H, [&](int64_t job, int) {
     const int i = first + static_cast<int>(job / H), h = static_cast<int>(job % H);
     attend_head(s, pass, rows_[static_cast<size_t>(i)], h, attn_.data() + (static_cast<size_t>(i) * H + h) * D);
@@ -533,9 +608,9 @@ void CompressedAttentionMixer::attend(const CompressedAttentionWeights& L, int l
 void CompressedAttentionMixer::attend_head(const LayerState& s, const LayerPass& pass, const AttendRow& row, int head,
                                            float* out) const {
   const int D = pass.cfg.head_dim;
-  const HeadAttention a{RowKeys{s, row}, row.q + static_cast<size_t>(head) * D, D,
+  const HeadAttention a{RowKeys{s, row, &keys32_}, row.q + static_cast<size_t>(head) * D, D,
                         1.0f / std::sqrt(static_cast<float>(D)), (*sinks_)[static_cast<size_t>(head)]};
-  if (s.live.raw.f16() && pass.n < kAttentionBatchRows && !pass.batch_path) attend_flash(a, out);
+  if (flash_path(s, pass)) attend_flash(a, out);
   else attend_classic(a, out);
 }
 

@@ -119,6 +119,7 @@ KernelTable avx2_table() {
     t.add_tile(TensorType::Q8_0, avx512::dot_tile_q8_0);
     t.add_tile(TensorType::Q4_0, avx512::dot_tile_q4_0);
     t.add_tile(TensorType::MXFP4, avx512::dot_tile_mxfp4);
+    t.add_tile(TensorType::BF16, avx512::dot_tile_bf16);  // AVX-512 VL's 32 ymm: 4 x 4 blocks
   }
   // VNNI: one vpdpbusd / vpdpwssd for each maddubs + madd (+ add); the same int32 lanes. The
   // AVX-VNNI tiles above serve AVX2-only CPUs that have it.

@@ -99,6 +99,7 @@ BMOE_AVX512_INT_KERNELS
 void gemm_f32(float* c, int64_t ldc, const float* a, int64_t lda, const float* b, int64_t ldb, int64_t m,
               int64_t k, int64_t n);
 void f16_flash_keys(const F16FlashArgs& args, int n_keys, float* max, float* sum, uint16_t* acc);  // flash_avx512.cpp
+BMOE_DOT_TILE(dot_tile_bf16);  // bf16_avx512.cpp: 4 x 4 register blocks on ymm (VL)
 }  // namespace bmoe::avx512
 
 namespace bmoe::neon {
