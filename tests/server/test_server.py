@@ -825,7 +825,9 @@ class ServerParallelTest(unittest.TestCase):
         embedded one input per turn between the answer's steps; its vectors and the answer equal
         those of a --parallel 1 server."""
         flags = ("--moe-stream", "--cache-mb", "0", "-b", "16")
-        answer = {"prompt": "Once upon a time", "n_predict": 200, "temperature": 0, "ignore_eos": True, "return_tokens": True}
+        # 480 tokens (each sequence's context holds 512): long enough that the answer still runs
+        # when the three inputs are embedded on a loaded machine (200 ended first under a build).
+        answer = {"prompt": "Once upon a time", "n_predict": 480, "temperature": 0, "ignore_eos": True, "return_tokens": True}
         inputs = {"input": ["The capital of France is", self.LONG, "hi"]}
         alone = Server(self.model, "-c", "512", *flags)
         try:
