@@ -591,6 +591,18 @@ bool deepseek_name_ok(std::string_view name) {
          std::none_of(name.begin(), name.end(), [](char c) { return is_space(c) || c == '<'; });
 }
 
+// A call's arguments at `e`, then its end token (or the answer's end): the call, with `p` moved
+// past it; nullopt where either is missing.
+std::optional<ToolCall> deepseek_call_tail(std::string_view s, size_t e, std::string_view name, size_t& p) {
+  const DeepseekTokens& t = deepseek();
+  const auto args = deepseek_arguments(s, e);
+  if (!args) return std::nullopt;
+  if (at(s, e, t.call_end)) e += t.call_end.size();
+  else if (e < s.size()) return std::nullopt;
+  p = e;
+  return ToolCall{"", std::string(name), compact(*args)};
+}
+
 // One R1 call at `p` (at <｜tool▁call▁begin｜>); `p` ends past <｜tool▁call▁end｜> (or at the end of the answer).
 std::optional<ToolCall> deepseek_r1_call(std::string_view s, size_t& p) {
   const DeepseekTokens& t = deepseek();
@@ -602,12 +614,7 @@ std::optional<ToolCall> deepseek_r1_call(std::string_view s, size_t& p) {
   while (e < s.size() && s[e] != '\n' && s[e] != '`' && s[e] != '{' && s[e] != '<') ++e;
   const std::string_view name = trim(s.substr(q, e - q));
   if (!deepseek_name_ok(name)) return std::nullopt;
-  const auto args = deepseek_arguments(s, e);
-  if (!args) return std::nullopt;
-  if (at(s, e, t.call_end)) e += t.call_end.size();
-  else if (e < s.size()) return std::nullopt;
-  p = e;
-  return ToolCall{"", std::string(name), compact(*args)};
+  return deepseek_call_tail(s, e, name, p);
 }
 
 // One V3.1 call at `p` (at <｜tool▁call▁begin｜>), as deepseek_r1_call.
@@ -618,13 +625,7 @@ std::optional<ToolCall> deepseek_v31_call(std::string_view s, size_t& p) {
   if (sep == npos) return std::nullopt;
   const std::string_view name = trim(s.substr(q, sep - q));
   if (!deepseek_name_ok(name)) return std::nullopt;
-  size_t e = sep + t.sep.size();
-  const auto args = deepseek_arguments(s, e);
-  if (!args) return std::nullopt;
-  if (at(s, e, t.call_end)) e += t.call_end.size();
-  else if (e < s.size()) return std::nullopt;
-  p = e;
-  return ToolCall{"", std::string(name), compact(*args)};
+  return deepseek_call_tail(s, sep + t.sep.size(), name, p);
 }
 
 // Blocks of calls: <｜tool▁calls▁begin｜> (left out by some answers), calls, <｜tool▁calls▁end｜>.

@@ -1138,11 +1138,10 @@ class ServerToolsTest(unittest.TestCase):
         if "unit" in args:
             self.assertIn(args["unit"], ("c", "f"))
 
-    def test_deepseek_dsml_tool_calls(self):
-        """A required call on deepseek4 is written as DSML under the grammar (the template says
-        so: ｜DSML｜) and parsed back into arguments that follow the schema, whole or streamed."""
-        server = self.servers["deepseek4"]
-        body = {"messages": [{"role": "user", "content": "Weather in Paris?"}], "max_tokens": 300,
+    def forced_weather_call(self, server, max_tokens):
+        """A get_weather call forced by tool_choice (seed 1, temperature 1, thinking off): one call,
+        its arguments following the schema. Returns the request body and the calls."""
+        body = {"messages": [{"role": "user", "content": "Weather in Paris?"}], "max_tokens": max_tokens,
                 "tools": [self.WEATHER, self.TIME], "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
                 "parallel_tool_calls": False, "chat_template_kwargs": {"enable_thinking": False}}
         status, resp = server.post("/v1/chat/completions", {**body, "seed": 1, "temperature": 1})
@@ -1153,6 +1152,13 @@ class ServerToolsTest(unittest.TestCase):
         self.assertEqual(len(calls), 1)
         self.assertEqual(calls[0]["function"]["name"], "get_weather")
         self.check_weather_args(calls[0]["function"]["arguments"])
+        return body, calls
+
+    def test_deepseek_dsml_tool_calls(self):
+        """A required call on deepseek4 is written as DSML under the grammar (the template says
+        so: ｜DSML｜) and parsed back into arguments that follow the schema, whole or streamed."""
+        server = self.servers["deepseek4"]
+        body, _ = self.forced_weather_call(server, 300)
         events = server.stream("/v1/chat/completions", {**body, "seed": 3, "temperature": 1, "stream": True})
         deltas = [e["choices"][0] for e in events if e != "[DONE]" and e["choices"]]
         calls = [c for d in deltas for c in d["delta"].get("tool_calls", [])]
@@ -1166,17 +1172,7 @@ class ServerToolsTest(unittest.TestCase):
         template with its result. (Streaming does not depend on the format: the deepseek4 case.)"""
         server = self.servers["deepseek-r1"]
         self.assertEqual(json.loads(server.get("/props")[1])["tool_call_format"], "deepseek-r1")
-        body = {"messages": [{"role": "user", "content": "Weather in Paris?"}], "max_tokens": 200,
-                "tools": [self.WEATHER, self.TIME], "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
-                "parallel_tool_calls": False, "chat_template_kwargs": {"enable_thinking": False}}
-        status, resp = server.post("/v1/chat/completions", {**body, "seed": 1, "temperature": 1})
-        self.assertEqual(status, 200, resp)
-        choice = resp["choices"][0]
-        self.assertEqual(choice["finish_reason"], "tool_calls", choice)
-        calls = choice["message"]["tool_calls"]
-        self.assertEqual(len(calls), 1)
-        self.assertEqual(calls[0]["function"]["name"], "get_weather")
-        self.check_weather_args(calls[0]["function"]["arguments"])
+        body, calls = self.forced_weather_call(server, 200)
         turn = {"messages": body["messages"] + [
             {"role": "assistant", "content": None, "tool_calls": calls},
             {"role": "tool", "tool_call_id": calls[0]["id"], "content": "{\"temp\": 20}"}],
