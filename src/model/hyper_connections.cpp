@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "model/ops.h"
+#include "quant/isa_target.h"
 
 namespace bmoe {
 
@@ -12,14 +13,9 @@ namespace {
 float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 
 // The loops below are chains of fmas over rows of 4 x n_embd. The x86-64 baseline has no FMA
-// instruction, so there std::fma is a libm call per element; a clone for CPUs with FMA (picked
-// at load time by the ifunc resolver) runs it inline. An fma rounds once either way: both
-// clones give the same bits.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define BMOE_FMA_CLONES __attribute__((target_clones("fma", "default")))
-#else
-#define BMOE_FMA_CLONES
-#endif
+// instruction, so there std::fma is a libm call per element; a clone for CPUs with FMA runs it
+// inline. An fma rounds once either way: both clones give the same bits.
+#define BMOE_FMA_CLONES BMOE_CLONES_FOR("fma")
 
 // fn rows [j, j + kRows) . normed, each its own fma chain in element order; the rows run side by
 // side so the chains overlap (one chain waits on the fma before it).

@@ -29,6 +29,7 @@
 #include "core/fp16.h"
 #include "model/mixer_units.h"
 #include "model/ops.h"
+#include "quant/isa_target.h"
 #include "quant/quant.h"
 
 namespace bmoe::mixer_units {
@@ -269,10 +270,7 @@ void attend_flash(const HeadAttention& a, float* out) {
 // out[d] += v[d] * w, the product rounded before the add (no fma), as ggml's f32 V sum: eight
 // lanes at a time in the compiler's generic vectors (each lane the scalar loop's two roundings),
 // in AVX2 registers where the CPU has them (a clone picked at load time).
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-__attribute__((target_clones("avx2", "default")))
-#endif
-void add_scaled(float* out, const float* v, float w, int n) {
+BMOE_CLONES_FOR("avx2") void add_scaled(float* out, const float* v, float w, int n) {
   typedef float F8 __attribute__((vector_size(32)));
   const F8 wv = {w, w, w, w, w, w, w, w};
   int d = 0;

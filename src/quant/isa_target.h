@@ -26,3 +26,13 @@
   BMOE_PRAGMA(GCC diagnostic ignored "-Wmaybe-uninitialized") \
   BMOE_PRAGMA(GCC diagnostic ignored "-Wuninitialized")
 #endif
+
+// Outside the kernel files: a plain loop built twice, for the baseline and for `isa` (e.g.
+// "fma"), the loader's ifunc resolver picking the one the CPU runs. Where the loop's operations
+// round the same in both builds (an fma is one rounding either way; vector lanes round as the
+// scalar code), both clones give the same bits. GCC on x86-64 only; elsewhere one build.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define BMOE_CLONES_FOR(isa) __attribute__((target_clones(isa, "default")))
+#else
+#define BMOE_CLONES_FOR(isa)
+#endif
