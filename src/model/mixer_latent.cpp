@@ -13,10 +13,22 @@
 
 #include "model/mixer_units.h"
 #include "model/ops.h"
+#include "quant/quant.h"
 
 namespace bmoe::mixer_units {
 
 namespace {
+
+// out[r] = <row r of w, x> for `rows` rows of n floats, through the f32 kernels' row dots: every
+// output is the one-row dot's bits, so a token's result depends on neither batch nor path.
+void dot_rows_f32(const float* w, int64_t rows, const float* x, int64_t n, float* out) {
+  const TypeKernels& k = kernels(TensorType::F32);
+  int64_t r = 0;
+  if (k.dot_rows) {
+    for (; r + kDotRows <= rows; r += kDotRows) k.dot_rows(w + r * n, static_cast<size_t>(n) * sizeof(float), x, n, out + r);
+  }
+  for (; r < rows; ++r) out[r] = k.dot(w + r * n, x, n);
+}
 
 class LatentAttentionMixer final : public Mixer {
  public:
@@ -102,13 +114,7 @@ void LatentAttentionMixer::queries(const LatentAttentionWeights& L, const LayerP
     const size_t i = static_cast<size_t>(job / H), h = static_cast<size_t>(job % H);
     float* q = q_.data() + (i * H + h) * dq;
     float* out = rows + (i * H + h) * width;
-    const float* k_b = L.k_b.data() + h * C * N;
-    for (int r = 0; r < C; ++r) {
-      const float* w = k_b + static_cast<size_t>(r) * N;
-      float sum = 0.0f;
-      for (int d = 0; d < N; ++d) sum += w[d] * q[d];
-      out[r] = sum;
-    }
+    dot_rows_f32(L.k_b.data() + h * C * N, C, q, N, out);
     std::copy(q + N, q + dq, out + C);
     ops::rope(out + C, 1, R, pass.positions[i], c.rope);
   });
@@ -134,14 +140,9 @@ void LatentAttentionMixer::attend(const LatentAttentionWeights& L, int layer, co
     const size_t i = static_cast<size_t>(job / H), h = static_cast<size_t>(job % H);
     const float* o = latent + (i * H + h) * C;
     float* y = heads + (i * H + h) * V;
-    const float* v_b = L.v_b.data() + h * V * C;
     const float g = 1.0f / (1.0f + std::exp(-gate_[i * H + h]));
-    for (int e = 0; e < V; ++e) {
-      const float* w = v_b + static_cast<size_t>(e) * C;
-      float sum = 0.0f;
-      for (int r = 0; r < C; ++r) sum += w[r] * o[r];
-      y[e] = sum * g;
-    }
+    dot_rows_f32(L.v_b.data() + h * V * C, V, o, C, y);
+    for (int e = 0; e < V; ++e) y[e] *= g;
   });
 }
 
