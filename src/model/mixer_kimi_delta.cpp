@@ -10,11 +10,13 @@
 // per-channel decay.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "model/delta_net.h"
 #include "model/mixer_units.h"
 #include "model/ops.h"
 #include "quant/float_kernels.h"
+#include "quant/isa_target.h"
 
 namespace bmoe::mixer_units {
 
@@ -112,6 +114,25 @@ void KimiDeltaMixer::gates(const KimiDeltaWeights& L, const LayerPass& pass) {
 
 // The delta rule token by token, each head on its own worker: the state's rows (one per value
 // channel) decay along the key channels, then the scalar-decay step runs with decay 1 (exact).
+// Every row of a head's D x D state times the per-channel decay. Products round alike in any
+// vector width, so the AVX2 clone (picked at load time) gives the baseline's bits; the compiler
+// at -O2 left the scalar loop unvectorised, 6.6 % of a Ling prompt.
+BMOE_CLONES_FOR("avx2") void decay_state(float* S, const float* decay, int D) {
+  typedef float F8 __attribute__((vector_size(32)));
+  for (int j = 0; j < D; ++j) {
+    float* s = S + static_cast<size_t>(j) * D;
+    int i = 0;
+    for (; i + 8 <= D; i += 8) {
+      F8 x, d;
+      std::memcpy(&x, s + i, sizeof x);
+      std::memcpy(&d, decay + i, sizeof d);
+      x *= d;
+      std::memcpy(s + i, &x, sizeof x);
+    }
+    for (; i < D; ++i) s[i] *= decay[i];
+  }
+}
+
 void KimiDeltaMixer::recur(int layer, const LayerPass& pass) {
   const ModelConfig& c = pass.cfg;
   const int H = c.n_head, D = c.kda.head_dim, I = c.kda.inner(H), C = 3 * I;
@@ -125,10 +146,7 @@ void KimiDeltaMixer::recur(int layer, const LayerPass& pass) {
     for (size_t t = 0; t < rows; ++t) {
       const float* row = conv_.data() + t * C + h * D;
       const float* decay = decay_.data() + t * I + h * D;
-      for (int j = 0; j < D; ++j) {
-        float* s = S + static_cast<size_t>(j) * D;
-        for (int i = 0; i < D; ++i) s[i] *= decay[i];
-      }
+      decay_state(S, decay, D);
       delta_net::step(S, D, row, row + I, row + 2 * I, 1.0f, beta_[t * H + h], scale, out + t * I + h * D);
     }
   });
