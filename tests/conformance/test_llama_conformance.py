@@ -21,14 +21,15 @@ One llama.cpp process per model answers every question of its class (tokenize, g
 mode batched and token by token, the single-token distribution), so the model loads once.
 """
 import datetime
+import json
 import math
 import os
 import sys
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import (PEER_AVX512, bmoe_greedy, bmoe_greedy_all, bmoe_logits, bmoe_tokenize, hard_divergence, oracle_jobs,  # noqa: E402
-                    release, run, synth, tool)
+from common import (PEER_AVX512, THREADS, bmoe_greedy, bmoe_greedy_all, bmoe_logits, bmoe_tokenize, first_divergence,  # noqa: E402
+                    hard_divergence, oracle_jobs, release, run, synth, tool)
 
 TOKENIZER_CORPUS = [
     "Hello world",
@@ -94,7 +95,7 @@ CHAT_FORMATS = {
                         "<|start_header_id|>assistant<|end_header_id|>\n\n",
     "gemma4": lambda p: f"<|turn>user\n{p}<turn|>\n<|turn>model\n",
     "glm4": lambda p: f"[gMASK]<sop><|user|>\n{p}<|assistant|>",
-    "ling": lambda p: f"<role>HUMAN</role>{p}<|role_end|><role>ASSISTANT</role>",
+    "ling": lambda p: f"<role>HUMAN</role>{p}<|role_end|><role>ASSISTANT</role>\n<think>",
     "lfm2": lambda p: f"<|startoftext|><|im_start|>user\n{p}<|im_end|>\n<|im_start|>assistant\n",
     # The real templates the real-shape presets write (bmoe-cli --chat renders with thinking on).
     "qwen35": lambda p: f"<|im_start|>user\n{p}<|im_end|>\n<|im_start|>assistant\n<think>\n",
@@ -177,6 +178,24 @@ class Conformance:
         for text, a, b in zip(TOKENIZER_CORPUS, ours, theirs):
             self.assertEqual(a, b, f"tokenization differs for {text!r}")
 
+    def own_kernels_part(self, text, step, mode):
+        """Whether bmoe's scalar kernels (BMOE_ISA=scalar, each op the SIMD kernels' own in its
+        own order where they are not bit for bit) leave bmoe's SIMD greedy path on `text` at or
+        before `step`: then rounding decides that token, as when llama.cpp's batched and
+        token-by-token runs part. Asked only when more than one prompt diverges."""
+        chat = text not in self.prompts
+        prompt = self.chat_prompts[self.greedy_texts().index(text) - len(self.prompts)] if chat else text
+        extra = ["--chat"] if chat else []
+        simd = next(o for t, o in zip(self.greedy_texts(), self.bmoe_runs(mode)) if t == text)
+        out = run([tool("bmoe-cli"), "-m", self.model, "-p", prompt, "-n", str(self.tokens), "--json", "--ignore-eos",
+                   "-t", THREADS, *extra, *MODES[mode][1]], env={**os.environ, "BMOE_ISA": "scalar"})
+        scalar = json.loads(out.strip().splitlines()[-1])["tokens"]
+        parted = first_divergence(scalar, simd["tokens"])
+        if parted is not None and parted <= step:
+            print(f"  bmoe's scalar and SIMD kernels part at step {parted} on {text[:40]!r}: not counted")
+            return True
+        return False
+
     def check_greedy(self, mode):
         texts = self.greedy_texts()
         ref, alt = self.peer(mode)["ref"], self.peer(mode)["alt"]
@@ -202,6 +221,8 @@ class Conformance:
         for text, (step, gap) in self_hard:
             print(f"  llama  {text[:40]!r}: step {step}, top-2 gap {gap:.4f}")
         if not self_hard:
+            if len(ours_hard) > 1:
+                ours_hard = [h for h in ours_hard if not self.own_kernels_part(h[0], h[1][0], mode)]
             self.assertLessEqual(len(ours_hard), 1, f"llama.cpp is self-consistent here but bmoe diverges: {ours_hard}")
         else:
             self.assertGreaterEqual(ours_len, 0.7 * self_len,
@@ -219,7 +240,6 @@ class Conformance:
         """One prompt token: no attention mixing or batching differences, so the next-token
         distributions must agree closely (ratio of the top two probabilities within the family's
         single_token_tolerance, 2e-3 unless the class says otherwise)."""
-        import json
         ref = self.peer("single")[0]
         logits = bmoe_logits(self.model, "Hello")
         best, p1, second, p2 = ref["top2"][0]
