@@ -179,6 +179,15 @@ TEST(Reply, ThinkBlockOpenedByThePrompt) {
   s = split_both_ways(o, "The answer.");
   EXPECT_EQ(s.content, "The answer.");
   EXPECT_EQ(s.reasoning, "");
+  // Ling 3.0's prompt opens the block with no newline after the tag, and closes it when off.
+  o.prompt_tail = "<|role_end|><role>ASSISTANT</role>\n<think>";
+  s = split_both_ways(o, "step one\n</think>\n\nThe answer.");
+  EXPECT_EQ(s.reasoning, "step one\n");
+  EXPECT_EQ(s.content, "The answer.");
+  o.prompt_tail = "<|role_end|><role>ASSISTANT</role>\n<think></think>";
+  s = split_both_ways(o, "The answer.");
+  EXPECT_EQ(s.content, "The answer.");
+  EXPECT_EQ(s.reasoning, "");
   // A user message that ends in "<think>" does not open a block for the answer.
   o.prompt_tail = "say <think><|im_end|>\n<|im_start|>assistant\n";
   EXPECT_FALSE(prompt_opens_think_block(o.prompt_tail));

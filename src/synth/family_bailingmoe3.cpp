@@ -10,12 +10,21 @@ namespace bmoe {
 
 namespace {
 
-// A stand-in for Ling 3.0's chat template, which was not available here (real files carry their
-// own): Ling's turn markers (<role>SYSTEM/HUMAN/ASSISTANT</role> ... <|role_end|>) and its tool
-// calls as <tool_call>NAME, <arg_key>/<arg_value> pairs and </tool_call> (the syntax llama.cpp's
-// parser tests show for Ling 3), so chat and glm-xml tool calls run on synthetic files. It has
-// no thinking switch: Ling 3.0's is not known here.
+// Ling 3.0's chat template as far as it is known here (real files carry their own; the whole
+// template was not available offline). Known and kept: the turn markers (<role>SYSTEM/HUMAN/
+// ASSISTANT/OBSERVATION</role> ... <|role_end|>); the tool calls as <tool_call>NAME, <arg_key>/
+// <arg_value> pairs and </tool_call> (llama.cpp's parser test for "Bailing V3"); the thinking
+// switch, whose parts published excerpts of the template show: enable_thinking sets
+// thinking_option, which is 'on' when neither is given; the generation prompt opens
+// "\n<think>" (on) or writes an empty "\n<think></think>" (off); every assistant turn keeps its
+// reasoning ("preserved thinking"), and a turn without any writes the empty block. The tools
+// preamble's wording is this stand-in's own.
 const char* const kLingTemplate = R"ling(
+{%- if enable_thinking is defined -%}
+{%- set thinking_option = 'on' if enable_thinking else 'off' -%}
+{%- elif thinking_option is not defined -%}
+{%- set thinking_option = 'on' -%}
+{%- endif -%}
 {%- set has_system = messages and messages[0].role == 'system' -%}
 {%- if has_system or tools -%}
 {{- '<role>SYSTEM</role>' -}}
@@ -31,7 +40,17 @@ const char* const kLingTemplate = R"ling(
 {%- if m.role == 'user' -%}
 {{- '<role>HUMAN</role>' + m.content + '<|role_end|>' -}}
 {%- elif m.role == 'assistant' -%}
-{{- '<role>ASSISTANT</role>' + (m.content if m.content else '') -}}
+{%- set content = m.content if m.content else '' -%}
+{%- set reasoning = m.reasoning_content if m.reasoning_content is string else '' -%}
+{%- if not reasoning and '</think>' in content -%}
+{%- set reasoning = content.split('</think>')[0].split('<think>')[-1] -%}
+{%- set content = content.split('</think>')[-1] -%}
+{%- endif -%}
+{%- if reasoning -%}
+{{- '<role>ASSISTANT</role>' + '\n<think>\n' + reasoning.strip('\n') + '\n</think>\n\n' + content.lstrip('\n') -}}
+{%- else -%}
+{{- '<role>ASSISTANT</role>\n<think></think>' + content -}}
+{%- endif -%}
 {%- if m.tool_calls -%}
 {%- for tc in m.tool_calls -%}
 {%- set f = tc.function if tc.function else tc -%}
@@ -47,7 +66,10 @@ const char* const kLingTemplate = R"ling(
 {{- '<role>OBSERVATION</role><tool_response>' + m.content + '</tool_response><|role_end|>' -}}
 {%- endif -%}
 {%- endfor -%}
-{%- if add_generation_prompt -%}{{- '<role>ASSISTANT</role>' -}}{%- endif -%}
+{%- if add_generation_prompt -%}
+{{- '<role>ASSISTANT</role>' -}}
+{%- if thinking_option == 'on' -%}{{- '\n<think>' -}}{%- elif thinking_option == 'off' -%}{{- '\n<think></think>' -}}{%- endif -%}
+{%- endif -%}
 )ling";
 
 // The token's id; a token the vocabulary lacks takes its first unused (padding) id, so a

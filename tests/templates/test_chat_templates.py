@@ -94,8 +94,9 @@ class SynthesizedTemplateTest(unittest.TestCase):
     DeepSeek's vocabulary keeps the thinking switch and the DSML tool calls bmoe's tool-call
     parser reads back), and on real vocabularies they are the models' own."""
 
-    def test_deepseek4_template(self):
-        model = synth("templates-tiny-deepseek4-deepseek_v3", "tiny-deepseek4", "--vocab", "deepseek_v3")
+    def render_file_template(self, model):
+        """The template the file holds, rendered by bmoe and by the reference on every
+        conversation: the same text, or an error on both sides. bmoe's renderings by label."""
         source = model_templates([model])[0]
         cases = conversations()
         want = oracle({"t": source}, [ctx for _, ctx in cases])["t"]
@@ -106,12 +107,26 @@ class SynthesizedTemplateTest(unittest.TestCase):
                     self.assertIsInstance(h, dict, f"the reference raised ({w['error']}), bmoe rendered")
                 else:
                     self.assertEqual(h, w)
-        got = dict(zip([label for label, _ in cases], have))
+        return dict(zip([label for label, _ in cases], have))
+
+    def test_deepseek4_template(self):
+        got = self.render_file_template(
+            synth("templates-tiny-deepseek4-deepseek_v3", "tiny-deepseek4", "--vocab", "deepseek_v3"))
         self.assertTrue(got["thinking-on"].endswith("<\uff5cAssistant\uff5c><think>"))
         self.assertTrue(got["thinking-off"].endswith("<\uff5cAssistant\uff5c></think>"))
         self.assertIn("<\uff5cDSML\uff5cparameter name=\"days\" string=\"false\">2</\uff5cDSML\uff5cparameter>",
                       got["tool-call"])
 
+    def test_ling_template(self):
+        # Ling 3.0's thinking switch: on unless enable_thinking is false; reasoning kept in history.
+        got = self.render_file_template(synth("templates-tiny-bailingmoe3", "tiny-bailingmoe3"))
+        self.assertTrue(got["thinking-on"].endswith("<role>ASSISTANT</role>\n<think>"))
+        self.assertTrue(got["user"].endswith("<role>ASSISTANT</role>\n<think>"))
+        self.assertTrue(got["thinking-off"].endswith("<role>ASSISTANT</role>\n<think></think>"))
+        self.assertIn("<role>ASSISTANT</role>\n<think>\nEasy.\n</think>\n\nParis.<|role_end|>", got["thinking-history"])
+        self.assertIn("<role>ASSISTANT</role>\n<think>\nEasy one.\n</think>\n\nParis.<|role_end|>",
+                      got["reasoning-content"])
+        self.assertIn("<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>", got["tool-call"])
 
     def test_real_shape_presets_write_the_models_templates(self):
         # On the real vocabularies (as qwen3.6-35b-a3b, gpt-oss-20b/120b, gemma-4-26b-a4b, qwen3-30b-a3b,
