@@ -6,7 +6,7 @@ prompt positions (bmoe evaluates each prefix, llama.cpp the whole prompt in one 
 greedy continuation, in the default (f16 cache, flash attention) and strict (f32 cache, classic
 attention) modes.
 
-  PEER_CPU=haswell python3 tests/conformance/deepseek4_logits.py MODEL LLAMA_LOGITS [N_GEN [F32_BOUND [F16_BOUND]]]
+  PEER_CPU=haswell [PROMPTS=N] python3 tests/conformance/deepseek4_logits.py MODEL LLAMA_LOGITS [N_GEN [F32_BOUND [F16_BOUND]]]
 
 PEER_CPU picks the prebuilt library's CPU level (default haswell, an AVX2 build, as the
 conformance tests pin where llama.cpp's AVX2 and AVX-512 builds disagree: common.PEER_AVX512;
@@ -73,6 +73,9 @@ def main():
     bounds = {"f32": float(sys.argv[4]) if len(sys.argv) > 4 else None,
               "f16": float(sys.argv[5]) if len(sys.argv) > 5 else None}
     prompts = [PROMPTS[0], LONG_PROMPT, LONG_PROMPT + " " + LONG_PROMPT]
+    # PROMPTS=N keeps the first N (a real-shape cut's token-by-token peer run of the longest
+    # prompt alone takes many minutes on two cores).
+    prompts = prompts[:int(os.environ.get("PROMPTS", len(prompts)))]
     failed = False
     for text in prompts:
         ids = json.loads(subprocess.run([CLI, "-m", model, "-p", text, "--tokenize"], check=True, capture_output=True,
