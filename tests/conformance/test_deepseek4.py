@@ -13,7 +13,7 @@ Greedy and single token (Deepseek4Greedy), through tests/oracle/llama_logits.cpp
 own, on the AVX2 CPU level as the conformance tests pin): the distribution after "Hello" in the
 strict mode (f32 cache, classic attention: top-2 ratio within the conformance single-token bound
 2e-3, every logit within 0.1) and the default mode (f16 cache, flash attention: same argmax,
-every logit within 0.5), and a short prompt's greedy continuation in the strict mode (it may
+every logit within 0.5, top-2 ratio within 0.3, above llama.cpp's own 22 % spread there), and a short prompt's greedy continuation in the strict mode (it may
 leave llama.cpp's only at a near-tie of llama.cpp's, or no earlier than 70% of llama.cpp's own
 token-by-token agreement where that is short of all). The long
 prompts, the window, CSA/HCA blocks and the indexer's selection are deepseek4_logits.py's (minutes):
@@ -57,7 +57,11 @@ MODE_FLAGS = {"f32": ["--kv-type", "f32"], "f16": []}
 # as much as llama.cpp's own batched and token-by-token runs differ). The f16 mode's greedy path
 # is therefore not held to the near-tie rule (measured 2026-12-07: 2/8 tokens, where llama.cpp's
 # top-2 probabilities differ by 0.03); the f32 mode's is.
-RATIO_BOUND = 2e-3
+# The top-2 probability ratio after "Hello": 2e-3 in the strict mode (the rule of every family;
+# measured 0 against the haswell level). In the default mode llama.cpp's own batched and
+# token-by-token runs part by 22 % here (bmoe: 5.4 %; docs/fidelity.md, 2026-12-08), so the
+# bound sits above that spread, as common's single_token_tolerance does for gemma4.
+RATIO_BOUND = {"f32": 2e-3, "f16": 0.3}
 LOGIT_BOUND = {"f32": 0.1, "f16": 0.5}
 NEAR_TIE = 1e-3  # the conformance rule's top-2 probability gap (common.NEAR_TIE)
 
@@ -123,8 +127,7 @@ class Deepseek4Greedy(unittest.TestCase):
               f"(bound {LOGIT_BOUND[mode]:g})")
         self.assertEqual(max(range(len(ours)), key=ours.__getitem__), best, mode)
         self.assertLessEqual(worst, LOGIT_BOUND[mode])
-        if mode == "f32":
-            self.assertAlmostEqual(ratio, 1.0, delta=RATIO_BOUND)
+        self.assertAlmostEqual(ratio, 1.0, delta=RATIO_BOUND[mode])
 
     def check_greedy(self, ours_gen, ref_gen, token_by_token, peer_logits_at):
         """The conformance rule: bmoe may leave llama.cpp's path only where llama.cpp's own top-2
