@@ -147,14 +147,16 @@ void q8_0_row(const void* w, const Q8_0Group& g, int64_t n, float* out) {
   __m256 acc[kActs];
 #pragma GCC unroll 8
   for (auto& a : acc) a = _mm256_setzero_ps();
+  alignas(32) float d[kActs];
   for (int64_t b = 0; b < n / kQK; ++b) {
     const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qs));
-    const float dx = f16(x[b].d);
+    // The eight pairs' scale products in one multiply (each the one-row kernel's dx * dy),
+    // each then broadcast from memory: a load, not a scalar multiply and a shuffle per pair.
+    _mm256_store_ps(d, _mm256_mul_ps(_mm256_set1_ps(f16(x[b].d)), g.scales(b)));
 #pragma GCC unroll 8
     for (int t = 0; t < kUsed; ++t) {
       const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g.y[t][b].qs));
-      const __m256 d = _mm256_set1_ps(dx * g.d[static_cast<size_t>(b * kActs + t)]);
-      acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_i8_pairs(qx, qy)), acc[t]);
+      acc[t] = _mm256_fmadd_ps(_mm256_broadcast_ss(&d[t]), _mm256_cvtepi32_ps(dot_i8_pairs(qx, qy)), acc[t]);
     }
   }
 #pragma GCC unroll 8
