@@ -238,11 +238,8 @@ void float_row(const void* w, const FloatGroup& g, int64_t n, float* out) {
 }
 
 template <int kUsed>
-void bf16_row(const void* w, const FloatGroup& g, int64_t n, float* out) {
+void bf16_row(const void* w, const Bf16Group& g, int64_t n, float* out) {
   const auto* x = static_cast<const uint16_t*>(w);
-  const uint16_t* y[kActs];
-#pragma GCC unroll 8
-  for (int t = 0; t < kUsed; ++t) y[t] = static_cast<const uint16_t*>(g.y[t]);
   __m256 acc[kActs];
 #pragma GCC unroll 8
   for (auto& a : acc) a = _mm256_setzero_ps();
@@ -250,12 +247,12 @@ void bf16_row(const void* w, const FloatGroup& g, int64_t n, float* out) {
   for (; i + 8 <= n; i += 8) {
     const __m256 xv = load_bf16x8(x + i);
 #pragma GCC unroll 8
-    for (int t = 0; t < kUsed; ++t) acc[t] = _mm256_fmadd_ps(xv, load_bf16x8(y[t] + i), acc[t]);
+    for (int t = 0; t < kUsed; ++t) acc[t] = _mm256_fmadd_ps(xv, _mm256_loadu_ps(g.y[t] + i), acc[t]);
   }
 #pragma GCC unroll 8
   for (int t = 0; t < kUsed; ++t) {
     float sum = hsum(acc[t]);
-    for (int64_t j = i; j < n; ++j) sum += bf16_to_fp32(x[j]) * bf16_to_fp32(y[t][j]);
+    for (int64_t j = i; j < n; ++j) sum += bf16_to_fp32(x[j]) * g.y[t][j];
     out[t] = sum;
   }
 }
@@ -296,7 +293,7 @@ void dot_tile_f16(const void* w, size_t stride, int64_t rows, const void* const*
 }
 void dot_tile_bf16(const void* w, size_t stride, int64_t rows, const void* const* acts, int64_t n_act, int64_t n,
                    float* out, int64_t out_stride) {
-  tile<FloatGroup, bf16_row<kActs>, bf16_row<kActs / 2>>(w, stride, rows, acts, n_act, n, out, out_stride, avx2::dot_bf16, 1, false);
+  tile<Bf16Group, bf16_row<kActs>, bf16_row<kActs / 2>>(w, stride, rows, acts, n_act, n, out, out_stride, avx2::dot_bf16, 1, false);
 }
 
 }  // namespace bmoe::BMOE_AVX2_TILES_NS

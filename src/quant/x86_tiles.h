@@ -108,6 +108,23 @@ struct FloatGroup {
   FloatGroup(const void* const* acts, int64_t, bool) { std::copy(acts, acts + kActs, y); }
 };
 
+// BF16 activation rows widened to f32 once per tile (exact: a shift), so that each weight row
+// reads them as they are instead of converting every activation again.
+struct Bf16Group {
+  std::vector<float> values;  // [act][n]
+  const float* y[kActs];
+  Bf16Group(const void* const* acts, int64_t n, bool) : values(static_cast<size_t>(n) * kActs) {
+    for (int t = 0; t < kActs; ++t) {
+      const auto* src = static_cast<const uint16_t*>(acts[t]);
+      float* dst = values.data() + static_cast<size_t>(t) * static_cast<size_t>(n);
+      int64_t i = 0;
+      for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, load_bf16x8(src + i));
+      for (; i < n; ++i) dst[i] = bf16_to_fp32(src[i]);
+      y[t] = dst;
+    }
+  }
+};
+
 
 // The row loop, kActs activation rows per tile (Half: a kernel that computes only the first
 // kActs / 2 lanes, for tiles of that many rows or fewer).
