@@ -92,6 +92,7 @@ KernelTable avx2_table() {
   // The results are the same either way.
   if (!cpu_features().amd) t.add_rows(TensorType::Q8_0, rows.rows_q8_0);
   t.add_rows(TensorType::Q4_0, rows.rows_q4_0);
+  t.add_rows(TensorType::BF16, avx2::dot_rows_bf16);
   t.add_rows(TensorType::MXFP4, cpu_features().avx512vnni ? avx512_vnni::dot_rows_mxfp4
                                  : cpu_features().avx512bw ? avx512::dot_rows_mxfp4 : rows.rows_mxfp4);
   // Batches: one weight row against eight activation rows (same results as the kernels above).

@@ -92,6 +92,35 @@ float dot_bf16(const void* w, const void* a, int64_t n) {
   return sum;
 }
 
+// dot_bf16 on eight rows at once: each row's own accumulator takes dot_bf16's chain of fused
+// multiply-adds (the same bits), the activation is widened once for the eight, and the eight
+// chains hide each other's latency (one chain waits for every fma: 10.6 GB/s in cache on one
+// AMD EPYC core). The same place in the next group of rows is prefetched, as dot_rows_blocks does.
+void dot_rows_bf16(const void* w, size_t stride, const void* a, int64_t n, float* out) {
+  const auto* base = static_cast<const uint8_t*>(w);
+  const auto* y = static_cast<const uint16_t*>(a);
+  const uint16_t* x[kDotRows];
+  for (int k = 0; k < kDotRows; ++k) x[k] = reinterpret_cast<const uint16_t*>(base + k * stride);
+  __m256 acc[kDotRows];
+#pragma GCC unroll 8
+  for (auto& v : acc) v = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    if ((i & 31) == 0) {  // every 64 bytes of each row
+#pragma GCC unroll 8
+      for (int k = 0; k < kDotRows; ++k) prefetch_ahead<64, 0>(reinterpret_cast<const char*>(x[k] + i) + kDotRows * stride);
+    }
+    const __m256 yv = load_bf16x8(y + i);
+#pragma GCC unroll 8
+    for (int k = 0; k < kDotRows; ++k) acc[k] = _mm256_fmadd_ps(load_bf16x8(x[k] + i), yv, acc[k]);
+  }
+  for (int k = 0; k < kDotRows; ++k) {
+    float sum = hsum(acc[k]);
+    for (int64_t j = i; j < n; ++j) sum += bf16_to_fp32(x[k][j]) * bf16_to_fp32(y[j]);
+    out[k] = sum;
+  }
+}
+
 void f16_scale(uint16_t* acc, float s, int64_t n) {
   const __m256 vs = _mm256_set1_ps(s);
   int64_t i = 0;

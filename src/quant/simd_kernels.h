@@ -34,6 +34,7 @@ float dot_f32(const void* w, const void* a, int64_t n);
 float dot_f16(const void* w, const void* a, int64_t n);
 float dot_f16_f32(const void* w, const void* a, int64_t n);
 float dot_bf16(const void* w, const void* a, int64_t n);
+void dot_rows_bf16(const void* w, size_t stride, const void* a, int64_t n, float* out);
 void quantize_f16(const float* src, void* dst, int64_t n);
 void dequantize_f16(const void* src, float* dst, int64_t n);
 void f16_scale(uint16_t* acc, float s, int64_t n);
