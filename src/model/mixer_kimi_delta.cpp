@@ -112,8 +112,6 @@ void KimiDeltaMixer::gates(const KimiDeltaWeights& L, const LayerPass& pass) {
   }
 }
 
-// The delta rule token by token, each head on its own worker: the state's rows (one per value
-// channel) decay along the key channels, then the scalar-decay step runs with decay 1 (exact).
 // Every row of a head's D x D state times the per-channel decay. Products round alike in any
 // vector width, so the AVX2 clone (picked at load time) gives the baseline's bits; the compiler
 // at -O2 left the scalar loop unvectorised, 6.6 % of a Ling prompt.
@@ -133,6 +131,8 @@ BMOE_CLONES_FOR("avx2") void decay_state(float* S, const float* decay, int D) {
   }
 }
 
+// The delta rule token by token, each head on its own worker: the state's rows (one per value
+// channel) decay along the key channels, then the scalar-decay step runs with decay 1 (exact).
 void KimiDeltaMixer::recur(int layer, const LayerPass& pass) {
   const ModelConfig& c = pass.cfg;
   const int H = c.n_head, D = c.kda.head_dim, I = c.kda.inner(H), C = 3 * I;
