@@ -591,7 +591,7 @@ TEST(DeepSeek4State, BoundedRingsGiveTheKeepEverythingLogits) {
   }
   for (; at < 215; ++at) both(t, at, 1, "step");
   // In place; the copy saved by the 3-token pass restored and replayed; before that copy.
-  for (const auto [back, steps] : {std::pair{10, 45}, std::pair{40, 5}, std::pair{200, 5}}) {
+  for (const auto& [back, steps] : {std::pair{10, 45}, std::pair{40, 5}, std::pair{200, 5}}) {
     all.truncate(at - back);
     ring.truncate(at - back);
     at -= back;
