@@ -1,4 +1,4 @@
-"""tiny-deepseek4 (DeepSeek vocabulary), one token after "Hello": the top-2 probability ratio in
+"""tiny-deepseek4 (DeepSeek vocabulary; or the model given), one token after "Hello": the top-2 probability ratio in
 the default mode (f16 cache, flash attention) for bmoe (SIMD and scalar kernels) and for llama.cpp
 (haswell level) batched and token by token; each against llama.cpp batched."""
 import json, math, os, subprocess, sys, tempfile
@@ -8,7 +8,7 @@ from deepseek4_logits import floats, peer_env
 from test_deepseek4 import MODEL, MODE_FLAGS
 
 driver = sys.argv[1]
-model = synth(*MODEL)
+model = sys.argv[2] if len(sys.argv) > 2 else synth(*MODEL)  # default: tiny-deepseek4 on DeepSeek's vocabulary
 hello = bmoe_tokenize(model, ["Hello"])[0]
 print("prompt ids", hello)
 
