@@ -558,7 +558,9 @@ TEST_P(BatchDraft, EverySequenceEqualsItsPlainRunAlone) {
   EXPECT_LT(got[0].accepted, got[0].drafted) << "no greedy draft was refused: the rollback went untested";
   EXPECT_GT(got[1].accepted, 0) << "the sampled oracle's drafts were never kept";
   EXPECT_GT(drafted, accepted);
-  if (model->transformer->config().delta_net.v_heads > 0) EXPECT_GT(rewinds, 0) << "no rewind restored a row copy";
+  if (model->transformer->config().delta_net.v_heads > 0) {
+    EXPECT_GT(rewinds, 0) << "no rewind restored a row copy";
+  }
   // Each step was one pass: the drafts rode with the other sequences' rows (and the chunk).
   const SessionBatch& b = batch.batch();
   EXPECT_LE(b.steps(), static_cast<uint64_t>(steps));

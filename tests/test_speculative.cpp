@@ -371,13 +371,17 @@ TEST_P(MtpIdentity, MtpDraftedOutputEqualsPlainGreedy) {
     EXPECT_EQ(r.tokens, plain.tokens) << GetParam() << " resident, draft " << draft;
     EXPECT_GT(r.drafted, 0) << "the MTP head never proposed";
     EXPECT_LT(r.accepted, r.drafted) << "no draft was rejected: the rollback went untested";
-    if (hybrid) EXPECT_GT(row_rewinds, 0) << "no rewind restored a row copy";
+    if (hybrid) {
+      EXPECT_GT(row_rewinds, 0) << "no rewind restored a row copy";
+    }
   }
   auto streamed = mtp_model(path, true);
   int64_t row_rewinds = 0;
   const GenerateResult s = run_mtp(*streamed, prompt, 3, nullptr, &row_rewinds);
   EXPECT_EQ(s.tokens, plain.tokens) << GetParam() << " streamed, draft 3";
-  if (hybrid) EXPECT_GT(row_rewinds, 0) << "streamed: no rewind restored a row copy";
+  if (hybrid) {
+    EXPECT_GT(row_rewinds, 0) << "streamed: no rewind restored a row copy";
+  }
   EXPECT_GT(s.drafted, 0);
   EXPECT_GT(streamed->experts->stats().misses, 0u);
 }
