@@ -279,6 +279,10 @@ class TinyQwen3MoeF16(Conformance, unittest.TestCase):
     name = "tiny-qwen3moe-f16"
     preset = "tiny-qwen3moe"
     model_args = ("--type", "all=F16", "--type", "router=F16")
+    # On an AVX2-only CPU the peer loads its haswell level, which is 3.6e-3 from bmoe here (bmoe's
+    # scalar kernels: 3.5e-3) while llama.cpp's own x64 level is 2.4e-3 from it; on AVX-512 CPUs
+    # the peer's level is within 2e-3 of bmoe (docs/fidelity.md, "The single-token bounds").
+    single_token_tolerance = 5e-3
 
 
 class TinyQwen3MoeBF16(Conformance, unittest.TestCase):
@@ -343,6 +347,10 @@ class GptOss20B_Cut2(Conformance, unittest.TestCase):
     model_args = ("--layers", "2")
     chat = "harmony-real"
     strict = False
+    # bmoe is 2.2e-3 from the haswell level an AVX2-only CPU's peer loads, within 2e-3 of the
+    # AVX-512 levels; llama.cpp's own ivybridge and x64 levels are 0.16 and 0.22 from haswell on
+    # this cut (docs/fidelity.md, "The single-token bounds").
+    single_token_tolerance = 5e-3
     tokens = CUT_TOKENS
     chat_prompts = CUT_CHAT_PROMPTS
 
