@@ -201,9 +201,10 @@ def bmoe_tokenize(model, texts):
         os.unlink(name)
 
 
-def bmoe_greedy(model, prompt, n=32, *extra):
+def bmoe_greedy(model, prompt, n=32, *extra, env=None):
+    """bmoe-cli's greedy answer to `prompt` (env: extra environment, e.g. BMOE_ISA)."""
     out = run([tool("bmoe-cli"), "-m", model, "-p", prompt, "-n", str(n), "--json", "--ignore-eos",
-               "-t", THREADS, *extra])
+               "-t", THREADS, *extra], env={**os.environ, **(env or {})})
     return json.loads(out.strip().splitlines()[-1])
 
 

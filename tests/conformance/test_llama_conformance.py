@@ -28,7 +28,7 @@ import sys
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import (PEER_AVX512, THREADS, bmoe_greedy, bmoe_greedy_all, bmoe_logits, bmoe_tokenize, first_divergence,  # noqa: E402
+from common import (PEER_AVX512, bmoe_greedy, bmoe_greedy_all, bmoe_logits, bmoe_tokenize, first_divergence,  # noqa: E402
                     hard_divergence, oracle_jobs, release, run, synth, tool)
 
 TOKENIZER_CORPUS = [
@@ -187,9 +187,7 @@ class Conformance:
         prompt = self.chat_prompts[self.greedy_texts().index(text) - len(self.prompts)] if chat else text
         extra = ["--chat"] if chat else []
         simd = next(o for t, o in zip(self.greedy_texts(), self.bmoe_runs(mode)) if t == text)
-        out = run([tool("bmoe-cli"), "-m", self.model, "-p", prompt, "-n", str(self.tokens), "--json", "--ignore-eos",
-                   "-t", THREADS, *extra, *MODES[mode][1]], env={**os.environ, "BMOE_ISA": "scalar"})
-        scalar = json.loads(out.strip().splitlines()[-1])["tokens"]
+        scalar = bmoe_greedy(self.model, prompt, self.tokens, *extra, *MODES[mode][1], env={"BMOE_ISA": "scalar"})["tokens"]
         parted = first_divergence(scalar, simd["tokens"])
         if parted is not None and parted <= step:
             print(f"  bmoe's scalar and SIMD kernels part at step {parted} on {text[:40]!r}: not counted")
