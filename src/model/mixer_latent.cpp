@@ -19,15 +19,11 @@ namespace bmoe::mixer_units {
 
 namespace {
 
-// out[r] = <row r of w, x> for `rows` rows of n floats, through the f32 kernels' row dots: every
-// output is the one-row dot's bits, so a token's result depends on neither batch nor path.
+// out[r] = <row r of w, x> for `rows` rows of n floats, each through the f32 one-row dot kernel,
+// so a token's result depends on neither batch nor path.
 void dot_rows_f32(const float* w, int64_t rows, const float* x, int64_t n, float* out) {
-  const TypeKernels& k = kernels(TensorType::F32);
-  int64_t r = 0;
-  if (k.dot_rows) {
-    for (; r + kDotRows <= rows; r += kDotRows) k.dot_rows(w + r * n, static_cast<size_t>(n) * sizeof(float), x, n, out + r);
-  }
-  for (; r < rows; ++r) out[r] = k.dot(w + r * n, x, n);
+  const DotFn dot = kernels(TensorType::F32).dot;
+  for (int64_t r = 0; r < rows; ++r) out[r] = dot(w + r * n, x, n);
 }
 
 class LatentAttentionMixer final : public Mixer {
