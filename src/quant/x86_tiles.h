@@ -109,11 +109,14 @@ struct FloatGroup {
 };
 
 // BF16 activation rows widened to f32 once per tile (exact: a shift), so that each weight row
-// reads them as they are instead of converting every activation again.
+// reads them as they are instead of converting every activation again. The widened rows live in
+// the thread's own buffer (one group is alive per thread), not in a fresh zero-filled allocation
+// per tile.
 struct Bf16Group {
-  std::vector<float> values;  // [act][n]
   const float* y[kActs];
-  Bf16Group(const void* const* acts, int64_t n, bool) : values(static_cast<size_t>(n) * kActs) {
+  Bf16Group(const void* const* acts, int64_t n, bool) {
+    thread_local std::vector<float> values;  // [act][n]
+    if (values.size() < static_cast<size_t>(n) * kActs) values.resize(static_cast<size_t>(n) * kActs);
     for (int t = 0; t < kActs; ++t) {
       const auto* src = static_cast<const uint16_t*>(acts[t]);
       float* dst = values.data() + static_cast<size_t>(t) * static_cast<size_t>(n);
